@@ -1,0 +1,22 @@
+PYTHON ?= python3
+
+# `make test` runs the default selection; slow simulations, benchmarks and LXD are opt-in.
+DEFAULT_MARKERS = not lxd and not bench and not slow
+
+.PHONY: install test test-all lint demo
+
+install:
+	PYTHON=$(PYTHON) bash scripts/install-deps.sh
+
+test: install
+	$(PYTHON) -m pytest -q -m "$(DEFAULT_MARKERS)"
+
+test-all: install
+	$(PYTHON) -m pytest -q -m "not lxd and not bench"
+
+lint: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy federation
+
+demo: install
+	$(PYTHON) -m federation.demo

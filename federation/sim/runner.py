@@ -1,0 +1,400 @@
+"""Run a scenario on the virtual network and report what happened.
+
+Theory of operation
+-------------------
+`Simulation` places one real `federation.node.Node` at every scenario node,
+queues the scenario's events on the network's clock and watches three
+things while time runs:
+
+* outputs: every injection is a delivery (classified against the ground
+  truth at that instant); node events and `sim_*` events go, in time order,
+  to the JSON-lines events file;
+* views: after each instant, the views of the nodes that received input are
+  re-read (only when `view().version` moved) and the convergence tracker
+  checks them against the ground truth;
+* safety: every `tm` datagram bumps its publication's copy count, which must
+  stay under a loop bound; timer storms are reported by the network.
+
+At the end the still-quiet components must have converged, and the plain
+records go to `federation.scenario.report.build_report`.
+
+Restart semantics: a restarted wrapper is a new Node with the next epoch and
+the same address and vid setting. The simulator then replays the node's
+still-active local subscriptions into it, as the daemon does from the
+subscription table it persists (the broker kept its clients while the
+wrapper was down; subscriptions made while the wrapper was dead are part of
+that table too).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+from federation.events import id_text, publication_text
+from federation.node import Node
+from federation.scenario.model import (
+    Cut,
+    Disconnect,
+    Heal,
+    Kill,
+    Loss,
+    Publish,
+    Restart,
+    Scenario,
+    ScenarioEvent,
+    Subscribe,
+    Unsubscribe,
+)
+from federation.scenario.report import (
+    DeliveryRecord,
+    NodeRecord,
+    PhaseRecord,
+    PublicationRecord,
+    TrafficRecord,
+    build_report,
+)
+from federation.sim.network import Host, LinkModel, Network, NodeSetup, Observer
+from federation.sim.truth import ConvergenceTracker, GroundTruth
+from federation.types import Event, Injection, PublicationId
+from federation.wire import TOPIC_MESSAGE
+
+BACKEND = "sim"
+EVENT_SCHEMA_VERSION = 1
+LOOP_FACTOR = 4
+"""tm copies of one publication above LOOP_FACTOR * links * matching filters are a loop"""
+
+
+def build_node(setup: NodeSetup) -> Node:
+    return Node(setup.address, setup.neighbours, setup.epoch, setup.rng, setup.settings, vid=setup.vid,
+                name=setup.name)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+class Simulation(Observer[Node]):
+    def __init__(self, scenario: Scenario, *, seed: int, events_path: str | None = None,
+                 node_factory: Callable[[NodeSetup], Node] = build_node) -> None:
+        self.wall_started = time.perf_counter()
+        self.scenario = scenario
+        self.seed = seed
+        # Open for the whole run; `close` (called by `run`) ends it.
+        self.events_file: IO[str] | None = (
+            open(events_path, "w", encoding="utf-8") if events_path else None  # noqa: SIM115
+        )
+        names = scenario.node_names()
+        vids = {spec.name: spec.vid for spec in scenario.nodes}
+        model = scenario.link_model
+        self.network: Network[Node] = Network(
+            node_factory, names, scenario.links, seed=seed,
+            model=LinkModel(model.latency, model.jitter, model.loss, model.duplicate),
+            settings=scenario.settings_for, vids=vids.get, observer=self)
+        self.truth = GroundTruth(names, {host.name: host.address for host in self.network.hosts}, scenario.settle)
+        self.truth.loss_active = self.network.loss_active()
+        self.tracker = ConvergenceTracker(self.truth)
+        self.qos: dict[tuple[str, str, str], int] = {}
+        """(node, client, filter) -> qos of the active subscription, for replay on restart"""
+        self.versions: dict[str, int] = {}
+        self.touched: set[int] = set()
+        self.publications: list[PublicationRecord] = []
+        self.topics: dict[PublicationId, str] = {}
+        self.deliveries: list[DeliveryRecord] = []
+        self.violations: list[str] = []
+        self.loop_bounds: dict[PublicationId, int] = {}
+        self.loops_flagged: set[PublicationId] = set()
+        self.payload_counter = 0
+        self.finished: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------ running
+
+    @property
+    def now(self) -> float:
+        return self.network.now
+
+    def start(self) -> None:
+        """Start every node at t=0 and queue the scenario's events."""
+        self._sim_event("sim_start", None, scenario=self.scenario.name, seed=self.seed,
+                        nodes={host.name: str(host.address) for host in self.network.hosts},
+                        links=[list(link) for link in self.scenario.links])
+        self.truth.set_topology(self.scenario.node_names(), self.network.connected_links())
+        self.tracker.begin_phase("start", 0.0)
+        for name in self.scenario.node_names():
+            self.network.start(name)
+        for event in self.scenario.events:
+            if isinstance(event, Publish):
+                for number in range(event.count):
+                    self.network.schedule(event.at + number * event.interval,
+                                          functools.partial(self.publish, event, number))
+            else:
+                self.network.schedule(event.at, functools.partial(self.apply, event))
+
+    def run_until(self, until: float) -> None:
+        self.network.run_until(until)
+
+    def run(self) -> dict[str, Any]:
+        """Run the whole scenario and return the report."""
+        try:
+            self.start()
+            self.run_until(self.scenario.duration)
+            return self.finish()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.events_file is not None:
+            self.events_file.close()
+            self.events_file = None
+
+    # ------------------------------------------------------------ scenario events
+
+    def apply(self, event: ScenarioEvent) -> None:
+        """Apply one scenario event now (publications: use `publish`)."""
+        network = self.network
+        truth = self.truth
+        now = self.now
+        if isinstance(event, Subscribe):
+            truth.subscribe(event.node, event.client, event.filter, now)
+            self.qos[(event.node, event.client, event.filter)] = event.qos
+            self._sim_event("sim_subscribe", event.node, client=event.client, filter=event.filter, qos=event.qos)
+            self._to_node(event.node, lambda node: node.local_subscribe(event.client, event.filter, event.qos, now))
+        elif isinstance(event, Unsubscribe):
+            truth.unsubscribe(event.node, event.client, event.filter)
+            self.qos.pop((event.node, event.client, event.filter), None)
+            self._sim_event("sim_unsubscribe", event.node, client=event.client, filter=event.filter)
+            self._to_node(event.node, lambda node: node.local_unsubscribe(event.client, event.filter, now))
+        elif isinstance(event, Disconnect):
+            truth.disconnect(event.node, event.client)
+            for key in [key for key in self.qos if key[0] == event.node and key[1] == event.client]:
+                del self.qos[key]
+            self._sim_event("sim_disconnect", event.node, client=event.client)
+            self._to_node(event.node, lambda node: node.local_disconnect(event.client, now))
+        elif isinstance(event, Publish):
+            self.publish(event, 0)
+        elif isinstance(event, Cut):
+            def cut() -> None:
+                network.set_cut(event.a, event.b, True)
+                if not event.oneway:
+                    network.set_cut(event.b, event.a, True)
+            label = f"cut {event.a}->{event.b}" if event.oneway else f"cut {event.a}-{event.b}"
+            self._sim_event("sim_cut", None, a=event.a, b=event.b, oneway=event.oneway)
+            self._disrupt(label, [event.a, event.b], cut)
+        elif isinstance(event, Heal):
+            def heal() -> None:
+                network.set_cut(event.a, event.b, False)
+                network.set_cut(event.b, event.a, False)
+            self._sim_event("sim_heal", None, a=event.a, b=event.b)
+            self._disrupt(f"heal {event.a}-{event.b}", [event.a, event.b], heal)
+        elif isinstance(event, Kill):
+            self._sim_event("sim_kill", event.node)
+            self._disrupt(f"kill {event.node}", [event.node], lambda: self._kill(event.node))
+        elif isinstance(event, Restart):
+            self._disrupt(f"restart {event.node}", [event.node], lambda: self._restart(event.node))
+        elif isinstance(event, Loss):
+            link = event.link
+            self._sim_event("sim_loss", None, percent=event.percent, link=list(link) if link else None)
+            touched = list(link) if link else self.scenario.node_names()
+            where = f"{link[0]}-{link[1]}" if link else "all links"
+            self._disrupt(f"loss {event.percent:g}% {where}", touched,
+                          lambda: network.set_loss(event.percent, link))
+        else:  # pragma: no cover - the model's union is closed
+            raise TypeError(f"unknown scenario event {event!r}")
+
+    def publish(self, event: Publish, number: int) -> None:
+        host = self.network.host(event.node)
+        node = host.node
+        now = self.now
+        if node is None:
+            self._sim_event("sim_publish_skipped", event.node, topic=event.topic, reason="node down")
+            return
+        self.payload_counter += 1
+        payload_id = f"{event.node}-{self.payload_counter}"
+        payload = json.dumps({"id": payload_id, "sent": round(now, 6), "fill": "x" * event.payload_size},
+                             separators=(",", ":")).encode()
+        in_bound, expected = self.truth.expected(event.node, event.topic, now)
+        publication = node.local_publish(event.topic, payload, event.qos, event.retain, None, now)
+        if publication is None:
+            self._sim_event("sim_publish_skipped", event.node, topic=event.topic,
+                            reason="the node does not federate this topic")
+            self.network.after_input(host)
+            return
+        text = publication_text(publication)
+        self.topics[publication] = event.topic
+        self.publications.append(PublicationRecord(text, event.node, event.topic, now, in_bound, expected))
+        self._sim_event("sim_publish", event.node, pub=text, payload_id=payload_id, topic=event.topic,
+                        qos=event.qos, retain=event.retain, size=len(payload), in_bound=in_bound,
+                        expected=sorted(expected))
+        self.network.after_input(host)
+
+    def _to_node(self, name: str, action: Callable[[Node], None]) -> None:
+        host = self.network.host(name)
+        if host.node is not None:
+            action(host.node)
+            self.network.after_input(host)
+
+    def _kill(self, name: str) -> None:
+        self.network.kill(name)
+        self.tracker.remove_view(name)
+        self.versions.pop(name, None)
+
+    def _restart(self, name: str) -> None:
+        host = self.network.host(name)
+        crashed = host.node is not None
+        if crashed:
+            self._kill(name)
+        self._sim_event("sim_restart", name, epoch=host.epoch + 1, crashed=crashed)
+        node = self.network.start(name)
+        now = self.now
+        for client, filter_, _ in self.truth.active(name):
+            node.local_subscribe(client, filter_, self.qos.get((name, client, filter_), 0), now)
+        self.network.after_input(host)
+
+    def _disrupt(self, what: str, touched: list[str], change: Callable[[], None]) -> None:
+        truth = self.truth
+        truth.disrupt(self.now, touched)
+        change()
+        truth.set_topology([host.name for host in self.network.alive_hosts()], self.network.connected_links())
+        truth.disrupt(self.now, touched)
+        truth.loss_active = self.network.loss_active()
+        self.tracker.begin_phase(what, self.now)
+
+    # ------------------------------------------------------------ observer
+
+    def node_output(self, host: Host[Node], injections: list[Injection], events: list[Event], now: float) -> None:
+        for injection in injections:
+            text = publication_text(injection.publication)
+            subscribed = self.truth.subscribed(host.name, injection.topic)
+            self.deliveries.append(DeliveryRecord(text, host.name, now, subscribed))
+            self._sim_event("sim_inject", host.name, pub=text, topic=injection.topic, subscribed=subscribed)
+        if self.events_file is not None:
+            for event in events:
+                record = event.to_json_dict()
+                record["name"] = host.name
+                self._write(record)
+
+    def node_touched(self, host: Host[Node]) -> None:
+        self.touched.add(host.index)
+
+    def data_sent(self, host: Host[Node], publication: PublicationId, copies: int, now: float) -> None:
+        bound = self.loop_bounds.get(publication)
+        if bound is None:
+            topic = self.topics.get(publication)
+            filters = self.truth.filters_matching(topic) if topic is not None else len(self.truth.filters_ever)
+            bound = LOOP_FACTOR * max(1, len(self.network.links)) * max(1, filters)
+            self.loop_bounds[publication] = bound
+        if copies > bound and publication not in self.loops_flagged:
+            self.loops_flagged.add(publication)
+            self._violation(f"publication {publication_text(publication)}: more than {bound} tm copies "
+                            f"(a forwarding loop?) by t={now}", now)
+
+    def anomaly(self, text: str, now: float) -> None:
+        self._violation(text, now)
+
+    def timestamp_done(self, now: float) -> None:
+        self.refresh_views()
+        before = self.tracker.phases[-1].settled_at if self.tracker.phases else None
+        self.tracker.check(now)
+        if self.tracker.phases and before is None and self.tracker.phases[-1].settled_at is not None:
+            phase = self.tracker.phases[-1]
+            self._sim_event("sim_converged", None, phase=phase.label, seconds=round(now - phase.at, 6))
+
+    def refresh_views(self) -> None:
+        hosts = self.network.hosts
+        for index in self.touched:
+            host = hosts[index]
+            node = host.node
+            if node is None:
+                continue
+            view = node.view()
+            if self.versions.get(host.name) != view.version:
+                self.versions[host.name] = view.version
+                self.tracker.update_view(host.name, view.broker_id, view.members, view.management_core,
+                                         view.topic_cores)
+        self.touched.clear()
+
+    # ------------------------------------------------------------ output
+
+    def _violation(self, text: str, now: float) -> None:
+        self.violations.append(text)
+        self._sim_event("sim_violation", None, text=text)
+
+    def _sim_event(self, kind: str, name: str | None, **fields: Any) -> None:
+        if self.events_file is None:
+            return
+        node = str(self.network.host(name).address) if name is not None else "sim"
+        record: dict[str, Any] = {"v": EVENT_SCHEMA_VERSION, "t": round(self.now, 6), "node": node, "type": kind}
+        if name is not None:
+            record["name"] = name
+        record.update(fields)
+        self._write(record)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        assert self.events_file is not None
+        self.events_file.write(json.dumps(record, separators=(",", ":"), default=_json_default))
+        self.events_file.write("\n")
+
+    def final_violations(self) -> list[str]:
+        """The end-of-run checks on every component that has been quiet for `settle` seconds."""
+        problems = []
+        truth = self.truth
+        for index in truth.quiet_components(self.now):
+            problem = self.tracker.component_problem(index)
+            if problem is not None:
+                names = ", ".join(sorted(truth.components[index]))
+                problems.append(f"at the end (t={self.now}), quiet component [{names}] has not converged: {problem}")
+        return problems
+
+    def node_records(self) -> list[NodeRecord]:
+        records = []
+        for host in self.network.hosts:
+            node = host.node
+            if node is None:
+                records.append(NodeRecord(host.name, False))
+                continue
+            view = node.view()
+            records.append(NodeRecord(
+                host.name, True, id_text(view.broker_id), id_text(view.management_core),
+                {filter_: str(core) for filter_, core in sorted(view.topic_cores.items())}, len(view.members)))
+        return records
+
+    def traffic_record(self) -> TrafficRecord:
+        traffic = self.network.traffic
+        control = {kind: (traffic.packets_by_type[kind], traffic.bytes_by_type[kind])
+                   for kind in sorted(traffic.packets_by_type) if kind != TOPIC_MESSAGE}
+        packets, size = traffic.data_totals()
+        return TrafficRecord(control, packets, size, self.network.alive_seconds())
+
+    def finish(self) -> dict[str, Any]:
+        """Final checks and the report (call once, after running to the end)."""
+        self.refresh_views()
+        for text in self.final_violations():
+            self._violation(text, self.now)
+        phases = [PhaseRecord(phase.label, phase.at, phase.settled_at) for phase in self.tracker.phases]
+        report = build_report(
+            scenario=self.scenario.name, seed=self.seed, backend=BACKEND, duration=self.scenario.duration,
+            publications=self.publications, deliveries=self.deliveries, phases=phases, nodes=self.node_records(),
+            traffic=self.traffic_record(), violations=self.violations,
+            wall_seconds=time.perf_counter() - self.wall_started)
+        self._sim_event("sim_end", None, duration=self.scenario.duration, invariants_ok=report["invariants"]["ok"],
+                        lost=report["publications"]["lost"], duplicates=report["publications"]["duplicates"],
+                        unexpected=report["publications"]["unexpected"])
+        self.finished = report
+        return report
+
+
+def run_scenario(scenario: Scenario, *, seed: int, events_path: str | None = None) -> dict[str, Any]:
+    """Run `scenario` on the simulator with `seed`; returns the report dict (see docs/simulator.md).
+
+    With `events_path`, every node event and `sim_*` event is written there as
+    JSON lines in time order. The same seed gives a byte-identical events file
+    and the same report, except `wall_seconds`.
+    """
+    return Simulation(scenario, seed=seed, events_path=events_path).run()

@@ -1,0 +1,80 @@
+"""Small value types shared by the protocol engine, the simulator and the daemon."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+
+class Address(NamedTuple):
+    """A wrapper's UDP endpoint. Sorting is by host string, then port."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, text: str, default_port: int) -> "Address":
+        """Parse ``host``, ``host:port`` or ``[v6]:port``; raises ValueError with the reason."""
+        text = text.strip()
+        if not text:
+            raise ValueError("empty address")
+        if text.startswith("["):
+            host, _, rest = text[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else ""
+        elif text.count(":") == 1:
+            host, port_text = text.split(":")
+        else:
+            host, port_text = text, ""
+        port = default_port
+        if port_text:
+            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                raise ValueError(f"bad port {port_text!r} in {text!r}: expected 1-65535")
+            port = int(port_text)
+        return cls(host, port)
+
+
+class BrokerId(NamedTuple):
+    """(virtual id, address): the lowest BrokerId wins every election."""
+
+    vid: int
+    address: Address
+
+    def __str__(self) -> str:
+        return f"{self.vid}@{self.address}"
+
+
+PublicationId = tuple[Address, int, int]
+"""(origin address, origin boot epoch, per-epoch sequence number)."""
+
+
+@dataclass(frozen=True)
+class Injection:
+    """A remote publication the daemon must publish into the local broker, once."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    properties: dict[str, Any] | None
+    publication: PublicationId
+
+
+@dataclass(frozen=True)
+class Event:
+    """One structured trace record; `to_json_dict` gives the documented line format."""
+
+    time: float
+    node: str
+    type: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"v": EVENT_SCHEMA_VERSION, "t": round(self.time, 6), "node": self.node, "type": self.type}
+        record.update(self.fields)
+        return record
+
+
+EVENT_SCHEMA_VERSION = 1

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Set up everything the project needs on a fresh Debian 12 machine where we are root.
+# Idempotent: it installs only what is missing, so `make test` can run it every time.
+#
+# 1. Debian packages: mosquitto, mosquitto-clients, nftables, iproute2 (and python3,
+#    python3-pip if absent). `apt-get update` runs once, and only if something is missing.
+# 2. This repository, editable, with the test extra: `python3 -m pip install -e '.[test]'`.
+#    Skipped when build/install-deps.stamp says setup.cfg and pyproject.toml have not
+#    changed since the last install and every requirement is still satisfied.
+#
+# The mosquitto package may start its own system service (a broker on port 1883).
+# The project never uses it: tests and the demo start their own brokers with
+# `mosquitto -c FILE` on ports they choose. If that daemon is running, leave it alone.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+PYTHON=${PYTHON:-python3}
+
+say() { echo "install-deps: $*"; }
+
+# Is a Debian package installed, or is the command it provides available anyway?
+have() {
+    local package=$1 command=$2
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
+        || command -v "$command" >/dev/null 2>&1
+}
+
+missing=()
+have mosquitto mosquitto || missing+=(mosquitto)
+have mosquitto-clients mosquitto_pub || missing+=(mosquitto-clients)
+have nftables nft || missing+=(nftables)
+have iproute2 ip || missing+=(iproute2)
+# Resolve the interpreter itself, not a wrapper such as a pyenv shim (faster, one answer).
+if interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)' 2>/dev/null); then
+    "$interpreter" -c 'import pip' 2>/dev/null || missing+=(python3-pip)
+else
+    missing+=(python3 python3-pip)
+fi
+
+if ((${#missing[@]})); then
+    say "installing Debian packages: ${missing[*]}"
+    apt-get update -q
+    apt-get install -y -q "${missing[@]}"
+else
+    say "Debian packages present (mosquitto, mosquitto-clients, nftables, iproute2)"
+fi
+
+[[ -n ${interpreter:-} ]] || interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)')
+PYTHON=$interpreter
+
+# Debian's own python3 is "externally managed" (PEP 668) and refuses pip installs.
+# CI machines are throwaway and we are root, so install into it anyway.
+if "$PYTHON" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
+    export PIP_BREAK_SYSTEM_PACKAGES=1
+fi
+
+if "$PYTHON" scripts/python-deps-current.py; then
+    say "Python packages up to date (delete build/install-deps.stamp to force a reinstall)"
+else
+    say "installing this repository: $PYTHON -m pip install -e '.[test]'"
+    "$PYTHON" -m pip install --quiet --root-user-action=ignore -e '.[test]'
+    "$PYTHON" scripts/python-deps-current.py --write-stamp
+fi

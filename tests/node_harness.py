@@ -1,0 +1,104 @@
+"""A minimal in-memory network for unit tests of the node (aioquic-style helpers).
+
+Fixed one-way latency, no loss unless a link is cut; time jumps to the next
+timer or datagram. The full simulator (federation.sim) is what scenario tests use.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from typing import Iterable
+
+from federation.node import Node
+from federation.settings import Settings
+from federation.types import Address, Injection
+
+
+def address(index: int) -> Address:
+    return Address(f"10.0.0.{index}", 10500)
+
+
+class Harness:
+    def __init__(self, links: Iterable[tuple[int, int]], vids: dict[int, int] | None = None,
+                 settings: Settings = Settings(), latency: float = 0.001, seed: int = 1) -> None:
+        self.links = {tuple(sorted(link)) for link in links}
+        self.indexes = sorted({i for link in self.links for i in link})
+        self.settings = settings
+        self.latency = latency
+        self.vids = vids if vids is not None else {i: i for i in self.indexes}
+        self.now = 0.0
+        self.seed = seed
+        self.cut: set[tuple[int, int]] = set()
+        self.queue: list[tuple[float, int, bytes, Address, int]] = []
+        self.counter = 0
+        self.nodes: dict[int, Node] = {}
+        self.delivered: list[tuple[int, Injection]] = []
+        self.events: list[dict[str, object]] = []
+        self.packets = 0
+        self.epochs: dict[int, int] = {}
+        for index in self.indexes:
+            self.start(index)
+
+    def neighbours(self, index: int) -> list[Address]:
+        return [address(b if a == index else a) for a, b in sorted(self.links) if index in (a, b)]
+
+    def start(self, index: int) -> Node:
+        self.epochs[index] = self.epochs.get(index, 0) + 1
+        node = Node(address(index), self.neighbours(index), self.epochs[index],
+                    random.Random(f"{self.seed}:{index}:{self.epochs[index]}"), self.settings, vid=self.vids.get(index))
+        self.nodes[index] = node
+        node.start(self.now)
+        self.flush(index)
+        return node
+
+    def kill(self, index: int) -> None:
+        del self.nodes[index]
+
+    def flush(self, index: int) -> None:
+        node = self.nodes.get(index)
+        if node is None:
+            return
+        for data, target in node.datagrams_to_send():
+            target_index = int(target.host.rsplit(".", 1)[1])
+            if (index, target_index) in self.cut:
+                continue
+            self.counter += 1
+            heapq.heappush(self.queue, (self.now + self.latency, self.counter, data, node.address, target_index))
+        self.delivered.extend((index, injection) for injection in node.injections_to_make())
+        self.events.extend(e.to_json_dict() for e in node.events_emitted())
+
+    def run(self, until: float) -> None:
+        while True:
+            timers = [(t, i) for i, n in self.nodes.items() if (t := n.get_timer()) is not None]
+            next_timer = min(timers) if timers else (float("inf"), -1)
+            next_packet = self.queue[0][0] if self.queue else float("inf")
+            when = min(next_timer[0], next_packet)
+            if when > until:
+                self.now = until
+                return
+            self.now = max(self.now, when)
+            if next_packet <= next_timer[0]:
+                _, _, data, source, target = heapq.heappop(self.queue)
+                node = self.nodes.get(target)
+                if node is not None:
+                    self.packets += 1
+                    node.receive_datagram(data, source, self.now)
+                    self.flush(target)
+            else:
+                self.nodes[next_timer[1]].handle_timer(self.now)
+                self.flush(next_timer[1])
+
+    def do(self, index: int, action: str, *args: object) -> object:
+        result = getattr(self.nodes[index], action)(*args, self.now)
+        self.flush(index)
+        return result
+
+    def cut_link(self, a: int, b: int, oneway: bool = False) -> None:
+        self.cut.add((a, b))
+        if not oneway:
+            self.cut.add((b, a))
+
+    def heal(self, a: int, b: int) -> None:
+        self.cut.discard((a, b))
+        self.cut.discard((b, a))
