@@ -10,7 +10,7 @@ number of publications that can still be in flight in the overlay.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable
+from collections.abc import Hashable
 
 
 class SeenCache:

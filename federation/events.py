@@ -46,5 +46,5 @@ def publication_text(publication: PublicationId) -> str:
     return f"{origin}/{epoch}/{seq}"
 
 
-def addresses_text(addresses: "list[Address] | tuple[Address, ...] | frozenset[Address]") -> list[str]:
+def addresses_text(addresses: list[Address] | tuple[Address, ...] | frozenset[Address]) -> list[str]:
     return [str(address) for address in sorted(addresses)]

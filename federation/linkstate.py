@@ -54,10 +54,9 @@ class LinkStateDatabase:
         distance = record.distance + hops_travelled
         held = self.records.get(address)
         if held is None:
-            if len(self.records) >= self.capacity:
-                if not self._evict_one():
-                    self.refused += 1
-                    return "old"
+            if len(self.records) >= self.capacity and not self._evict_one():
+                self.refused += 1
+                return "old"
         elif record.freshness < held.record.freshness:
             return "old"
         elif record.freshness == held.record.freshness:

@@ -41,8 +41,17 @@ from federation.events import id_text, publication_text
 from federation.topic_filter import FilterIndex
 from federation.types import Address, BrokerId
 from federation.wire import (
-    FLAG_PRUNE, FLAG_WITHDRAWN, MODE_IN_MESH, MODE_TOWARD_CORE, RECONSIDER_TOPIC_CORE, TOPIC_CORE,
-    TOPIC_MESSAGE, TOPIC_SUBSCRIBE, TopicCore, TopicMessage, TopicSubscribe,
+    FLAG_PRUNE,
+    FLAG_WITHDRAWN,
+    MODE_IN_MESH,
+    MODE_TOWARD_CORE,
+    RECONSIDER_TOPIC_CORE,
+    TOPIC_CORE,
+    TOPIC_MESSAGE,
+    TOPIC_SUBSCRIBE,
+    TopicCore,
+    TopicMessage,
+    TopicSubscribe,
 )
 
 if TYPE_CHECKING:
@@ -80,7 +89,7 @@ class TopicState:
 
 
 class MeshEngine:
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         self.topics: dict[str, TopicState] = {}
         self.index = FilterIndex()
@@ -364,7 +373,8 @@ class MeshEngine:
                 return
             targets = {node.rng.choice(candidates)}
             mode = MODE_TOWARD_CORE
-        targets.discard(from_announced)  # type: ignore[arg-type]
+        if from_announced is not None:
+            targets.discard(from_announced)
         transports = [t for t in (node.neighbours.transport_for(a) for a in sorted(targets)) if t is not None]
         if not transports:
             return

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from federation import events, wire
 from federation.dedup import SeenCache
@@ -30,8 +31,22 @@ from federation.settings import Settings
 from federation.topic_filter import FilterIndex, federated_filter, is_system
 from federation.types import Address, BrokerId, Event, Injection, PublicationId
 from federation.wire import (
-    FLAG_LEAVING, MODE_TOWARD_CORE, Body, CoreAnnouncement, DecodeError, Federate, Hello, HelloBack,
-    LinkStateRecord, Packet, Reconsider, Sender, TopicCore, TopicMessage, TopicSubscribe, TopologyUpdate,
+    FLAG_LEAVING,
+    MODE_TOWARD_CORE,
+    Body,
+    CoreAnnouncement,
+    DecodeError,
+    Federate,
+    Hello,
+    HelloBack,
+    LinkStateRecord,
+    Packet,
+    Reconsider,
+    Sender,
+    TopicCore,
+    TopicMessage,
+    TopicSubscribe,
+    TopologyUpdate,
 )
 
 VID_RANGE = 2**31
@@ -50,7 +65,8 @@ class NodeView:
 
 class Node:
     def __init__(self, address: Address, neighbours: Iterable[Address], epoch: int, rng: random.Random,
-                 settings: Settings = Settings(), vid: int | None = None, name: str | None = None) -> None:
+                 settings: Settings | None = None, vid: int | None = None, name: str | None = None) -> None:
+        settings = settings if settings is not None else Settings()
         self.address = address
         self.settings = settings
         self.rng = rng
@@ -274,10 +290,11 @@ class Node:
         self.received_by_type[packet.type] += 1
         self.received_bytes_by_type[packet.type] += len(data)
         neighbour = self.neighbours.get(source)
+        if neighbour is None and packet.type == wire.HELLO:
+            neighbour = self.neighbours.add_dynamic(source)
         if neighbour is None:
-            if packet.type != wire.HELLO or (neighbour := self.neighbours.add_dynamic(source)) is None:
-                self._drop_packet("unknown_neighbour", packet.type, source, len(data), now)
-                return
+            self._drop_packet("unknown_neighbour", packet.type, source, len(data), now)
+            return
         if packet.sender.broker_id.address == self.address:
             self._drop_packet("own_address", packet.type, source, len(data), now)
             return
@@ -533,9 +550,8 @@ class Node:
         held = self.core_announcements.get(message.core.address)
         distance = message.distance + 1
         fresh = (message.epoch, message.seq)
-        if held is not None:
-            if fresh < held[:2] or (fresh == held[:2] and distance >= held[2]):
-                return
+        if held is not None and (fresh < held[:2] or (fresh == held[:2] and distance >= held[2])):
+            return
         if held is None and len(self.core_announcements) >= self.settings.max_nodes:
             self.drops["core_announcements_full"] += 1
             return

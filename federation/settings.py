@@ -8,8 +8,9 @@ names a bad field and says how to fix it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 
 class SettingsError(ValueError):
@@ -63,7 +64,7 @@ class Settings:
     """weight of a new RTT sample in the smoothed RTT (as TCP's alpha)"""
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None, where: str = "settings") -> "Settings":
+    def from_mapping(cls, values: Mapping[str, Any] | None, where: str = "settings") -> Settings:
         """Build from a YAML-like mapping; unknown keys and bad values raise SettingsError."""
         values = dict(values or {})
         known = {f.name: f for f in fields(cls)}

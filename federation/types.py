@@ -16,7 +16,7 @@ class Address(NamedTuple):
         return f"{self.host}:{self.port}"
 
     @classmethod
-    def parse(cls, text: str, default_port: int) -> "Address":
+    def parse(cls, text: str, default_port: int) -> Address:
         """Parse ``host``, ``host:port`` or ``[v6]:port``; raises ValueError with the reason."""
         text = text.strip()
         if not text:

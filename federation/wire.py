@@ -13,8 +13,10 @@ reason (`DecodeError.reason`) that the node counts and records as a
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 
@@ -222,7 +224,7 @@ def _int(value: Any, what: str, low: int = 0, high: int = MAX_U64) -> int:
 
 
 def _float(value: Any, what: str) -> float:
-    if type(value) not in (int, float) or value != value:  # NaN is not a time
+    if type(value) not in (int, float) or math.isnan(value):  # NaN is not a time
         raise DecodeError("wrong_type", f"{what}: expected a number")
     return float(value)
 
@@ -346,7 +348,7 @@ def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> 
         value = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except DecodeError:
         raise
-    except Exception as error:  # msgpack raises several types: all mean "not one valid msgpack value"
+    except Exception as error:  # noqa: BLE001 - msgpack raises many types; all mean "not one valid value"
         raise DecodeError("malformed", type(error).__name__) from None
     if type(value) is not list or len(value) < 3:
         raise DecodeError("malformed", "not an array of at least 3 elements")
@@ -361,7 +363,7 @@ def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> 
         body = _decode_body(kind, value[3:], max_neighbours)
     except DecodeError:
         raise
-    except Exception as error:  # defensive: a shape we did not foresee is still the peer's fault
+    except Exception as error:  # noqa: BLE001 - a shape we did not foresee is still the peer's fault
         raise DecodeError("malformed", f"{kind}: {type(error).__name__}") from None
     return Packet(kind, sender, body)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from typing import Iterable
+from collections.abc import Iterable
 
 from federation.node import Node
 from federation.settings import Settings
@@ -21,10 +21,10 @@ def address(index: int) -> Address:
 
 class Harness:
     def __init__(self, links: Iterable[tuple[int, int]], vids: dict[int, int] | None = None,
-                 settings: Settings = Settings(), latency: float = 0.001, seed: int = 1) -> None:
+                 settings: Settings | None = None, latency: float = 0.001, seed: int = 1) -> None:
         self.links = {tuple(sorted(link)) for link in links}
         self.indexes = sorted({i for link in self.links for i in link})
-        self.settings = settings
+        self.settings = settings if settings is not None else Settings()
         self.latency = latency
         self.vids = vids if vids is not None else {i: i for i in self.indexes}
         self.now = 0.0

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from node_harness import Harness, address
+
 from federation.settings import Settings
 from federation.types import BrokerId
-
-from node_harness import Harness, address
 
 SEED_LINKS = [(0, 1), (0, 2), (1, 4), (1, 5), (2, 5), (4, 5), (4, 3), (5, 3)]
 
