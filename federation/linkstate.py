@@ -48,8 +48,9 @@ class LinkStateDatabase:
         self.refused = 0
 
     def accept(self, record: LinkStateRecord, hops_travelled: int, now: float) -> str:
-        """Store a received record. Returns "new", "shorter" (same freshness, shorter
-        distance: forward but routes unchanged), or "old" (ignore)."""
+        """Store a received record. Returns "new" (forward; routes may change), "refresh"
+        (newer but the same links: forward, routes unchanged), "shorter" (same
+        freshness, shorter distance: forward, routes unchanged) or "old" (ignore)."""
         address = record.origin.address
         distance = record.distance + hops_travelled
         held = self.records.get(address)
@@ -67,6 +68,8 @@ class LinkStateDatabase:
             held.received_at = now
             return "old"
         self.records[address] = StoredRecord(_with_distance(record, distance), now)
+        if held is not None and _same_links(held.record, record):
+            return "refresh"  # a periodic re-announcement: forward it, routes are unchanged
         return "new"
 
     def store_own(self, record: LinkStateRecord, now: float) -> None:
@@ -116,6 +119,11 @@ class LinkStateDatabase:
                 elif distance[peer] == distance[node] + 1:
                     next_hops[peer] = next_hops[peer] | hops
         return Routes(frozenset(distance), distance, next_hops, ids)
+
+
+def _same_links(held: LinkStateRecord, record: LinkStateRecord) -> bool:
+    return (held.origin == record.origin and held.epoch == record.epoch and held.flags == record.flags
+            and held.neighbours == record.neighbours)
 
 
 def _with_distance(record: LinkStateRecord, distance: int) -> LinkStateRecord:

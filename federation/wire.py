@@ -20,6 +20,7 @@ from typing import Any
 
 import msgpack
 
+from federation.topic_filter import federated_filter, validate_filter, validate_topic
 from federation.types import Address, BrokerId, PublicationId
 
 PROTOCOL_VERSION = 1
@@ -242,6 +243,22 @@ def _list(value: Any, what: str, length: int | None = None) -> list[Any]:
     return value
 
 
+def _filter(value: Any, what: str) -> str:
+    text = _text(value, what)
+    problem = validate_filter(text)
+    if problem is not None or federated_filter(text) != text:
+        raise DecodeError("bad_filter", f"{what}: {problem or 'not a federated filter'}")
+    return text
+
+
+def _topic(value: Any, what: str) -> str:
+    text = _text(value, what)
+    problem = validate_topic(text)
+    if problem is not None:
+        raise DecodeError("bad_topic", f"{what}: {problem}")
+    return text
+
+
 def _address(value: Any, what: str) -> Address:
     host, port = _list(value, what, 2)
     return Address(_text(host, f"{what}.host", 255), _int(port, f"{what}.port", 0, 65535))
@@ -315,12 +332,12 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
                                 _int(fields[2], "ca.seq"), _int(fields[3], "ca.distance", 0, 65535))
     if kind in (TOPIC_CORE, RECONSIDER_TOPIC_CORE):
         need(6)
-        return TopicCore(_text(fields[0], f"{kind}.filter"), _broker_id(fields[1], f"{kind}.core"),
+        return TopicCore(_filter(fields[0], f"{kind}.filter"), _broker_id(fields[1], f"{kind}.core"),
                          _int(fields[2], f"{kind}.epoch"), _int(fields[3], f"{kind}.seq"),
                          _int(fields[4], f"{kind}.distance", 0, 65535), _int(fields[5], f"{kind}.flags", 0, 255))
     if kind == TOPIC_SUBSCRIBE:
         need(3)
-        return TopicSubscribe(_text(fields[0], "ts.filter"), _broker_id(fields[1], "ts.core"),
+        return TopicSubscribe(_filter(fields[0], "ts.filter"), _broker_id(fields[1], "ts.core"),
                               _int(fields[2], "ts.flags", 0, 255))
     if kind == TOPIC_MESSAGE:
         need(11)
@@ -331,10 +348,10 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         if type(retain) is not bool:
             raise DecodeError("wrong_type", "tm.retain: expected a boolean")
         return TopicMessage(
-            filter=_text(fields[0], "tm.filter"), origin=_address(fields[1], "tm.origin"),
+            filter=_filter(fields[0], "tm.filter"), origin=_address(fields[1], "tm.origin"),
             epoch=_int(fields[2], "tm.epoch"), seq=_int(fields[3], "tm.seq"),
             mode=_int(fields[4], "tm.mode", 0, 1), hops=_int(fields[5], "tm.hops", 0, 255),
-            topic=_text(fields[6], "tm.topic"), payload=payload, qos=_int(fields[8], "tm.qos", 0, 2),
+            topic=_topic(fields[6], "tm.topic"), payload=payload, qos=_int(fields[8], "tm.qos", 0, 2),
             retain=retain, properties=_properties(fields[10], "tm.properties"),
         )
     raise DecodeError("unknown_type", repr(kind)[:40])

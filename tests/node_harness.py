@@ -70,15 +70,14 @@ class Harness:
 
     def run(self, until: float) -> None:
         while True:
-            timers = [(t, i) for i, n in self.nodes.items() if (t := n.get_timer()) is not None]
-            next_timer = min(timers) if timers else (float("inf"), -1)
+            next_timer, timer_index = self._next_timer()
             next_packet = self.queue[0][0] if self.queue else float("inf")
-            when = min(next_timer[0], next_packet)
+            when = min(next_timer, next_packet)
             if when > until:
                 self.now = until
                 return
             self.now = max(self.now, when)
-            if next_packet <= next_timer[0]:
+            if next_packet <= next_timer:
                 _, _, data, source, target = heapq.heappop(self.queue)
                 node = self.nodes.get(target)
                 if node is not None:
@@ -86,8 +85,12 @@ class Harness:
                     node.receive_datagram(data, source, self.now)
                     self.flush(target)
             else:
-                self.nodes[next_timer[1]].handle_timer(self.now)
-                self.flush(next_timer[1])
+                self.nodes[timer_index].handle_timer(self.now)
+                self.flush(timer_index)
+
+    def _next_timer(self) -> tuple[float, int]:
+        timers = [(t, i) for i, n in self.nodes.items() if (t := n.get_timer()) is not None]
+        return min(timers) if timers else (float("inf"), -1)
 
     def do(self, index: int, action: str, *args: object) -> object:
         result = getattr(self.nodes[index], action)(*args, self.now)

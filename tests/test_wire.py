@@ -94,3 +94,12 @@ def test_random_mutations_never_raise_anything_else() -> None:
         except DecodeError:
             outcomes["dropped"] += 1
     assert outcomes["dropped"] > 10000
+
+
+def test_filters_and_topics_from_peers_are_validated() -> None:
+    bad_filter = msgpack.packb(["ts", 1, [1, "h", 1, 1], "a/#/b", [1, "h", 1], 0])
+    assert reason(bad_filter) == "bad_filter"
+    system = msgpack.packb(["tc", 1, [1, "h", 1, 1], "$SYS/#", [1, "h", 1], 1, 1, 0, 0])
+    assert reason(system) == "bad_filter"
+    tm = msgpack.packb(["tm", 1, [1, "h", 1, 1], "a/#", ["h", 1], 0, 0, 0, 0, "a/+", b"", 0, False, None])
+    assert reason(tm) == "bad_topic"
