@@ -82,6 +82,8 @@ class TopicState:
     withdrawn: tuple[BrokerId, int, int] | None = None
     """the last withdrawal heard (core, epoch, seq): older claims of that core are ignored"""
     held: deque[HeldPublication] = field(default_factory=deque)
+    pending: dict[BrokerId, tuple[TopicCore, Address, Address, float]] = field(default_factory=dict)
+    """claims of cores the table does not show reachable yet: retried when routes change"""
 
     @property
     def freshness(self) -> tuple[int, int]:
@@ -120,16 +122,19 @@ class MeshEngine:
             return False
         if core.address == self.node.address:
             return core == self.node.broker_id
-        lifetime = self.node.settings.announcement_lifetime
-        if now - state.heard_at > lifetime:
+        if now - state.heard_at > self.node.settings.announcement_lifetime:
             return False
+        return self.plausible(core, state.core_epoch)
+
+    def plausible(self, core: BrokerId, epoch: int) -> bool:
+        """Could `core` (claiming in `epoch`) be alive, as far as the federation table tells?
+        Copies of a dead core's claims still wander after it died; they must not be adopted."""
         stored = self.node.lsdb.records.get(core.address)
-        if stored is None:
-            return True  # announcements arrive, the table has not caught up yet
-        record = stored.record
-        if core.address not in self.node.routes.members:
+        if stored is None or stored.record.epoch < epoch:
+            return True  # announcements can arrive before the table has caught up
+        if stored.record.epoch > epoch or core.address not in self.node.routes.members:
             return False
-        return record.origin.vid == core.vid and record.epoch <= state.core_epoch
+        return stored.record.origin.vid == core.vid
 
     def cores(self) -> dict[str, BrokerId]:
         return {f: s.core for f, s in sorted(self.topics.items()) if s.core is not None}
@@ -170,6 +175,16 @@ class MeshEngine:
         if state.withdrawn is not None and state.withdrawn[0] == core and \
                 message.freshness <= state.withdrawn[1:]:
             return  # an announcement older than that core's withdrawal
+        if not self.plausible(core, message.epoch):
+            # Not adopted nor forwarded (copies of a dead core's claims would flap forever), but
+            # kept: the table may simply not have caught up yet (a link that just came up).
+            held = state.pending.get(core)
+            if held is None or held[0].freshness <= message.freshness:
+                if held is None and len(state.pending) >= 4:
+                    del state.pending[min(state.pending, key=lambda c: state.pending[c][3])]
+                state.pending[core] = (message, from_transport, from_announced, now)
+            self.node.count_drop("tc_core_unreachable")
+            return
         distance = message.distance + 1
         if state.core == core:
             if message.freshness > state.freshness:
@@ -276,6 +291,12 @@ class MeshEngine:
 
     def _reconcile_one(self, state: TopicState, now: float) -> None:
         node = self.node
+        for core, (message, transport, announced, received_at) in sorted(state.pending.items()):
+            if now - received_at > node.settings.announcement_lifetime:
+                del state.pending[core]
+            elif self.plausible(core, message.epoch):
+                del state.pending[core]
+                self.on_topic_core(TOPIC_CORE, message, transport, announced, now)
         local = node.local_count(state.filter)
         if state.core is not None and not self.core_alive(state, now):
             self._lose_core(state, now, reason="lost")
@@ -304,7 +325,7 @@ class MeshEngine:
             self.held_count -= len(held)
             for item in held:
                 self.route(state, item.message, None, now)
-        if state.core is None and local == 0 and not state.children and not state.held and \
+        if state.core is None and local == 0 and not state.children and not state.held and not state.pending and \
                 (state.withdrawn is None or now - state.heard_at > node.settings.announcement_lifetime):
             del self.topics[state.filter]
             self.index.discard(state.filter)

@@ -362,8 +362,8 @@ class Node:
             assert neighbour.announced is not None
             self.emit(events.NEIGHBOUR_UP, now, neighbour=str(neighbour.transport),
                       neighbour_id=id_text(neighbour.announced), rtt=round(rtt, 6), clock_offset=round(offset, 6))
+            self._originate(now)  # first, so the bundle we send carries our record listing it
             self._sync_neighbour(neighbour)
-            self._trigger_origination(now)
             if all(n.up for n in self.neighbours.all() if n.configured):
                 # Everything we can hear is syncing: claims need wait only for that exchange.
                 self.mesh.claim_allowed_at = min(self.mesh.claim_allowed_at, now + max(4 * rtt, 0.01))
