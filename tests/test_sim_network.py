@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from federation.settings import Settings
 from federation.sim.network import (
-    TIMER_STORM_LIMIT, Host, LinkModel, Network, NodeSetup, Observer, node_address, node_rng,
+    TIMER_STORM_LIMIT,
+    Host,
+    LinkModel,
+    Network,
+    NodeSetup,
+    Observer,
+    node_address,
+    node_rng,
 )
 from federation.types import Address, Event, Injection, PublicationId
 
@@ -97,9 +104,10 @@ class Recorder(Observer[FakeNode]):
         self.instants.append(now)
 
 
-def make(links: list[tuple[str, str]], seed: int = 1, model: LinkModel = LinkModel(), tick: float | None = None,
+def make(links: list[tuple[str, str]], seed: int = 1, model: LinkModel | None = None, tick: float | None = None,
          names: list[str] | None = None) -> tuple[Network[FakeNode], Recorder]:
     recorder = Recorder()
+    model = model if model is not None else LinkModel()
     if names is None:
         names = sorted({name for link in links for name in link})
     network: Network[FakeNode] = Network(lambda setup: FakeNode(setup, tick), names, links, seed=seed,
@@ -240,7 +248,8 @@ def test_flooding_reaches_everyone_once_and_counts_by_type() -> None:
     assert sorted(name for name, _ in recorder.injections) == ["n1", "n2", "n3"]
     assert network.traffic.packets_by_type["fd"] == sum(network.traffic.control_packets_by_host.values())
     assert network.traffic.control_totals()[0] == network.traffic.packets_by_type["fd"]
-    assert network.traffic.bytes_by_type["fd"] == network.traffic.packets_by_type["fd"] * len(packet("fd", "hello-world"))
+    size = len(packet("fd", "hello-world"))
+    assert network.traffic.bytes_by_type["fd"] == network.traffic.packets_by_type["fd"] * size
     assert ("n0", "node_started") in recorder.events
 
 
@@ -297,8 +306,8 @@ class StormNode(FakeNode):
 
 def test_timer_storm_is_reported_and_does_not_hang() -> None:
     recorder = Recorder()
-    network: Network[StormNode] = Network(lambda setup: StormNode(setup, 0.1), ["a"], [], seed=1,
-                                          observer=recorder)
+    network: Network[FakeNode] = Network(lambda setup: StormNode(setup, 0.1), ["a"], [], seed=1,
+                                         observer=recorder)
     network.start("a")
     network.run_until(0.2)
     node = network.host("a").node

@@ -17,7 +17,6 @@ Replay a failing seed with its events file:
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 from dataclasses import dataclass
@@ -26,7 +25,18 @@ from typing import Any
 import pytest
 
 from federation.scenario.model import (
-    Cut, Heal, Kill, LinkDefaults, Loss, NodeSpec, Publish, Restart, Scenario, ScenarioEvent, Subscribe, Unsubscribe,
+    Cut,
+    Heal,
+    Kill,
+    LinkDefaults,
+    Loss,
+    NodeSpec,
+    Publish,
+    Restart,
+    Scenario,
+    ScenarioEvent,
+    Subscribe,
+    Unsubscribe,
 )
 from federation.settings import Settings
 from federation.sim.runner import Simulation
@@ -117,7 +127,7 @@ def random_scenario(seed: int, min_nodes: int = 4, max_nodes: int = 10, timeline
     repair.append(Loss(end, 0.0))
     repair.extend(Restart(end, node) for node in sorted(dead))
     quiet: list[ScenarioEvent] = []
-    for number in range(rng.randint(2, 5)):
+    for _ in range(rng.randint(2, 5)):
         at = round(timeline.quiet_from + rng.uniform(0.0, timeline.burst), 3)
         quiet.append(Publish(at, rng.choice(names), rng.choice(TOPICS), count=rng.randint(1, 3), interval=0.05))
     model = LinkDefaults(latency=rng.choice((0.001, 0.003, 0.01)), jitter=rng.choice((0.0, 0.0, 0.002)),
@@ -142,6 +152,8 @@ def check_case(seed: int, **shape: Any) -> None:
     replay = f"replay: python tests/test_sim_random_faults.py {seed}"
     quiet_from = Timeline().quiet_from
     quiet = [record for record in simulation.publications if record.sent_at >= quiet_from]
+    violations = report["invariants"]["violations"]
+    assert simulation.aborted is None, f"seed {seed} ({replay}):\n" + "\n".join(violations)
     assert quiet, f"seed {seed}: no publication in the quiet phase ({replay})"
     assert all(record.in_bound for record in quiet), f"seed {seed}: quiet-phase publication out of bound ({replay})"
     quiet_ids = {record.publication for record in quiet}
@@ -156,7 +168,7 @@ def check_case(seed: int, **shape: Any) -> None:
                 if received.get((record.publication, name), 0) != 1]
     problems += [f"{publication} delivered {copies} times to {name}" for (publication, name), copies
                  in sorted(received.items()) if copies > 1]
-    problems += report["invariants"]["violations"]
+    problems += violations
     assert not problems, f"seed {seed} ({replay}):\n" + "\n".join(problems)
 
 
@@ -166,7 +178,6 @@ def test_random_fault_schedule(seed: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("SIM_SLOW"), reason="set SIM_SLOW=1 to run the long randomised sweep")
 @pytest.mark.parametrize("seed", range(DEFAULT_CASES, DEFAULT_CASES + SLOW_CASES), ids=lambda seed: f"seed{seed}")
 def test_random_fault_schedule_slow(seed: int) -> None:
     check_case(seed, min_nodes=4, max_nodes=20)

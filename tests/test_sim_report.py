@@ -5,13 +5,21 @@ from __future__ import annotations
 import json
 
 from federation.scenario.report import (
-    DeliveryRecord, NodeRecord, PhaseRecord, PublicationRecord, TrafficRecord, build_report, classify, percentile,
+    DeliveryRecord,
+    NodeRecord,
+    PhaseRecord,
+    PublicationRecord,
+    TrafficRecord,
+    build_report,
+    classify,
+    percentile,
 )
 
 TRAFFIC = TrafficRecord({"hl": (100, 3000), "fd": (20, 1400)}, data_packets=12, data_bytes=1200, node_seconds=40.0)
 
 
-def report(publications: list[PublicationRecord], deliveries: list[DeliveryRecord], **extra: object) -> dict[str, object]:
+def report(publications: list[PublicationRecord], deliveries: list[DeliveryRecord],
+           **extra: object) -> dict[str, object]:
     arguments: dict[str, object] = {
         "scenario": "hand", "seed": 3, "backend": "test", "duration": 20.0, "publications": publications,
         "deliveries": deliveries, "phases": [], "nodes": [], "traffic": TRAFFIC, "violations": [],

@@ -87,3 +87,44 @@ def test_some_scenarios_are_shipped() -> None:
     if not SCENARIO_FILES:
         pytest.skip("configs/topologies/ has no scenario files yet")
     assert all(path.stat().st_size > 0 for path in SCENARIO_FILES)
+
+
+def test_bench_runs_small() -> None:
+    from federation.sim.bench import Bench, BenchOptions, format_table, shortest_path_tree_edges
+
+    results = Bench(BenchOptions(nodes=12, degree=3, window=2.0, publications=4, limit=30.0)).run()
+    assert results["aborted"] is None, results["aborted"]
+    assert results["nodes"] == 12 and results["links"] == 18
+    assert results["cold_start_seconds"] is not None
+    assert results["deliveries"]["lost"] == 0
+    assert results["flooding_copies_per_publication"] == 11
+    assert "wall-clock seconds" in format_table(results)
+    # A ring 0-1-2-3-0: from 0, nodes 1 and 2 share the path 0-1-2; 3 needs its own edge.
+    table = [[1, 3], [0, 2], [1, 3], [0, 2]]
+    assert shortest_path_tree_edges(table, 0, {1, 2}) == 2
+    assert shortest_path_tree_edges(table, 0, {1, 2, 3}) == 3
+
+
+def test_replay_does_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
+    """Set and dict order must never reach the output: two processes with different hash seeds agree."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from federation.scenario.loader import parse_scenario\n"
+        "from federation.sim import run_scenario\n"
+        "from tests.test_sim_scenarios import INLINE_RING\n"
+        "report = run_scenario(parse_scenario(INLINE_RING, 'inline-ring'), seed=1, events_path=sys.argv[1])\n"
+        "report.pop('wall_seconds')\n"
+        "print(json.dumps(report, sort_keys=True))\n"
+    )
+    outputs = []
+    for hash_seed in ("1", "2"):
+        events = tmp_path / f"events-{hash_seed}.jsonl"
+        environment = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
+        result = subprocess.run([sys.executable, "-c", script, str(events)], cwd=ROOT, env=environment,
+                                capture_output=True, text=True, check=True, timeout=120)
+        outputs.append((result.stdout, events.read_bytes()))
+    assert outputs[0] == outputs[1]

@@ -39,6 +39,7 @@ from federation.events import publication_text
 from federation.scenario.model import Cut, Heal, NodeSpec, Publish, Scenario, Subscribe
 from federation.scenario.report import classify
 from federation.settings import Settings
+from federation.sim.network import NetworkOverload, default_max_in_flight
 from federation.sim.runner import Simulation
 
 
@@ -58,6 +59,10 @@ class BenchOptions:
     window: float = 20.0
     """virtual seconds of the steady-state traffic window"""
     latency: float = 0.001
+    subscribe_at_start: bool = False
+    """True: every subscriber subscribes at t=0 (cores contend during the cold start); False: one by one
+    after the cold start, `subscribe_gap` apart, measured as its own convergence phase"""
+    subscribe_gap: float = 0.2
 
 
 def build_overlay(count: int, degree: float, rng: random.Random) -> list[tuple[int, int]]:
@@ -131,7 +136,9 @@ class Bench:
             links=tuple((name_of(a), name_of(b)) for a, b in self.edges), settings=Settings(),
             duration=float("inf"), events=(), settle=5.0,
         )
-        self.simulation = Simulation(scenario, seed=options.seed)
+        # A cold start floods every node's record over every link at once: allow that much in flight.
+        in_flight = max(default_max_in_flight(options.nodes), 2 * options.nodes * len(self.edges))
+        self.simulation = Simulation(scenario, seed=options.seed, max_in_flight=in_flight)
         self.results: dict[str, Any] = {
             "nodes": options.nodes, "links": len(self.edges), "degree": round(2 * len(self.edges) / options.nodes, 3),
             "seed": options.seed, "filters": options.filters, "subscribers_per_filter": options.subscribers,
@@ -148,15 +155,48 @@ class Bench:
         return seconds
 
     def run(self) -> dict[str, Any]:
+        """Every measurement; after a packet storm the rest stays None and `aborted` says why."""
         self.started = time.perf_counter()
+        results = self.results
+        for key in ("cold_start_seconds", "subscriptions_seconds", "partition_cut_links", "partition_seconds",
+                    "heal_seconds", "steady_window_seconds", "control_packets_per_node_per_second",
+                    "control_bytes_per_node_per_second", "publications", "copies_per_publication",
+                    "optimum_copies_per_publication", "deliveries"):
+            results[key] = None
+        results["control_by_type_per_node_per_second"] = {}
+        results["flooding_copies_per_publication"] = self.options.nodes - 1
+        results["aborted"] = None
+        try:
+            self._measure()
+        except NetworkOverload as overload:
+            results["aborted"] = str(overload)
+            self.progress(f"aborted: {overload}")
+        results["violations"] = len(self.simulation.violations)
+        results["virtual_seconds"] = round(self.simulation.now, 3)
+        results["wall_seconds"] = round(time.perf_counter() - self.started, 3)
+        return results
+
+    def _measure(self) -> None:
         options = self.options
         simulation = self.simulation
         results = self.results
         simulation.start()
-        for federated, chosen in sorted(self.subscribers.items()):
-            for index in sorted(chosen):
+        subscriptions = [(federated, index) for federated, chosen in sorted(self.subscribers.items())
+                         for index in sorted(chosen)]
+        if options.subscribe_at_start:
+            for federated, index in subscriptions:
                 simulation.apply(Subscribe(0.0, name_of(index), f"client-{index}", federated))
         results["cold_start_seconds"] = self.converge("cold start")
+        if not options.subscribe_at_start:
+            # One subscription every `subscribe_gap` seconds, in random order; then the seconds from the
+            # last one until every topic core is agreed.
+            order = list(subscriptions)
+            self.rng.shuffle(order)
+            for number, (federated, index) in enumerate(order):
+                simulation.run_until(simulation.now + (options.subscribe_gap if number else 0.0))
+                simulation.apply(Subscribe(simulation.now, name_of(index), f"client-{index}", federated))
+            simulation.tracker.begin_phase("subscriptions", simulation.now)
+            results["subscriptions_seconds"] = self.converge("subscriptions (from the last one)")
 
         half = [index for index in bfs_parents(self.table, 0)][: options.nodes // 2]
         side = set(half)
@@ -211,40 +251,44 @@ class Bench:
         results["publications"] = len(records)
         results["copies_per_publication"] = round(sum(copies.values()) / sent, 3)
         results["optimum_copies_per_publication"] = round(sum(optimum) / max(1, len(optimum)), 3)
-        results["flooding_copies_per_publication"] = options.nodes - 1
         results["deliveries"] = {"expected": outcome.expected_deliveries, "delivered": outcome.delivered,
                                  "lost": outcome.lost, "duplicates": outcome.duplicates,
                                  "unexpected": outcome.unexpected}
-        results["violations"] = len(simulation.violations)
-        results["virtual_seconds"] = round(simulation.now, 3)
-        results["wall_seconds"] = round(time.perf_counter() - self.started, 3)
-        return results
 
 
 def format_table(results: dict[str, Any]) -> str:
     def show(value: Any) -> str:
         return "not converged" if value is None else str(value)
 
+    def plain(value: Any) -> str:
+        return "-" if value is None else str(value)
+
+    deliveries = results["deliveries"] or {"expected": "-", "delivered": "-", "lost": "-"}
+
     rows = [
         ("nodes / links / average degree", f"{results['nodes']} / {results['links']} / {results['degree']}"),
         ("filters x subscriber nodes", f"{results['filters']} x {results['subscribers_per_filter']}"),
         ("cold-start convergence (virtual s)", show(results["cold_start_seconds"])),
-        (f"partition of {results['partition_cut_links']} links: convergence (s)", show(results["partition_seconds"])),
+        ("last subscription: topic-core convergence (s)", plain(results["subscriptions_seconds"])),
+        (f"partition of {plain(results['partition_cut_links'])} links: convergence (s)",
+         show(results["partition_seconds"])),
         ("heal: convergence (s)", show(results["heal_seconds"])),
-        ("control packets / node / s (steady)", str(results["control_packets_per_node_per_second"])),
-        ("control bytes / node / s (steady)", str(results["control_bytes_per_node_per_second"])),
-        ("data copies / publication", str(results["copies_per_publication"])),
-        ("  shortest-path-tree optimum", str(results["optimum_copies_per_publication"])),
+        ("control packets / node / s (steady)", plain(results["control_packets_per_node_per_second"])),
+        ("control bytes / node / s (steady)", plain(results["control_bytes_per_node_per_second"])),
+        ("data copies / publication", plain(results["copies_per_publication"])),
+        ("  shortest-path-tree optimum", plain(results["optimum_copies_per_publication"])),
         ("  flooding to every broker (N-1)", str(results["flooding_copies_per_publication"])),
-        ("deliveries expected / delivered / lost", "{expected} / {delivered} / {lost}".format(**results["deliveries"])),
+        ("deliveries expected / delivered / lost", "{expected} / {delivered} / {lost}".format(**deliveries)),
         ("invariant violations", str(results["violations"])),
         ("virtual seconds simulated", str(results["virtual_seconds"])),
         ("wall-clock seconds", str(results["wall_seconds"])),
     ]
     width = max(len(label) for label, _ in rows)
     lines = [f"{label.ljust(width)}  {value}" for label, value in rows]
+    if results["aborted"]:
+        lines.append(f"ABORTED: {results['aborted']}")
     by_type = results["control_by_type_per_node_per_second"]
-    lines.append("steady control by type (packets, bytes / node / s): " + ", ".join(
+    lines.append("steady control by type (packets bytes / node / s): " + ", ".join(
         f"{kind} {item['packets']} {item['bytes']}" for kind, item in by_type.items()))
     return "\n".join(lines)
 
@@ -262,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="virtual seconds allowed per convergence measurement (default %(default)s)")
     parser.add_argument("--window", type=float, default=defaults.window,
                         help="virtual seconds of the steady-state window (default %(default)s)")
+    parser.add_argument("--subscribe-at-start", action="store_true",
+                        help="subscribe everyone at t=0 (topic cores contend) instead of one by one "
+                             "after the cold start")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
@@ -271,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--degree must be at least 1")
     options = BenchOptions(nodes=args.nodes, degree=args.degree, seed=args.seed, filters=max(1, args.filters),
                            subscribers=max(1, args.subscribers), publications=max(1, args.publications),
-                           limit=args.limit, window=args.window)
+                           limit=args.limit, window=args.window, subscribe_at_start=args.subscribe_at_start)
 
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

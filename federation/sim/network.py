@@ -49,6 +49,15 @@ TIMER_STORM_BACKOFF = 0.01
 """Seconds a storming timer is pushed into the future (each time, once the host has stormed)."""
 
 
+class NetworkOverload(RuntimeError):
+    """More datagrams in flight than any sane protocol sends: a packet storm; the run cannot go on."""
+
+
+def default_max_in_flight(hosts: int) -> int:
+    """The in-flight bound: generous for floods of a healthy protocol, small enough to stop a storm early."""
+    return 50_000 + 1_000 * hosts
+
+
 class SimNode(Protocol):
     """The part of the node API the network drives."""
 
@@ -228,7 +237,7 @@ class Network(Generic[NodeT]):
                  links: Iterable[tuple[str, str]], *, seed: int, model: LinkModel = LinkModel(),
                  settings: Callable[[str], Settings] | None = None,
                  vids: Callable[[str], int | None] | None = None,
-                 observer: Observer[NodeT] | None = None) -> None:
+                 observer: Observer[NodeT] | None = None, max_in_flight: int | None = None) -> None:
         self.factory = factory
         self.seed = seed
         self.rng = random.Random(seed)
@@ -257,6 +266,8 @@ class Network(Generic[NodeT]):
             self.links.setdefault((low, high), Link(low, high))
             neighbour_sets[low].add(high)
             neighbour_sets[high].add(low)
+        self.max_in_flight = max_in_flight if max_in_flight is not None else default_max_in_flight(len(name_list))
+        """queued entries above this raise NetworkOverload"""
         for index, name in enumerate(name_list):
             address = node_address(index)
             self.index_of_address[address] = index
@@ -289,6 +300,11 @@ class Network(Generic[NodeT]):
     def _push(self, when: float, entry: _Entry) -> None:
         self.counter += 1
         heapq.heappush(self.queue, (when, self.counter, entry))
+        if len(self.queue) > self.max_in_flight:
+            busiest = ", ".join(f"{kind} {count}" for kind, count in self.traffic.packets_by_type.most_common(3))
+            raise NetworkOverload(
+                f"packet storm: more than {self.max_in_flight} datagrams and timers queued at t={self.now!r} "
+                f"(datagrams sent so far, busiest types: {busiest}); the run stops here")
 
     def schedule(self, when: float, callback: Callable[[], None]) -> None:
         """Run `callback` at virtual time `when` (after entries already queued for that instant)."""

@@ -57,7 +57,7 @@ from federation.scenario.report import (
     TrafficRecord,
     build_report,
 )
-from federation.sim.network import Host, LinkModel, Network, NodeSetup, Observer
+from federation.sim.network import Host, LinkModel, Network, NetworkOverload, NodeSetup, Observer
 from federation.sim.truth import ConvergenceTracker, GroundTruth
 from federation.types import Event, Injection, PublicationId
 from federation.wire import TOPIC_MESSAGE
@@ -83,7 +83,7 @@ def _json_default(value: Any) -> Any:
 
 class Simulation(Observer[Node]):
     def __init__(self, scenario: Scenario, *, seed: int, events_path: str | None = None,
-                 node_factory: Callable[[NodeSetup], Node] = build_node) -> None:
+                 node_factory: Callable[[NodeSetup], Node] = build_node, max_in_flight: int | None = None) -> None:
         self.wall_started = time.perf_counter()
         self.scenario = scenario
         self.seed = seed
@@ -97,7 +97,7 @@ class Simulation(Observer[Node]):
         self.network: Network[Node] = Network(
             node_factory, names, scenario.links, seed=seed,
             model=LinkModel(model.latency, model.jitter, model.loss, model.duplicate),
-            settings=scenario.settings_for, vids=vids.get, observer=self)
+            settings=scenario.settings_for, vids=vids.get, observer=self, max_in_flight=max_in_flight)
         self.truth = GroundTruth(names, {host.name: host.address for host in self.network.hosts}, scenario.settle)
         self.truth.loss_active = self.network.loss_active()
         self.tracker = ConvergenceTracker(self.truth)
@@ -113,6 +113,8 @@ class Simulation(Observer[Node]):
         self.loops_flagged: set[PublicationId] = set()
         self.payload_counter = 0
         self.finished: dict[str, Any] | None = None
+        self.aborted: str | None = None
+        """why the run stopped before the end (a packet storm), or None"""
 
     # ------------------------------------------------------------ running
 
@@ -143,8 +145,12 @@ class Simulation(Observer[Node]):
     def run(self) -> dict[str, Any]:
         """Run the whole scenario and return the report."""
         try:
-            self.start()
-            self.run_until(self.scenario.duration)
+            try:
+                self.start()
+                self.run_until(self.scenario.duration)
+            except NetworkOverload as overload:
+                self.aborted = str(overload)
+                self._violation(str(overload), self.now)
             return self.finish()
         finally:
             self.close()
@@ -164,17 +170,20 @@ class Simulation(Observer[Node]):
         if isinstance(event, Subscribe):
             truth.subscribe(event.node, event.client, event.filter, now)
             self.qos[(event.node, event.client, event.filter)] = event.qos
+            self.tracker.dirty = True  # the filters that need a topic core changed
             self._sim_event("sim_subscribe", event.node, client=event.client, filter=event.filter, qos=event.qos)
             self._to_node(event.node, lambda node: node.local_subscribe(event.client, event.filter, event.qos, now))
         elif isinstance(event, Unsubscribe):
             truth.unsubscribe(event.node, event.client, event.filter)
             self.qos.pop((event.node, event.client, event.filter), None)
+            self.tracker.dirty = True  # the filters that need a topic core changed
             self._sim_event("sim_unsubscribe", event.node, client=event.client, filter=event.filter)
             self._to_node(event.node, lambda node: node.local_unsubscribe(event.client, event.filter, now))
         elif isinstance(event, Disconnect):
             truth.disconnect(event.node, event.client)
             for key in [key for key in self.qos if key[0] == event.node and key[1] == event.client]:
                 del self.qos[key]
+            self.tracker.dirty = True  # the filters that need a topic core changed
             self._sim_event("sim_disconnect", event.node, client=event.client)
             self._to_node(event.node, lambda node: node.local_disconnect(event.client, now))
         elif isinstance(event, Publish):

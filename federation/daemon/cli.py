@@ -1,0 +1,122 @@
+"""Command line of the wrapper daemon (`python wrapper.py`, console script `federation-wrapper`).
+
+    wrapper.py [--config FILE.yaml] [--neighbors HOST[:PORT],...] [--bind HOST[:PORT]]
+               [--broker HOST[:PORT]] [--id N] [--state-dir DIR] [--event-log FILE]
+               [--metrics-port N] [--log-level LEVEL]          run the wrapper
+    wrapper.py status [--node HOST[:PORT]] [--json]           ask a running wrapper
+
+Theory of operation: flags are parsed with no defaults of their own (None
+means "not given") so that `load_config` can apply the precedence flags >
+YAML file > built-in defaults in one place. Every problem a person can fix
+(bad flag, bad YAML, unresolvable neighbour, port in use, state directory
+in use) is printed as one `wrapper: error: ...` line and gives exit status
+2; a clean shutdown on SIGINT/SIGTERM gives 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from federation import __version__
+from federation.daemon.config import DEFAULT_PORT, LOG_LEVELS, ConfigError, load_config
+from federation.daemon.runtime import Runtime, StartupError
+from federation.daemon.state import StateError
+from federation.daemon.status import StatusError, query, render
+from federation.daemon.udp import BindError
+from federation.types import Address
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+DEFAULT_STATUS_NODE = "127.0.0.1:10500"
+PROG = "wrapper.py"
+
+
+class UsageError(Exception):
+    """Bad arguments: exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
+
+
+def build_run_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Federation wrapper: runs beside one Mosquitto broker and federates it with its neighbours' "
+                    "brokers over UDP. `wrapper.py status --help` for the status command. Flags override the "
+                    "YAML file; the file configs/wrapper.yaml documents every key and protocol setting.",
+    )
+    parser.add_argument("--config", metavar="FILE.yaml", help="YAML configuration file (see configs/wrapper.yaml)")
+    parser.add_argument("--neighbors", "--neighbours", dest="neighbors", metavar="HOST[:PORT],...",
+                        help=f"comma-separated neighbour wrappers (port {DEFAULT_PORT} if omitted)")
+    parser.add_argument("--bind", metavar="HOST[:PORT]",
+                        help=f"UDP address to listen on and announce (default 0.0.0.0:{DEFAULT_PORT}; with 0.0.0.0 "
+                             f"the announced address is the local address that reaches the first neighbour)")
+    parser.add_argument("--broker", metavar="HOST[:PORT]", help="the local Mosquitto broker (default 127.0.0.1:1883)")
+    parser.add_argument("--id", metavar="N", help="virtual id 0..2147483647 for elections (default: random)")
+    parser.add_argument("--name", metavar="NAME", help="a label for status and events")
+    parser.add_argument("--client-id", dest="client_id", metavar="ID",
+                        help="MQTT client id of the wrapper (default federation-wrapper-<bind host>-<port>)")
+    parser.add_argument("--state-dir", dest="state_dir", metavar="DIR",
+                        help="persist the boot epoch and local subscriptions here (default: no persistence)")
+    parser.add_argument("--event-log", dest="event_log", metavar="FILE", help="append JSON-lines events to FILE")
+    parser.add_argument("--metrics-port", dest="metrics_port", metavar="N", help="serve Prometheus metrics on port N")
+    parser.add_argument("--log-level", dest="log_level", metavar="LEVEL",
+                        help=f"stderr log level: {', '.join(LOG_LEVELS)} (default INFO)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def build_status_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=f"{PROG} status",
+                     description="Print what a running wrapper knows: neighbours, federation table, cores, meshes, "
+                                 "local subscriptions and counters. Works only from the wrapper's own host.")
+    parser.add_argument("--node", default=DEFAULT_STATUS_NODE, metavar="HOST[:PORT]",
+                        help=f"the wrapper's UDP address, its --bind (default {DEFAULT_STATUS_NODE})")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON document")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if arguments[:1] == ["status"]:
+            return status_command(arguments[1:])
+        return run_command(arguments)
+    except (UsageError, ConfigError, StartupError, StateError, BindError, StatusError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def run_command(arguments: list[str]) -> int:
+    options = vars(build_run_parser().parse_args(arguments))
+    config = load_config(options)
+    logging.basicConfig(level=getattr(logging, config.log_level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(getattr(logging, config.log_level))
+    return asyncio.run(Runtime(config).run())
+
+
+def status_command(arguments: list[str]) -> int:
+    options = build_status_parser().parse_args(arguments)
+    try:
+        node = Address.parse(options.node, DEFAULT_PORT)
+    except ValueError as error:
+        raise UsageError(f"--node: {error}; write HOST or HOST:PORT") from None
+    document = query(node.host, node.port)
+    if options.json:
+        print(json.dumps(document, indent=2, sort_keys=True))
+    else:
+        print(render(document), end="")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,393 @@
+"""The wrapper's configuration: YAML file, command-line flags, defaults, in that order of weakness.
+
+Theory of operation: `load_config` merges three layers (built-in defaults,
+the YAML file, then the flags that were actually given) into one raw
+mapping, validates every field with a message that names the field and says
+what to write instead, and only then touches the network: it resolves
+neighbour names to addresses (the node compares the *source address* of
+datagrams with its neighbour list, so names must become the addresses
+packets come from) and works out the address this node announces. Any
+problem raises `ConfigError`; the CLI prints it and exits with status 2
+before anything is bound or connected.
+
+`sample_yaml()` renders `configs/wrapper.yaml`, so the file that documents
+every setting is generated from the same tables that validate them (a test
+checks they agree).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from federation import events
+from federation.settings import Settings, SettingsError
+from federation.types import Address
+
+DEFAULT_PORT = 10500
+"""UDP port of the overlay, for --bind and for neighbours given without a port."""
+DEFAULT_BIND = "0.0.0.0:10500"
+DEFAULT_BROKER = "127.0.0.1:1883"
+DEFAULT_BROKER_PORT = 1883
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+MAX_VID = 2**31
+
+Resolver = Callable[[str, int, int], str]
+"""(host, port, family) -> numeric host; raises OSError when the name does not resolve."""
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the field and says how to fix it (exit status 2)."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One top-level key of wrapper.yaml (and the flag that overrides it)."""
+
+    key: str
+    flag: str | None
+    default: Any
+    help: str
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("neighbors", "--neighbors", [],
+          "neighbour wrappers, HOST[:PORT] each (port 10500 if omitted); names are resolved at start. "
+          "Alias: neighbours / --neighbours"),
+    Field("bind", "--bind", DEFAULT_BIND,
+          "UDP address HOST[:PORT] to listen on; it is also the address this node announces, "
+          "unless it is 0.0.0.0 (then: the local address that reaches the first neighbour)"),
+    Field("broker", "--broker", DEFAULT_BROKER, "the local Mosquitto broker, HOST[:PORT] (MQTT over TCP, v5)"),
+    Field("id", "--id", None,
+          "virtual id (0 .. 2^31-1) used in elections: the lowest id becomes management core; "
+          "null picks a random one at every start"),
+    Field("name", "--name", None, "a label shown in status and written in node_started events"),
+    Field("state_dir", "--state-dir", None,
+          "directory for the boot epoch and the local subscription table (null: no persistence)"),
+    Field("event_log", "--event-log", None, "JSON-lines event trace file, appended to (null: none)"),
+    Field("event_types", None, None,
+          "event types written to event_log (null: all); one of: " + ", ".join(events.ALL)),
+    Field("metrics_port", "--metrics-port", None, "Prometheus metrics TCP port (null: no metrics server)"),
+    Field("metrics_bind", None, None,
+          "address of the metrics server (null: the bind host, or 0.0.0.0 when bound to 0.0.0.0)"),
+    Field("log_level", "--log-level", "INFO", "human log level on stderr: " + ", ".join(LOG_LEVELS)),
+    Field("max_qos", None, 2, "cap for the QoS of publications injected into the local broker (0, 1 or 2)"),
+    Field("client_id", "--client-id", None,
+          "MQTT client id of the wrapper's broker connection (null: federation-wrapper-<bind host>-<port>)"),
+)
+KNOWN_KEYS = frozenset(f.key for f in FIELDS) | {"neighbours", "settings"}
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """A validated, resolved configuration: everything the runtime needs, nothing left to parse."""
+
+    bind: Address
+    """numeric host and port the UDP socket binds"""
+    announced: Address
+    """the node's address in the protocol (its identity)"""
+    neighbours: tuple[Address, ...]
+    """resolved (numeric) neighbour addresses"""
+    broker: Address
+    client_id: str
+    vid: int | None = None
+    name: str | None = None
+    state_dir: Path | None = None
+    event_log: Path | None = None
+    event_types: frozenset[str] | None = None
+    metrics_port: int | None = None
+    metrics_bind: str = "0.0.0.0"
+    log_level: str = "INFO"
+    max_qos: int = 2
+    settings: Settings = field(default_factory=Settings)
+    config_file: Path | None = None
+
+    @property
+    def family(self) -> socket.AddressFamily:
+        return family_of(self.bind.host)
+
+
+def family_of(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def is_wildcard(host: str) -> bool:
+    return host in ("0.0.0.0", "::", "")
+
+
+def default_resolver(host: str, port: int, family: int) -> str:
+    infos = socket.getaddrinfo(host, port, family, socket.SOCK_DGRAM)
+    if not infos:
+        raise OSError(f"no {socket.AddressFamily(family).name} address")
+    return str(infos[0][4][0])
+
+
+def route_source(target: Address, family: int) -> str:
+    """The local address the kernel would send from to reach `target` (UDP connect: no packet is sent)."""
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((target.host, target.port))
+        return str(probe.getsockname()[0])
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """The YAML file as a mapping; ConfigError naming the file for a missing file or a syntax error."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--config: file {str(path)!r} not found; give the path of a wrapper.yaml "
+                          f"(a documented example is configs/wrapper.yaml)") from None
+    except OSError as error:
+        raise ConfigError(f"--config: cannot read {str(path)!r}: {error.strerror or error}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}".replace("\n", " ")) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings (key: value lines), got {type(data).__name__}")
+    return data
+
+
+def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
+                source_for: Callable[[Address, int], str] = route_source) -> DaemonConfig:
+    """Merge defaults, the YAML file named by flags["config"] and the given flags; validate; resolve.
+
+    `flags` maps YAML keys to command-line values; None means "not given".
+    """
+    config_path = Path(flags["config"]) if flags.get("config") else None
+    file_values = read_yaml(config_path) if config_path is not None else {}
+    where = str(config_path) if config_path is not None else "config"
+    unknown = sorted(str(key) for key in file_values if key not in KNOWN_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; known keys are: {', '.join(sorted(KNOWN_KEYS))}")
+    if "neighbors" in file_values and "neighbours" in file_values:
+        raise ConfigError(f"{where}: both 'neighbors' and 'neighbours' given; keep one")
+    if "neighbours" in file_values:
+        file_values["neighbors"] = file_values.pop("neighbours")
+
+    # name -> (value, where it came from, for messages)
+    merged: dict[str, tuple[Any, str]] = {f.key: (f.default, f"default {f.key}") for f in FIELDS}
+    for key, given in file_values.items():
+        if key != "settings":
+            merged[key] = (given, f"{where}: {key}")
+    for spec in FIELDS:
+        if spec.flag is not None and flags.get(spec.key) is not None:
+            merged[spec.key] = (flags[spec.key], spec.flag)
+
+    def value(key: str) -> Any:
+        return merged[key][0]
+
+    def origin(key: str) -> str:
+        return merged[key][1]
+
+    try:
+        settings = Settings.from_mapping(_mapping(file_values.get("settings"), f"{where}: settings"),
+                                         where=f"{where}: settings")
+    except SettingsError as error:
+        raise ConfigError(str(error)) from None
+
+    bind_text = _text(value("bind"), origin("bind"), "HOST[:PORT], e.g. 0.0.0.0:10500")
+    bind_raw = _address(bind_text, DEFAULT_PORT, origin("bind"))
+    broker = _address(_text(value("broker"), origin("broker"), "HOST[:PORT], e.g. 127.0.0.1:1883"),
+                      DEFAULT_BROKER_PORT, origin("broker"))
+    neighbour_texts = _neighbour_list(value("neighbors"), origin("neighbors"))
+    neighbour_raw = [_address(text, DEFAULT_PORT, origin("neighbors")) for text in neighbour_texts]
+    vid = _optional_int(value("id"), origin("id"), 0, MAX_VID - 1, "a whole number from 0 to 2147483647")
+    name = _optional_text(value("name"), origin("name"))
+    state_dir = _optional_path(value("state_dir"), origin("state_dir"))
+    event_log = _optional_path(value("event_log"), origin("event_log"))
+    event_types = _event_types(value("event_types"), origin("event_types"))
+    metrics_port = _optional_int(value("metrics_port"), origin("metrics_port"), 1, 65535, "a TCP port 1-65535")
+    metrics_bind = _optional_text(value("metrics_bind"), origin("metrics_bind"))
+    log_level = _log_level(value("log_level"), origin("log_level"))
+    max_qos = _optional_int(value("max_qos"), origin("max_qos"), 0, 2, "0, 1 or 2")
+    client_id = _optional_text(value("client_id"), origin("client_id"))
+    if state_dir is not None and state_dir.exists() and not state_dir.is_dir():
+        raise ConfigError(f"{origin('state_dir')}: {str(state_dir)!r} exists and is not a directory; "
+                          f"give a directory (it is created if missing)")
+    if event_log is not None and event_log.is_dir():
+        raise ConfigError(f"{origin('event_log')}: {str(event_log)!r} is a directory; give a file path")
+
+    # Resolution: names become the numeric addresses datagrams come from.
+    family = family_of(bind_raw.host)
+    bind_host = bind_raw.host
+    if not is_wildcard(bind_host):
+        bind_host = _resolve(resolver, bind_raw, family, origin("bind"), "bind")
+    bind = Address(bind_host, bind_raw.port)
+    neighbours: list[Address] = []
+    for text, raw in zip(neighbour_texts, neighbour_raw, strict=True):
+        host = _resolve(resolver, raw, family, origin("neighbors"), f"neighbour {text!r}")
+        resolved = Address(host, raw.port)
+        if resolved not in neighbours:
+            neighbours.append(resolved)
+    if is_wildcard(bind.host):
+        if neighbours:
+            try:
+                announced_host = source_for(neighbours[0], family)
+            except OSError as error:
+                raise ConfigError(
+                    f"{origin('bind')}: bound to {bind.host} and no local address reaches the first neighbour "
+                    f"{neighbours[0]} ({error.strerror or error}); give this host's address with --bind") from None
+        else:
+            announced_host = "::1" if family == socket.AF_INET6 else "127.0.0.1"
+        announced = Address(announced_host, bind.port)
+    else:
+        announced = bind
+    neighbours = [n for n in neighbours if n != announced]
+    metrics_host = metrics_bind if metrics_bind is not None else (
+        "0.0.0.0" if is_wildcard(bind.host) else bind.host)
+    return DaemonConfig(
+        bind=bind, announced=announced, neighbours=tuple(neighbours), broker=broker,
+        client_id=client_id or f"federation-wrapper-{bind_raw.host}-{bind_raw.port}",
+        vid=vid, name=name, state_dir=state_dir, event_log=event_log, event_types=event_types,
+        metrics_port=metrics_port, metrics_bind=metrics_host, log_level=log_level,
+        max_qos=2 if max_qos is None else max_qos, settings=settings, config_file=config_path,
+    )
+
+
+# ------------------------------------------------------------------ field validators
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any] | None:
+    if value is None or isinstance(value, dict):
+        return value
+    raise ConfigError(f"{where}: expected a mapping of setting: value lines, got {value!r}")
+
+
+def _text(value: Any, where: str, expected: str) -> str:
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    raise ConfigError(f"{where}: expected {expected}, got {value!r}")
+
+
+def _address(text: str, default_port: int, where: str) -> Address:
+    try:
+        return Address.parse(text, default_port)
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}; write HOST or HOST:PORT (IPv6 as [ADDR]:PORT)") from None
+
+
+def _neighbour_list(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        items: list[Any] = [part for part in value.split(",") if part.strip()]
+    elif isinstance(value, Sequence):
+        items = list(value)
+    else:
+        raise ConfigError(f"{where}: expected a list of HOST[:PORT] (or a comma-separated string), got {value!r}")
+    texts = []
+    for index, item in enumerate(items):
+        if not isinstance(item, str) or not item.strip():
+            raise ConfigError(f"{where}[{index}]: expected HOST[:PORT], got {item!r}")
+        texts.append(item.strip())
+    return texts
+
+
+def _optional_int(value: Any, where: str, low: int, high: int, expected: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{where}: expected {expected}, got {value!r}")
+    return value
+
+
+def _optional_text(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
+        return str(value).strip()
+    raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+
+
+def _optional_path(value: Any, where: str) -> Path | None:
+    text = _optional_text(value, where)
+    return None if text is None else Path(text)
+
+
+def _event_types(value: Any, where: str) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{where}: expected a list of event types, got {value!r}")
+    for item in value:
+        if item not in events.ALL:
+            raise ConfigError(f"{where}: unknown event type {item!r}; known types are: {', '.join(events.ALL)}")
+    return frozenset(value)
+
+
+def _log_level(value: Any, where: str) -> str:
+    if isinstance(value, str) and value.strip().upper() in LOG_LEVELS:
+        return value.strip().upper()
+    raise ConfigError(f"{where}: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+
+
+def _resolve(resolver: Resolver, address: Address, family: int, where: str, what: str) -> str:
+    host = address.host
+    try:
+        parsed = ipaddress.ip_address(host)
+    except ValueError:
+        parsed = None
+    if parsed is not None:
+        if (parsed.version == 6) != (family == socket.AF_INET6):
+            raise ConfigError(f"{where}: {what} {host} is IPv{parsed.version} but the bind address is "
+                              f"IPv{6 if family == socket.AF_INET6 else 4}; use one address family throughout")
+        return str(parsed)
+    try:
+        return resolver(host, address.port, family)
+    except (OSError, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError(f"{where}: cannot resolve {what} host {host!r} ({reason}); "
+                          f"fix the name or give an IP address") from None
+
+
+# ------------------------------------------------------------------ the documented sample file
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[]" if not value else "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def sample_yaml() -> str:
+    """The text of configs/wrapper.yaml: every key and every protocol setting, with default and unit."""
+    lines = [
+        "# Federation wrapper configuration (python wrapper.py --config wrapper.yaml).",
+        "# Generated by `python -m federation.daemon.config`; a test checks it matches the code.",
+        "# Every key is optional; the values below are the defaults. Command-line flags",
+        "# (python wrapper.py --help) override the values in this file.",
+        "",
+    ]
+    for spec in FIELDS:
+        flag = f" Flag: {spec.flag}." if spec.flag else ""
+        lines.extend(textwrap.wrap(f"{spec.help}.{flag}", 96, initial_indent="# ", subsequent_indent="# "))
+        lines.append(f"{spec.key}: {_yaml_scalar(spec.default)}")
+        lines.append("")
+    lines += [
+        "# Protocol settings (federation/settings.py); every wrapper of a federation should use the same.",
+        "settings:",
+    ]
+    for name, default, doc in Settings.documentation():
+        lines.extend(textwrap.wrap(f"{doc} (default {default})", 96, initial_indent="  # ",
+                                   subsequent_indent="  # "))
+        lines.append(f"  {name}: {_yaml_scalar(default)}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(sample_yaml(), end="")

@@ -1,0 +1,573 @@
+"""The running wrapper: asyncio glue around the sans-I/O node.
+
+Theory of operation: one asyncio loop owns the node. Three inputs reach it,
+all on the loop thread: datagrams from the UDP endpoint, batches of broker
+items handed over from paho's thread (`LoopHandOff`), and one timer
+(`loop.call_at`) set to `node.get_timer()`. After every input the runtime
+drains the node's outputs at once (`_drain_outputs`): datagrams to the
+socket, injections to the broker, events to the event log and the counters;
+the timer is re-armed once per loop iteration.
+
+The node's clock is unix time (so event traces from different machines line
+up) that never steps backwards: wall time read once at start plus monotonic
+time elapsed since (`Clock`). A wall-clock step (NTP, an operator) does not
+make the node see time run backwards; the cost is that the event times of
+a long run drift from the wall clock by any step made after start.
+
+Startup order is chosen so that every mistake a person can fix (state
+directory in use, port in use, metrics port in use, event log unwritable)
+fails with exit status 2 before the epoch is advanced or anything is sent.
+Shutdown (SIGINT/SIGTERM) leaves the federation cleanly: `node.shutdown`
+announces the departure, the datagrams are flushed, the subscription table
+and the event log are written, then the broker connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from federation import __version__, events
+from federation.broker_log import BrokerLogTracker
+from federation.daemon.broker import (
+    RECONNECT_MAX_DELAY,
+    RECONNECT_MIN_DELAY,
+    BrokerAdapter,
+    BrokerItem,
+    Connected,
+    ConnectFailed,
+    ConnectRefused,
+    Disconnected,
+    LogLine,
+    LoopHandOff,
+    Publication,
+    Subscribed,
+)
+from federation.daemon.config import DaemonConfig, is_wildcard
+from federation.daemon.metrics import Snapshot, start_metrics_server
+from federation.daemon.state import LocalSubscriptions, PersistedState, StateStore, next_epoch
+from federation.daemon.status import encode_reply
+from federation.daemon.udp import LocalAddresses, OverlayProtocol, open_socket
+from federation.node import Node
+from federation.types import Address, Event
+
+log = logging.getLogger("federation.daemon")
+
+LOG_SILENCE_WARNING_AFTER = 5.0
+"""seconds after subscribing to $SYS/broker/log/# without a log line before the loud warning"""
+STATE_SAVE_DELAY = 0.5
+"""seconds: subscription-table writes are debounced to at most one per this delay"""
+EVENT_LOG_FLUSH_INTERVAL = 1.0
+"""seconds between flushes of the event log buffer"""
+EVENT_LOG_BUFFER = 1 << 20
+"""bytes buffered before the event log is written without waiting for the flush"""
+SHUTDOWN_DRAIN_TIMEOUT = 1.0
+"""seconds to wait for the socket to send the last datagrams at shutdown"""
+BROKER_DOWN_REMINDER = 60.0
+"""seconds between repeated warnings while the broker stays unreachable"""
+
+
+class StartupError(Exception):
+    """Something a person must fix before the wrapper can run (exit status 2)."""
+
+
+class Clock:
+    """Unix time that never steps backwards: wall time at start plus monotonic time elapsed."""
+
+    def __init__(self) -> None:
+        self._wall_start = time.time()
+        self._monotonic_start = time.monotonic()
+
+    def now(self) -> float:
+        return self._wall_start + (time.monotonic() - self._monotonic_start)
+
+
+class EventLog:
+    """JSON-lines event trace: buffered appends, flushed by the runtime every second and at close."""
+
+    def __init__(self, path: Path, types: frozenset[str] | None) -> None:
+        self.path = path
+        self.types = types
+        self.lines = 0
+        self.errors = 0
+        try:
+            if path.parent != Path(""):
+                path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[str] | None = open(path, "a", encoding="utf-8", buffering=EVENT_LOG_BUFFER)  # noqa: SIM115
+        except OSError as error:
+            raise StartupError(f"--event-log: cannot open {str(path)!r} for appending: {error.strerror or error}; "
+                               f"give a writable file path") from None
+
+    def write(self, batch: Iterable[Event]) -> None:
+        if self._file is None:
+            return
+        types = self.types
+        try:
+            for event in batch:
+                if types is None or event.type in types:
+                    self._file.write(json.dumps(event.to_json_dict(), separators=(",", ":"), default=str) + "\n")
+                    self.lines += 1
+        except OSError as error:
+            self._failed(error)
+
+    def _failed(self, error: OSError) -> None:
+        self.errors += 1
+        if self.errors == 1 or self.errors % 1000 == 0:
+            log.error("cannot write the event log %s: %s (%d failures so far)", self.path, error, self.errors)
+
+    def flush(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.flush()
+            except OSError as error:
+                self._failed(error)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self.flush()
+            try:
+                self._file.close()
+            except OSError as error:
+                self._failed(error)
+            self._file = None
+
+
+class Runtime:
+    """One wrapper: build it from a config, then `await run()`; returns the exit status."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.clock = Clock()
+        self.node: Node | None = None
+        self.tracker = BrokerLogTracker(config.client_id)
+        self.subscriptions = LocalSubscriptions()
+        self.persisted = PersistedState()
+        self.store: StateStore | None = StateStore(config.state_dir) if config.state_dir is not None else None
+        self.event_log: EventLog | None = None
+        self.event_counts: Counter[str] = Counter()
+        self.broker: BrokerAdapter | None = None
+        self.protocol: OverlayProtocol | None = None
+        self.transport: asyncio.DatagramTransport | None = None
+        self.metrics_server: Any = None
+        self._sock: socket.socket | None = None
+        self.started_at = 0.0
+        self.log_lines = 0
+        self.connections = 0
+        self.broker_connected = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline: float | None = None
+        self._rearm_scheduled = False
+        self._save_handle: asyncio.TimerHandle | None = None
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._silence_check: asyncio.TimerHandle | None = None
+        self._log_lines_this_connection = 0
+        self._broker_down_since: float | None = None
+        self._broker_down_warned_at = float("-inf")
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self, handle_signals: bool = True) -> int:
+        """Run until SIGINT/SIGTERM (or `request_stop`); returns 0 after a clean shutdown.
+
+        `handle_signals=False` lets a test run the runtime outside the main thread.
+        """
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        stop = self._stop = asyncio.Event()
+        signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
+        for signum in signals:  # installed first: a signal during startup still ends in a clean shutdown
+            loop.add_signal_handler(signum, stop.set)
+        try:
+            try:
+                self._open(loop)
+                node = self._start_node()
+                self.transport, _protocol = await loop.create_datagram_endpoint(self.protocol_factory,
+                                                                                sock=self._sock)
+            except BaseException:
+                self._close_resources()
+                raise
+            try:
+                self._start_running(loop, node)
+                await stop.wait()
+            finally:
+                await self._shutdown()
+        finally:
+            for signum in signals:
+                loop.remove_signal_handler(signum)
+        return 0
+
+    def _start_running(self, loop: asyncio.AbstractEventLoop, node: Node) -> None:
+        hand_off = LoopHandOff(loop, self._on_broker_items)
+        self.broker = BrokerAdapter(self.config.broker, self.config.client_id, hand_off.put, self.config.max_qos)
+        now = self.clock.now()
+        node.start(now)
+        replayed = self.subscriptions.replay(node, now)
+        if replayed:
+            log.info("replayed %d saved subscriptions of %d clients into the node", replayed,
+                     len(self.subscriptions.clients))
+        self._drain_outputs(now)
+        self.broker.start()
+        self._flush_handle = loop.call_later(EVENT_LOG_FLUSH_INTERVAL, self._periodic_flush)
+        log.info("wrapper %s (id %s, epoch %d) listening on UDP %s; neighbours: %s; broker %s as %r",
+                 self.config.announced, node.broker_id, node.epoch, self.config.bind,
+                 ", ".join(str(n) for n in self.config.neighbours) or "none (waiting for hellos)",
+                 self.config.broker, self.config.client_id)
+
+    def protocol_factory(self) -> OverlayProtocol:
+        assert self.protocol is not None
+        return self.protocol
+
+    def request_stop(self) -> None:
+        """Ask the runtime to shut down (thread-safe)."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    def _open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take every resource that can fail because of the configuration; StartupError-like exceptions."""
+        config = self.config
+        if self.store is not None:
+            self.store.lock()
+        self._sock = open_socket(config.bind, config.family)
+        known = {config.announced.host}
+        if not is_wildcard(config.bind.host):
+            known.add(config.bind.host)
+        self.protocol = OverlayProtocol(self._on_datagram, self._on_status, LocalAddresses(known))
+        if config.metrics_port is not None:
+            try:
+                self.metrics_server = start_metrics_server(config.metrics_bind, config.metrics_port,
+                                                           self.metrics_snapshot_threadsafe)
+            except OSError as error:
+                raise StartupError(
+                    f"--metrics-port: cannot serve metrics on {config.metrics_bind}:{config.metrics_port}: "
+                    f"{error.strerror or error}; choose another --metrics-port (or metrics_bind)") from None
+        if config.event_log is not None:
+            self.event_log = EventLog(config.event_log, config.event_types)
+
+    def _start_node(self) -> Node:
+        config = self.config
+        wall = time.time()
+        epoch = int(wall)
+        if self.store is not None:
+            persisted, warning = self.store.load()
+            if warning:
+                log.warning("%s", warning)
+            epoch = next_epoch(persisted.epoch, wall)
+            broker = str(config.broker)
+            if persisted.broker is not None and persisted.broker != broker and persisted.subscriptions.clients:
+                log.warning("saved subscriptions were learned from broker %s, not %s: not replaying them",
+                            persisted.broker, broker)
+                persisted.subscriptions = LocalSubscriptions()
+            persisted.epoch = epoch
+            persisted.broker = broker
+            self.persisted = persisted
+            self.subscriptions = persisted.subscriptions
+            try:
+                self.store.save(persisted, wall)  # the new epoch is on disk before anything is sent
+            except OSError as error:
+                raise StartupError(f"--state-dir: cannot write {self.store.path}: {error.strerror or error}; "
+                                   f"give a writable directory") from None
+        self.node = Node(config.announced, config.neighbours, epoch, random.Random(), config.settings,
+                         vid=config.vid, name=config.name)
+        self.started_at = self.clock.now()
+        return self.node
+
+    async def _shutdown(self) -> None:
+        node = self.node
+        assert node is not None
+        now = self.clock.now()
+        node.shutdown(now)
+        self._drain_outputs(now)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_TIMEOUT
+        while self._unsent_bytes() > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self._save_state()
+        if self.broker is not None:
+            # paho's thread joins within about a second; do not block the loop meanwhile.
+            await asyncio.get_running_loop().run_in_executor(None, self.broker.stop)
+        log.info("wrapper %s stopped", self.config.announced)
+        self._close_resources()
+
+    def _unsent_bytes(self) -> int:
+        size = getattr(self.transport, "get_write_buffer_size", None)
+        return int(size()) if size is not None and self.transport is not None else 0
+
+    def _close_resources(self) -> None:
+        for handle in (self._save_handle, self._flush_handle, self._silence_check, self._timer):
+            if handle is not None:
+                handle.cancel()
+        if self.event_log is not None:
+            self.event_log.close()
+        if self.transport is not None:
+            self.transport.close()
+        elif self._sock is not None:
+            self._sock.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+            self.metrics_server = None
+        if self.store is not None:
+            self.store.unlock()
+
+    # ------------------------------------------------------------ inputs
+
+    def _on_datagram(self, data: bytes, source: Address) -> None:
+        node = self.node
+        if node is None:
+            return
+        now = self.clock.now()
+        node.receive_datagram(data, source, now)
+        self._drain_outputs(now)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_deadline = None
+        node = self.node
+        if node is None:
+            return
+        now = self.clock.now()
+        try:
+            node.handle_timer(now)
+        finally:
+            self._drain_outputs(now)
+
+    def _on_broker_items(self, batch: list[BrokerItem]) -> None:
+        node = self.node
+        if node is None:
+            return
+        now = self.clock.now()
+        changed = False
+        for item in batch:
+            if isinstance(item, Publication):
+                node.local_publish(item.topic, item.payload, item.qos, item.retain, item.properties, now)
+            elif isinstance(item, LogLine):
+                self.log_lines += 1
+                self._log_lines_this_connection += 1
+                for event in self.tracker.feed(item.topic, item.payload):
+                    changed = self.subscriptions.apply(event, node, now) or changed
+            else:
+                self._on_broker_state(item, now)
+        if changed:
+            self._schedule_save()
+        self._drain_outputs(now)
+
+    def _on_broker_state(self, item: BrokerItem, now: float) -> None:
+        broker = self.config.broker
+        if isinstance(item, Connected):
+            self.connections += 1
+            self.broker_connected = True
+            self._log_lines_this_connection = 0
+            down_for = "" if self._broker_down_since is None else f" after {now - self._broker_down_since:.1f} s"
+            self._broker_down_since = None
+            self._broker_down_warned_at = float("-inf")
+            log.info("connected to broker %s as %r%s", broker, self.config.client_id, down_for)
+        elif isinstance(item, Subscribed):
+            if item.refused:
+                log.error("broker %s refused subscriptions: %s; the wrapper needs both (check the broker's ACLs)",
+                          broker, "; ".join(item.refused))
+            if self._silence_check is not None:
+                self._silence_check.cancel()
+            assert self._loop is not None
+            self._silence_check = self._loop.call_later(LOG_SILENCE_WARNING_AFTER, self._check_log_silence)
+        elif isinstance(item, Disconnected):
+            self.broker_connected = False
+            if not item.expected:
+                self._broker_down_since = now
+                self._broker_down_warned_at = now
+                log.warning("lost the connection to broker %s (%s); reconnecting with backoff %g-%g s, "
+                            "the overlay keeps running", broker, item.reason, RECONNECT_MIN_DELAY,
+                            RECONNECT_MAX_DELAY)
+        elif isinstance(item, ConnectFailed):
+            if self._broker_down_since is None:
+                self._broker_down_since = now
+            if now - self._broker_down_warned_at >= BROKER_DOWN_REMINDER:
+                self._broker_down_warned_at = now
+                log.warning("broker %s unreachable (is mosquitto running there?); retrying with backoff %g-%g s, "
+                            "the overlay keeps running", broker, RECONNECT_MIN_DELAY, RECONNECT_MAX_DELAY)
+            else:
+                log.debug("broker %s still unreachable", broker)
+        elif isinstance(item, ConnectRefused):
+            log.error("broker %s refused the connection of %r: %s; check its listener and authentication settings",
+                      broker, self.config.client_id, item.reason)
+
+    def _check_log_silence(self) -> None:
+        self._silence_check = None
+        if self.broker_connected and self._log_lines_this_connection == 0:
+            log.warning(
+                "!!! mosquitto at %s sent no log lines within %g s of the wrapper subscribing to "
+                "$SYS/broker/log/#: add `log_dest topic` and `log_type all` to its mosquitto.conf "
+                "(see configs/mosquitto.conf) and restart it. Until then the wrapper cannot learn local "
+                "subscriptions and nothing is federated to this broker's clients.",
+                self.config.broker, LOG_SILENCE_WARNING_AFTER)
+
+    def _on_status(self, addr: Any) -> None:
+        if self.transport is None:
+            return
+        try:
+            reply = encode_reply(self.status_document())
+        except (TypeError, ValueError) as error:  # a bug, not a reason to stop the daemon
+            log.error("cannot build the status reply: %s", error)
+            return
+        self.transport.sendto(reply, addr)
+
+    # ------------------------------------------------------------ outputs
+
+    def _drain_outputs(self, now: float) -> None:
+        node = self.node
+        assert node is not None
+        self._schedule_rearm()  # first: whatever fails below, the timer keeps running
+        transport = self.transport
+        datagrams = node.datagrams_to_send()
+        if transport is not None:
+            for data, target in datagrams:
+                transport.sendto(data, (target.host, target.port))
+        if self.broker is not None:
+            for injection in node.injections_to_make():
+                self.broker.publish(injection)
+        emitted = node.events_emitted()
+        if emitted:
+            counts = self.event_counts
+            for event in emitted:
+                counts[event.type] += 1
+                if event.type == events.EPOCH_CHANGED and self.store is not None:
+                    self.persisted.epoch = node.epoch
+                    self._schedule_save()
+            if self.event_log is not None:
+                self.event_log.write(emitted)
+
+    def _schedule_rearm(self) -> None:
+        """Re-arm the node timer once per loop iteration, however many inputs it had."""
+        if not self._rearm_scheduled and self._loop is not None:
+            self._rearm_scheduled = True
+            self._loop.call_soon(self._rearm_timer)
+
+    def _rearm_timer(self) -> None:
+        self._rearm_scheduled = False
+        node, loop = self.node, self._loop
+        if node is None or loop is None:
+            return
+        deadline = node.get_timer()
+        if deadline == self._timer_deadline and self._timer is not None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_deadline = deadline
+        if deadline is not None:
+            self._timer = loop.call_at(loop.time() + max(0.0, deadline - self.clock.now()), self._on_timer)
+
+    def _periodic_flush(self) -> None:
+        if self.event_log is not None:
+            self.event_log.flush()
+        assert self._loop is not None
+        self._flush_handle = self._loop.call_later(EVENT_LOG_FLUSH_INTERVAL, self._periodic_flush)
+
+    def _schedule_save(self) -> None:
+        if self.store is None or self._save_handle is not None or self._loop is None:
+            return
+        self._save_handle = self._loop.call_later(STATE_SAVE_DELAY, self._save_state)
+
+    def _save_state(self) -> None:
+        self._save_handle = None
+        if self.store is None:
+            return
+        if self.node is not None:
+            self.persisted.epoch = max(self.persisted.epoch or 0, self.node.epoch)
+        self.persisted.subscriptions = self.subscriptions
+        try:
+            self.store.save(self.persisted, self.clock.now())
+        except OSError as error:
+            log.error("cannot save the state file %s: %s (will retry at the next change)", self.store.path, error)
+
+    # ------------------------------------------------------------ status and metrics
+
+    def status_document(self) -> dict[str, Any]:
+        node = self.node
+        assert node is not None
+        now = self.clock.now()
+        document = node.status(now)
+        broker = self.broker
+        document["daemon"] = {
+            "version": __version__, "pid": os.getpid(), "uptime_s": round(now - self.started_at, 3),
+            "bind": str(self.config.bind), "announced": str(self.config.announced),
+            "broker": {
+                "address": str(self.config.broker), "client_id": self.config.client_id,
+                "connected": self.broker_connected, "reconnects": max(0, self.connections - 1),
+                "log_lines": self.log_lines, "log": self.tracker.counters.as_dict(),
+                "injected": broker.injected if broker else 0, "inject_failed": broker.inject_failed if broker else 0,
+            },
+            "event_log": str(self.config.event_log) if self.config.event_log else None,
+            "event_log_lines": self.event_log.lines if self.event_log else 0,
+            "state_dir": str(self.config.state_dir) if self.config.state_dir else None,
+            "metrics": (f"{self.config.metrics_bind}:{self.config.metrics_port}"
+                        if self.config.metrics_port is not None else None),
+            "events": dict(sorted(self.event_counts.items())),
+            "udp_send_errors": self.protocol.send_errors if self.protocol else 0,
+        }
+        return document
+
+    def metrics_snapshot(self) -> Snapshot:
+        """Copies of every number the metrics expose (runs on the loop thread)."""
+        node = self.node
+        assert node is not None
+        view = node.view()
+        neighbours = node.neighbours.all()
+        log_counters = self.tracker.counters
+        return {
+            "address": str(node.address), "broker_id": str(node.broker_id), "name": node.name,
+            "version": __version__, "epoch": node.epoch,
+            "sent": dict(node.sent_by_type), "sent_bytes": dict(node.sent_bytes_by_type),
+            "received": dict(node.received_by_type), "received_bytes": dict(node.received_bytes_by_type),
+            "drops": dict(node.drops), "counters": dict(node.counters), "events": dict(self.event_counts),
+            "neighbours_up": sum(1 for n in neighbours if n.up), "neighbours_total": len(neighbours),
+            "members": len(view.members), "topics": sum(1 for core in view.topic_cores.values() if core is not None),
+            "is_management_core": view.management_core == view.broker_id,
+            "local_clients": len(node.clients), "local_subscriptions": sum(len(f) for f in node.clients.values()),
+            "broker_connected": self.broker_connected, "broker_reconnects": max(0, self.connections - 1),
+            "log_outcomes": {"used": log_counters.used, "ignored": log_counters.ignored,
+                             "refused": log_counters.refused, "truncated": log_counters.truncated,
+                             "not_understood": log_counters.not_understood_total},
+            "injected": self.broker.injected if self.broker else 0,
+            "inject_failed": self.broker.inject_failed if self.broker else 0,
+            "udp_send_errors": self.protocol.send_errors if self.protocol else 0,
+        }
+
+    def metrics_snapshot_threadsafe(self, timeout: float = 2.0) -> Snapshot | None:
+        """Called from the metrics thread: run `metrics_snapshot` on the loop and wait for it."""
+        loop = self._loop
+        if loop is None or self.node is None:
+            return None
+        future: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
+
+        def fill() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(self.metrics_snapshot())
+            except Exception as error:  # noqa: BLE001 - handed to the waiting thread
+                future.set_exception(error)
+
+        try:
+            loop.call_soon_threadsafe(fill)
+            return future.result(timeout)
+        except (RuntimeError, concurrent.futures.TimeoutError):
+            future.cancel()
+            return None
+        except Exception as error:  # noqa: BLE001 - a scrape must not kill the server thread
+            log.error("metrics snapshot failed: %s", error)
+            return None

@@ -1,0 +1,278 @@
+"""What the wrapper keeps across restarts, and its model of the local broker's subscriptions.
+
+Theory of operation: Mosquitto has no API that lists subscriptions and never
+replays them, so a wrapper that restarts would stop federating every client
+that subscribed before it started. `LocalSubscriptions` is the wrapper's own
+table (client -> filters, and whether that client's session outlives its
+connection), kept in step with the broker log and with the node; the state
+directory holds it, together with the boot epoch, in one JSON file written
+atomically (temporary file, fsync, rename, fsync of the directory), so a
+crash at any instant leaves either the old file or the new one. At start the
+table is replayed into the node (`replay`).
+
+The epoch must never go backwards, or peers would take a restarted node's
+new announcements and publications for stale ones: the next epoch is
+`max(previous + 1, unix seconds)`, and it is written before the node sends
+anything. An `flock` on a lock file stops two wrappers sharing a directory.
+
+What the table cannot know (documented in docs/daemon.md): a clean client
+that disconnected while the wrapper was down keeps its replayed filters until
+that id is seen again; the cost is traffic nobody reads, never a lost
+publication.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from federation.broker_log import (
+    ClientConnected,
+    ClientGone,
+    ClientSubscribed,
+    ClientUnsubscribed,
+    LogEvent,
+    connect_discards_session,
+    filters_end_with_session,
+)
+
+STATE_FILE = "wrapper-state.json"
+LOCK_FILE = "wrapper.lock"
+STATE_VERSION = 1
+MAX_TRACKED_CONNECTIONS = 100_000
+
+
+class StateError(Exception):
+    """The state directory cannot be used (exit status 2); the message says what to fix."""
+
+
+class SubscriptionSink(Protocol):
+    """What the table tells about subscription changes (`federation.node.Node` is one)."""
+
+    def local_subscribe(self, client: str, filter_: str, qos: int, now: float) -> None: ...
+
+    def local_unsubscribe(self, client: str, filter_: str, now: float) -> None: ...
+
+    def local_disconnect(self, client: str, now: float) -> None: ...
+
+
+@dataclass
+class ClientRecord:
+    filters: dict[str, int] = field(default_factory=dict)
+    """raw filter as the broker logged it -> granted qos"""
+    persistent: bool = False
+    """the client connected with clean session/clean start 0: its filters outlive its connection"""
+
+
+def next_epoch(previous: int | None, now_seconds: float) -> int:
+    """The boot epoch after `previous`: later than it, and at least the unix time."""
+    wall = int(now_seconds)
+    return wall if previous is None else max(previous + 1, wall)
+
+
+class LocalSubscriptions:
+    """client -> ClientRecord, updated from broker-log events; every change is passed on to a sink."""
+
+    def __init__(self, clients: Mapping[str, ClientRecord] | None = None) -> None:
+        self.clients: dict[str, ClientRecord] = {
+            client: ClientRecord(dict(record.filters), record.persistent)
+            for client, record in sorted((clients or {}).items()) if record.filters
+        }
+        self._connected: dict[str, bool] = {}
+        """client id -> clean flag, for connections seen in this run (oldest first, bounded)"""
+
+    def replay(self, sink: SubscriptionSink, now: float) -> int:
+        """Tell the sink every filter held; returns the number of (client, filter) pairs."""
+        count = 0
+        for client, record in sorted(self.clients.items()):
+            for filter_, qos in sorted(record.filters.items()):
+                sink.local_subscribe(client, filter_, qos, now)
+                count += 1
+        return count
+
+    def apply(self, event: LogEvent, sink: SubscriptionSink, now: float) -> bool:
+        """Update the table for one broker-log event and tell the sink; True if the table changed."""
+        if isinstance(event, ClientConnected):
+            return self._connected_event(event, sink, now)
+        if isinstance(event, ClientSubscribed):
+            record = self.clients.get(event.client)
+            if record is None:
+                record = self.clients[event.client] = ClientRecord()
+            persistent = self._connected.get(event.client) is False or (
+                event.client not in self._connected and record.persistent)
+            changed = record.filters.get(event.filter) != event.qos or record.persistent != persistent
+            record.filters[event.filter] = event.qos
+            record.persistent = persistent
+            sink.local_subscribe(event.client, event.filter, event.qos, now)
+            return changed
+        if isinstance(event, ClientUnsubscribed):
+            record = self.clients.get(event.client)
+            if record is None or event.filter not in record.filters:
+                return False
+            del record.filters[event.filter]
+            if not record.filters:
+                del self.clients[event.client]
+            sink.local_unsubscribe(event.client, event.filter, now)
+            return True
+        return self._gone_event(event, sink, now)
+
+    def _connected_event(self, event: ClientConnected, sink: SubscriptionSink, now: float) -> bool:
+        self._connected.pop(event.client, None)
+        self._connected[event.client] = event.clean
+        while len(self._connected) > MAX_TRACKED_CONNECTIONS:
+            del self._connected[next(iter(self._connected))]
+        record = self.clients.get(event.client)
+        if record is None:
+            return False
+        if connect_discards_session(event):
+            del self.clients[event.client]
+            sink.local_disconnect(event.client, now)
+            return True
+        if not record.persistent:
+            record.persistent = True
+            return True
+        return False
+
+    def _gone_event(self, event: ClientGone, sink: SubscriptionSink, now: float) -> bool:
+        self._connected.pop(event.client, None)
+        record = self.clients.get(event.client)
+        if record is None:
+            return False
+        if event.clean is None:
+            # The tracker did not see this connection start (the wrapper started later):
+            # the persisted flag is the best knowledge of the session kind.
+            event = replace(event, clean=not record.persistent)
+        if not filters_end_with_session(event):
+            return False
+        del self.clients[event.client]
+        sink.local_disconnect(event.client, now)
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        return {client: {"persistent": record.persistent, "filters": dict(sorted(record.filters.items()))}
+                for client, record in sorted(self.clients.items())}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> LocalSubscriptions:
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: 'clients' is not a mapping")
+        clients: dict[str, ClientRecord] = {}
+        for client, entry in data.items():
+            if not isinstance(client, str) or not isinstance(entry, dict):
+                raise ValueError(f"{where}: bad entry for client {client!r}")
+            filters = entry.get("filters", {})
+            if not isinstance(filters, dict) or not all(
+                    isinstance(f, str) and isinstance(q, int) and q in (0, 1, 2) for f, q in filters.items()):
+                raise ValueError(f"{where}: bad filters for client {client!r}")
+            clients[client] = ClientRecord(dict(filters), bool(entry.get("persistent", False)))
+        return cls(clients)
+
+    @property
+    def filter_count(self) -> int:
+        return sum(len(record.filters) for record in self.clients.values())
+
+
+@dataclass
+class PersistedState:
+    epoch: int | None = None
+    broker: str | None = None
+    """the broker the subscriptions were learned from (`host:port`)"""
+    subscriptions: LocalSubscriptions = field(default_factory=LocalSubscriptions)
+    saved_at: float | None = None
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves the old or the new content, never a mix."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class StateStore:
+    """The state directory: one JSON file and a lock file held while the wrapper runs."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / STATE_FILE
+        self._lock: IO[str] | None = None
+        self.writes = 0
+
+    def lock(self) -> None:
+        """Create the directory and take its lock; StateError if impossible or held by another wrapper."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            handle = open(self.directory / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 (held while running)
+        except OSError as error:
+            raise StateError(f"--state-dir: cannot use {str(self.directory)!r}: {error.strerror or error}; "
+                             f"give a writable directory") from None
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise StateError(f"--state-dir: {str(self.directory)!r} is in use by another wrapper (pid {holder}); "
+                             f"give each wrapper its own state directory") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._lock = handle
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def load(self) -> tuple[PersistedState, str | None]:
+        """The saved state, and a warning if the file was unreadable (it is then set aside, not lost)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return PersistedState(), None
+        except OSError as error:
+            raise StateError(f"--state-dir: cannot read {str(self.path)!r}: {error.strerror or error}") from None
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+                raise ValueError(f"expected a JSON object with version {STATE_VERSION}")
+            epoch = data.get("epoch")
+            if epoch is not None and (not isinstance(epoch, int) or epoch < 0):
+                raise ValueError(f"bad epoch {epoch!r}")
+            subscriptions = LocalSubscriptions.from_json(data.get("clients", {}), str(self.path))
+            broker = data.get("broker")
+            saved_at = data.get("saved_at")
+            return PersistedState(epoch, broker if isinstance(broker, str) else None, subscriptions,
+                                  float(saved_at) if isinstance(saved_at, (int, float)) else None), None
+        except ValueError as error:
+            aside = self.path.with_name(f"{STATE_FILE}.unreadable-{int(time.time())}")
+            os.replace(self.path, aside)
+            # The epoch is lost with the file; unix time still moves it forward unless
+            # the previous life started within the same second.
+            return PersistedState(), (f"state file {self.path} was unreadable ({error}); moved it to {aside} "
+                                      f"and started with no saved subscriptions")
+
+    def save(self, state: PersistedState, now: float) -> None:
+        data = {
+            "version": STATE_VERSION, "epoch": state.epoch, "broker": state.broker, "saved_at": round(now, 3),
+            "clients": state.subscriptions.to_json(),
+        }
+        atomic_write(self.path, (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("utf-8"))
+        self.writes += 1

@@ -1,0 +1,137 @@
+"""The overlay's UDP endpoint: one socket, large buffers, status requests split off before the node.
+
+Theory of operation: the socket is made and bound here, by hand, so that a
+bind failure becomes an error a person can act on (exit status 2) and the
+buffers are set before the first datagram: bursts of topic messages must
+not be dropped by a 208 KiB default. `SO_REUSEADDR` is deliberately not set:
+on Linux it lets a second UDP socket share the port, and then two wrappers
+would each get half of the datagrams instead of the second failing to start.
+Datagrams that start with `STATUS_MAGIC` are status requests: they go to the
+status handler, and only when they come from this host (a loopback address
+or an address a socket can bind here); everything else goes to the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any, cast
+
+from federation.daemon.status import STATUS_MAGIC
+from federation.types import Address
+
+log = logging.getLogger("federation.daemon.udp")
+
+SOCKET_BUFFER = 4 * 1024 * 1024
+"""bytes requested for SO_RCVBUF and SO_SNDBUF (the kernel caps them at net.core.rmem_max/wmem_max)"""
+MAX_LOCAL_CACHE = 1024
+
+
+class BindError(Exception):
+    """The UDP socket cannot be bound (exit status 2); the message says what to change."""
+
+
+def open_socket(bind: Address, family: socket.AddressFamily) -> socket.socket:
+    """A bound, non-blocking UDP socket with large buffers; BindError with the fix on failure."""
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            except OSError as error:  # pragma: no cover - Linux caps instead of failing
+                log.debug("cannot set socket buffer %s: %s", option, error)
+        received = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        if received < SOCKET_BUFFER:  # Linux reports twice the value it accepted
+            log.info("UDP receive buffer is %d bytes (asked %d): raise net.core.rmem_max for bursty federations",
+                     received, SOCKET_BUFFER)
+        sock.bind((bind.host, bind.port))
+        sock.setblocking(False)
+    except OSError as error:
+        sock.close()
+        raise BindError(bind_error_text(bind, error)) from None
+    return sock
+
+
+def bind_error_text(bind: Address, error: OSError) -> str:
+    where = f"cannot bind UDP {bind}"
+    if error.errno == errno.EADDRINUSE:
+        return f"{where}: address already in use; another wrapper running? choose --bind HOST:PORT"
+    if error.errno == errno.EADDRNOTAVAIL:
+        return (f"{where}: {bind.host} is not an address of this host; give one of its addresses "
+                f"or 0.0.0.0 with --bind")
+    if error.errno == errno.EACCES:
+        return f"{where}: permission denied; choose a port above 1023 with --bind or run with the privilege"
+    return f"{where}: {error.strerror or error}; check --bind"
+
+
+class LocalAddresses:
+    """Whether a source address belongs to this host: loopback, known, or bindable here (cached)."""
+
+    def __init__(self, known: set[str]) -> None:
+        self._cache: dict[str, bool] = {host: True for host in known}
+
+    def __contains__(self, host: object) -> bool:
+        if not isinstance(host, str):
+            return False
+        cached = self._cache.get(host)
+        if cached is not None:
+            return cached
+        try:
+            parsed = ipaddress.ip_address(host.split("%")[0])
+        except ValueError:
+            return False
+        if parsed.is_loopback:
+            local = True
+        else:
+            family = socket.AF_INET6 if parsed.version == 6 else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                try:
+                    probe.bind((host, 0))
+                    local = True
+                except OSError:
+                    local = False
+        if len(self._cache) >= MAX_LOCAL_CACHE:
+            self._cache.clear()
+        self._cache[host] = local
+        return local
+
+
+def source_address(addr: Any) -> Address:
+    """asyncio's (host, port[, flow, scope]) as an Address."""
+    return Address(str(addr[0]), int(addr[1]))
+
+
+class OverlayProtocol(asyncio.DatagramProtocol):
+    """Routes each datagram: status requests to `on_status`, the rest to `on_datagram`."""
+
+    def __init__(self, on_datagram: Callable[[bytes, Address], None], on_status: Callable[[Any], None],
+                 local: LocalAddresses) -> None:
+        self.on_datagram = on_datagram
+        self.on_status = on_status
+        self.local = local
+        self.transport: asyncio.DatagramTransport | None = None
+        self.send_errors = 0
+        self.status_refused = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        if data.startswith(STATUS_MAGIC):
+            if addr[0] in self.local:
+                self.on_status(addr)
+            else:
+                self.status_refused += 1
+                log.debug("status request from %s refused: not from this host", addr[0])
+            return
+        self.on_datagram(data, source_address(addr))
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP errors (port unreachable: the neighbour's wrapper is down) come back here;
+        # the hello exchange already notices a dead neighbour, so only count them.
+        self.send_errors += 1
+        log.debug("UDP error: %s", exc)
