@@ -28,13 +28,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self, TypeVar
 
 import pytest
+
+from federation.launch import LaunchError, poll
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 MOSQUITTO_SUB = shutil.which("mosquitto_sub") or "/usr/bin/mosquitto_sub"
@@ -69,15 +70,10 @@ def wait_for(predicate: Callable[[], T], timeout: float = 5.0, interval: float =
     `message` says what was awaited; make it a callable to build it (with the
     state seen at the deadline) only on failure.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            text = message() if callable(message) else message
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {text}")
-        time.sleep(interval)
+    try:
+        return poll(predicate, timeout, message, interval)
+    except LaunchError as error:
+        raise AssertionError(str(error)) from None
 
 
 def _tail(path: Path, lines: int = 30) -> str:
