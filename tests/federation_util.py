@@ -10,8 +10,9 @@
         sub.wait_for_count(1)
 
 Every federation gets its own range of loopback addresses (127.0.<k>.10,
-.11, ...; k counts up from 40), so federations of different fixtures never
-collide with each other or with a running `make demo` (127.0.0.10...).
+.11, ...; k counts up from 40, or from $FEDERATION_TEST_SUBNET), so federations
+of different fixtures never collide with each other or with a running `make demo`
+(127.0.0.10...). Two test sessions at once need different $FEDERATION_TEST_SUBNET.
 Finalizers stop every process, also when a test fails. Nothing here sleeps
 blindly: waits poll a condition until a deadline.
 """
@@ -19,6 +20,7 @@ blindly: waits poll a condition until a deadline.
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import subprocess
 import threading
@@ -47,7 +49,7 @@ FAST_SETTINGS: dict[str, Any] = {
 SUBSCRIBER_FORMAT = "%q %r %l %x %t"
 """mosquitto_sub -F: qos, retain flag, payload length, payload in hex, topic (last: it may hold spaces)"""
 
-_subnets = itertools.count(40)
+_subnets = itertools.count(int(os.environ.get("FEDERATION_TEST_SUBNET", "40")))
 
 
 def next_first_address() -> str:
