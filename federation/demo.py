@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from federation.daemon.keys import generate_key
 from federation.launch import (
     BROKER_PORT,
     FIRST_ADDRESS,
@@ -81,7 +82,9 @@ class Subscriber:
 class Demo:
     def __init__(self, count: int, workdir: Path, first_address: str) -> None:
         self.names = node_names(count)
-        self.federation = LocalFederation(self.names, ring(self.names), workdir, first_address=first_address)
+        self.key_file = write_key(workdir / "federation.key")
+        self.federation = LocalFederation(self.names, ring(self.names), workdir, first_address=first_address,
+                                          key_file=self.key_file)
         self.subscribers: list[Subscriber] = []
         self.lines: queue.Queue[tuple[Subscriber, str, str]] = queue.Queue()
         self.started = time.monotonic()
@@ -187,12 +190,15 @@ class Demo:
             self.say(f"{name}: mosquitto -c {node.broker_conf}   listening on {node.host}:{BROKER_PORT}")
 
         self.section("2. Starting the wrappers")
+        self.say(f"$ python wrapper.py genkey > {self.key_file}   (one federation key, given to every wrapper: "
+                 f"each datagram is signed\n  with it, and forged or replayed datagrams are dropped; "
+                 f"docs/security.md)")
         begun = time.monotonic()
         federation.start_wrappers()
         for name, node in federation.nodes.items():
             neighbours = ", ".join(f"{n} ({federation.node(n).address})" for n in node.neighbours)
             self.say(f"{name}: wrapper.py --bind {node.address} --broker {node.host}:{BROKER_PORT} "
-                     f"--id {federation.vids[name]}\n    neighbours: {neighbours}")
+                     f"--id {federation.vids[name]} --key-file {self.key_file.name}\n    neighbours: {neighbours}")
         self.say(f"All {count} wrappers are connected to their brokers and read the brokers' "
                  f"$SYS/broker/log/# ({time.monotonic() - begun:.2f} s).")
 
@@ -324,6 +330,15 @@ class Demo:
                 subscriber.process.kill()
                 subscriber.process.wait()
         self.federation.stop()
+
+
+def write_key(path: Path) -> Path:
+    """A new federation key in `path` (readable by its owner only), as `wrapper.py genkey > PATH` makes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(generate_key() + "\n")
+    return path
 
 
 def mosquitto_client(name: str) -> str:

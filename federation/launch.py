@@ -24,19 +24,21 @@ when the `with` block ends, also on an exception.
 
 Nothing here sleeps blindly: every wait polls a condition until a deadline and
 raises `LaunchError` with the state it saw and the ends of the relevant logs.
+
+The pieces every real backend shares live in `federation.harness`: process
+spawning and `poll` (`processes`), the broker config, wrapper YAML and
+command line (`nodeconfig`), and the judgements made from status documents
+(`statusview`). They are re-exported here, so `from federation.launch import
+poll, render_mosquitto_conf, ...` keeps working.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
-import ctypes
 import ipaddress
 import json
 import os
-import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -44,47 +46,54 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-WRAPPER_SCRIPT = REPO_ROOT / "wrapper.py"
-MOSQUITTO_CONF_TEMPLATE = REPO_ROOT / "configs" / "mosquitto.conf"
-BROKER_PORT = 1883
-WRAPPER_PORT = 10500
+from federation.harness import statusview
+from federation.harness.nodeconfig import (
+    BROKER_PORT,
+    FALLBACK_CONF_LINES,
+    MOSQUITTO_CONF_TEMPLATE,
+    REPO_ROOT,
+    REQUIRED_CONF_LINES,
+    WRAPPER_PORT,
+    WRAPPER_SCRIPT,
+    broker_running_since,
+    log_size,
+    mosquitto_template,
+    render_mosquitto_conf,
+    wrapper_command,
+    wrapper_yaml,
+)
+from federation.harness.processes import (
+    POLL_INTERVAL,
+    STOP_TIMEOUT,
+    LaunchError,
+    die_with_parent,
+    end_all,
+    end_process,
+    find_mosquitto,
+    poll,
+    spawn,
+    tail,
+)
+
+__all__ = [
+    "BROKER_PORT", "FALLBACK_CONF_LINES", "FIRST_ADDRESS", "MOSQUITTO_CONF_TEMPLATE", "POLL_INTERVAL", "REPO_ROOT",
+    "REQUIRED_CONF_LINES", "START_TIMEOUT", "STATUS_TIMEOUT", "STOP_TIMEOUT", "WRAPPER_PORT", "WRAPPER_SCRIPT",
+    "FederationNode", "LaunchError", "LocalFederation", "address_in_use", "die_with_parent", "find_mosquitto",
+    "line", "main", "node_names", "poll", "render_mosquitto_conf", "ring", "tail",
+]
+
 FIRST_ADDRESS = "127.0.0.10"
 
 START_TIMEOUT = 10.0
 """seconds a broker or a wrapper gets to become ready"""
-STOP_TIMEOUT = 5.0
-"""seconds a process gets to exit after SIGTERM before SIGKILL"""
 STATUS_TIMEOUT = 1.0
 """seconds one status query waits for the reply"""
-POLL_INTERVAL = 0.05
-
-FALLBACK_CONF_LINES = (
-    "allow_anonymous true",
-    "log_dest topic",
-    "log_type all",
-    "max_queued_messages 0",
-    "persistence false",
-)
-"""used when configs/mosquitto.conf does not exist"""
-REQUIRED_CONF_LINES = ("allow_anonymous true", "log_dest topic", "log_type all")
-"""lines the federation needs; added to the rendered config when the template lacks them"""
-_REPLACED_KEYS = frozenset({"listener", "port", "bind_address", "bind_interface", "user", "pid_file",
-                            "persistence_location"})
-_RUNNING = re.compile(r"^\d+: mosquitto version \S+ running$", re.MULTILINE)
-_PR_SET_PDEATHSIG = 1
-
-T = TypeVar("T")
-
-
-class LaunchError(Exception):
-    """Something a person can fix (missing mosquitto, address in use) or a process that did not come up."""
 
 
 def node_names(count: int) -> list[str]:
@@ -104,41 +113,6 @@ def ring(names: Sequence[str]) -> list[tuple[str, str]]:
     return [*line(names), (names[-1], names[0])]
 
 
-def find_mosquitto() -> str:
-    """The mosquitto executable, or LaunchError telling how to install it."""
-    found = shutil.which("mosquitto") or next(
-        (path for path in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(path, os.X_OK)), None)
-    if found is None:
-        raise LaunchError("mosquitto is not installed (not on PATH, not in /usr/sbin): run `make install` "
-                          "(or `apt-get install -y mosquitto mosquitto-clients`)")
-    return found
-
-
-def render_mosquitto_conf(template: str, host: str, port: int, node_dir: Path, run_as_root: bool) -> str:
-    """A broker config for one node: the template with its listener, log file and persistence dir replaced.
-
-    Lines that place the broker (`listener`, `port`, `bind_address`, `user`,
-    `pid_file`, `persistence_location`) and file or console log destinations
-    are replaced; `log_dest topic` and every other line are kept. Lines the
-    federation needs and the template lacks are added at the end.
-    """
-    kept: list[str] = []
-    for raw in template.splitlines():
-        words = raw.split()
-        if words and (words[0] in _REPLACED_KEYS or (words[0] == "log_dest" and words[1:2] != ["topic"])):
-            kept.append(f"# (replaced below by federation.launch) {raw}")
-            continue
-        kept.append(raw)
-    present = {" ".join(raw.split()) for raw in kept if not raw.lstrip().startswith("#")}
-    lines = [f"# rendered by federation.launch for {host}:{port}", f"listener {port} {host}", *kept, ""]
-    lines += [required for required in REQUIRED_CONF_LINES if required not in present]
-    lines += [f"log_dest file {node_dir / 'broker.log'}", f"persistence_location {node_dir}/"]
-    if run_as_root:
-        # Started as root, mosquitto drops to user `mosquitto`, which cannot write the node directory.
-        lines.append("user root")
-    return "\n".join(lines) + "\n"
-
-
 def address_in_use(host: str, port: int, kind: socket.SocketKind) -> bool:
     """True if binding host:port (TCP or UDP) fails with EADDRINUSE right now."""
     with socket.socket(socket.AF_INET, kind) as probe:
@@ -149,63 +123,6 @@ def address_in_use(host: str, port: int, kind: socket.SocketKind) -> bool:
         except OSError:
             return True
     return False
-
-
-try:
-    _PRCTL: Any = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # pragma: no cover - not Linux
-    _PRCTL = None
-
-
-def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask the kernel to send SIGTERM to this child when the launching process dies (Linux).
-
-    Pass it as `preexec_fn` (with `process_group=0`) to any child a launcher
-    must not leave behind, even when the launcher is killed with SIGKILL.
-    """
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
-
-
-def _spawn(command: Sequence[str], output: Path) -> subprocess.Popen[bytes]:
-    with open(output, "ab") as sink:
-        return subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                                process_group=0, preexec_fn=die_with_parent,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def _end(process: subprocess.Popen[bytes] | None, kill: bool = False, timeout: float = STOP_TIMEOUT) -> int | None:
-    """SIGTERM (or SIGKILL) and wait; SIGKILL after `timeout`. The exit status, None if it was not running."""
-    if process is None:
-        return None
-    if process.poll() is None:
-        process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    return process.wait()
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) or "(empty)"
-    except FileNotFoundError:
-        return "(none)"
-
-
-def poll(predicate: Callable[[], T | None], timeout: float, message: str | Callable[[], str],
-         interval: float = POLL_INTERVAL) -> T:
-    """Call `predicate` until it returns something truthy and return it; LaunchError after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            text = message() if callable(message) else message
-            raise LaunchError(f"timed out after {timeout:g} s waiting for {text}")
-        time.sleep(interval)
 
 
 @dataclass
@@ -285,18 +202,23 @@ class LocalFederation:
     protocol settings written to each wrapper's YAML under `settings:`
     (None: the project's defaults). `vids`: the wrappers' virtual ids by name
     (default: index + 1, so n0 is the management core and runs repeat).
+    `key_file`: a federation key file given to every wrapper (`--key-file`;
+    None: an open overlay); `encryption`: their `--encryption` (None: default).
     """
 
     def __init__(self, nodes: list[str] | int, links: Iterable[tuple[str, str]], workdir: Path,
                  settings: dict[str, Any] | None = None, *, first_address: str = FIRST_ADDRESS,
                  vids: dict[str, int] | None = None, log_level: str = "INFO",
-                 mosquitto_template: Path | None = None) -> None:
+                 mosquitto_template: Path | None = None, key_file: Path | None = None,
+                 encryption: str | None = None) -> None:
         names = node_names(nodes) if isinstance(nodes, int) else list(nodes)
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"node names must be unique and at least one: {names}")
         self.workdir = Path(workdir).resolve()
         self.settings = dict(settings) if settings else None
         self.log_level = log_level
+        self.key_file = Path(key_file).resolve() if key_file is not None else None
+        self.encryption = encryption
         self.vids = {name: index + 1 for index, name in enumerate(names)}
         self.vids.update(vids or {})
         self.mosquitto_template = mosquitto_template or MOSQUITTO_CONF_TEMPLATE
@@ -395,28 +317,16 @@ class LocalFederation:
 
     def _stop_all(self) -> None:
         nodes = list(self.nodes.values())
-        # Signal all first, then wait: stopping N processes costs one timeout, not N.
-        for brokers in (False, True):
-            processes: list[tuple[FederationNode, subprocess.Popen[bytes]]] = []
-            for node in nodes:
-                process = node.broker_process if brokers else node.wrapper_process
-                if process is not None and process.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        process.send_signal(signal.SIGTERM)
-                if process is not None:
-                    processes.append((node, process))
-            deadline = time.monotonic() + STOP_TIMEOUT
-            for node, process in processes:
-                try:
-                    process.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-                if brokers:
-                    node.broker_process = None
-                else:
-                    node.wrapper_exits.append(process.returncode)
-                    node.wrapper_process = None
+        # Wrappers first (they leave the overlay cleanly), then brokers; each group costs one timeout.
+        wrappers = [(node, node.wrapper_process) for node in nodes if node.wrapper_process is not None]
+        end_all([process for _, process in wrappers if process is not None])
+        for node, process in wrappers:
+            assert process is not None
+            node.wrapper_exits.append(process.returncode)
+            node.wrapper_process = None
+        end_all([node.broker_process for node in nodes if node.broker_process is not None])
+        for node in nodes:
+            node.broker_process = None
         self._stopped = True
 
     def __enter__(self) -> Self:
@@ -439,7 +349,7 @@ class LocalFederation:
     def stop_wrapper(self, name: str, kill: bool = False) -> int | None:
         """SIGTERM (clean leave) or SIGKILL (a crash) one wrapper; its exit status (None if not running)."""
         node = self.node(name)
-        status = _end(node.wrapper_process, kill)
+        status = end_process(node.wrapper_process, kill)
         if status is not None:
             node.wrapper_exits.append(status)
         node.wrapper_process = None
@@ -457,7 +367,7 @@ class LocalFederation:
 
     def stop_broker(self, name: str, kill: bool = False) -> int | None:
         node = self.node(name)
-        status = _end(node.broker_process, kill)
+        status = end_process(node.broker_process, kill)
         node.broker_process = None
         return status
 
@@ -485,11 +395,9 @@ class LocalFederation:
                 raise LaunchError(f"the wrapper of {name} exited with status {code} at start:\n"
                                   f"{node.diagnostics()}")
             document = self._try_status(node)
-            if document is None:
-                return None
-            broker = document.get("daemon", {}).get("broker", {})
-            last[0] = f"broker connected={broker.get('connected')}, log lines={broker.get('log_lines')}"
-            return document if broker.get("connected") and broker.get("log_lines", 0) > 0 else None
+            problem = statusview.ready_problem(document)
+            last[0] = problem or "ready"
+            return document if problem is None else None
 
         return poll(ready, timeout, lambda: f"the wrapper of {name} to be ready ({last[0]}):\n{node.diagnostics()}")
 
@@ -532,36 +440,7 @@ class LocalFederation:
         topic cores, with a core for every filter that has a local subscriber.
         """
         documents = self.statuses(names)
-        problems = [f"{name}: no status reply" for name, document in documents.items() if document is None]
-        if problems:
-            return problems
-        expected = sorted(self.node(name).address for name in documents)
-        cores: dict[str, set[str | None]] = {}
-        topic_views: dict[str, dict[str, str | None]] = {}
-        subscribed: set[str] = set()
-        for name, document in documents.items():
-            assert document is not None
-            members = sorted(str(member.get("address")) for member in document.get("federation", []))
-            if members != expected:
-                problems.append(f"{name}: members {members}, expected {expected}")
-            cores.setdefault("management", set()).add(document.get("management_core"))
-            view: dict[str, str | None] = {}
-            for topic in document.get("topics", []):
-                view[str(topic["filter"])] = topic.get("core")
-                if topic.get("local_subscribers"):
-                    subscribed.add(str(topic["filter"]))
-            topic_views[name] = view
-        if len(cores["management"]) != 1 or None in cores["management"]:
-            problems.append(f"management cores differ: {sorted(map(str, cores['management']))}")
-        for filter_ in sorted({f for view in topic_views.values() for f in view} | subscribed):
-            seen = {view.get(filter_) for view in topic_views.values()}
-            if filter_ in subscribed and None in seen:
-                problems.append(f"filter {filter_!r} has subscribers but no core at "
-                                f"{[n for n, v in topic_views.items() if v.get(filter_) is None]}")
-            elif len(seen - {None}) > 1 or (len(seen) > 1 and filter_ in subscribed):
-                problems.append(f"filter {filter_!r}: cores differ: "
-                                f"{ {n: v.get(filter_) for n, v in topic_views.items()} }")
-        return problems
+        return statusview.convergence_problems(documents, {name: self.node(name).address for name in documents})
 
     def wait_converged(self, timeout: float = 15.0, names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
         """Poll until `convergence_problems` is empty; the statuses then. LaunchError with the problems."""
@@ -584,34 +463,7 @@ class LocalFederation:
         as a child.
         """
         documents = self.statuses(names)
-        rows: dict[str, dict[str, Any]] = {}
-        problems: list[str] = []
-        for name, document in documents.items():
-            if document is None:
-                problems.append(f"{name}: no status reply")
-                continue
-            row = next((t for t in document.get("topics", []) if t.get("filter") == filter_), None)
-            if row is None:
-                problems.append(f"{name}: does not know filter {filter_!r}")
-            else:
-                rows[self.node(name).address] = row
-        if problems:
-            return problems
-        core_ids = {row.get("core") for row in rows.values()}
-        if len(core_ids) != 1 or None in core_ids:
-            return [f"filter {filter_!r}: cores {sorted(map(str, core_ids))}"]
-        for address, row in sorted(rows.items()):
-            if not row.get("member") or row.get("own_core"):
-                continue
-            parents = row.get("parents") or []
-            if not parents:
-                problems.append(f"{address} is a member of {filter_!r} without parents")
-            for parent in parents:
-                parent_row = rows.get(parent)
-                if parent_row is None or not parent_row.get("member") or address not in (
-                        parent_row.get("children") or []):
-                    problems.append(f"{address}'s parent {parent} does not list it as a child")
-        return problems
+        return statusview.mesh_problems(documents, {name: self.node(name).address for name in documents}, filter_)
 
     def wait_mesh(self, filter_: str, timeout: float = 15.0, names: Iterable[str] | None = None) -> None:
         """Poll until `mesh_problems(filter_)` is empty; LaunchError with the problems."""
@@ -667,26 +519,17 @@ class LocalFederation:
     # ------------------------------------------------------------ internals
 
     def _write_configs(self, node: FederationNode) -> None:
-        try:
-            template = self.mosquitto_template.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            template = "\n".join(FALLBACK_CONF_LINES) + "\n"
+        template = mosquitto_template(self.mosquitto_template)
         node.broker_conf.write_text(render_mosquitto_conf(template, node.host, BROKER_PORT, node.directory,
                                                           os.geteuid() == 0))
-        lines = [f"# written by federation.launch for {node.name}"]
-        if self.settings:
-            lines.append("settings:")
-            lines += [f"  {key}: {json.dumps(value)}" for key, value in sorted(self.settings.items())]
-        else:
-            lines.append("{}")
-        node.wrapper_config.write_text("\n".join(lines) + "\n")
+        node.wrapper_config.write_text(wrapper_yaml(node.name, self.settings))
 
     def _spawn_broker(self, node: FederationNode) -> int:
         """Start the broker; returns the size of its log before, to find this start's "running" line."""
         if self._mosquitto is None:
             self._mosquitto = find_mosquitto()
-        offset = node.broker_log.stat().st_size if node.broker_log.exists() else 0
-        node.broker_process = _spawn([self._mosquitto, "-c", str(node.broker_conf)], node.broker_console)
+        offset = log_size(node.broker_log)
+        node.broker_process = spawn([self._mosquitto, "-c", str(node.broker_conf)], node.broker_console)
         return offset
 
     def _wait_broker(self, node: FederationNode, offset: int, timeout: float) -> None:
@@ -697,29 +540,25 @@ class LocalFederation:
             if process.poll() is not None:
                 raise LaunchError(f"mosquitto of {node.name} exited with status {process.returncode} at start "
                                   f"(config {node.broker_conf}):\n{node.diagnostics()}")
-            try:
-                with open(node.broker_log, "rb") as log:
-                    log.seek(offset)
-                    return _RUNNING.search(log.read().decode(errors="replace")) is not None
-            except FileNotFoundError:
-                return False
+            return broker_running_since(node.broker_log, offset)
 
         poll(running, timeout, lambda: f"mosquitto of {node.name} on {node.host}:{BROKER_PORT} to start:\n"
                                        f"{node.diagnostics()}")
 
     def _wrapper_command(self, node: FederationNode) -> list[str]:
-        neighbours = ",".join(self.node(name).address for name in node.neighbours)
-        command = [sys.executable, str(WRAPPER_SCRIPT), "--config", str(node.wrapper_config),
-                   "--bind", node.address, "--broker", f"{node.host}:{BROKER_PORT}",
-                   "--id", str(self.vids[node.name]), "--name", node.name,
-                   "--state-dir", str(node.state_dir), "--event-log", str(node.event_log),
-                   "--log-level", self.log_level]
-        if neighbours:
-            command[2:2] = ["--neighbors", neighbours]
+        command = wrapper_command(config=node.wrapper_config, bind=node.address, broker=f"{node.host}:{BROKER_PORT}",
+                                  vid=self.vids[node.name], name=node.name, state_dir=node.state_dir,
+                                  event_log=node.event_log,
+                                  neighbours=[self.node(name).address for name in node.neighbours],
+                                  log_level=self.log_level)
+        if self.key_file is not None:
+            command += ["--key-file", str(self.key_file)]
+        if self.encryption is not None:
+            command += ["--encryption", self.encryption]
         return command
 
     def _spawn_wrapper(self, node: FederationNode) -> None:
-        node.wrapper_process = _spawn(self._wrapper_command(node), node.wrapper_log)
+        node.wrapper_process = spawn(self._wrapper_command(node), node.wrapper_log)
 
     @staticmethod
     def _try_status(node: FederationNode) -> dict[str, Any] | None:

@@ -28,6 +28,23 @@ node handles a (publication, filter) pair once, so copies are bounded by the
 mesh's links; the local broker gets it once per publication, whatever the
 number of matching filters. A publication for a filter whose core is being
 (re)elected is held for `publication_hold` seconds, then dropped and counted.
+
+Federation modes (`federation.modes`, docs/modes.md) change three things and
+nothing else. *Who may be core*: claims are ranked by `claim_key`: the owner
+of a subtree covering the filter first (`federation.ownership`), then, by the
+filter's placement, the highest capability (replicated filters with
+`replication_root: capability`), the highest rendezvous weight (`hash`) or
+the lowest id (`election`, the seed's rule). *Who claims*: with election, the
+subscribers (every node, for a replicated filter, and a better node takes
+over a live root, as in a spanning tree protocol); with an owner or hash
+placement, the *rightful core* (the live
+owner, else the rendezvous winner over the members of our table) claims as
+soon as it learns the filter is in use, even without subscribers, and the
+others take it as their core at once (a *placed*, provisional core) and send
+`ts` toward it; a node named as core in a `ts` claims. *Who is a member*:
+every node is a member of a replicated filter's mesh, which has one parent
+per member, so it is a tree rooted at the core and a publication matching it
+reaches every broker once; the origin then sends it over that tree only.
 """
 
 from __future__ import annotations
@@ -38,9 +55,13 @@ from typing import TYPE_CHECKING, Any
 
 from federation import events
 from federation.events import id_text, publication_text
+from federation.modes import HASH, ModePolicy
+from federation.ownership import OwnerEntry, OwnershipTable
+from federation.placement import rendezvous_weight, rendezvous_winner
 from federation.topic_filter import FilterIndex
 from federation.types import Address, BrokerId
 from federation.wire import (
+    FLAG_OWNER,
     FLAG_PRUNE,
     FLAG_WITHDRAWN,
     MODE_IN_MESH,
@@ -55,7 +76,11 @@ from federation.wire import (
 )
 
 if TYPE_CHECKING:
+    from federation.linkstate import Routes
     from federation.node import Node
+
+ClaimKey = tuple[int, int, BrokerId]
+"""(0 for the owner else 1, -capability or -rendezvous weight or 0, id): the lowest key is the best claim"""
 
 
 @dataclass
@@ -84,6 +109,12 @@ class TopicState:
     held: deque[HeldPublication] = field(default_factory=deque)
     pending: dict[BrokerId, tuple[TopicCore, Address, Address, float]] = field(default_factory=dict)
     """claims of cores the table does not show reachable yet: retried when routes change"""
+    core_rank: int = 0
+    """the rank (capability) carried by the core's claim"""
+    provisional: bool = False
+    """the core was taken from placement (owner or rendezvous winner) and has not announced itself yet"""
+    claimed_at: float = float("-inf")
+    """when we last claimed this filter (a placed core waits an announce interval for children)"""
 
     @property
     def freshness(self) -> tuple[int, int]:
@@ -99,6 +130,13 @@ class MeshEngine:
         self.claim_allowed_at = float("inf")
         self.held_count = 0
         self.refused_topics = 0
+        self.policy = ModePolicy.from_settings(node.settings)
+        self.ownership = OwnershipTable(node.settings.owned, node.settings.max_topics)
+        self._winners: dict[str, BrokerId | None] = {}
+        self._winners_for: tuple[Routes, int] | None = None
+        for filter_ in self.policy.replicated:
+            if self.state(filter_) is not None:  # every node is a member of a replicated filter's mesh
+                self.dirty.add(filter_)
 
     # ------------------------------------------------------------ state helpers
 
@@ -124,6 +162,8 @@ class MeshEngine:
             return core == self.node.broker_id
         if now - state.heard_at > self.node.settings.announcement_lifetime:
             return False
+        if state.provisional and core.address not in self.node.routes.members:
+            return False
         return self.plausible(core, state.core_epoch)
 
     def plausible(self, core: BrokerId, epoch: int) -> bool:
@@ -142,24 +182,101 @@ class MeshEngine:
     def mark_all_dirty(self) -> None:
         self.dirty.update(self.topics)
 
+    # ------------------------------------------------------------ modes: who may be core
+
+    def wants(self, filter_: str) -> bool:
+        """Does this node need the filter's mesh (local subscribers, or a replicated filter)?"""
+        return self.node.local_count(filter_) > 0 or self.policy.is_replicated(filter_)
+
+    def owner_of(self, filter_: str) -> BrokerId | None:
+        """The live owner of a subtree covering `filter_` (ourselves included), or None."""
+        if not self.ownership.covers_anything():
+            return None
+        return self.ownership.owner_of(filter_, self.node.broker_id, self._live_owner)
+
+    def _live_owner(self, entry: OwnerEntry) -> BrokerId | None:
+        """The owner's current id if the table shows it reachable in the life it announced, else None."""
+        address = entry.owner.address
+        if address not in self.node.routes.members:
+            return None
+        stored = self.node.lsdb.records.get(address)
+        if stored is None or stored.record.epoch != entry.epoch:
+            return None
+        return stored.record.origin
+
+    def rightful_core(self, filter_: str) -> BrokerId | None:
+        """The core placement gives the filter (its owner, else the rendezvous winner); None under election."""
+        owner = self.owner_of(filter_)
+        if owner is not None:
+            return owner
+        if self.policy.placement(filter_) != HASH:
+            return None
+        node = self.node
+        key = (node.routes, node.vid)
+        if self._winners_for is None or self._winners_for[0] is not key[0] or self._winners_for[1] != key[1]:
+            self._winners.clear()
+            self._winners_for = key
+        if filter_ not in self._winners:
+            routes = node.routes
+            members = [node.broker_id] + [routes.ids[a] for a in sorted(routes.members)
+                                          if a != node.address and a in routes.ids]
+            self._winners[filter_] = rendezvous_winner(filter_, members)
+        return self._winners[filter_]
+
+    def claim_key(self, filter_: str, core: BrokerId, rank: int) -> ClaimKey:
+        """How good a claim of `core` for `filter_` is: the lowest key wins (see the module docstring)."""
+        owner = self.owner_of(filter_)
+        if owner is not None and owner == core:
+            return (0, 0, core)
+        if self.policy.ranked_by_capability(filter_):
+            return (1, -rank, core)
+        if self.policy.placement(filter_) == HASH:
+            return (1, -rendezvous_weight(filter_, core.address), core)
+        return (1, 0, core)
+
+    def superior(self, filter_: str, first: BrokerId, first_rank: int, second: BrokerId, second_rank: int) -> bool:
+        """Is the claim of `first` better than the claim of `second`?"""
+        return self.claim_key(filter_, first, first_rank) < self.claim_key(filter_, second, second_rank)
+
     # ------------------------------------------------------------ announcements
 
     def announce(self, state: TopicState, now: float, withdrawn: bool = False) -> None:
         """Flood our own claim (or withdrawal) for a filter."""
         state.own_seq += 1
         message = TopicCore(state.filter, self.node.broker_id, self.node.epoch, state.own_seq, 0,
-                            FLAG_WITHDRAWN if withdrawn else 0)
+                            FLAG_WITHDRAWN if withdrawn else 0, 0 if withdrawn else state.core_rank)
         self.node.send_up(TOPIC_CORE, message, exclude=None)
 
     def current_announcement(self, state: TopicState) -> TopicCore | None:
-        if state.core is None:
+        """The claim we relay for the filter's core (None without one, or for a core not yet announced)."""
+        if state.core is None or state.provisional:
             return None
         if self.is_own_core(state):
-            return TopicCore(state.filter, state.core, self.node.epoch, state.own_seq, 0, 0)
-        return TopicCore(state.filter, state.core, state.core_epoch, state.core_seq, state.core_distance, 0)
+            return TopicCore(state.filter, state.core, self.node.epoch, state.own_seq, 0, 0, state.core_rank)
+        return TopicCore(state.filter, state.core, state.core_epoch, state.core_seq, state.core_distance, 0,
+                         state.core_rank)
+
+    def announcements_for_sync(self, now: float) -> list[TopicCore]:
+        """What a neighbour that just came up must learn: every live core's claim and every ownership."""
+        found = []
+        for _, state in sorted(self.topics.items()):
+            announcement = self.current_announcement(state)
+            if announcement is not None and self.core_alive(state, now):
+                found.append(announcement)
+        ownership = self.ownership
+        if ownership.own:
+            ownership.seq = max(ownership.seq, 1)
+            found += [TopicCore(subtree, self.node.broker_id, self.node.epoch, ownership.seq, 0, FLAG_OWNER)
+                      for subtree in ownership.own]
+        for _, entry in sorted(ownership.entries.items()):
+            found.append(TopicCore(entry.subtree, entry.owner, entry.epoch, entry.seq, entry.distance, FLAG_OWNER))
+        return found
 
     def on_topic_core(self, kind: str, message: TopicCore, from_transport: Address, from_announced: Address,
                       now: float) -> None:
+        if message.flags & FLAG_OWNER:
+            self._on_ownership(message, from_transport, now)
+            return
         state = self.state(message.filter)
         if state is None:
             return
@@ -190,24 +307,27 @@ class MeshEngine:
             if message.freshness > state.freshness:
                 state.core_epoch, state.core_seq = message.freshness
                 state.core_distance, state.via, state.heard_at = distance, {from_announced}, now
+                state.core_rank, state.provisional = message.rank, False
                 self._forward_core(state, from_transport)
             elif message.freshness == state.freshness:
                 state.heard_at = max(state.heard_at, now)
                 if distance < state.core_distance:
                     state.core_distance, state.via = distance, {from_announced}
                     self._forward_core(state, from_transport)
-                elif distance == state.core_distance:
-                    state.via.add(from_announced)
+                elif distance == state.core_distance and len(state.via) < self.node.settings.max_neighbours:
+                    state.via.add(from_announced)  # bounded: only neighbours deliver it (fake ids cannot grow it)
             self.dirty.add(state.filter)
             return
         current_alive = self.core_alive(state, now)
-        if state.core is not None and current_alive and state.core < core:
+        if state.core is not None and current_alive and \
+                self.superior(state.filter, state.core, state.core_rank, core, message.rank):
             # An inferior claim: tell the claimant's side who the core is.
             self._answer_with_current(state, from_transport)
             return
         previous = state.core
         was_own = self.is_own_core(state)
         state.core = core
+        state.core_rank, state.provisional = message.rank, False
         state.core_epoch, state.core_seq = message.freshness
         state.core_distance, state.via, state.heard_at = distance, {from_announced}, now
         state.children.clear()
@@ -250,8 +370,11 @@ class MeshEngine:
 
     def _claim(self, state: TopicState, now: float) -> None:
         previous = state.core
+        if previous is not None and previous != self.node.broker_id:
+            state.children.clear()  # taking over: the children joined the previous core's mesh
         state.core = self.node.broker_id
         state.core_epoch, state.core_distance, state.heard_at = self.node.epoch, 0, now
+        state.core_rank, state.provisional, state.claimed_at = self.policy.rank(state.filter), False, now
         state.via.clear()
         state.withdrawn = None
         self.node.bump_version()
@@ -260,21 +383,138 @@ class MeshEngine:
         self.announce(state, now)
         state.core_seq = state.own_seq
 
+    def _adopt_placed(self, state: TopicState, core: BrokerId, now: float) -> None:
+        """Take the core placement gives (not announced yet) and join its mesh; its claim confirms it."""
+        node = self.node
+        previous = state.core
+        stored = node.lsdb.records.get(core.address)
+        state.core = core
+        state.core_epoch, state.core_seq, state.core_rank = (stored.record.epoch if stored else 0), 0, 0
+        state.core_distance = node.routes.distance.get(core.address, 0)
+        state.heard_at, state.provisional = now, True
+        state.via.clear()
+        state.children.clear()
+        node.bump_version()
+        node.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=id_text(core),
+                  previous=id_text(previous), reason="placed")
+
+    def _place(self, state: TopicState, wants: bool, now: float) -> None:
+        """Claim, take over or adopt the filter's core, as its placement says (claims are allowed)."""
+        rightful = self.rightful_core(state.filter)
+        me = self.node.broker_id
+        if rightful is None:  # election: subscribers claim when nobody does
+            if state.core is None and wants:
+                self._claim(state, now)
+            elif state.core is not None and self.policy.is_replicated(state.filter) and \
+                    not self.is_own_core(state) and \
+                    self.superior(state.filter, me, self.policy.rank(state.filter), state.core, state.core_rank):
+                # A replicated filter's root is the best node of the component, as in a spanning tree
+                # protocol: every node wants the mesh, so the best one takes it over when it learns of it.
+                self._claim(state, now)
+            return
+        if rightful == me:
+            if self.is_own_core(state):
+                return
+            if state.core is None:
+                if wants or state.children:
+                    self._claim(state, now)
+            elif self.superior(state.filter, me, self.policy.rank(state.filter), state.core, state.core_rank):
+                self._claim(state, now)  # the filter is in use and we are its rightful core: take it over
+            return
+        if state.core is None and wants:
+            self._adopt_placed(state, rightful, now)
+
+    def _may_withdraw(self, state: TopicState, now: float) -> bool:
+        """An empty elected core withdraws at once; a placed one first waits an announce interval for
+        the members that learn of it to join."""
+        if self.rightful_core(state.filter) is None:
+            return True
+        return now - state.claimed_at >= self.node.settings.announce_interval
+
+    # ------------------------------------------------------------ ownership announcements
+
+    def _on_ownership(self, message: TopicCore, from_transport: Address, now: float) -> None:
+        core = message.core
+        if core.address == self.node.address:
+            return  # our own, echoed back or from an earlier life: we announce what we own now
+        withdrawn = bool(message.flags & FLAG_WITHDRAWN)
+        stored = self.node.lsdb.records.get(core.address)
+        if stored is not None and stored.record.epoch > message.epoch:
+            self.node.count_drop("ownership_stale")  # from an earlier life of the owner
+            return
+        outcome = self.ownership.receive(message.filter, core, message.epoch, message.seq, message.distance + 1,
+                                         withdrawn, now)
+        if outcome == "old":
+            return
+        self.node.send_up(TOPIC_CORE, TopicCore(message.filter, core, message.epoch, message.seq,
+                                                message.distance + 1, message.flags), exclude=from_transport)
+        if outcome == "refresh":
+            return
+        if withdrawn:
+            self.ownership.forget_conflicts()
+        for conflict in self.ownership.new_conflicts():
+            self.node.counters["ownership_conflicts"] += 1
+            self.node.emit(events.OWNERSHIP_CONFLICT, now, subtree=conflict.own, other=id_text(conflict.other),
+                           other_subtree=conflict.other_subtree)
+        self.mark_all_dirty()
+
+    def announce_ownership(self, withdrawn: bool = False) -> None:
+        """Flood an announcement of every subtree we own (or their withdrawal, on a clean shutdown)."""
+        ownership = self.ownership
+        if not ownership.own:
+            return
+        ownership.seq += 1
+        flags = FLAG_OWNER | (FLAG_WITHDRAWN if withdrawn else 0)
+        for subtree in ownership.own:
+            self.node.send_up(TOPIC_CORE, TopicCore(subtree, self.node.broker_id, self.node.epoch, ownership.seq,
+                                                    0, flags), exclude=None)
+
     # ------------------------------------------------------------ mesh membership
 
     def on_topic_subscribe(self, message: TopicSubscribe, from_announced: Address, now: float) -> None:
         state = self.topics.get(message.filter)
         if state is None or state.core != message.core:
-            self.node.count_drop("ts_core_mismatch")
-            return
+            state = None if message.flags & FLAG_PRUNE else self._placed_subscribe(message, now)
+            if state is None:
+                self.node.count_drop("ts_core_mismatch")
+                return
         if message.flags & FLAG_PRUNE:
             if state.children.pop(from_announced, None) is not None:
                 self.dirty.add(state.filter)
             return
         is_new = from_announced not in state.children
+        if is_new and len(state.children) >= self.node.settings.max_neighbours:
+            # Children are neighbours: more means ids that changed (or were faked); the stalest goes.
+            del state.children[min(state.children, key=state.children.__getitem__)]
+            self.node.count_drop("children_evicted")
         state.children[from_announced] = now + self.node.settings.announcement_lifetime
         if is_new:
             self.dirty.add(state.filter)
+            self.node.reliable.mesh_neighbour_added(state.filter, from_announced, now)  # QoS 1/2 repair
+
+    def _placed_subscribe(self, message: TopicSubscribe, now: float) -> TopicState | None:
+        """A `ts` naming a core we do not hold: under placement, the core it names may be the one we would
+        place (then we take it, or claim when it names us). Returns the state now matching, or None."""
+        state = self.topics.get(message.filter)
+        if state is not None and state.core is not None and self.core_alive(state, now):
+            return None
+        rightful = self.rightful_core(message.filter)
+        if rightful is None:
+            return None
+        me = self.node.broker_id
+        if message.core != me and message.core != rightful:
+            return None
+        state = self.state(message.filter)
+        if state is None:
+            return None
+        if state.core is not None:
+            self._lose_core(state, now, reason="lost")
+        if message.core == me:
+            self._claim(state, now)
+        else:
+            self._adopt_placed(state, rightful, now)
+        self.dirty.add(state.filter)
+        return state
 
     def on_local_change(self, filter_: str) -> None:
         if self.state(filter_) is not None:
@@ -297,23 +537,24 @@ class MeshEngine:
             elif self.plausible(core, message.epoch):
                 del state.pending[core]
                 self.on_topic_core(TOPIC_CORE, message, transport, announced, now)
-        local = node.local_count(state.filter)
+        wants = self.wants(state.filter)
         if state.core is not None and not self.core_alive(state, now):
             self._lose_core(state, now, reason="lost")
-        if state.core is None and local > 0 and now >= self.claim_allowed_at:
-            self._claim(state, now)
-        if self.is_own_core(state) and local == 0 and not state.children:
+        if now >= self.claim_allowed_at:
+            self._place(state, wants, now)
+        if self.is_own_core(state) and not wants and not state.children and self._may_withdraw(state, now):
             self.announce(state, now, withdrawn=True)
             state.withdrawn = (node.broker_id, node.epoch, state.own_seq)
             self._lose_core(state, now, reason="withdrawn")
         own_core = self.is_own_core(state)
-        member = state.core is not None and (own_core or local > 0 or bool(state.children))
+        member = state.core is not None and (own_core or wants or bool(state.children))
         parents = self._parents(state) if member and not own_core else ()
         if parents != state.parents or member != state.member:
             for parent in sorted(set(state.parents) - set(parents)):
                 self._send_subscribe(state, parent, prune=True)
             for parent in sorted(set(parents) - set(state.parents)):
                 self._send_subscribe(state, parent, prune=False)
+                node.reliable.mesh_neighbour_added(state.filter, parent, now)  # QoS 1/2 repair
             if member and not state.member:
                 node.emit(events.MESH_JOINED, now, filter=state.filter, core=id_text(state.core),
                           parents=[str(p) for p in parents])
@@ -325,7 +566,7 @@ class MeshEngine:
             self.held_count -= len(held)
             for item in held:
                 self.route(state, item.message, None, now)
-        if state.core is None and local == 0 and not state.children and not state.held and not state.pending and \
+        if state.core is None and not wants and not state.children and not state.held and not state.pending and \
                 (state.withdrawn is None or now - state.heard_at > node.settings.announcement_lifetime):
             del self.topics[state.filter]
             self.index.discard(state.filter)
@@ -337,7 +578,7 @@ class MeshEngine:
         if not hops:
             hops = frozenset(a for a in state.via if self.node.neighbours.transport_for(a) is not None)
         ranked = sorted(hops, key=lambda a: routes.ids.get(a, BrokerId(2**64, a)))
-        return tuple(ranked[: self.node.settings.redundancy])
+        return tuple(ranked[: self.policy.parents(state.filter, self.node.settings.redundancy)])
 
     def _send_subscribe(self, state: TopicState, parent: Address, prune: bool) -> None:
         transport = self.node.neighbours.transport_for(parent)
@@ -347,7 +588,10 @@ class MeshEngine:
                        [transport])
 
     def periodic(self, now: float) -> None:
-        """Every announce interval: refresh own claims and memberships, expire children."""
+        """Every announce interval: refresh own claims, ownerships and memberships, expire children."""
+        self.announce_ownership()
+        if self.ownership.expire(self.node.settings.announcement_lifetime, now):
+            self.mark_all_dirty()
         for filter_, state in sorted(self.topics.items()):
             expired = [child for child, until in state.children.items() if until < now]
             for child in expired:
@@ -367,8 +611,19 @@ class MeshEngine:
                 self._send_subscribe(state, parent, prune=True)
             if self.is_own_core(state):
                 self.announce(state, 0.0, withdrawn=True)
+        self.announce_ownership(withdrawn=True)
 
     # ------------------------------------------------------------ publications
+
+    def publication_filters(self, matching: list[str]) -> list[str]:
+        """The filters a new local publication is sent on: a replicated filter's tree reaches every broker,
+        so when one matches and can route, it alone carries the publication; else every matching filter."""
+        if self.policy.replicated:
+            for filter_ in matching:
+                state = self.topics.get(filter_)
+                if state is not None and self.policy.is_replicated(filter_) and self._routable(state):
+                    return [filter_]
+        return matching
 
     def _routable(self, state: TopicState) -> bool:
         if state.core is None:
@@ -445,7 +700,7 @@ class MeshEngine:
         return min(deadlines) if deadlines else None
 
     def _waiting_to_claim(self) -> list[str]:
-        return [f for f, s in self.topics.items() if s.core is None and self.node.local_count(f) > 0]
+        return [f for f, s in self.topics.items() if s.core is None and self.wants(f)]
 
     def on_timer(self, now: float) -> None:
         if now >= self.claim_allowed_at:
@@ -464,6 +719,7 @@ class MeshEngine:
                 "distance": state.core_distance if state.core else None, "member": state.member,
                 "parents": [str(p) for p in state.parents], "children": [str(c) for c in sorted(state.children)],
                 "local_subscribers": self.node.local_count(filter_), "held": len(state.held),
+                "mode": self.policy.mode_name(filter_), "placed": state.provisional,
             })
         return rows
 

@@ -3,15 +3,30 @@
 A neighbour is *up* while hello backs keep arriving: an `hb` echoes one of
 our own hellos, so it proves both directions work (a one-way cut takes the
 link down on both ends). It is *down* after `dead_intervals` hello intervals
-without one. The echo also gives the round-trip time and an estimate of the
-peer's clock offset (offset = peer_clock - our_clock, error at most RTT/2).
+without one.
+
+The echo also measures the clocks, NTP-style: our hello left at t1 (our
+clock), the peer stamped its answer t2 = t3 (its clock: it answers in the
+step that received the hello), the answer arrived at t4. Then
+rtt = t4 - t1 and offset = ((t2 - t1) + (t3 - t4)) / 2 = t3 - (t1 + rtt/2)
+is the peer's clock minus ours, wrong by at most rtt/2 whatever the two
+one-way delays are. Like NTP's clock filter, the estimate is the sample with
+the smallest round trip among the last CLOCK_SAMPLES: a queueing delay in
+one direction only skews a slow sample, and old samples age out, so a
+drifting clock is followed. The Spark job (spark/clocks.py) reads the
+estimates from `neighbour_up` and `counters` events.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from federation.types import Address, BrokerId
+
+CLOCK_SAMPLES = 8
+"""hello exchanges the clock estimate is chosen from (the one with the smallest round trip)"""
 
 
 @dataclass
@@ -25,6 +40,11 @@ class Neighbour:
     last_back: float = float("-inf")
     rtt: float | None = None
     clock_offset: float | None = None
+    """the peer's clock minus ours, from the fastest of the recent exchanges"""
+    clock_error: float | None = None
+    """bound on the error of `clock_offset`: half the round trip of its exchange"""
+    clock_samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=CLOCK_SAMPLES))
+    """(rtt, offset) of the last exchanges"""
     up_since: float | None = None
     flaps: int = 0
     extra: dict[str, float] = field(default_factory=dict)
@@ -37,17 +57,23 @@ class NeighbourTable:
             address: Neighbour(address, configured=True) for address in sorted(set(configured))
         }
         self.refused = 0
+        """dynamic neighbours refused because the table was full"""
+        self.forgotten = 0
+        """dynamic neighbours forgotten because they never came up"""
         self._up_by_announced: dict[Address, Address] = {}
 
     def get(self, transport: Address) -> Neighbour | None:
         return self._by_transport.get(transport)
 
-    def add_dynamic(self, transport: Address) -> Neighbour | None:
-        """A peer that said hello first; None when the table is full."""
+    def add_dynamic(self, transport: Address, now: float = 0.0) -> Neighbour | None:
+        """A peer that said hello first; None when the table is full. One that never comes up (never
+        answers our hello) is forgotten by `expire` after the dead interval, so fake sources cannot keep
+        the table full."""
         if len(self._by_transport) >= self.max_neighbours:
             self.refused += 1
             return None
         neighbour = Neighbour(transport, configured=False)
+        neighbour.extra["added_at"] = now
         self._by_transport[transport] = neighbour
         return neighbour
 
@@ -66,15 +92,23 @@ class NeighbourTable:
         """Account for a valid hello back; return True when the neighbour just came up."""
         neighbour.last_back = now
         neighbour.rtt = rtt if neighbour.rtt is None else (1 - alpha) * neighbour.rtt + alpha * rtt
-        if neighbour.clock_offset is None or neighbour.rtt is None or rtt <= neighbour.rtt:
-            # The sample from the fastest exchange has the smallest error bound.
-            neighbour.clock_offset = peer_clock_offset
+        neighbour.clock_samples.append((rtt, peer_clock_offset))
+        fastest_rtt, neighbour.clock_offset = min(neighbour.clock_samples, key=lambda sample: sample[0])
+        neighbour.clock_error = fastest_rtt / 2
         if not neighbour.up:
             neighbour.up = True
             neighbour.up_since = now
             self._reindex()
             return True
         return False
+
+    def clock_report(self) -> dict[str, dict[str, Any]]:
+        """Per up neighbour (transport address): smoothed `rtt`, clock `offset` and its `error` bound, seconds."""
+        return {
+            str(n.transport): {"rtt": round(n.rtt, 6), "offset": round(n.clock_offset, 6),
+                               "error": round(n.clock_error, 6)}
+            for n in self.up() if n.rtt is not None and n.clock_offset is not None and n.clock_error is not None
+        }
 
     def _reindex(self) -> None:
         self._up_by_announced = {
@@ -85,6 +119,11 @@ class NeighbourTable:
         """Mark neighbours down whose last hello back is too old; return them."""
         gone = []
         for neighbour in self.all():
+            if not neighbour.configured and not neighbour.up and neighbour.up_since is None and \
+                    neighbour.flaps == 0 and now >= neighbour.extra.get("added_at", now) + dead_after:
+                del self._by_transport[neighbour.transport]  # said hello, never answered ours
+                self.forgotten += 1
+                continue
             if neighbour.up and now >= neighbour.last_back + dead_after:
                 neighbour.up = False
                 neighbour.up_since = None

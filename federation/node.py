@@ -9,8 +9,11 @@ replays exactly (the simulator relies on it).
 
 This module holds neighbour liveness, the federation table (link state),
 the management core and node identity; topic cores, meshes and publication
-routing live in `federation.mesh`. After every input, `_settle` recomputes
-routes if the table changed and reconciles the topics it affects.
+routing live in `federation.mesh`. After every input, `_settle` reconciles
+the topics the input affected. Route computation is debounced, as OSPF's SPF
+delay: a table change schedules one computation `spf_delay` later (and at
+least `spf_hold` after the previous one), so a burst of records costs one
+breadth-first search, not one per record.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from typing import Any
 from federation import events, wire
 from federation.dedup import SeenCache
 from federation.events import addresses_text, id_text, publication_text
-from federation.linkstate import LinkStateDatabase, Routes
+from federation.linkstate import LinkStateDatabase, Routes, StoredRecord
 from federation.mesh import MeshEngine
 from federation.neighbours import Neighbour, NeighbourTable
+from federation.reliable import ReliableForwarding
 from federation.settings import Settings
 from federation.topic_filter import FilterIndex, federated_filter, is_system
 from federation.types import Address, BrokerId, Event, Injection, PublicationId
@@ -35,6 +39,9 @@ from federation.wire import (
     MODE_TOWARD_CORE,
     Body,
     CoreAnnouncement,
+    DatabaseDigest,
+    DatabaseRequest,
+    DatabaseSummary,
     DecodeError,
     Federate,
     Hello,
@@ -43,6 +50,7 @@ from federation.wire import (
     Packet,
     Reconsider,
     Sender,
+    TopicAck,
     TopicCore,
     TopicMessage,
     TopicSubscribe,
@@ -50,6 +58,10 @@ from federation.wire import (
 )
 
 VID_RANGE = 2**31
+
+
+def _stored_size(stored: StoredRecord) -> int:
+    return stored.size
 
 
 @dataclass(frozen=True)
@@ -65,8 +77,11 @@ class NodeView:
 
 class Node:
     def __init__(self, address: Address, neighbours: Iterable[Address], epoch: int, rng: random.Random,
-                 settings: Settings | None = None, vid: int | None = None, name: str | None = None) -> None:
+                 settings: Settings | None = None, vid: int | None = None, name: str | None = None,
+                 decode: wire.DecodeFunction = wire.decode) -> None:
         settings = settings if settings is not None else Settings()
+        self._decode = decode
+        """`wire.decode`; the simulator passes a cache that decodes each distinct datagram once"""
         self.address = address
         self.settings = settings
         self.rng = rng
@@ -89,6 +104,8 @@ class Node:
         self.filter_refs: Counter[str] = Counter()
         self.local_index = FilterIndex()
         self.seen = SeenCache(settings.duplicate_cache_size)
+        self.reliable = ReliableForwarding(self)
+        """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
         self.injected = SeenCache(settings.duplicate_cache_size)
         self.reconsiders_seen = SeenCache(1024)
         self.core_announcements: dict[Address, tuple[int, int, int, float]] = {}
@@ -96,7 +113,17 @@ class Node:
         self._injections: list[Injection] = []
         self._events: list[Event] = []
         self._version = 0
-        self._routes_dirty = True
+        self._routes_dirty = False
+        self.spf_due: float | None = None
+        """when the pending route computation runs (None: routes are current)"""
+        self.last_spf = float("-inf")
+        self._flood_queue: dict[Address, tuple[StoredRecord, set[Address]]] = {}
+        """origin -> (record to forward, transports of the neighbours that have it already)"""
+        self.flood_due: float | None = None
+        self._synced: dict[Address, tuple[BrokerId | None, float | None]] = {}
+        """neighbour transport -> the incarnation (announced id, epoch) we last sent our whole table"""
+        self._digest_cache: tuple[int, frozenset[Address], tuple[int, tuple[int, ...]]] | None = None
+        self._table_version = 0
         self.own_seq = 0
         self.core_seq = 0
         self.publication_seq = 0
@@ -118,6 +145,11 @@ class Node:
 
     def bump_version(self) -> None:
         self._version += 1
+
+    @property
+    def version(self) -> int:
+        """Changes whenever `view()` may have changed (cheaper than building the view)."""
+        return self._version
 
     def view(self) -> NodeView:
         return NodeView(self.broker_id, self.routes.members, self.management_core, self.mesh.cores(), self._version)
@@ -145,9 +177,11 @@ class Node:
     def count_drop(self, reason: str) -> None:
         self.drops[reason] += 1
 
-    def send(self, kind: str, body: Body, transports: list[Address]) -> None:
+    def send(self, kind: str, body: Body, transports: list[Address], track: bool = True) -> None:
         if not transports or self.stopped:
             return
+        if track and kind == wire.TOPIC_MESSAGE and isinstance(body, TopicMessage) and body.qos:
+            self.reliable.track(body, transports)  # retransmitted until the next hop acknowledges it
         data = wire.encode(kind, wire.Sender(self.broker_id, self.epoch), body)
         for transport in transports:
             self._datagrams.append((data, transport))
@@ -189,12 +223,19 @@ class Node:
         candidates = [self.next_hello, self.next_announce, self.next_stats]
         if self.origination_due is not None:
             candidates.append(self.origination_due)
+        if self.spf_due is not None:
+            candidates.append(self.spf_due)
+        if self.flood_due is not None:
+            candidates.append(self.flood_due)
         dead = self.neighbours.next_deadline(self.settings.neighbour_dead_after)
         if dead is not None:
             candidates.append(dead)
         held = self.mesh.next_deadline()
         if held is not None:
             candidates.append(held)
+        retransmit = self.reliable.next_deadline()
+        if retransmit is not None:
+            candidates.append(retransmit)
         return min(candidates)
 
     def handle_timer(self, now: float) -> None:
@@ -207,8 +248,9 @@ class Node:
         if now >= self.next_announce:
             self._periodic(now)
         if now >= self.next_stats:
-            self.emit(events.COUNTERS, now, **self._counter_snapshot())
+            self.emit(events.COUNTERS, now, **self._counter_snapshot(), clocks=self.neighbours.clock_report())
             self.next_stats = now + self.settings.stats_interval
+        self.reliable.on_timer(now)
         self.mesh.on_timer(now)
         self._settle(now)
 
@@ -268,7 +310,7 @@ class Node:
         self.counters["publications_originated"] += 1
         self.emit(events.PUBLICATION_ORIGINATED, now, pub=publication_text(publication), topic=topic, qos=qos,
                   retain=retain, size=len(payload), filters=filters)
-        for filter_ in filters:
+        for filter_ in self.mesh.publication_filters(filters):
             state = self.mesh.topics[filter_]
             self.seen.add((publication, filter_))
             message = TopicMessage(filter_, self.address, self.epoch, self.publication_seq, MODE_TOWARD_CORE, 0,
@@ -283,7 +325,7 @@ class Node:
         if self.started_at is None or self.stopped:
             return
         try:
-            packet = wire.decode(data, self.settings.max_packet, self.settings.max_neighbours)
+            packet = self._decode(data, self.settings.max_packet, self.settings.max_neighbours)
         except DecodeError as error:
             self._drop_packet(error.reason, error.detail, source, len(data), now)
             return
@@ -291,7 +333,7 @@ class Node:
         self.received_bytes_by_type[packet.type] += len(data)
         neighbour = self.neighbours.get(source)
         if neighbour is None and packet.type == wire.HELLO:
-            neighbour = self.neighbours.add_dynamic(source)
+            neighbour = self.neighbours.add_dynamic(source, now)
         if neighbour is None:
             self._drop_packet("unknown_neighbour", packet.type, source, len(data), now)
             return
@@ -334,11 +376,24 @@ class Node:
         elif isinstance(body, Reconsider):
             self._on_reconsider(body, now)
         elif isinstance(body, TopicCore):
+            if self._routes_dirty:
+                # Whether a core is alive (reachable) decides adoption: judge claims on current routes.
+                self._recompute_routes(now)
             self.mesh.on_topic_core(packet.type, body, sender, announced, now)
         elif isinstance(body, TopicSubscribe):
             self.mesh.on_topic_subscribe(body, announced, now)
         elif isinstance(body, TopicMessage):
+            if body.qos:
+                self.reliable.on_message(body, sender, now)  # acknowledged hop by hop, duplicates too
             self._on_topic_message(body, announced, now)
+        elif isinstance(body, TopicAck):
+            self.reliable.on_ack(body, sender)
+        elif isinstance(body, DatabaseDigest):
+            self._on_digest(body, neighbour)
+        elif isinstance(body, DatabaseSummary):
+            self._on_summary(body, neighbour, now)
+        elif isinstance(body, DatabaseRequest):
+            self._on_request(body, neighbour)
 
     # ------------------------------------------------------------ hello
 
@@ -361,8 +416,13 @@ class Node:
         if self.neighbours.record_back(neighbour, rtt, offset, self.settings.rtt_smoothing, now):
             assert neighbour.announced is not None
             self.emit(events.NEIGHBOUR_UP, now, neighbour=str(neighbour.transport),
-                      neighbour_id=id_text(neighbour.announced), rtt=round(rtt, 6), clock_offset=round(offset, 6))
-            self._originate(now)  # first, so the bundle we send carries our record listing it
+                      neighbour_id=id_text(neighbour.announced), rtt=round(rtt, 6), clock_offset=round(offset, 6),
+                      clock_error=round(rtt / 2, 6))
+            # Announce the new link (rate-limited: neighbours that come up together share one
+            # origination); when allowed at once, first, so the bundle we send carries it.
+            self._trigger_origination(now)
+            if self.origination_due is not None and self.origination_due <= now:
+                self._originate(now)
             self._sync_neighbour(neighbour)
             if all(n.up for n in self.neighbours.all() if n.configured):
                 # Everything we can hear is syncing: claims need wait only for that exchange.
@@ -373,31 +433,97 @@ class Node:
                   neighbour_id=id_text(neighbour.announced))
         if not neighbour.configured:
             self.neighbours.remove(neighbour.transport)
+            self._synced.pop(neighbour.transport, None)
+        self.reliable.neighbour_down(neighbour.transport, now)
         self._trigger_origination(now)
 
     def _sync_neighbour(self, neighbour: Neighbour) -> None:
-        """Teach a neighbour that just came up everything we know (the `tu` database exchange)."""
-        records = [stored.record for _, stored in sorted(self.lsdb.records.items())]
-        self._send_records(records, [neighbour.transport])
-        for filter_, state in sorted(self.mesh.topics.items()):
-            announcement = self.mesh.current_announcement(state)
-            if announcement is not None and self.mesh.core_alive(state, self.last_input_at):
-                self.send(wire.TOPIC_CORE, announcement, [neighbour.transport])
+        """Teach a neighbour that just came up everything we know (the `tu` database exchange).
+        A neighbour incarnation we taught before (a link back after a partition) kept its table:
+        it gets our digest instead, and the anti-entropy exchange sends only what differs."""
+        incarnation = (neighbour.announced, neighbour.extra.get("epoch"))
+        if neighbour.announced is not None and self._synced.get(neighbour.transport) == incarnation:
+            count, buckets = self._digest()
+            self.send(wire.DATABASE_DIGEST, DatabaseDigest(count, buckets), [neighbour.transport])
+        else:
+            self._synced[neighbour.transport] = incarnation
+            # Our own record goes too, unless a newer one is about to be originated (it will follow as
+            # `fd`): the stale one would only flood everywhere for nothing.
+            pending_own = self.origination_due is not None
+            self._send_records([stored for address, stored in sorted(self.lsdb.records.items())
+                                if not (pending_own and address == self.address)], [neighbour.transport])
+        for announcement in self.mesh.announcements_for_sync(self.last_input_at):
+            self.send(wire.TOPIC_CORE, announcement, [neighbour.transport])
 
-    def _send_records(self, records: list[LinkStateRecord], transports: list[Address]) -> None:
+    def _send_records(self, records: list[StoredRecord], transports: list[Address]) -> None:
         """Send records as `tu` bundles that each fit in one datagram."""
+        for bundle in self._split(records, _stored_size):
+            self.send(wire.TOPOLOGY_UPDATE, TopologyUpdate(tuple(stored.record for stored in bundle)), transports)
+
+    def _split(self, items: list[Any], size_of: Any) -> list[list[Any]]:
+        """Cut `items` into runs whose encoded sizes fit one datagram (with room for the header)."""
         budget = self.settings.max_datagram - 64
-        bundle: list[LinkStateRecord] = []
+        runs: list[list[Any]] = []
+        run: list[Any] = []
         size = 0
-        for record in records:
-            record_size = wire.record_size(record)
-            if bundle and size + record_size > budget:
-                self.send(wire.TOPOLOGY_UPDATE, TopologyUpdate(tuple(bundle)), transports)
-                bundle, size = [], 0
-            bundle.append(record)
-            size += record_size
-        if bundle:
-            self.send(wire.TOPOLOGY_UPDATE, TopologyUpdate(tuple(bundle)), transports)
+        for item in items:
+            item_size = size_of(item)
+            if run and size + item_size > budget:
+                runs.append(run)
+                run, size = [], 0
+            run.append(item)
+            size += item_size
+        if run:
+            runs.append(run)
+        return runs
+
+    # ------------------------------------------------------------ anti-entropy (`dd`, `ds`, `dr`)
+
+    def _digest(self) -> tuple[int, tuple[int, ...]]:
+        """The digest of our reachable members' records, cached until the table or the routes change."""
+        cached = self._digest_cache
+        members = self.routes.members
+        if cached is not None and cached[0] == self._table_version and cached[1] is members:
+            return cached[2]
+        digest = self.lsdb.digest(members)
+        self._digest_cache = (self._table_version, members, digest)
+        return digest
+
+    def _send_digests(self) -> None:
+        count, buckets = self._digest()
+        self.send_up(wire.DATABASE_DIGEST, DatabaseDigest(count, buckets), exclude=None)
+
+    def _on_digest(self, digest: DatabaseDigest, neighbour: Neighbour) -> None:
+        """A neighbour's digest: where it differs from ours, send our summary of those buckets. (The
+        neighbour need not be up yet here: its digest on a link coming back may beat its hello back.)"""
+        count, buckets = self._digest()
+        if count == digest.count and buckets == digest.buckets:
+            return
+        differing = frozenset(i for i in range(wire.DIGEST_BUCKETS) if buckets[i] != digest.buckets[i])
+        entries = self.lsdb.summary(self.routes.members, differing or frozenset(range(wire.DIGEST_BUCKETS)))
+        self.counters["digest_mismatches"] += 1
+        for run in self._split(entries, wire.summary_entry_size):
+            self.send(wire.DATABASE_SUMMARY, DatabaseSummary(tuple(run)), [neighbour.transport])
+
+    def _on_summary(self, summary: DatabaseSummary, neighbour: Neighbour, now: float) -> None:
+        """Request what the neighbour has newer; send it what we have newer."""
+        wanted: list[Address] = []
+        push: list[StoredRecord] = []
+        for entry in summary.entries:
+            held = self.lsdb.records.get(entry.origin)
+            if held is None or held.record.freshness < entry.freshness:
+                wanted.append(entry.origin)
+            elif held.record.freshness > entry.freshness:
+                push.append(held)
+        if push:
+            self._send_records(push, [neighbour.transport])
+        for run in self._split(sorted(set(wanted)), wire.address_size):
+            self.send(wire.DATABASE_REQUEST, DatabaseRequest(tuple(run)), [neighbour.transport])
+
+    def _on_request(self, request: DatabaseRequest, neighbour: Neighbour) -> None:
+        records = self.lsdb.records
+        self._send_records([records[a] for a in sorted(set(request.origins)) if a in records],
+                           [neighbour.transport])
 
     # ------------------------------------------------------------ federation table
 
@@ -414,27 +540,61 @@ class Node:
         self.send_up(wire.FEDERATE, Federate(record), exclude=None)
         self.last_origination = now
         self.origination_due = None
-        self._routes_dirty = True
+        self._table_changed(now)
+
+    def _table_changed(self, now: float) -> None:
+        """The table changed: if that moves any route, schedule the route computation."""
+        self._table_version += 1
+        if not self._routes_dirty and self.lsdb.routes_affected(self.routes):
+            self._routes_dirty = True
+            self.spf_due = max(now + self.settings.spf_delay, self.last_spf + self.settings.spf_hold)
 
     def _on_records(self, records: list[LinkStateRecord], neighbour: Neighbour, bundle: bool, now: float) -> None:
-        forward: list[LinkStateRecord] = []
+        forward: list[StoredRecord] = []
         for record in records:
             if record.origin.address == self.address:
                 self._on_own_record(record, now)
                 continue
             outcome = self.lsdb.accept(record, 1, now)
-            if outcome == "old":
+            if outcome in ("old", "shorter"):
+                # Only newer records are forwarded; a shorter path changes nothing we compute. A copy of
+                # a record waiting to be forwarded tells us this neighbour needs no copy from us.
+                queued = self._flood_queue.get(record.origin.address)
+                if queued is not None and queued[0].record.freshness == record.freshness:
+                    queued[1].add(neighbour.transport)
                 continue
-            if outcome == "new":
-                self._routes_dirty = True
-            forward.append(self.lsdb.records[record.origin.address].record)
+            self._table_changed(now)
+            stored = self.lsdb.records[record.origin.address]
+            if self.settings.flood_delay > 0:
+                self._flood_queue[record.origin.address] = (stored, {neighbour.transport})
+                if self.flood_due is None:
+                    self.flood_due = now + self.settings.flood_delay
+            else:
+                forward.append(stored)
         if not forward:
             return
         others = [n.transport for n in self.neighbours.up() if n.transport != neighbour.transport]
         if bundle:
             self._send_records(forward, others)
         else:
-            self.send(wire.FEDERATE, Federate(forward[0]), others)
+            self.send(wire.FEDERATE, Federate(forward[0].record), others)
+
+    def _flush_floods(self) -> None:
+        """Forward the records that waited `flood_delay`: one `fd` or `tu` bundle per group of neighbours
+        that need the same records (not to those that sent us a copy)."""
+        queue, self._flood_queue = self._flood_queue, {}
+        self.flood_due = None
+        groups: dict[tuple[Address, ...], list[Address]] = {}
+        for neighbour in self.neighbours.up():
+            wanted = tuple(origin for origin, (_, have) in sorted(queue.items()) if neighbour.transport not in have)
+            if wanted:
+                groups.setdefault(wanted, []).append(neighbour.transport)
+        for origins, transports in groups.items():
+            records = [queue[origin][0] for origin in origins]
+            if len(records) == 1:
+                self.send(wire.FEDERATE, Federate(records[0].record), transports)
+            else:
+                self._send_records(records, transports)
 
     def _on_own_record(self, record: LinkStateRecord, now: float) -> None:
         """A record of ours from an earlier life that is newer than our counters: jump past it."""
@@ -454,14 +614,32 @@ class Node:
     def _settle(self, now: float) -> None:
         """Run after every input: pending origination, routes, management core, topics."""
         self.last_input_at = now
+        pending = self.origination_due is not None or self._routes_dirty
+        if pending and self._about_to_claim(now):
+            # Never claim a topic core on a stale table: the live core we have just been told about
+            # may become reachable once our own record lists our new neighbours and routes are computed.
+            if self.origination_due is not None:
+                self._originate(now)
+            if self._routes_dirty:
+                self._recompute_routes(now)
         if self.origination_due is not None and now >= self.origination_due:
             self._originate(now)
-        if self._routes_dirty:
+        if self.flood_due is not None and now >= self.flood_due:
+            self._flush_floods()
+        if self._routes_dirty and self.spf_due is not None and now >= self.spf_due:
             self._recompute_routes(now)
         self.mesh.reconcile(now)
+        self.reliable.arm(now)  # the QoS 1/2 copies sent by this input get their retransmission deadline
+
+    def _about_to_claim(self, now: float) -> bool:
+        """Would the mesh claim a topic core now (a subscribed filter without a core, claims allowed)?"""
+        return now >= self.mesh.claim_allowed_at and any(
+            state.core is None and self.mesh.wants(filter_) for filter_, state in self.mesh.topics.items())
 
     def _recompute_routes(self, now: float) -> None:
         self._routes_dirty = False
+        self.spf_due = None
+        self.last_spf = now
         previous = self.routes
         self.routes = self.lsdb.compute_routes()
         added = self.routes.members - previous.members
@@ -473,8 +651,9 @@ class Node:
         if previous.next_hops != self.routes.next_hops or added or removed or previous.ids != self.routes.ids:
             self.mesh.mark_all_dirty()
         self._check_collisions(now)
-        core = min([self.broker_id] + [self.routes.ids[a] for a in self.routes.members if a in self.routes.ids
-                                       and a != self.address])
+        # Every member has a record (links exist only between stored records), hence an id.
+        core = min(self.broker_id, min(map(self.routes.ids.__getitem__, self.routes.members - {self.address}),
+                                       default=self.broker_id))
         if core != self.management_core:
             previous_core = self.management_core
             self.management_core = core
@@ -494,12 +673,13 @@ class Node:
             if stored is not None:
                 touched.update(a for a in stored.record.neighbours if a in self.routes.members)
         touched.add(self.address)
-        records = [self.lsdb.records[a].record for a in sorted(touched) if a in self.lsdb.records]
+        records = [self.lsdb.records[a] for a in sorted(touched) if a in self.lsdb.records]
         self._send_records(records, [n.transport for n in self.neighbours.up()])
 
     def _check_collisions(self, now: float) -> None:
-        same = sorted(a for a in self.routes.members
-                      if a != self.address and a in self.routes.ids and self.routes.ids[a].vid == self.vid)
+        same = sorted(a for a in self.lsdb.by_vid.get(self.vid, ())
+                      if a != self.address and a in self.routes.members and self.routes.ids.get(a, self.broker_id).vid
+                      == self.vid)
         if not same:
             return
         if same[0] < self.address:
@@ -560,11 +740,14 @@ class Node:
                      exclude=sender)
 
     def _periodic(self, now: float) -> None:
-        self._originate(now)
+        """Every announce interval: anti-entropy digests, management-core refresh, expiry, topics.
+        Our own record is not re-flooded: it is originated only when our neighbours change."""
+        self._send_digests()
         if self.management_core == self.broker_id:
             self._announce_management_core()
         lifetime = self.settings.announcement_lifetime
-        self.lsdb.expire(lifetime, self.routes.members, now)
+        if self.lsdb.expire(lifetime, self.routes.members, now):
+            self._table_changed(now)
         for address, held in list(self.core_announcements.items()):
             if now - held[3] > lifetime:
                 del self.core_announcements[address]
@@ -627,6 +810,7 @@ class Node:
                 "next_hops": [str(h) for h in sorted(routes.next_hops.get(a, ()))],
             } for a in sorted(routes.members)],
             "topics": self.mesh.describe(now),
+            "ownership": self.mesh.ownership.status(),
             "local_subscriptions": {client: dict(sorted(filters.items())) for client, filters in sorted(self.clients.items())},
             **self._counter_snapshot(),
         }

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from federation.modes import MODE_SETTINGS, RuleSetting, parse_mode_setting
+
 
 class SettingsError(ValueError):
     """A setting is unknown or out of range; the message names the field and the fix."""
@@ -27,11 +29,17 @@ class Settings:
 
     # Overlay (link-state announcements).
     announce_interval: float = 5.0
-    """seconds between periodic refreshes of `fd`, `ca`, `tc` and `ts` (repair only)"""
+    """seconds between periodic digests (`dd`) and refreshes of `ca`, `tc` and `ts` (repair only)"""
     expire_intervals: int = 3
     """announcements not refreshed for this many announce intervals are dropped"""
     min_announce_gap: float = 0.02
     """seconds: triggered announcements of one origin are at least this far apart"""
+    spf_delay: float = 0.01
+    """seconds from a federation-table change to the route computation (changes in between share it)"""
+    spf_hold: float = 0.05
+    """seconds: route computations are at least this far apart (as OSPF's SPF hold time)"""
+    flood_delay: float = 0.005
+    """seconds a received record waits before it is forwarded, so records arriving together leave as one bundle"""
 
     # Topic meshes.
     redundancy: int = 2
@@ -43,19 +51,51 @@ class Settings:
     max_hops: int = 64
     """a topic message is dropped after this many hops (a guard; meshes are loop-free by dedup)"""
 
+    # Reliable forwarding of QoS 1 and 2 publications (federation.reliable).
+    retransmit_timeout: float = 0.2
+    """seconds before a QoS 1/2 `tm` not acknowledged (`ta`) by the next hop is sent again (at least 2 x its RTT)"""
+    retransmit_timeout_max: float = 3.2
+    """seconds: the retransmission timeout doubles after every try (plus up to 25% jitter), up to this"""
+    retransmit_limit: int = 8
+    """retransmissions of one `tm` to one neighbour before it is given up (dropped, counted, reported)"""
+    max_unacked: int = 4096
+    """QoS 1/2 `tm` copies awaiting an acknowledgement, all neighbours together (beyond it the oldest goes)"""
+
     # Caches and limits.
     duplicate_cache_size: int = 65536
     """remembered publication ids per node (LRU) for duplicate suppression"""
     max_datagram: int = 1400
-    """bytes: bundles of control records are split to stay under this size"""
-    max_packet: int = 65507
-    """bytes: a received datagram above this size is dropped (`oversized`)"""
+    """bytes: largest UDP datagram sent (the envelope batches and fragments to fit it); control bundles fit it"""
+    max_packet: int = 327680
+    """bytes: largest protocol packet, reassembled included (`oversized` above): a publication with its topic"""
+    max_publication_bytes: int = 262144
+    """bytes: largest publication payload federated; a larger one is refused (logged, counted), never truncated"""
+    reassembly_timeout: float = 5.0
+    """seconds a fragmented packet waits for its missing fragments before it is dropped"""
+    reassembly_memory: int = 8388608
+    """bytes held at most by partly received fragmented packets, all senders together (oldest evicted)"""
     max_neighbours: int = 64
     """neighbours (configured plus those that said hello first)"""
     max_nodes: int = 10000
     """entries in the federation table"""
     max_topics: int = 10000
     """federated filters known at once"""
+
+    # Federation modes (docs/modes.md); the same on every node, except `owned` and `capability*`.
+    replication: RuleSetting = "interest"
+    """`interest` (to subscribers only), `full` (every broker, one tree: MQTT-ST) or {filter: full, ...}"""
+    replication_root: str = "lowest_id"
+    """root (core) of a replicated filter: `lowest_id`, or `capability` (highest C = a·L + b·M, ties by lowest id)"""
+    core_placement: RuleSetting = "election"
+    """`election` (lowest-id subscriber), `hash` (rendezvous over live members) or {filter: hash, ...}"""
+    owned: tuple[str, ...] = ()
+    """topic subtrees this node owns, e.g. ["kitchen/#"]: it is the core of every filter inside them"""
+    capability: int = 0
+    """this node's capability for `replication_root: capability`; 0: the daemon measures it at start-up"""
+    capability_cpu_weight: float = 1.0
+    """a in C = a·L + b·M: weight per MHz of CPU (summed over logical processors)"""
+    capability_memory_weight: float = 1.0
+    """b in C = a·L + b·M: weight per MiB of memory"""
 
     # Observability.
     stats_interval: float = 10.0
@@ -75,6 +115,12 @@ class Settings:
                 )
         converted: dict[str, Any] = {}
         for key, value in values.items():
+            if key in MODE_SETTINGS:
+                try:
+                    converted[key] = parse_mode_setting(key, value, f"{where}.{key}")
+                except ValueError as error:
+                    raise SettingsError(str(error)) from None
+                continue
             default = known[key].default
             if isinstance(default, bool) or not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise SettingsError(f"{where}.{key}: expected a number, got {value!r}")
@@ -93,20 +139,38 @@ class Settings:
         positive = [
             "hello_interval", "announce_interval", "dead_intervals", "expire_intervals",
             "redundancy", "max_hops", "duplicate_cache_size", "max_neighbours", "max_nodes",
-            "max_topics", "stats_interval", "max_held_publications",
+            "max_topics", "stats_interval", "max_held_publications", "retransmit_timeout", "retransmit_timeout_max",
+            "max_unacked",
         ]
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{where}.{name}: must be greater than 0, got {getattr(self, name)!r}")
-        for name in ("min_announce_gap", "publication_hold"):
+        for name in ("min_announce_gap", "publication_hold", "spf_delay", "spf_hold", "flood_delay"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{where}.{name}: must not be negative, got {getattr(self, name)!r}")
+        for name in ("capability", "capability_cpu_weight", "capability_memory_weight"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{where}.{name}: must not be negative, got {getattr(self, name)!r}")
+        if self.retransmit_limit < 0:
+            raise SettingsError(f"{where}.retransmit_limit: must not be negative, got {self.retransmit_limit!r}")
+        if self.retransmit_timeout_max < self.retransmit_timeout:
+            raise SettingsError(f"{where}.retransmit_timeout_max: must be at least retransmit_timeout "
+                                f"({self.retransmit_timeout}), got {self.retransmit_timeout_max!r}")
         if not 0 < self.rtt_smoothing <= 1:
             raise SettingsError(f"{where}.rtt_smoothing: must be in (0, 1], got {self.rtt_smoothing!r}")
         if self.max_datagram < 512:
             raise SettingsError(f"{where}.max_datagram: must be at least 512 bytes, got {self.max_datagram!r}")
         if self.max_packet < self.max_datagram:
             raise SettingsError(f"{where}.max_packet: must be at least max_datagram ({self.max_datagram})")
+        if self.max_publication_bytes <= 0 or self.max_packet < self.max_publication_bytes + 1024:
+            raise SettingsError(f"{where}.max_publication_bytes: must be positive and at least 1024 bytes below "
+                                f"max_packet ({self.max_packet}), got {self.max_publication_bytes!r}; raise max_packet "
+                                f"with it (the default leaves 64 KiB for topic and properties)")
+        if self.reassembly_timeout <= 0:
+            raise SettingsError(f"{where}.reassembly_timeout: must be greater than 0, got {self.reassembly_timeout!r}")
+        if self.reassembly_memory < 2 * self.max_packet:
+            raise SettingsError(f"{where}.reassembly_memory: must hold two packets of max_packet "
+                                f"(at least {2 * self.max_packet}), got {self.reassembly_memory!r}")
 
     @property
     def neighbour_dead_after(self) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -35,13 +35,21 @@ RECONSIDER_TOPIC_CORE = "rt"
 TOPIC_SUBSCRIBE = "ts"
 TOPIC_MESSAGE = "tm"
 TOPOLOGY_UPDATE = "tu"
+DATABASE_DIGEST = "dd"
+DATABASE_SUMMARY = "ds"
+DATABASE_REQUEST = "dr"
+TOPIC_ACK = "ta"
 
 MESSAGE_TYPES = (HELLO, HELLO_BACK, FEDERATE, RECONSIDER, CORE_ANNOUNCEMENT, TOPIC_CORE,
-                 RECONSIDER_TOPIC_CORE, TOPIC_SUBSCRIBE, TOPIC_MESSAGE, TOPOLOGY_UPDATE)
+                 RECONSIDER_TOPIC_CORE, TOPIC_SUBSCRIBE, TOPIC_MESSAGE, TOPOLOGY_UPDATE,
+                 DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK)
+
+DIGEST_BUCKETS = 16   # dd: bucket hashes per digest
 
 # Flag bits.
 FLAG_LEAVING = 1      # fd: the origin is shutting down cleanly
 FLAG_WITHDRAWN = 1    # tc/rt: the core withdraws (no subscribers left anywhere)
+FLAG_OWNER = 2        # tc: not a claim: `core` announces that it owns the subtree `filter` (docs/modes.md)
 FLAG_PRUNE = 1        # ts: the sender leaves the mesh
 
 MODE_TOWARD_CORE = 0  # tm: still climbing toward the topic core
@@ -64,9 +72,10 @@ class Sender:
     epoch: int
 
 
-@dataclass(frozen=True)
-class LinkStateRecord:
-    """One node's announcement: who it is, how fresh, and which neighbours it hears."""
+class LinkStateRecord(NamedTuple):
+    """One node's announcement: who it is, how fresh, and which neighbours it hears.
+    A named tuple, as Address and BrokerId: records are the bulk of the control traffic and a tuple
+    is built several times faster than a frozen dataclass."""
 
     origin: BrokerId
     epoch: int
@@ -104,6 +113,41 @@ class TopologyUpdate:
 
 
 @dataclass(frozen=True)
+class SummaryEntry:
+    """One record version in a `ds` summary."""
+
+    origin: Address
+    epoch: int
+    seq: int
+
+    @property
+    def freshness(self) -> tuple[int, int]:
+        return (self.epoch, self.seq)
+
+
+@dataclass(frozen=True)
+class DatabaseDigest:
+    """`dd`: how many records the sender's digest covers and the XOR of their hashes per bucket."""
+
+    count: int
+    buckets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DatabaseSummary:
+    """`ds`: the (origin, epoch, seq) of the sender's records in the buckets that differed."""
+
+    entries: tuple[SummaryEntry, ...]
+
+
+@dataclass(frozen=True)
+class DatabaseRequest:
+    """`dr`: the origins whose records the sender wants (answered with `tu`)."""
+
+    origins: tuple[Address, ...]
+
+
+@dataclass(frozen=True)
 class Reconsider:
     target: BrokerId
     holder: BrokerId
@@ -127,6 +171,8 @@ class TopicCore:
     seq: int
     distance: int
     flags: int
+    rank: int = 0
+    """the claimant's capability, for cores ranked by capability; 0 (left off the wire) otherwise"""
 
     @property
     def freshness(self) -> tuple[int, int]:
@@ -159,7 +205,22 @@ class TopicMessage:
         return (self.origin, self.epoch, self.seq)
 
 
-Body = Hello | HelloBack | Federate | TopologyUpdate | Reconsider | CoreAnnouncement | TopicCore | TopicSubscribe | TopicMessage
+@dataclass(frozen=True)
+class TopicAck:
+    """`ta`: the receiver of a QoS 1 or 2 `tm` has it (federation.reliable: hop-by-hop acknowledgement)."""
+
+    filter: str
+    origin: Address
+    epoch: int
+    seq: int
+
+    @property
+    def publication(self) -> PublicationId:
+        return (self.origin, self.epoch, self.seq)
+
+
+Body = (Hello | HelloBack | Federate | TopologyUpdate | Reconsider | CoreAnnouncement | TopicCore | TopicSubscribe
+        | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck)
 
 
 @dataclass(frozen=True)
@@ -176,8 +237,14 @@ def _bid(broker_id: BrokerId) -> list[Any]:
 
 
 def _record(record: LinkStateRecord) -> list[Any]:
-    return [*_bid(record.origin), record.epoch, record.seq, record.distance, record.flags,
-            [[a.host, a.port] for a in record.neighbours]]
+    origin = record.origin
+    # Addresses are tuples: msgpack writes the neighbour tuple as [[host, port], ...] as it is.
+    return [origin.vid, origin.address.host, origin.address.port, record.epoch, record.seq, record.distance,
+            record.flags, record.neighbours]
+
+
+def _summary_entry(entry: SummaryEntry) -> list[Any]:
+    return [entry.origin.host, entry.origin.port, entry.epoch, entry.seq]
 
 
 def _header(kind: str, sender: Sender) -> list[Any]:
@@ -200,20 +267,58 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
         fields = [_bid(body.core), body.epoch, body.seq, body.distance]
     elif isinstance(body, TopicCore):
         fields = [body.filter, _bid(body.core), body.epoch, body.seq, body.distance, body.flags]
+        if body.rank:
+            fields.append(body.rank)  # optional trailing field: absent means 0
     elif isinstance(body, TopicSubscribe):
         fields = [body.filter, _bid(body.core), body.flags]
     elif isinstance(body, TopicMessage):
         fields = [body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq, body.mode,
                   body.hops, body.topic, body.payload, body.qos, body.retain, body.properties]
+    elif isinstance(body, DatabaseDigest):
+        fields = [body.count, list(body.buckets)]
+    elif isinstance(body, DatabaseSummary):
+        fields = [[_summary_entry(e) for e in body.entries]]
+    elif isinstance(body, DatabaseRequest):
+        fields = [[[a.host, a.port] for a in body.origins]]
+    elif isinstance(body, TopicAck):
+        fields = [body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq]
     else:  # pragma: no cover - a programming error, not a peer's
         raise TypeError(f"cannot encode {body!r}")
     packed: bytes = msgpack.packb(_header(kind, sender) + fields, use_bin_type=True)
     return packed
 
 
+def _uint_size(value: int) -> int:
+    """Bytes msgpack uses for a non-negative integer."""
+    return 1 if value < 128 else 2 if value < 256 else 3 if value < 65536 else 5 if value < 2**32 else 9
+
+
+def _str_size(text: str) -> int:
+    """Bytes msgpack uses for a string."""
+    length = len(text) if text.isascii() else len(text.encode())
+    return length + (1 if length < 32 else 2 if length < 256 else 3 if length < 65536 else 5)
+
+
 def record_size(record: LinkStateRecord) -> int:
-    """Encoded size of one record inside a `tu` bundle (for splitting bundles)."""
-    return len(msgpack.packb(_record(record), use_bin_type=True))
+    """Encoded size of one record inside a `tu` bundle (for splitting bundles), computed, not encoded."""
+    origin = record.origin
+    neighbours = record.neighbours
+    size = (1 + _uint_size(origin.vid) + _str_size(origin.address.host) + _uint_size(origin.address.port)
+            + _uint_size(record.epoch) + _uint_size(record.seq) + _uint_size(record.distance)
+            + _uint_size(record.flags) + (1 if len(neighbours) < 16 else 3 if len(neighbours) < 65536 else 5))
+    for host, port in neighbours:
+        size += 1 + _str_size(host) + _uint_size(port)
+    return size
+
+
+def summary_entry_size(entry: SummaryEntry) -> int:
+    """Encoded size of one entry inside a `ds` summary (for splitting summaries)."""
+    return len(msgpack.packb(_summary_entry(entry), use_bin_type=True))
+
+
+def address_size(address: Address) -> int:
+    """Encoded size of one address inside a `dr` request (for splitting requests)."""
+    return len(msgpack.packb([address.host, address.port], use_bin_type=True))
 
 
 # ---------------------------------------------------------------- decoding
@@ -270,7 +375,51 @@ def _broker_id(value: Any, what: str) -> BrokerId:
                     Address(_text(host, f"{what}.host", 255), _int(port, f"{what}.port", 0, 65535)))
 
 
+_tuple_new = tuple.__new__
+
+
+def _port_ok(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= 65535
+
+
+def _host_ok(value: Any) -> bool:
+    return type(value) is str and len(value) <= 255
+
+
+def _u64_ok(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_U64
+
+
+def _fast_record(value: Any, max_neighbours: int) -> LinkStateRecord | None:
+    """The record if `value` is a valid one, else None (then `_record_of` finds and names the fault).
+    Records are most of the control traffic; this accepts exactly what `_record_of` accepts, without
+    building a field name per check."""
+    if type(value) is not list or len(value) != 8:
+        return None
+    vid, host, port, epoch, seq, distance, flags, neighbours = value
+    if not (type(vid) is int and type(host) is str and type(port) is int and type(epoch) is int
+            and type(seq) is int and type(distance) is int and type(flags) is int and type(neighbours) is list
+            and 0 <= vid <= MAX_U64 and len(host) <= 255 and 0 <= port <= 65535 and 0 <= epoch <= MAX_U64
+            and 0 <= seq <= MAX_U64 and 0 <= distance <= 65535 and 0 <= flags <= 255
+            and len(neighbours) <= max_neighbours):
+        return None
+    addresses = []
+    for item in neighbours:
+        if type(item) is not list or len(item) != 2:
+            return None
+        neighbour_host, neighbour_port = item
+        if (type(neighbour_host) is not str or len(neighbour_host) > 255 or type(neighbour_port) is not int
+                or not 0 <= neighbour_port <= 65535):
+            return None
+        addresses.append(_tuple_new(Address, (neighbour_host, neighbour_port)))  # Address(), one call less
+    return _tuple_new(LinkStateRecord, (_tuple_new(BrokerId, (vid, _tuple_new(Address, (host, port)))), epoch, seq,
+                                        distance, flags, tuple(addresses)))
+
+
 def _record_of(value: Any, what: str, max_neighbours: int) -> LinkStateRecord:
+    fast = _fast_record(value, max_neighbours)
+    if fast is not None:
+        return fast
     fields = _list(value, what, 8)
     neighbours = _list(fields[7], f"{what}.neighbours")
     if len(neighbours) > max_neighbours:
@@ -283,6 +432,12 @@ def _record_of(value: Any, what: str, max_neighbours: int) -> LinkStateRecord:
         flags=_int(fields[6], f"{what}.flags", 0, 255),
         neighbours=tuple(_address(n, f"{what}.neighbours[{i}]") for i, n in enumerate(neighbours)),
     )
+
+
+def _summary_entry_of(value: Any, what: str) -> SummaryEntry:
+    host, port, epoch, seq = _list(value, what, 4)
+    return SummaryEntry(Address(_text(host, f"{what}.host", 255), _int(port, f"{what}.port", 0, 65535)),
+                        _int(epoch, f"{what}.epoch"), _int(seq, f"{what}.seq"))
 
 
 _PROPERTY_SCALARS = (str, int, bytes)
@@ -322,7 +477,11 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
     if kind == TOPOLOGY_UPDATE:
         need(1)
         items = _list(fields[0], "tu.records")
-        return TopologyUpdate(tuple(_record_of(r, f"tu.records[{i}]", max_neighbours) for i, r in enumerate(items)))
+        records = []
+        for index, item in enumerate(items):
+            record = _fast_record(item, max_neighbours)
+            records.append(record if record is not None else _record_of(item, f"tu.records[{index}]", max_neighbours))
+        return TopologyUpdate(tuple(records))
     if kind == RECONSIDER:
         need(2)
         return Reconsider(_broker_id(fields[0], "rc.target"), _broker_id(fields[1], "rc.holder"))
@@ -331,10 +490,12 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         return CoreAnnouncement(_broker_id(fields[0], "ca.core"), _int(fields[1], "ca.epoch"),
                                 _int(fields[2], "ca.seq"), _int(fields[3], "ca.distance", 0, 65535))
     if kind in (TOPIC_CORE, RECONSIDER_TOPIC_CORE):
-        need(6)
+        if len(fields) != 7:
+            need(6)  # `rank` is an optional seventh field
         return TopicCore(_filter(fields[0], f"{kind}.filter"), _broker_id(fields[1], f"{kind}.core"),
                          _int(fields[2], f"{kind}.epoch"), _int(fields[3], f"{kind}.seq"),
-                         _int(fields[4], f"{kind}.distance", 0, 65535), _int(fields[5], f"{kind}.flags", 0, 255))
+                         _int(fields[4], f"{kind}.distance", 0, 65535), _int(fields[5], f"{kind}.flags", 0, 255),
+                         _int(fields[6], f"{kind}.rank") if len(fields) == 7 else 0)
     if kind == TOPIC_SUBSCRIBE:
         need(3)
         return TopicSubscribe(_filter(fields[0], "ts.filter"), _broker_id(fields[1], "ts.core"),
@@ -354,6 +515,25 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
             topic=_topic(fields[6], "tm.topic"), payload=payload, qos=_int(fields[8], "tm.qos", 0, 2),
             retain=retain, properties=_properties(fields[10], "tm.properties"),
         )
+    if kind == DATABASE_DIGEST:
+        need(2)
+        buckets = _list(fields[1], "dd.buckets", DIGEST_BUCKETS)
+        if not all(_u64_ok(b) for b in buckets):
+            for i, b in enumerate(buckets):
+                _int(b, f"dd.buckets[{i}]")
+        return DatabaseDigest(_int(fields[0], "dd.count"), tuple(buckets))
+    if kind == DATABASE_SUMMARY:
+        need(1)
+        items = _list(fields[0], "ds.entries")
+        return DatabaseSummary(tuple(_summary_entry_of(e, f"ds.entries[{i}]") for i, e in enumerate(items)))
+    if kind == DATABASE_REQUEST:
+        need(1)
+        items = _list(fields[0], "dr.origins")
+        return DatabaseRequest(tuple(_address(a, f"dr.origins[{i}]") for i, a in enumerate(items)))
+    if kind == TOPIC_ACK:
+        need(4)
+        return TopicAck(_filter(fields[0], "ta.filter"), _address(fields[1], "ta.origin"),
+                        _int(fields[2], "ta.epoch"), _int(fields[3], "ta.seq"))
     raise DecodeError("unknown_type", repr(kind)[:40])
 
 
@@ -374,8 +554,13 @@ def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> 
         raise DecodeError("unknown_type", repr(kind)[:40])
     if type(value[1]) is not int or value[1] != PROTOCOL_VERSION:
         raise DecodeError("version", f"protocol version {value[1]!r}, this node speaks {PROTOCOL_VERSION}")
-    sender_fields = _list(value[2], "sender", 4)
-    sender = Sender(_broker_id(sender_fields[0:3], "sender"), _int(sender_fields[3], "sender.epoch"))
+    sender_fields = value[2]
+    if (type(sender_fields) is list and len(sender_fields) == 4 and _u64_ok(sender_fields[0])
+            and _host_ok(sender_fields[1]) and _port_ok(sender_fields[2]) and _u64_ok(sender_fields[3])):
+        sender = Sender(BrokerId(sender_fields[0], Address(sender_fields[1], sender_fields[2])), sender_fields[3])
+    else:  # the slow path names the fault
+        sender_fields = _list(sender_fields, "sender", 4)
+        sender = Sender(_broker_id(sender_fields[0:3], "sender"), _int(sender_fields[3], "sender.epoch"))
     try:
         body = _decode_body(kind, value[3:], max_neighbours)
     except DecodeError:
@@ -407,3 +592,5 @@ def publication_id_of(data: bytes) -> PublicationId | None:
 
 
 Decoder = Callable[[bytes], Packet]
+DecodeFunction = Callable[[bytes, int, int], Packet]
+"""`decode`'s shape (data, max_packet, max_neighbours): a node may be given another, e.g. the simulator's cache"""

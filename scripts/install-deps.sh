@@ -2,8 +2,8 @@
 # Set up everything the project needs on a fresh Debian 12 machine where we are root.
 # Idempotent: it installs only what is missing, so `make test` can run it every time.
 #
-# 1. Debian packages: mosquitto, mosquitto-clients, nftables, iproute2 (and python3,
-#    python3-pip if absent). `apt-get update` runs once, and only if something is missing.
+# 1. Debian packages: mosquitto, mosquitto-clients, nftables, iproute2, openjdk-17-jre-headless
+#    (for PySpark; and python3, python3-pip if absent). `apt-get update` runs once, and only if something is missing.
 # 2. This repository, editable, with the test extra: `python3 -m pip install -e '.[test]'`.
 #    Skipped when build/install-deps.stamp says setup.cfg and pyproject.toml have not
 #    changed since the last install and every requirement is still satisfied.
@@ -31,6 +31,8 @@ have mosquitto mosquitto || missing+=(mosquitto)
 have mosquitto-clients mosquitto_pub || missing+=(mosquitto-clients)
 have nftables nft || missing+=(nftables)
 have iproute2 ip || missing+=(iproute2)
+# Java 17 for PySpark (the Spark job, spark/; its tests run in `make test`).
+have openjdk-17-jre-headless java || missing+=(openjdk-17-jre-headless)
 # Resolve the interpreter itself, not a wrapper such as a pyenv shim (faster, one answer).
 if interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)' 2>/dev/null); then
     "$interpreter" -c 'import pip' 2>/dev/null || missing+=(python3-pip)
@@ -43,7 +45,7 @@ if ((${#missing[@]})); then
     apt-get update -q
     apt-get install -y -q "${missing[@]}"
 else
-    say "Debian packages present (mosquitto, mosquitto-clients, nftables, iproute2)"
+    say "Debian packages present (mosquitto, mosquitto-clients, nftables, iproute2, Java 17)"
 fi
 
 [[ -n ${interpreter:-} ]] || interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)')

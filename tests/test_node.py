@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from node_harness import Harness, address
+import pytest
 
 from federation.settings import Settings
 from federation.types import BrokerId
+
+from node_harness import Harness, address
 
 SEED_LINKS = [(0, 1), (0, 2), (1, 4), (1, 5), (2, 5), (4, 5), (4, 3), (5, 3)]
 
@@ -178,3 +180,52 @@ def test_publication_held_while_core_elected_then_sent() -> None:
     pub = h.do(1, "local_publish", "x", b"p", 0, False, None)
     h.run(h.now + 1.0)
     assert delivered_to(h, pub) == [2]
+
+
+def test_hello_exchange_measures_a_clock_offset_within_half_the_round_trip() -> None:
+    """Two nodes whose clocks differ by 0.5 s, over a link 10 ms one way and 30 ms the other."""
+    import heapq
+    import random
+
+    from federation import events
+    from federation.node import Node
+
+    skew = {0: 0.0, 1: 0.5}
+    delay = {(0, 1): 0.010, (1, 0): 0.030}
+    settings = Settings(hello_interval=0.2, stats_interval=1.0)
+    nodes = {i: Node(address(i), [address(1 - i)], 1, random.Random(i), settings, vid=i) for i in (0, 1)}
+    queue: list[tuple[float, int, int, bytes]] = []
+    emitted: list[tuple[int, object]] = []
+    true_time = 0.0
+
+    def drain(index: int) -> None:
+        for data, _ in nodes[index].datagrams_to_send():
+            heapq.heappush(queue, (true_time + delay[(index, 1 - index)], len(queue), 1 - index, data))
+        emitted.extend((index, event) for event in nodes[index].events_emitted())
+
+    for index in (0, 1):
+        nodes[index].start(true_time + skew[index])
+        drain(index)
+    while true_time < 3.0:
+        timers = [(timer - skew[i], i) for i in (0, 1) if (timer := nodes[i].get_timer()) is not None]
+        next_timer, which = min(timers)
+        if queue and queue[0][0] <= next_timer:
+            true_time, _, index, data = heapq.heappop(queue)
+            nodes[index].receive_datagram(data, address(1 - index), true_time + skew[index])
+        else:
+            true_time, index = max(true_time, next_timer), which
+            nodes[index].handle_timer(true_time + skew[index])
+        drain(index)
+    rtt = delay[(0, 1)] + delay[(1, 0)]
+    for index, sign in ((0, 1), (1, -1)):
+        neighbour = nodes[index].neighbours.get(address(1 - index))
+        assert neighbour is not None and neighbour.up
+        # NTP's answer is off by half the delay asymmetry ((30 - 10) / 2 ms), inside the rtt / 2 bound.
+        assert neighbour.clock_offset == pytest.approx(sign * 0.5 + sign * (delay[(0, 1)] - delay[(1, 0)]) / 2)
+        assert neighbour.clock_error == pytest.approx(rtt / 2)
+        assert abs(neighbour.clock_offset - sign * 0.5) <= neighbour.clock_error
+    ups = [e for i, e in emitted if i == 0 and e.type == events.NEIGHBOUR_UP]  # type: ignore[attr-defined]
+    assert ups and ups[0].fields["clock_error"] == pytest.approx(rtt / 2)  # type: ignore[attr-defined]
+    counters = [e for i, e in emitted if i == 0 and e.type == events.COUNTERS]  # type: ignore[attr-defined]
+    clocks = counters[-1].fields["clocks"][str(address(1))]  # type: ignore[attr-defined]
+    assert clocks["offset"] == pytest.approx(0.5 - 0.010) and clocks["error"] == pytest.approx(0.020)

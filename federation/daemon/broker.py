@@ -1,12 +1,26 @@
 """The wrapper's one MQTT v5 connection to its local Mosquitto broker (paho-mqtt 2.x).
 
-Theory of operation: paho runs its own network thread (`loop_start`), which
-also reconnects with exponential backoff (0.5 s doubling to 10 s) while the
-broker is down. Nothing in that thread touches the node: every callback turns
-what happened into a small item (`LogLine`, `Publication`, `Connected`, ...)
-and hands it to `deliver`, which the runtime makes thread-safe (see
-`LoopHandOff`). Subscriptions are made in `on_connect`, so every reconnect
-subscribes again:
+Theory of operation: every callback turns what happened into a small item
+(`LogLine`, `Publication`, `Connected`, ...) and hands it to `deliver`; the
+runtime queues them (`LoopHandOff`) and feeds them to the node in batches.
+Two ways to drive paho:
+
+* on an asyncio loop (`loop=`, what the wrapper does): paho's external-loop
+  API, no thread. The socket is watched with `add_reader`; one wake-up reads
+  every complete packet waiting (FIONREAD says when to stop), so a burst of
+  publications costs one pass through the event loop, not one per message.
+  Publishing writes to the socket at once, in the caller's thread, which is
+  the loop's. Only a connection attempt runs in the loop's default executor,
+  because paho's connect blocks (up to its 5 s timeout for an unreachable
+  host); reconnection uses exponential backoff (0.5 s doubling to 10 s) and
+  `loop_misc` runs every second for the keepalive. Profiling showed why: with
+  paho in its own thread the two threads handed the GIL back and forth for
+  every message (paho wakes its thread through a socket pair on every
+  publish), and that, not the protocol, set the throughput (docs/benchmarks.md).
+* in paho's own network thread (`loop_start`, without `loop=`): simpler, for
+  tools and tests; paho reconnects with the same backoff.
+
+Subscriptions are made in `on_connect`, so every reconnect subscribes again:
 
 * `$SYS/broker/log/#` (QoS 2): the broker's log lines, from which
   `BrokerLogTracker` learns local subscriptions. The broker logs the
@@ -33,13 +47,15 @@ as a plain dict (keys as in docs/protocol.md, `tm.properties`).
 
 from __future__ import annotations
 
+import array
 import asyncio
-import collections
 import contextlib
+import fcntl
 import logging
 import socket
+import termios
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +83,10 @@ KEEPALIVE = 30
 """seconds"""
 SESSION_EXPIRY = 60
 """seconds the broker keeps the wrapper's session (and queues its QoS 1/2 messages) after a disconnection"""
+MISC_INTERVAL = 1.0
+"""seconds between calls of paho's `loop_misc` (keepalive, ping timeout) on an asyncio loop"""
+MAX_PACKETS_PER_WAKEUP = 256
+"""packets read from the broker in one pass before the event loop gets to run other callbacks"""
 
 # tm.properties key -> paho Properties attribute, for single-valued properties.
 _SCALAR_PROPERTIES = (
@@ -140,36 +160,55 @@ BrokerItem = LogLine | Publication | Connected | ConnectRefused | ConnectFailed 
 
 
 class LoopHandOff:
-    """Thread-safe hand-over of items to the asyncio loop, in order, in batches.
+    """Hand-over of items to the asyncio loop, in order, in batches.
 
     `put` may be called from any thread. The consumer runs on the loop with
     every item queued since its last run: one loop wake-up per burst instead
-    of one per message.
+    of one per message. Called on the loop's own thread (the adapter driven
+    by the loop), `put` skips the lock and the self-pipe write of
+    `call_soon_threadsafe`, and `flush` (the adapter calls it after reading a
+    burst) runs the consumer at once instead of one loop iteration later.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, consumer: Callable[[list[BrokerItem]], None]) -> None:
         self._loop = loop
         self._consumer = consumer
-        self._items: collections.deque[BrokerItem] = collections.deque()
+        self._items: list[BrokerItem] = []
         self._scheduled = False
+        self._handle: asyncio.Handle | None = None
         self._lock = threading.Lock()
+        """guards `_items` and `_scheduled` against other threads' `put`"""
+        self._loop_thread = threading.get_ident()
+        """made on the loop's thread (the runtime builds it in a loop callback)"""
 
     def put(self, item: BrokerItem) -> None:
-        self._items.append(item)
+        if threading.get_ident() == self._loop_thread:
+            self._items.append(item)  # only another thread's put competes, and it takes the lock
+            if not self._scheduled:
+                self._scheduled = True
+                self._handle = self._loop.call_soon(self._drain)
+            return
         with self._lock:
+            self._items.append(item)
             if self._scheduled:
                 return
             self._scheduled = True
         with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is exiting
             self._loop.call_soon_threadsafe(self._drain)
 
+    def flush(self) -> None:
+        """On the loop's thread: hand over what is queued now (and cancel the scheduled run)."""
+        handle = self._handle
+        if handle is not None:
+            handle.cancel()
+        if self._items:
+            self._drain()
+
     def _drain(self) -> None:
         with self._lock:
             self._scheduled = False
-        batch: list[BrokerItem] = []
-        items = self._items
-        while items:
-            batch.append(items.popleft())
+            self._handle = None
+            batch, self._items = self._items, []
         if batch:
             self._consumer(batch)
 
@@ -222,20 +261,37 @@ def dict_to_properties(carried: dict[str, Any] | None) -> tuple[Properties | Non
 # ------------------------------------------------------------------ the adapter
 
 
+def _set_cork(sock: Any, on: bool) -> bool:
+    """TCP_CORK on or off: while on, the kernel holds partial segments, so a burst of small publications
+    leaves as full segments; turning it off sends what is held. False if the option cannot be set."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1 if on else 0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 class BrokerAdapter:
     """One paho client: connect, subscribe, hand items over, inject publications.
 
-    `deliver` is called from paho's network thread: it must only queue.
-    `publish` and `stop` may be called from the asyncio thread (paho's
-    publish is thread-safe).
+    With `loop`, everything runs on that asyncio loop's thread: build the
+    adapter and call `start`, `publish` and `stop` there (`deliver` is then
+    called there too, and `flush` after each burst read). Without it paho
+    runs its own thread: `deliver` is called from that thread and must only
+    queue; `publish` and `stop` may be called from any thread (paho's publish
+    is thread-safe).
     """
 
     def __init__(self, broker: Address, client_id: str, deliver: Callable[[BrokerItem], None],
-                 max_qos: int = 2) -> None:
+                 max_qos: int = 2, loop: asyncio.AbstractEventLoop | None = None,
+                 flush: Callable[[], None] | None = None) -> None:
         self.broker = broker
         self.client_id = client_id
         self.max_qos = max_qos
         self._deliver = deliver
+        self._loop = loop
+        self._flush = flush
+        """with `loop`: called after each burst read from the broker, to hand its items over at once"""
         self._stopping = False
         self.connected = False
         self.injected = 0
@@ -252,16 +308,38 @@ class BrokerAdapter:
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
         self.client = client
+        # Driven by an asyncio loop: the watched socket and the pending timers.
+        self._watched: socket.socket | None = None
+        self._writing = False
+        self._retry_delay = RECONNECT_MIN_DELAY
+        self._connect_handle: asyncio.Handle | None = None
+        self._connecting: asyncio.Future[Any] | None = None
+        self._misc_handle: asyncio.TimerHandle | None = None
+        self._available = array.array("i", [0])
+        self._paused = False
+        if loop is not None:
+            client.on_socket_open = self._on_socket_open
+            client.on_socket_close = self._on_socket_close
+
+    @property
+    def on_loop(self) -> bool:
+        """True when an asyncio loop drives paho (no network thread)."""
+        return self._loop is not None
 
     # The asyncio side.
 
     def start(self) -> None:
-        """Start connecting in paho's thread; never blocks and never fails on a broker that is down."""
+        """Start connecting; never blocks and never fails on a broker that is down."""
         connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         connect_properties.SessionExpiryInterval = SESSION_EXPIRY
         self.client.connect_async(self.broker.host, self.broker.port, keepalive=KEEPALIVE, clean_start=False,
                                   properties=connect_properties)
-        self.client.loop_start()
+        loop = self._loop
+        if loop is None:
+            self.client.loop_start()
+            return
+        self._connect_handle = loop.call_soon(self._connect)
+        self._misc_handle = loop.call_later(MISC_INTERVAL, self._misc)
 
     def publish(self, injection: Injection) -> bool:
         """Publish a remote publication into the broker; False if paho refused it (not connected, QoS 0)."""
@@ -277,6 +355,8 @@ class BrokerAdapter:
             log.warning("cannot inject publication on %r: %s", injection.topic, error)
             self.inject_failed += 1
             return False
+        if self._loop is not None and not self._writing and self.client.want_write():
+            self._watch_writes()  # the socket was full: the rest goes out when it is writable
         if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS and not (qos > 0 and info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN):
             # QoS 1/2 messages refused for "no connection" are queued by paho and sent after reconnecting.
             self.inject_failed += 1
@@ -284,15 +364,172 @@ class BrokerAdapter:
         self.injected += 1
         return True
 
-    def stop(self) -> None:
-        """Disconnect cleanly and stop paho's thread (waits at most about a second)."""
-        self._stopping = True
-        try:
-            self.client.disconnect()
-        finally:
-            self.client.loop_stop()
+    def backlog(self) -> int:
+        """Publications paho holds that the broker has not completed yet (in flight or queued)."""
+        return len(getattr(self.client, "_out_messages", ()))
 
-    # paho's thread.
+    def publish_all(self, injections: Sequence[Injection]) -> None:
+        """Publish several; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as fit."""
+        sock = self._watched if len(injections) > 1 and self._loop is not None else None
+        corked = sock is not None and _set_cork(sock, True)
+        try:
+            for injection in injections:
+                self.publish(injection)
+        finally:
+            if corked and sock is self._watched:  # not if the connection dropped meanwhile
+                _set_cork(sock, False)
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._paused
+
+    def pause_reading(self) -> None:
+        """On a loop: stop reading from the broker (it queues for us meanwhile); backpressure."""
+        if self._loop is None or self._paused:
+            return
+        self._paused = True
+        if self._watched is not None:
+            self._loop.remove_reader(self._watched)
+
+    def resume_reading(self) -> None:
+        if self._loop is None or not self._paused:
+            return
+        self._paused = False
+        if self._watched is not None:
+            self._loop.add_reader(self._watched, self._on_readable)
+
+    def stop(self) -> None:
+        """Disconnect cleanly. Threaded: stop paho's thread (waits at most about a second). On a loop: call it
+        on the loop's thread; it does not block."""
+        self._stopping = True
+        if self._loop is None:
+            try:
+                self.client.disconnect()
+            finally:
+                self.client.loop_stop()
+            return
+        for handle in (self._connect_handle, self._misc_handle):
+            if handle is not None:
+                handle.cancel()
+        self._connect_handle = self._misc_handle = None
+        self.client.disconnect()  # writes DISCONNECT at once and closes the socket (paho calls _on_socket_close)
+
+    # Driving paho from the asyncio loop (loop thread, except `_blocking_connect`).
+
+    def _connect(self) -> None:
+        self._connect_handle = None
+        if self._stopping or self._connecting is not None:
+            return
+        assert self._loop is not None
+        self._connecting = self._loop.run_in_executor(None, self._blocking_connect)
+        self._connecting.add_done_callback(self._connect_done)
+
+    def _blocking_connect(self) -> None:
+        """In the executor: TCP connect and CONNECT (paho calls `_on_socket_open` from here)."""
+        self.client.reconnect()
+
+    def _connect_done(self, future: asyncio.Future[Any]) -> None:
+        self._connecting = None
+        error = future.exception()
+        if self._stopping:
+            if error is None:
+                self.client.disconnect()
+            return
+        if error is not None:
+            if not isinstance(error, OSError):
+                log.error("connecting to broker %s failed: %r", self.broker, error)
+            self._deliver(ConnectFailed())
+            self._schedule_connect()
+            return
+        if self.client.socket() is None:  # the connection failed while CONNECT was written
+            self._deliver(ConnectFailed())
+            self._schedule_connect()
+            return
+        self._after_io()  # CONNECT may still wait in paho's queue
+
+    def _schedule_connect(self) -> None:
+        if self._stopping or self._connect_handle is not None or self._connecting is not None:
+            return
+        assert self._loop is not None
+        delay, self._retry_delay = self._retry_delay, min(self._retry_delay * 2, RECONNECT_MAX_DELAY)
+        self._connect_handle = self._loop.call_later(delay, self._connect)
+
+    def _on_socket_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._watch, sock)
+
+    def _watch(self, sock: socket.socket) -> None:
+        if self.client.socket() is not sock or sock.fileno() < 0:
+            return  # closed meanwhile (stop, or a failed attempt)
+        assert self._loop is not None
+        self._watched = sock
+        if not self._paused:
+            self._loop.add_reader(sock, self._on_readable)
+        self._after_io()
+
+    def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        """paho is about to close `sock`: stop watching it first, so its descriptor number can be reused."""
+        if sock is not self._watched or sock is None:
+            return
+        assert self._loop is not None
+        self._loop.remove_reader(sock)
+        if self._writing:
+            self._loop.remove_writer(sock)
+            self._writing = False
+        self._watched = None
+
+    def _on_readable(self) -> None:
+        """Read every complete packet waiting (at most MAX_PACKETS_PER_WAKEUP), then send what they caused."""
+        client = self.client
+        sock = self._watched
+        available = self._available
+        for _ in range(MAX_PACKETS_PER_WAKEUP):
+            if client.loop_read() != MQTTErrorCode.MQTT_ERR_SUCCESS or client.socket() is not sock or sock is None:
+                break
+            try:
+                fcntl.ioctl(sock.fileno(), termios.FIONREAD, available)
+            except OSError:
+                break
+            if available[0] <= 0:
+                break
+        self._after_io()
+        if self._flush is not None:
+            self._flush()
+
+    def _after_io(self) -> None:
+        """Packets queued inside paho's callbacks (SUBSCRIBE in on_connect) or refused by a full socket wait
+        in paho's queue: write them now, and watch for writability if some remain."""
+        client = self.client
+        if client.want_write() and self._watched is not None:
+            client.loop_write()
+            if client.want_write() and not self._writing:
+                self._watch_writes()
+
+    def _watch_writes(self) -> None:
+        sock = self._watched
+        if sock is None or self._writing:
+            return
+        assert self._loop is not None
+        self._writing = True
+        self._loop.add_writer(sock, self._on_writable)
+
+    def _on_writable(self) -> None:
+        client = self.client
+        client.loop_write()
+        sock = self._watched
+        if self._writing and sock is not None and not client.want_write():
+            assert self._loop is not None
+            self._loop.remove_writer(sock)
+            self._writing = False
+
+    def _misc(self) -> None:
+        assert self._loop is not None
+        self._misc_handle = self._loop.call_later(MISC_INTERVAL, self._misc)
+        if self._watched is not None:
+            self.client.loop_misc()
+            self._after_io()
+
+    # paho's callbacks: paho's thread, or the loop's.
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: ReasonCode,
                     properties: Properties | None) -> None:
@@ -306,6 +543,7 @@ class BrokerAdapter:
             except OSError as error:
                 log.debug("cannot set TCP_NODELAY: %s", error)
         self.connected = True
+        self._retry_delay = RECONNECT_MIN_DELAY
         self._deliver(Connected())
         client.subscribe([
             (LOG_TOPIC_FILTER, SubscribeOptions(qos=2)),
@@ -319,6 +557,8 @@ class BrokerAdapter:
                        properties: Properties | None) -> None:
         self.connected = False
         self._deliver(Disconnected(str(reason_code), self._stopping))
+        if self._loop is not None:
+            self._schedule_connect()
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: list[ReasonCode],
                       properties: Properties | None) -> None:

@@ -4,6 +4,7 @@
                [--broker HOST[:PORT]] [--id N] [--state-dir DIR] [--event-log FILE]
                [--metrics-port N] [--log-level LEVEL]          run the wrapper
     wrapper.py status [--node HOST[:PORT]] [--json]           ask a running wrapper
+    wrapper.py genkey                                          print a new federation key
 
 Theory of operation: flags are parsed with no defaults of their own (None
 means "not given") so that `load_config` can apply the precedence flags >
@@ -25,6 +26,7 @@ from typing import NoReturn
 
 from federation import __version__
 from federation.daemon.config import DEFAULT_PORT, LOG_LEVELS, ConfigError, load_config
+from federation.daemon.keys import generate_key
 from federation.daemon.runtime import Runtime, StartupError
 from federation.daemon.state import StateError
 from federation.daemon.status import StatusError, query, render
@@ -70,6 +72,12 @@ def build_run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-port", dest="metrics_port", metavar="N", help="serve Prometheus metrics on port N")
     parser.add_argument("--log-level", dest="log_level", metavar="LEVEL",
                         help=f"stderr log level: {', '.join(LOG_LEVELS)} (default INFO)")
+    parser.add_argument("--key-file", dest="key_file", metavar="FILE",
+                        help="federation key(s), one per line, hex or base64; the first signs, all are accepted "
+                             "(`wrapper.py genkey > FILE`). Without it the overlay is open: lab use only")
+    parser.add_argument("--encryption", metavar="CIPHER",
+                        help="chacha20-poly1305 to encrypt what this wrapper sends (needs --key-file), "
+                             "or none (default)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
@@ -89,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if arguments[:1] == ["status"]:
             return status_command(arguments[1:])
+        if arguments[:1] == ["genkey"]:
+            return genkey_command(arguments[1:])
         return run_command(arguments)
     except (UsageError, ConfigError, StartupError, StateError, BindError, StatusError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
@@ -102,6 +112,15 @@ def run_command(arguments: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(getattr(logging, config.log_level))
     return asyncio.run(Runtime(config).run())
+
+
+def genkey_command(arguments: list[str]) -> int:
+    _Parser(prog=f"{PROG} genkey",
+            description="Print a new random federation key (32 bytes, hex) for --key-file: "
+                        "`wrapper.py genkey > federation.key; chmod 600 federation.key`, then copy the file "
+                        "to every wrapper of the federation.").parse_args(arguments)
+    print(generate_key())
+    return EXIT_OK
 
 
 def status_command(arguments: list[str]) -> int:

@@ -17,6 +17,7 @@ checks they agree).
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import socket
 import textwrap
@@ -28,6 +29,9 @@ from typing import Any
 import yaml
 
 from federation import events
+from federation.daemon.keys import KeyFileError, read_key_file
+from federation.envelope import ENCRYPTION_NONE, ENCRYPTIONS
+from federation.placement import capability
 from federation.settings import Settings, SettingsError
 from federation.types import Address
 
@@ -81,6 +85,11 @@ FIELDS: tuple[Field, ...] = (
     Field("max_qos", None, 2, "cap for the QoS of publications injected into the local broker (0, 1 or 2)"),
     Field("client_id", "--client-id", None,
           "MQTT client id of the wrapper's broker connection (null: federation-wrapper-<bind host>-<port>)"),
+    Field("key_file", "--key-file", None,
+          "file with the federation key(s), one per line, hex or base64 (`python wrapper.py genkey > FILE`); "
+          "the first signs, all are accepted. null: the overlay is OPEN (no authentication: lab use only)"),
+    Field("encryption", "--encryption", ENCRYPTION_NONE,
+          "payload encryption between wrappers: " + " or ".join(ENCRYPTIONS) + " (encryption needs key_file)"),
 )
 KNOWN_KEYS = frozenset(f.key for f in FIELDS) | {"neighbours", "settings"}
 
@@ -108,6 +117,10 @@ class DaemonConfig:
     max_qos: int = 2
     settings: Settings = field(default_factory=Settings)
     config_file: Path | None = None
+    key_file: Path | None = None
+    keys: tuple[bytes, ...] = field(default=(), repr=False)
+    """federation keys read from key_file (the first signs); empty: open overlay"""
+    encryption: str = ENCRYPTION_NONE
 
     @property
     def family(self) -> socket.AddressFamily:
@@ -193,6 +206,7 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
                                          where=f"{where}: settings")
     except SettingsError as error:
         raise ConfigError(str(error)) from None
+    settings = measured_capability(settings, f"{where}: settings")
 
     bind_text = _text(value("bind"), origin("bind"), "HOST[:PORT], e.g. 0.0.0.0:10500")
     bind_raw = _address(bind_text, DEFAULT_PORT, origin("bind"))
@@ -210,6 +224,17 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
     log_level = _log_level(value("log_level"), origin("log_level"))
     max_qos = _optional_int(value("max_qos"), origin("max_qos"), 0, 2, "0, 1 or 2")
     client_id = _optional_text(value("client_id"), origin("client_id"))
+    key_file = _optional_path(value("key_file"), origin("key_file"))
+    encryption = _encryption(value("encryption"), origin("encryption"))
+    keys: tuple[bytes, ...] = ()
+    if key_file is not None:
+        try:
+            keys = read_key_file(key_file)
+        except KeyFileError as error:
+            raise ConfigError(f"{origin('key_file')}: {error}") from None
+    elif encryption != ENCRYPTION_NONE:
+        raise ConfigError(f"{origin('encryption')}: {encryption} needs a federation key; give key_file "
+                          f"(--key-file), made with `python wrapper.py genkey > federation.key`")
     if state_dir is not None and state_dir.exists() and not state_dir.is_dir():
         raise ConfigError(f"{origin('state_dir')}: {str(state_dir)!r} exists and is not a directory; "
                           f"give a directory (it is created if missing)")
@@ -250,10 +275,29 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
         vid=vid, name=name, state_dir=state_dir, event_log=event_log, event_types=event_types,
         metrics_port=metrics_port, metrics_bind=metrics_host, log_level=log_level,
         max_qos=2 if max_qos is None else max_qos, settings=settings, config_file=config_path,
+        key_file=key_file, keys=keys, encryption=encryption,
     )
 
 
 # ------------------------------------------------------------------ field validators
+
+
+def measured_capability(settings: Settings, where: str, proc: Path = Path("/proc")) -> Settings:
+    """With `replication_root: capability` and no `capability` given, measure C = a·L + b·M at start-up
+    from /proc/cpuinfo and /proc/meminfo (seed 001's recipe); other settings are returned unchanged."""
+    if settings.replication_root != "capability" or settings.capability > 0:
+        return settings
+    try:
+        cpuinfo = (proc / "cpuinfo").read_text(encoding="utf-8", errors="replace")
+        meminfo = (proc / "meminfo").read_text(encoding="utf-8", errors="replace")
+    except OSError as error:
+        raise ConfigError(f"{where}.capability: cannot measure it ({error.strerror or error} reading {proc}); "
+                          f"give this node's capability as a number > 0") from None
+    value = capability(cpuinfo, meminfo, settings.capability_cpu_weight, settings.capability_memory_weight)
+    if value <= 0:
+        raise ConfigError(f"{where}.capability: {proc}/cpuinfo and {proc}/meminfo give no CPU speed or memory "
+                          f"(C = 0); give this node's capability as a number > 0")
+    return dataclasses.replace(settings, capability=value)
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any] | None:
@@ -326,6 +370,12 @@ def _event_types(value: Any, where: str) -> frozenset[str] | None:
     return frozenset(value)
 
 
+def _encryption(value: Any, where: str) -> str:
+    if isinstance(value, str) and value.strip().lower() in ENCRYPTIONS:
+        return value.strip().lower()
+    raise ConfigError(f"{where}: expected one of {', '.join(ENCRYPTIONS)}, got {value!r}")
+
+
 def _log_level(value: Any, where: str) -> str:
     if isinstance(value, str) and value.strip().upper() in LOG_LEVELS:
         return value.strip().upper()
@@ -357,7 +407,7 @@ def _resolve(resolver: Resolver, address: Address, family: int, where: str, what
 def _yaml_scalar(value: Any) -> str:
     if value is None:
         return "null"
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return "[]" if not value else "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
     if isinstance(value, str):
         return f'"{value}"'
@@ -379,11 +429,12 @@ def sample_yaml() -> str:
         lines.append(f"{spec.key}: {_yaml_scalar(spec.default)}")
         lines.append("")
     lines += [
-        "# Protocol settings (federation/settings.py); every wrapper of a federation should use the same.",
+        "# Protocol settings (federation/settings.py); every wrapper of a federation should use the same,",
+        "# except `owned` and `capability*`, which describe the node itself (docs/modes.md).",
         "settings:",
     ]
     for name, default, doc in Settings.documentation():
-        lines.extend(textwrap.wrap(f"{doc} (default {default})", 96, initial_indent="  # ",
+        lines.extend(textwrap.wrap(f"{doc} (default {_yaml_scalar(default).strip(chr(34))})", 96, initial_indent="  # ",
                                    subsequent_indent="  # "))
         lines.append(f"  {name}: {_yaml_scalar(default)}")
     return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 
 Theory of operation: one asyncio loop owns the node. Three inputs reach it,
 all on the loop thread: datagrams from the UDP endpoint, batches of broker
-items handed over from paho's thread (`LoopHandOff`), and one timer
+items from the paho client, which the same loop drives (`LoopHandOff`), and one timer
 (`loop.call_at`) set to `node.get_timer()`. After every input the runtime
 drains the node's outputs at once (`_drain_outputs`): datagrams to the
 socket, injections to the broker, events to the event log and the counters;
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from federation import __version__, events
+from federation.backpressure import InjectionQueue
 from federation.broker_log import BrokerLogTracker
 from federation.daemon.broker import (
     RECONNECT_MAX_DELAY,
@@ -58,9 +59,10 @@ from federation.daemon.config import DaemonConfig, is_wildcard
 from federation.daemon.metrics import Snapshot, start_metrics_server
 from federation.daemon.state import LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.status import encode_reply
-from federation.daemon.udp import LocalAddresses, OverlayProtocol, open_socket
+from federation.daemon.udp import DropReporter, LocalAddresses, OverlayProtocol, announce_security, open_socket
+from federation.envelope import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
 from federation.node import Node
-from federation.types import Address, Event
+from federation.types import Address, Event, Injection
 
 log = logging.getLogger("federation.daemon")
 
@@ -76,6 +78,18 @@ SHUTDOWN_DRAIN_TIMEOUT = 1.0
 """seconds to wait for the socket to send the last datagrams at shutdown"""
 BROKER_DOWN_REMINDER = 60.0
 """seconds between repeated warnings while the broker stays unreachable"""
+BACKPRESSURE_WINDOW = 512
+"""QoS 1/2 copies waiting for acknowledgements (at most half of `max_unacked`) at which the wrapper stops
+reading publications from its broker; it reads again at half as many. A window, as TCP has: it bounds the
+backlog a slower next wrapper has to work through (and the hellos queued behind it) to well under a second"""
+BACKPRESSURE_MAX_PAUSE = 10.0
+"""seconds: read again anyway (a paused connection must not outlast the 30 s MQTT keepalive)"""
+INJECTION_BACKLOG = 10000
+"""remote publications waiting for a slow local broker; beyond it the oldest QoS 0 one is dropped first"""
+BROKER_BACKLOG = 2000
+"""publications handed to paho and not completed by the broker, above which the rest wait in our queue"""
+REFUSAL_LOG_INTERVAL = 60.0
+"""seconds between log lines about publications refused for their size (every one is counted)"""
 
 
 class StartupError(Exception):
@@ -91,6 +105,9 @@ class Clock:
 
     def now(self) -> float:
         return self._wall_start + (time.monotonic() - self._monotonic_start)
+
+
+_EVENT_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 
 
 class EventLog:
@@ -113,13 +130,17 @@ class EventLog:
         if self._file is None:
             return
         types = self.types
+        encode = _EVENT_ENCODER.encode  # json.dumps with arguments builds a new encoder per call
+        lines = [encode(event.to_json_dict()) for event in batch if types is None or event.type in types]
+        if not lines:
+            return
+        lines.append("")
         try:
-            for event in batch:
-                if types is None or event.type in types:
-                    self._file.write(json.dumps(event.to_json_dict(), separators=(",", ":"), default=str) + "\n")
-                    self.lines += 1
+            self._file.write("\n".join(lines))
         except OSError as error:
             self._failed(error)
+            return
+        self.lines += len(lines) - 1
 
     def _failed(self, error: OSError) -> None:
         self.errors += 1
@@ -158,6 +179,12 @@ class Runtime:
         self.event_counts: Counter[str] = Counter()
         self.broker: BrokerAdapter | None = None
         self.protocol: OverlayProtocol | None = None
+        self.envelope: Envelope | None = None
+        self.backpressure_pauses = 0
+        self._paused_at = 0.0
+        self.injection_queue: InjectionQueue[Injection] = InjectionQueue(INJECTION_BACKLOG)
+        self.drop_reporter = DropReporter()
+        self._refused_logged_at = float("-inf")
         self.transport: asyncio.DatagramTransport | None = None
         self.metrics_server: Any = None
         self._sock: socket.socket | None = None
@@ -211,7 +238,9 @@ class Runtime:
 
     def _start_running(self, loop: asyncio.AbstractEventLoop, node: Node) -> None:
         hand_off = LoopHandOff(loop, self._on_broker_items)
-        self.broker = BrokerAdapter(self.config.broker, self.config.client_id, hand_off.put, self.config.max_qos)
+        # paho driven by this loop (no network thread); a burst read from the broker reaches the node at once.
+        self.broker = BrokerAdapter(self.config.broker, self.config.client_id, hand_off.put, self.config.max_qos,
+                                    loop=loop, flush=hand_off.flush)
         now = self.clock.now()
         node.start(now)
         replayed = self.subscriptions.replay(node, now)
@@ -225,6 +254,8 @@ class Runtime:
                  self.config.announced, node.broker_id, node.epoch, self.config.bind,
                  ", ".join(str(n) for n in self.config.neighbours) or "none (waiting for hellos)",
                  self.config.broker, self.config.client_id)
+        assert self.envelope is not None
+        announce_security(self.envelope, self.config.bind, self.config.broker, self.config.key_file)
 
     def protocol_factory(self) -> OverlayProtocol:
         assert self.protocol is not None
@@ -281,6 +312,12 @@ class Runtime:
                                    f"give a writable directory") from None
         self.node = Node(config.announced, config.neighbours, epoch, random.Random(), config.settings,
                          vid=config.vid, name=config.name)
+        try:
+            self.envelope = Envelope(config.announced, envelope_epoch(epoch, wall),
+                                     EnvelopeConfig.from_settings(config.settings, config.keys, config.encryption),
+                                     drop_sink=self.node.count_drop)
+        except EnvelopeConfigError as error:
+            raise StartupError(str(error)) from None
         self.started_at = self.clock.now()
         return self.node
 
@@ -298,8 +335,10 @@ class Runtime:
             await asyncio.sleep(0.01)
         self._save_state()
         if self.broker is not None:
-            # paho's thread joins within about a second; do not block the loop meanwhile.
-            await asyncio.get_running_loop().run_in_executor(None, self.broker.stop)
+            if self.broker.on_loop:
+                self.broker.stop()  # on the loop's thread, as the adapter requires; it does not block
+            else:  # paho's thread joins within about a second; do not block the loop meanwhile
+                await asyncio.get_running_loop().run_in_executor(None, self.broker.stop)
         log.info("wrapper %s stopped", self.config.announced)
         self._close_resources()
 
@@ -331,7 +370,9 @@ class Runtime:
         if node is None:
             return
         now = self.clock.now()
-        node.receive_datagram(data, source, now)
+        assert self.envelope is not None
+        for packet in self.envelope.receive_datagram(data, source, now):
+            node.receive_datagram(packet, source, now)
         self._drain_outputs(now)
 
     def _on_timer(self) -> None:
@@ -343,6 +384,8 @@ class Runtime:
         now = self.clock.now()
         try:
             node.handle_timer(now)
+            if self.envelope is not None:
+                self.envelope.handle_timer(now)  # reassembly timeouts, at most a hello interval late
         finally:
             self._drain_outputs(now)
 
@@ -354,6 +397,9 @@ class Runtime:
         changed = False
         for item in batch:
             if isinstance(item, Publication):
+                if len(item.payload) > node.settings.max_publication_bytes:
+                    self._refuse_publication(item, now)
+                    continue
                 node.local_publish(item.topic, item.payload, item.qos, item.retain, item.properties, now)
             elif isinstance(item, LogLine):
                 self.log_lines += 1
@@ -405,6 +451,26 @@ class Runtime:
             log.error("broker %s refused the connection of %r: %s; check its listener and authentication settings",
                       broker, self.config.client_id, item.reason)
 
+    def _refuse_publication(self, item: Publication, now: float) -> None:
+        """A local publication above max_publication_bytes: not federated (never truncated), counted, logged."""
+        node = self.node
+        assert node is not None
+        limit = node.settings.max_publication_bytes
+        node.count_drop("publication_too_large")
+        event = Event(now, str(node.address), events.PUBLICATION_DROPPED,
+                      {"pub": None, "filter": None, "reason": "too_large", "topic": item.topic,
+                       "size": len(item.payload)})
+        self.event_counts[event.type] += 1
+        if self.event_log is not None:
+            self.event_log.write([event])
+        if now - self._refused_logged_at >= REFUSAL_LOG_INTERVAL:
+            self._refused_logged_at = now
+            log.warning("publication on %r refused: its payload of %d bytes is above max_publication_bytes (%d); "
+                        "it reaches this broker's own subscribers but is not federated (raise "
+                        "settings.max_publication_bytes and max_packet on every wrapper to allow it; further "
+                        "refusals are counted as drop publication_too_large and logged once a minute)",
+                        item.topic, len(item.payload), limit)
+
     def _check_log_silence(self) -> None:
         self._silence_check = None
         if self.broker_connected and self._log_lines_this_connection == 0:
@@ -433,13 +499,25 @@ class Runtime:
         self._schedule_rearm()  # first: whatever fails below, the timer keeps running
         transport = self.transport
         datagrams = node.datagrams_to_send()
+        envelope = self.envelope
+        if envelope is not None:  # batch, fragment, sign
+            for data, target in datagrams:
+                envelope.send(data, target, now)
+            datagrams = envelope.datagrams_to_send(now)
         if transport is not None:
             for data, target in datagrams:
                 transport.sendto(data, (target.host, target.port))
-        if self.broker is not None:
-            for injection in node.injections_to_make():
-                self.broker.publish(injection)
+        broker = self.broker
+        if broker is not None:
+            self._inject(node, broker, now)
+            if broker.on_loop:
+                self._apply_backpressure(node, broker, now)
         emitted = node.events_emitted()
+        if envelope is not None:
+            dropped = envelope.events_emitted()
+            if dropped:
+                self.drop_reporter.report(dropped, now)
+                emitted += dropped
         if emitted:
             counts = self.event_counts
             for event in emitted:
@@ -449,6 +527,37 @@ class Runtime:
                     self._schedule_save()
             if self.event_log is not None:
                 self.event_log.write(emitted)
+
+    def _inject(self, node: Node, broker: BrokerAdapter, now: float) -> None:
+        """Hand remote publications to the broker while its backlog is small; the rest wait in a bounded
+        queue that drops the oldest QoS 0 publication first (federation.backpressure), counted and reported."""
+        queue = self.injection_queue
+        for injection in node.injections_to_make():
+            dropped = queue.push(injection, injection.qos)
+            if dropped is not None:
+                node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
+                node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
+                          filter=None, reason="broker_backlog")
+        if len(queue):
+            broker.publish_all(queue.take(max(0, BROKER_BACKLOG - broker.backlog())))
+
+    def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float) -> None:
+        """Stop reading publications from the broker while too many QoS 1/2 copies wait for the next hop's
+        acknowledgement, and read again once most are acknowledged (or after BACKPRESSURE_MAX_PAUSE).
+
+        Without it a burst faster than the next wrapper runs past `max_unacked`: the oldest copies stop
+        being tracked, and those the receiver dropped are lost. Paused, the broker queues for the
+        wrapper as it would for a slow client (`max_queued_messages 0` in the shipped config).
+        """
+        outstanding = len(node.reliable.unacked)
+        window = min(BACKPRESSURE_WINDOW, node.settings.max_unacked // 2)
+        if broker.reading_paused:
+            if outstanding <= window // 2 or now - self._paused_at >= BACKPRESSURE_MAX_PAUSE:
+                broker.resume_reading()
+        elif outstanding >= window:
+            broker.pause_reading()
+            self._paused_at = now
+            self.backpressure_pauses += 1
 
     def _schedule_rearm(self) -> None:
         """Re-arm the node timer once per loop iteration, however many inputs it had."""
@@ -502,6 +611,8 @@ class Runtime:
         now = self.clock.now()
         document = node.status(now)
         broker = self.broker
+        if self.envelope is not None:
+            document["envelope"] = self.envelope.status()
         document["daemon"] = {
             "version": __version__, "pid": os.getpid(), "uptime_s": round(now - self.started_at, 3),
             "bind": str(self.config.bind), "announced": str(self.config.announced),
@@ -510,6 +621,10 @@ class Runtime:
                 "connected": self.broker_connected, "reconnects": max(0, self.connections - 1),
                 "log_lines": self.log_lines, "log": self.tracker.counters.as_dict(),
                 "injected": broker.injected if broker else 0, "inject_failed": broker.inject_failed if broker else 0,
+                "backpressure_pauses": self.backpressure_pauses,
+                "reading_paused": broker.reading_paused if broker else False,
+                "injection_backlog": len(self.injection_queue),
+                "injection_dropped": dict(sorted(self.injection_queue.dropped.items())),
             },
             "event_log": str(self.config.event_log) if self.config.event_log else None,
             "event_log_lines": self.event_log.lines if self.event_log else 0,

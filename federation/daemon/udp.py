@@ -8,7 +8,15 @@ on Linux it lets a second UDP socket share the port, and then two wrappers
 would each get half of the datagrams instead of the second failing to start.
 Datagrams that start with `STATUS_MAGIC` are status requests: they go to the
 status handler, and only when they come from this host (a loopback address
-or an address a socket can bind here); everything else goes to the node.
+or an address a socket can bind here); everything else goes to the node,
+through the envelope (federation.envelope: authentication, replay
+protection, reassembly), which the runtime drives.
+
+The envelope reports every refused datagram as a `packet_dropped` event;
+`DropReporter` turns them into human log lines without letting a flood of
+forgeries flood the log: the first drop of each reason is logged at once,
+later ones are summed up at most once a minute. `announce_security` says at
+start-up how the overlay is protected, and loudly when it is not.
 """
 
 from __future__ import annotations
@@ -21,14 +29,29 @@ import socket
 from collections.abc import Callable
 from typing import Any, cast
 
+from federation.daemon.keys import permission_warning
 from federation.daemon.status import STATUS_MAGIC
-from federation.types import Address
+from federation.envelope import Envelope
+from federation.types import Address, Event
 
 log = logging.getLogger("federation.daemon.udp")
 
 SOCKET_BUFFER = 4 * 1024 * 1024
 """bytes requested for SO_RCVBUF and SO_SNDBUF (the kernel caps them at net.core.rmem_max/wmem_max)"""
 MAX_LOCAL_CACHE = 1024
+
+
+DROP_SUMMARY_INTERVAL = 60.0
+"""seconds between log summaries of envelope drops of one reason"""
+SECURITY_REASONS = frozenset({"unauthenticated", "no_key", "unknown_key", "bad_mac", "replayed", "too_old",
+                              "stale_epoch", "not_envelope", "envelope_version"})
+"""drop reasons logged as warnings (an attack or a misconfiguration); the others (loss, reassembly) at info"""
+OPEN_OVERLAY_WARNING = (
+    "!!! NO FEDERATION KEY: the overlay on UDP %s is OPEN. Anyone who can send a datagram to this port can "
+    "inject publications into broker %s and rewrite the federation's routing; nothing is authenticated or "
+    "encrypted. Use this only in a lab. To protect it: `python wrapper.py genkey > federation.key`, "
+    "chmod 600, copy the file to every wrapper and start each with --key-file federation.key "
+    "(docs/security.md).")
 
 
 class BindError(Exception):
@@ -135,3 +158,43 @@ class OverlayProtocol(asyncio.DatagramProtocol):
         # the hello exchange already notices a dead neighbour, so only count them.
         self.send_errors += 1
         log.debug("UDP error: %s", exc)
+
+
+def announce_security(envelope: Envelope, bind: Address, broker: Address, key_file: Any) -> None:
+    """Log how the overlay is protected: loudly when it is open, with the key ids when it is not."""
+    if envelope.mode == "open":
+        log.warning(OPEN_OVERLAY_WARNING, bind, broker)
+        return
+    cipher = "ChaCha20-Poly1305 encryption" if envelope.mode == "aead" else "keyed BLAKE2b MACs, no encryption"
+    log.info("overlay authenticated (%s): %d key(s) from %s, ids %s; the first signs", cipher,
+             len(envelope.keys), key_file, ", ".join(envelope.key_ids()))
+    if key_file is not None:
+        warning = permission_warning(key_file)
+        if warning:
+            log.warning("%s", warning)
+
+
+class DropReporter:
+    """Human log lines for envelope drops: the first of each reason at once, then a summary a minute."""
+
+    def __init__(self, interval: float = DROP_SUMMARY_INTERVAL) -> None:
+        self.interval = interval
+        self._pending: dict[str, int] = {}
+        self._last_logged: dict[str, float] = {}
+
+    def report(self, dropped: list[Event], now: float) -> None:
+        for event in dropped:
+            if event.type != "packet_dropped":
+                continue
+            reason = str(event.fields.get("reason"))
+            count = 1 + int(event.fields.get("suppressed", 0))
+            last = self._last_logged.get(reason)
+            if last is not None and now - last < self.interval:
+                self._pending[reason] = self._pending.get(reason, 0) + count
+                continue
+            earlier = self._pending.pop(reason, 0)
+            self._last_logged[reason] = now
+            level = logging.WARNING if reason in SECURITY_REASONS else logging.INFO
+            more = f" ({earlier} more of this reason since the last report)" if earlier else ""
+            log.log(level, "dropped a datagram from %s: %s: %s%s", event.fields.get("source"), reason,
+                    event.fields.get("detail"), more)

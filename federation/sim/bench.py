@@ -13,14 +13,16 @@ virtual time:
    the rest are cut; seconds until each side has converged; then, after a
    short wait, the links heal; seconds until the whole has converged again;
 3. steady state: control packets and bytes per node per second over a quiet
-   window;
+   window, which starts `steady_delay` seconds after the heal converged (the
+   views agree before every healed link is back up: links keep coming up
+   for about a hello interval);
 4. data: `tm` copies per publication, against the optimum for a tree of
    shortest paths (the edges of the union of BFS paths from the publisher to
    the subscriber nodes) and against flooding to every broker (N-1 copies,
    what a spanning tree that replicates everything, MQTT-ST style, sends).
 
-Wall-clock seconds are printed too; they measure the simulator and the node
-code together.
+Wall-clock and CPU seconds are printed too; they measure the simulator and
+the node code together (CPU seconds are the fairer figure on a shared machine).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from federation.events import publication_text
 from federation.scenario.model import Cut, Heal, NodeSpec, Publish, Scenario, Subscribe
 from federation.scenario.report import classify
 from federation.settings import Settings
+from federation.sim.collector import collector_paused
 from federation.sim.network import NetworkOverload, default_max_in_flight
 from federation.sim.runner import Simulation
 
@@ -58,6 +61,8 @@ class BenchOptions:
     """virtual seconds the partition stays after both sides converged (or gave up)"""
     window: float = 20.0
     """virtual seconds of the steady-state traffic window"""
+    steady_delay: float = 5.0
+    """virtual seconds between the heal's convergence and the start of the steady-state window"""
     latency: float = 0.001
     subscribe_at_start: bool = False
     """True: every subscriber subscribes at t=0 (cores contend during the cold start); False: one by one
@@ -157,23 +162,26 @@ class Bench:
     def run(self) -> dict[str, Any]:
         """Every measurement; after a packet storm the rest stays None and `aborted` says why."""
         self.started = time.perf_counter()
+        cpu_started = time.process_time()
         results = self.results
         for key in ("cold_start_seconds", "subscriptions_seconds", "partition_cut_links", "partition_seconds",
-                    "heal_seconds", "steady_window_seconds", "control_packets_per_node_per_second",
-                    "control_bytes_per_node_per_second", "publications", "copies_per_publication",
-                    "optimum_copies_per_publication", "deliveries"):
+                    "heal_seconds", "steady_window_seconds", "steady_delay_seconds",
+                    "control_packets_per_node_per_second", "control_bytes_per_node_per_second", "publications",
+                    "copies_per_publication", "optimum_copies_per_publication", "deliveries"):
             results[key] = None
         results["control_by_type_per_node_per_second"] = {}
         results["flooding_copies_per_publication"] = self.options.nodes - 1
         results["aborted"] = None
         try:
-            self._measure()
+            with collector_paused():
+                self._measure()
         except NetworkOverload as overload:
             results["aborted"] = str(overload)
             self.progress(f"aborted: {overload}")
         results["violations"] = len(self.simulation.violations)
         results["virtual_seconds"] = round(self.simulation.now, 3)
         results["wall_seconds"] = round(time.perf_counter() - self.started, 3)
+        results["cpu_seconds"] = round(time.process_time() - cpu_started, 3)
         return results
 
     def _measure(self) -> None:
@@ -210,6 +218,7 @@ class Bench:
             simulation.apply(Heal(simulation.now, name_of(a), name_of(b)))
         results["heal_seconds"] = self.converge("heal")
 
+        simulation.run_until(simulation.now + options.steady_delay)
         traffic = simulation.network.traffic
         before = dict(traffic.packets_by_type), dict(traffic.bytes_by_type)
         simulation.run_until(simulation.now + options.window)
@@ -220,6 +229,7 @@ class Bench:
         packets = sum(item["packets"] for item in by_type.values())
         size = sum(item["bytes"] for item in by_type.values())
         results["steady_window_seconds"] = options.window
+        results["steady_delay_seconds"] = options.steady_delay
         results["control_packets_per_node_per_second"] = round(packets / node_seconds, 3)
         results["control_bytes_per_node_per_second"] = round(size / node_seconds, 3)
         results["control_by_type_per_node_per_second"] = {
@@ -282,6 +292,7 @@ def format_table(results: dict[str, Any]) -> str:
         ("invariant violations", str(results["violations"])),
         ("virtual seconds simulated", str(results["virtual_seconds"])),
         ("wall-clock seconds", str(results["wall_seconds"])),
+        ("CPU seconds", str(results["cpu_seconds"])),
     ]
     width = max(len(label) for label, _ in rows)
     lines = [f"{label.ljust(width)}  {value}" for label, value in rows]
@@ -306,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="virtual seconds allowed per convergence measurement (default %(default)s)")
     parser.add_argument("--window", type=float, default=defaults.window,
                         help="virtual seconds of the steady-state window (default %(default)s)")
+    parser.add_argument("--steady-delay", type=float, default=defaults.steady_delay,
+                        help="virtual seconds from the heal's convergence to the steady-state window "
+                             "(default %(default)s)")
     parser.add_argument("--subscribe-at-start", action="store_true",
                         help="subscribe everyone at t=0 (topic cores contend) instead of one by one "
                              "after the cold start")
@@ -318,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--degree must be at least 1")
     options = BenchOptions(nodes=args.nodes, degree=args.degree, seed=args.seed, filters=max(1, args.filters),
                            subscribers=max(1, args.subscribers), publications=max(1, args.publications),
-                           limit=args.limit, window=args.window, subscribe_at_start=args.subscribe_at_start)
+                           limit=args.limit, window=args.window, steady_delay=max(0.0, args.steady_delay),
+                           subscribe_at_start=args.subscribe_at_start)
 
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

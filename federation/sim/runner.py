@@ -57,20 +57,24 @@ from federation.scenario.report import (
     TrafficRecord,
     build_report,
 )
+from federation.sim.collector import collector_paused
+from federation.sim.decode_cache import DecodeCache
 from federation.sim.network import Host, LinkModel, Network, NetworkOverload, NodeSetup, Observer
 from federation.sim.truth import ConvergenceTracker, GroundTruth
 from federation.types import Event, Injection, PublicationId
-from federation.wire import TOPIC_MESSAGE
+from federation.wire import TOPIC_MESSAGE, DecodeFunction
+from federation.wire import decode as wire_decode
 
 BACKEND = "sim"
 EVENT_SCHEMA_VERSION = 1
 LOOP_FACTOR = 4
-"""tm copies of one publication above LOOP_FACTOR * links * matching filters are a loop"""
+"""tm copies of one publication above LOOP_FACTOR * links * matching filters are a loop (QoS 1/2: times
+1 + retransmit_limit + 1, for the hop-by-hop retransmissions and the replays to new mesh neighbours)"""
 
 
-def build_node(setup: NodeSetup) -> Node:
+def build_node(setup: NodeSetup, decode: DecodeFunction = wire_decode) -> Node:
     return Node(setup.address, setup.neighbours, setup.epoch, setup.rng, setup.settings, vid=setup.vid,
-                name=setup.name)
+                name=setup.name, decode=decode)
 
 
 def _json_default(value: Any) -> Any:
@@ -83,7 +87,7 @@ def _json_default(value: Any) -> Any:
 
 class Simulation(Observer[Node]):
     def __init__(self, scenario: Scenario, *, seed: int, events_path: str | None = None,
-                 node_factory: Callable[[NodeSetup], Node] = build_node, max_in_flight: int | None = None) -> None:
+                 node_factory: Callable[[NodeSetup], Node] | None = None, max_in_flight: int | None = None) -> None:
         self.wall_started = time.perf_counter()
         self.scenario = scenario
         self.seed = seed
@@ -92,6 +96,9 @@ class Simulation(Observer[Node]):
             open(events_path, "w", encoding="utf-8") if events_path else None  # noqa: SIM115
         )
         names = scenario.node_names()
+        self.decode_cache = DecodeCache()
+        if node_factory is None:
+            node_factory = functools.partial(build_node, decode=self.decode_cache)
         vids = {spec.name: spec.vid for spec in scenario.nodes}
         model = scenario.link_model
         self.network: Network[Node] = Network(
@@ -107,6 +114,8 @@ class Simulation(Observer[Node]):
         self.touched: set[int] = set()
         self.publications: list[PublicationRecord] = []
         self.topics: dict[PublicationId, str] = {}
+        self.retried: dict[PublicationId, int] = {}
+        """QoS 1/2 publications -> the origin's retransmit_limit (their copies may be retransmitted)"""
         self.deliveries: list[DeliveryRecord] = []
         self.violations: list[str] = []
         self.loop_bounds: dict[PublicationId, int] = {}
@@ -145,13 +154,14 @@ class Simulation(Observer[Node]):
     def run(self) -> dict[str, Any]:
         """Run the whole scenario and return the report."""
         try:
-            try:
-                self.start()
-                self.run_until(self.scenario.duration)
-            except NetworkOverload as overload:
-                self.aborted = str(overload)
-                self._violation(str(overload), self.now)
-            return self.finish()
+            with collector_paused():
+                try:
+                    self.start()
+                    self.run_until(self.scenario.duration)
+                except NetworkOverload as overload:
+                    self.aborted = str(overload)
+                    self._violation(str(overload), self.now)
+                return self.finish()
         finally:
             self.close()
 
@@ -237,6 +247,8 @@ class Simulation(Observer[Node]):
             return
         text = publication_text(publication)
         self.topics[publication] = event.topic
+        if event.qos:
+            self.retried[publication] = node.settings.retransmit_limit
         self.publications.append(PublicationRecord(text, event.node, event.topic, now, in_bound, expected))
         self._sim_event("sim_publish", event.node, pub=text, payload_id=payload_id, topic=event.topic,
                         qos=event.qos, retain=event.retain, size=len(payload), in_bound=in_bound,
@@ -298,6 +310,8 @@ class Simulation(Observer[Node]):
             topic = self.topics.get(publication)
             filters = self.truth.filters_matching(topic) if topic is not None else len(self.truth.filters_ever)
             bound = LOOP_FACTOR * max(1, len(self.network.links)) * max(1, filters)
+            if publication in self.retried:
+                bound *= self.retried[publication] + 2
             self.loop_bounds[publication] = bound
         if copies > bound and publication not in self.loops_flagged:
             self.loops_flagged.add(publication)
@@ -322,6 +336,8 @@ class Simulation(Observer[Node]):
             node = host.node
             if node is None:
                 continue
+            if self.versions.get(host.name) == node.version:
+                continue  # cheaper than building the view to read its version
             view = node.view()
             if self.versions.get(host.name) != view.version:
                 self.versions[host.name] = view.version

@@ -1,0 +1,171 @@
+"""The three things the benchmark compares, started on loopback: one broker, a bridge chain, a federation.
+
+Theory of operation: every setup is a `federation.launch.LocalFederation`, so
+all brokers are rendered from the same template (configs/mosquitto.conf),
+started and stopped by the same code, and differ only in what joins them:
+
+* `single`: one broker; publisher and subscriber both on it. The clients'
+  own ceiling, and the latency floor.
+* `bridge-N`: N brokers in a line, broker i carrying a Mosquitto bridge to
+  broker i+1 (`topic bench/# out 1`: every bench message, QoS kept up to 1).
+  No wrappers run.
+* `federation-N`: the same N brokers in a line joined by our wrappers
+  (default protocol settings), nothing else.
+
+Publisher on the first broker, subscriber on the last. One change to the
+rendered configs applies to every setup alike: `log_type all` becomes the
+list of log types the wrapper reads (`WRAPPER_LOG_TYPES`). `log_type all`
+includes `debug`, which makes Mosquitto write two lines per message to its
+log file ("Received PUBLISH ...", "Sending PUBLISH ..."); the wrapper never
+sees debug lines (they are not published on `$SYS/broker/log`), so they are
+pure cost, and they would load the disk of a benchmark that moves millions of
+messages. docs/benchmarks.md says what they cost.
+
+Each setup gets its own /24 of loopback addresses (127.0.<subnet>.10 and up),
+away from the tests' 127.0.40+ and the demo's 127.0.0.10.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from federation.launch import BROKER_PORT, FederationNode, LaunchError, LocalFederation, line, node_names
+
+WRAPPER_LOG_TYPES = tuple(f"log_type {kind}" for kind in
+                          ("error", "warning", "notice", "information", "subscribe", "unsubscribe"))
+"""every log type whose lines the wrapper reads on $SYS/broker/log (all but debug); one per line"""
+BRIDGE_TOPIC = "bench/#"
+BRIDGE_RESTART_TIMEOUT = 1
+"""seconds a bridge waits before retrying its connection (the next broker may start after it)"""
+CONVERGE_TIMEOUT = 30.0
+"""seconds a federation gets to converge after its wrappers start"""
+SETUP_KINDS = ("single", "bridge", "federation")
+
+
+@dataclass(frozen=True)
+class SetupSpec:
+    """What to start: a kind and a number of brokers (`single` has 1)."""
+
+    kind: str
+    brokers: int
+
+    @property
+    def name(self) -> str:
+        return "single" if self.kind == "single" else f"{self.kind}-{self.brokers}"
+
+    @staticmethod
+    def parse(text: str) -> SetupSpec:
+        """'single', 'bridge-3', 'federation-2' -> SetupSpec; ValueError naming the accepted forms."""
+        if text == "single":
+            return SetupSpec("single", 1)
+        kind, _, count = text.partition("-")
+        if kind in ("bridge", "federation") and count.isdigit() and int(count) >= 2:
+            return SetupSpec(kind, int(count))
+        raise ValueError(f"setup {text!r}: expected single, bridge-N or federation-N with N >= 2")
+
+
+def bridge_lines(index: int, target_host: str, port: int = BROKER_PORT) -> list[str]:
+    """The mosquitto.conf bridge section that forwards every bench message from broker `index` to the next."""
+    return [
+        "",
+        "# bench: bridge to the next broker of the line",
+        f"connection bench-bridge-{index}",
+        f"address {target_host}:{port}",
+        f"topic {BRIDGE_TOPIC} out 1",
+        "cleansession true",
+        f"restart_timeout {BRIDGE_RESTART_TIMEOUT}",
+        "notifications false",
+    ]
+
+
+def bench_conf(rendered: str, bridge: list[str] | None) -> str:
+    """A config rendered by `federation.launch` with the bench's log types and, optionally, a bridge."""
+    lines = [raw for raw in rendered.splitlines() if raw.split() != ["log_type", "all"]]
+    lines += WRAPPER_LOG_TYPES
+    return "\n".join(lines + (bridge or [])) + "\n"
+
+
+class BenchBrokers(LocalFederation):
+    """A LocalFederation whose broker configs get the bench's log types and, with `bridges`, a bridge from
+    each broker to the next in name order."""
+
+    def __init__(self, names: Sequence[str], links: Sequence[tuple[str, str]], workdir: Path, first_address: str,
+                 bridges: bool) -> None:
+        super().__init__(list(names), links, workdir, first_address=first_address)
+        self.bridges = bridges
+
+    def _write_configs(self, node: FederationNode) -> None:  # extends LocalFederation's rendering
+        super()._write_configs(node)
+        order = list(self.nodes)
+        bridge = None
+        if self.bridges and node.index + 1 < len(order):
+            bridge = bridge_lines(node.index, self.nodes[order[node.index + 1]].host)
+        node.broker_conf.write_text(bench_conf(node.broker_conf.read_text(encoding="utf-8"), bridge),
+                                    encoding="utf-8")
+
+
+class Setup:
+    """One started setup: where to publish and subscribe, and which processes to charge CPU time to."""
+
+    def __init__(self, spec: SetupSpec, workdir: Path, subnet: int) -> None:
+        self.spec = spec
+        names = node_names(spec.brokers)
+        links = line(names) if spec.kind == "federation" else []
+        self.brokers = BenchBrokers(names, links, workdir / spec.name, f"127.0.{subnet}.10",
+                                    bridges=spec.kind == "bridge")
+
+    def start(self) -> None:
+        """Start the brokers (and the wrappers, for a federation, until they converge); LaunchError on failure."""
+        if self.spec.kind == "federation":
+            self.brokers.start()
+            try:
+                self.brokers.wait_converged(timeout=CONVERGE_TIMEOUT)
+            except LaunchError:
+                self.brokers.stop()
+                raise
+        else:
+            self.brokers.start_brokers()
+
+    def stop(self) -> None:
+        self.brokers.stop()
+
+    @property
+    def publish_host(self) -> str:
+        return next(iter(self.brokers.nodes.values())).host
+
+    @property
+    def subscribe_host(self) -> str:
+        return list(self.brokers.nodes.values())[-1].host
+
+    def broker_pids(self) -> list[int]:
+        return [node.broker_process.pid for node in self.brokers.nodes.values() if node.broker_process is not None]
+
+    def wrapper_pids(self) -> list[int]:
+        return [node.wrapper_process.pid for node in self.brokers.nodes.values()
+                if node.wrapper_process is not None]
+
+    def check_running(self) -> None:
+        """LaunchError if a broker or wrapper of this setup has exited."""
+        for node in self.brokers.nodes.values():
+            if not node.broker_running or (self.spec.kind == "federation" and not node.wrapper_running):
+                raise LaunchError(f"{self.spec.name}: a process of {node.name} exited:\n{node.diagnostics()}")
+
+    def diagnostics(self) -> str:
+        return self.brokers.diagnostics()
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of a running process (all its threads); 0.0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    fields = text[text.rindex(b")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
