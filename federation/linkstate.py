@@ -27,7 +27,11 @@ record, so a route computation walks only real links, and a change can be
 judged before any computation: a link appearing or vanishing between two
 unreachable nodes, or between two nodes at the same distance, moves no
 route (shortest paths only ever go one hop further at a time), so it needs
-no breadth-first search at all.
+no breadth-first search at all. When links have only appeared since the
+last computation (a cold start, a partition healing), distances can only
+shrink, so the routes are updated from the previous ones, starting at the
+nodes the new links bring closer; a link gone (or a record expired) means a
+full search.
 """
 
 from __future__ import annotations
@@ -112,8 +116,9 @@ class LinkStateDatabase:
         self.refused = 0
         self.links: dict[Address, set[Address]] = {}
         """confirmed two-way links: address -> the peers it and they both list"""
-        self.changed_links: list[tuple[Address, Address]] = []
-        """links confirmed or broken since the last `routes_affected`"""
+        self.changed_links: list[tuple[Address, Address, bool]] = []
+        """(a, b, confirmed) for links confirmed (True) or broken (False) since routes were last computed,
+        less those `routes_affected` found irrelevant"""
         self.changed_ids: list[Address] = []
         """origins whose BrokerId changed (or appeared, or went) since the last `routes_affected`"""
         self.ids: dict[Address, BrokerId] = {}
@@ -166,7 +171,7 @@ class LinkStateDatabase:
             if other is not None and address in other.listed and peer != address:  # never a link to itself
                 self.links.setdefault(address, set()).add(peer)
                 self.links.setdefault(peer, set()).add(address)
-                self.changed_links.append((address, peer))
+                self.changed_links.append((address, peer, True))
 
     def _unlink(self, address: Address, peer: Address) -> None:
         peers = self.links.get(address)
@@ -174,7 +179,7 @@ class LinkStateDatabase:
             return
         peers.discard(peer)
         self.links[peer].discard(address)
-        self.changed_links.append((address, peer))
+        self.changed_links.append((address, peer, False))
 
     def _forget_id(self, origin: BrokerId) -> None:
         same = self.by_vid.get(origin.vid)
@@ -190,7 +195,7 @@ class LinkStateDatabase:
         self._forget_id(stored.record.origin)
         for peer in sorted(self.links.pop(address, ())):
             self.links[peer].discard(address)
-            self.changed_links.append((address, peer))
+            self.changed_links.append((address, peer, False))
 
     def _evict_one(self) -> bool:
         """Make room by dropping the oldest record that is not our own."""
@@ -202,19 +207,16 @@ class LinkStateDatabase:
         return True
 
     def routes_affected(self, routes: Routes) -> bool:
-        """Do the changes since the last call move anything `routes` (computed before them) says?
-        Clears the change lists. Exact: a False means a new computation would give the same routes."""
-        links, ids = self.changed_links, self.changed_ids
-        self.changed_links, self.changed_ids = [], []
+        """Do the changes since `routes` were computed move anything they say? Exact: False means a new
+        computation would give the same routes (the changes are then forgotten); True keeps them for
+        `compute_routes`."""
         distance = routes.distance
-        for address in ids:
-            if address in distance:
-                return True
-        for a, b in links:
-            da, db = distance.get(a), distance.get(b)
-            if da != db:  # one end reachable and not the other, or on different levels
-                return True
-        return False
+        affected = any(address in distance for address in self.changed_ids) or any(
+            distance.get(a) != distance.get(b)  # one end reachable and not the other, or on different levels
+            for a, b, _ in self.changed_links)
+        if not affected:
+            self.changed_links, self.changed_ids = [], []
+        return affected
 
     def expire(self, lifetime: float, reachable: frozenset[Address], now: float) -> list[Address]:
         """Drop unreachable records not received for `lifetime`; reachable ones are kept alive by
@@ -254,9 +256,79 @@ class LinkStateDatabase:
 
     # ------------------------------------------------------------ routes
 
-    def compute_routes(self) -> Routes:
-        """Breadth-first search over confirmed (two-way) links from this node."""
+    def compute_routes(self, previous: Routes | None = None) -> Routes:
+        """Routes over confirmed (two-way) links from this node. From `previous` (the routes computed
+        last, exact for the table as it was then) when the changes since only confirmed links: a
+        partial update from the nodes they bring closer; otherwise a full breadth-first search."""
+        changes = self.changed_links
         self.changed_links, self.changed_ids = [], []
+        if previous is not None and all(confirmed for _, _, confirmed in changes):
+            return self._add_links(previous, changes)
+        return self._search()
+
+    def _add_links(self, previous: Routes, changes: list[tuple[Address, Address, bool]]) -> Routes:
+        """Routes after links were only added. Distances only shrink: relax outward from the nearer end
+        of each new link, level by level; then recompute the next hops of every node whose distance or
+        parents changed, and of those below it whose parents' next hops changed, in order of distance."""
+        links = self.links
+        own = self.own
+        distance = dict(previous.distance)
+        next_hops = dict(previous.next_hops)
+        levels: dict[int, set[Address]] = {}
+        """distance -> nodes whose next hops must be recomputed"""
+
+        def touch(node: Address) -> None:
+            levels.setdefault(distance[node], set()).add(node)
+
+        closer: dict[int, set[Address]] = {}
+        """distance -> nodes brought to that distance, whose links must be relaxed"""
+        for a, b, _ in changes:
+            da, db = distance.get(a), distance.get(b)
+            if da == db:
+                continue  # both unreachable, or on one level: on no shortest path
+            near, far = (a, b) if db is None or (da is not None and da < db) else (b, a)
+            here = distance[near] + 1
+            reached = distance.get(far)
+            if reached is None or reached > here:
+                distance[far] = here
+                closer.setdefault(here, set()).add(far)
+            if distance[far] == here:
+                touch(far)  # a new parent
+        while closer:  # relax outward, nearest first (unit weights: each level settles before the next)
+            depth = min(closer)
+            here = depth + 1
+            for node in closer.pop(depth):
+                if distance[node] != depth:
+                    continue  # brought closer still, later in this loop
+                for peer in links[node]:
+                    reached = distance.get(peer)
+                    if reached is None or reached > here:
+                        distance[peer] = here
+                        closer.setdefault(here, set()).add(peer)
+                        touch(peer)
+                    elif reached == here:
+                        touch(peer)  # a new parent
+        while levels:  # next hops, level by level
+            depth = min(levels)
+            below = depth + 1
+            for node in levels.pop(depth):
+                if distance[node] != depth:
+                    continue  # touched before its distance shrank; handled at its final level
+                if depth == 1:
+                    hops = frozenset([node])
+                else:
+                    hops = frozenset().union(*(next_hops[p] for p in links[node] if distance.get(p) == depth - 1))
+                if next_hops.get(node) != hops:
+                    next_hops[node] = hops
+                    for peer in links[node]:
+                        if distance.get(peer) == below:
+                            levels.setdefault(below, set()).add(peer)
+        members = previous.members if len(distance) == len(previous.distance) else frozenset(distance)
+        assert own in distance
+        return Routes(members, distance, next_hops, dict(self.ids))
+
+    def _search(self) -> Routes:
+        """Breadth-first search over confirmed (two-way) links from this node."""
         ids = dict(self.ids)
         links = self.links
         distance = {self.own: 0}

@@ -120,8 +120,6 @@ class Node:
         self._flood_queue: dict[Address, tuple[StoredRecord, set[Address]]] = {}
         """origin -> (record to forward, transports of the neighbours that have it already)"""
         self.flood_due: float | None = None
-        self._synced: dict[Address, tuple[BrokerId | None, float | None]] = {}
-        """neighbour transport -> the incarnation (announced id, epoch) we last sent our whole table"""
         self._digest_cache: tuple[int, frozenset[Address], tuple[int, tuple[int, ...]]] | None = None
         self._table_version = 0
         self.own_seq = 0
@@ -433,25 +431,20 @@ class Node:
                   neighbour_id=id_text(neighbour.announced))
         if not neighbour.configured:
             self.neighbours.remove(neighbour.transport)
-            self._synced.pop(neighbour.transport, None)
         self.reliable.neighbour_down(neighbour.transport, now)
         self._trigger_origination(now)
 
     def _sync_neighbour(self, neighbour: Neighbour) -> None:
-        """Teach a neighbour that just came up everything we know (the `tu` database exchange).
-        A neighbour incarnation we taught before (a link back after a partition) kept its table:
-        it gets our digest instead, and the anti-entropy exchange sends only what differs."""
-        incarnation = (neighbour.announced, neighbour.extra.get("epoch"))
-        if neighbour.announced is not None and self._synced.get(neighbour.transport) == incarnation:
-            count, buckets = self._digest()
-            self.send(wire.DATABASE_DIGEST, DatabaseDigest(count, buckets), [neighbour.transport])
-        else:
-            self._synced[neighbour.transport] = incarnation
-            # Our own record goes too, unless a newer one is about to be originated (it will follow as
-            # `fd`): the stale one would only flood everywhere for nothing.
-            pending_own = self.origination_due is not None
-            self._send_records([stored for address, stored in sorted(self.lsdb.records.items())
-                                if not (pending_own and address == self.address)], [neighbour.transport])
+        """Teach a neighbour that just came up what we know (the `tu` database exchange): the records
+        of our reachable members. Unreachable ones stay behind: they are on their way to expiry (after
+        a partition, the other side's stale records; the neighbour has the current ones)."""
+        # Our own record goes too, unless a newer one is about to be originated (it will follow as `fd`):
+        # the stale one would only flood everywhere for nothing.
+        pending_own = self.origination_due is not None
+        records = self.lsdb.records
+        self._send_records([records[address] for address in sorted(self.routes.members)
+                            if address in records and not (pending_own and address == self.address)],
+                           [neighbour.transport])
         for announcement in self.mesh.announcements_for_sync(self.last_input_at):
             self.send(wire.TOPIC_CORE, announcement, [neighbour.transport])
 
@@ -494,8 +487,10 @@ class Node:
         self.send_up(wire.DATABASE_DIGEST, DatabaseDigest(count, buckets), exclude=None)
 
     def _on_digest(self, digest: DatabaseDigest, neighbour: Neighbour) -> None:
-        """A neighbour's digest: where it differs from ours, send our summary of those buckets. (The
-        neighbour need not be up yet here: its digest on a link coming back may beat its hello back.)"""
+        """A neighbour's periodic digest: where it differs from ours, send our summary of those buckets."""
+        if not neighbour.up:
+            self.drops["digest_not_up"] += 1
+            return
         count, buckets = self._digest()
         if count == digest.count and buckets == digest.buckets:
             return
@@ -641,7 +636,7 @@ class Node:
         self.spf_due = None
         self.last_spf = now
         previous = self.routes
-        self.routes = self.lsdb.compute_routes()
+        self.routes = self.lsdb.compute_routes(previous)
         added = self.routes.members - previous.members
         removed = previous.members - self.routes.members
         if added or removed:
@@ -811,6 +806,7 @@ class Node:
             } for a in sorted(routes.members)],
             "topics": self.mesh.describe(now),
             "ownership": self.mesh.ownership.status(),
-            "local_subscriptions": {client: dict(sorted(filters.items())) for client, filters in sorted(self.clients.items())},
+            "local_subscriptions": {client: dict(sorted(filters.items()))
+                                    for client, filters in sorted(self.clients.items())},
             **self._counter_snapshot(),
         }

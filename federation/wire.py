@@ -306,8 +306,10 @@ def record_size(record: LinkStateRecord) -> int:
     size = (1 + _uint_size(origin.vid) + _str_size(origin.address.host) + _uint_size(origin.address.port)
             + _uint_size(record.epoch) + _uint_size(record.seq) + _uint_size(record.distance)
             + _uint_size(record.flags) + (1 if len(neighbours) < 16 else 3 if len(neighbours) < 65536 else 5))
-    for host, port in neighbours:
-        size += 1 + _str_size(host) + _uint_size(port)
+    for host, port in neighbours:  # [host, port]: the helpers inlined, this runs for every record sent
+        length = len(host) if host.isascii() else len(host.encode())
+        size += (2 + length + (1 if length < 32 else 2 if length < 256 else 3 if length < 65536 else 5)
+                 + (0 if port < 128 else 1 if port < 256 else 2 if port < 65536 else _uint_size(port) - 1))
     return size
 
 

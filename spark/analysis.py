@@ -305,19 +305,20 @@ def overhead(events: DataFrame, bucket: float) -> dict[str, Any]:
 # ---------------------------------------------------------------- mesh edges for the pictures
 
 def mesh_edges(spark: SparkSession, events: DataFrame,
-               phases: Sequence[Phase]) -> dict[int, list[tuple[str, str, str]]]:
-    """Per phase: the (from, to, filter) mesh links that publications used (`publication_forwarded`, mode mesh)."""
+               phases: Sequence[Phase]) -> dict[int, list[tuple[str, str, str, str]]]:
+    """Per phase: the (from, to, filter, mode) links publications used (`publication_forwarded`; mode
+    `mesh` inside the mesh, `toward_core` on the way to it)."""
     if not phases:
         return {}
     phase_df = spark.createDataFrame([(p.index, float(p.at), float(p.end)) for p in phases],
                                      T.StructType([T.StructField("phase", T.IntegerType()),
                                                    T.StructField("start", T.DoubleType()),
                                                    T.StructField("end", T.DoubleType())]))
-    rows = (events.filter((F.col("type") == "publication_forwarded") & (F.col("mode") == "mesh"))
-            .select("t", "node", "filter", F.explode("to").alias("to"))
+    rows = (events.filter(F.col("type") == "publication_forwarded")
+            .select("t", "node", "filter", "mode", F.explode("to").alias("to"))
             .join(F.broadcast(phase_df), (F.col("t") >= F.col("start")) & (F.col("t") < F.col("end")))
-            .select("phase", "node", "to", "filter").distinct().collect())
-    edges: dict[int, list[tuple[str, str, str]]] = {}
-    for row in sorted(rows, key=lambda r: (r.phase, r.node, r.to, r.filter)):
-        edges.setdefault(row.phase, []).append((row.node, row.to, row.filter))
+            .select("phase", "node", "to", "filter", "mode").distinct().collect())
+    edges: dict[int, list[tuple[str, str, str, str]]] = {}
+    for row in sorted(rows, key=lambda r: (r.phase, r.node, r.to, r.filter, r.mode or "")):
+        edges.setdefault(row.phase, []).append((row.node, row.to, row.filter, row.mode or "mesh"))
     return edges

@@ -12,7 +12,7 @@ Each figure answers one question a person asks about a run:
   second by message type over time, bytes on the right axis.
 - `overlay.png`: what did the federation look like when each phase ended?
   The overlay links (up, or down/cut), the management core, each filter's
-  topic core and the mesh links publications used.
+  topic core and the links publications used (in the mesh, toward the core).
 - `cores_meshes.png`: core changes per time bucket and mesh sizes.
 
 Node positions are computed once (layers by hop distance from the lowest
@@ -208,7 +208,7 @@ def layout(names: Sequence[str], links: Sequence[tuple[str, str]]) -> dict[str, 
 
 
 def overlay(path: Path, phases: Sequence[Mapping[str, Any]], names: Mapping[str, str],
-            links: Sequence[tuple[str, str]], edges: Mapping[int, Sequence[tuple[str, str, str]]]) -> None:
+            links: Sequence[tuple[str, str]], edges: Mapping[int, Sequence[tuple[str, str, str, str]]]) -> None:
     """One panel per phase (the first ones and the last, at most MAX_OVERLAY_PANELS)."""
     chosen = list(phases)
     if len(chosen) > MAX_OVERLAY_PANELS:
@@ -220,7 +220,7 @@ def overlay(path: Path, phases: Sequence[Mapping[str, Any]], names: Mapping[str,
     rows = max(1, math.ceil(len(chosen) / columns))
     figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 4.4 * rows), squeeze=False)
     filters = sorted({f for phase in chosen for node in phase["snapshot"].values() for f in node["topic_cores"]}
-                     | {e[2] for index in edges for e in edges[index]})
+                     | {edge[2] for index in edges for edge in edges[index]})
     colour = {f: FILTER_COLOURS[i % len(FILTER_COLOURS)] for i, f in enumerate(filters)}
     labelled = len(ordered_names) <= LABEL_LIMIT
     size = 260 if labelled else max(12, 3000 / max(1, len(ordered_names)))
@@ -235,20 +235,22 @@ def overlay(path: Path, phases: Sequence[Mapping[str, Any]], names: Mapping[str,
             (x1, y1), (x2, y2) = positions[a], positions[b]
             axis.plot([x1, x2], [y1, y2], color="0.45" if up else "tab:red", linestyle="-" if up else ":",
                       linewidth=1.4 if up else 1.0, zorder=1)
-        mesh = edges.get(phase["index"])
-        if not mesh:  # no publication used the mesh in this phase: the parents nodes chose when joining
-            mesh = [(names.get(node, node), parent, f) for node, state in snapshot.items()
-                    for f, parents in state["meshes"].items() for parent in parents]
-        for source, target, filter_ in sorted(set(mesh)):
+        used = list(edges.get(phase["index"], ()))
+        if not any(mode == "mesh" for *_, mode in used):  # no publication used the mesh: the parents chosen
+            used += [(names.get(node, node), parent, f, "mesh") for node, state in snapshot.items()
+                     for f, parents in state["meshes"].items() for parent in parents]
+        for source, target, filter_, mode in sorted(set(used)):
             a = address_name.get(source, source)
             b = address_name.get(target, target)
             if a not in positions or b not in positions:
                 continue
             shift = 0.04 * (filters.index(filter_) + 1) if filter_ in filters else 0.0
             (x1, y1), (x2, y2) = positions[a], positions[b]
+            mesh = mode == "mesh"
             axis.annotate("", xy=(x2 + shift, y2 + shift), xytext=(x1 + shift, y1 + shift), zorder=2,
-                          arrowprops={"arrowstyle": "->", "color": colour.get(filter_, "black"), "linewidth": 1.6,
-                                      "alpha": 0.8, "shrinkA": 9, "shrinkB": 9})
+                          arrowprops={"arrowstyle": "->", "color": colour.get(filter_, "black"),
+                                      "linewidth": 1.6 if mesh else 1.0, "linestyle": "-" if mesh else "--",
+                                      "alpha": 0.8 if mesh else 0.6, "shrinkA": 9, "shrinkB": 9})
         cores = {state["management_core"] for state in snapshot.values()}
         for name in ordered_names:
             if name not in positions:
@@ -276,12 +278,14 @@ def overlay(path: Path, phases: Sequence[Mapping[str, Any]], names: Mapping[str,
                       label="management core"),
                Line2D([], [], color="0.45", label="link up"),
                Line2D([], [], color="tab:red", linestyle=":", label="link down / cut"),
-               Line2D([], [], marker="X", color="w", markeredgecolor="0.6", markersize=10, label="node down")]
+               Line2D([], [], marker="X", color="w", markeredgecolor="0.6", markersize=10, label="node down"),
+               Line2D([], [], color="black", label="publications in the mesh"),
+               Line2D([], [], color="black", linestyle="--", linewidth=1.0, label="publications toward the core")]
     handles += [Line2D([], [], marker="o", color="w", markerfacecolor="none", markeredgecolor=colour[f],
                        markeredgewidth=2, markersize=12, label=f"topic core / mesh {f}") for f in filters]
     figure.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8)
-    figure.suptitle("Overlay at the end of each phase (mesh arrows: links publications used, child to parent "
-                    "or along the mesh)", fontsize=10)
+    figure.suptitle("Overlay at the end of each phase; arrows: links publications used in the phase "
+                    "(the mesh parents when none did)", fontsize=10)
     figure.tight_layout(rect=(0, 0.07, 1, 0.96))
     figure.savefig(path, dpi=100)
     plt.close(figure)

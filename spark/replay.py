@@ -213,6 +213,11 @@ class Replay:
         return phase_index + 1 if starts_now else phase_index
 
     def _finish_instant(self, t: float, records: list[Any], phase_index: int | None) -> None:
+        if phase_index is not None and self.current is not None:
+            # The phase ends where the next begins: before this instant's events (the simulator never
+            # settles a phase at the instant the next one starts).
+            self._close_phase(self.current)
+            self.current = None
         for record in records:
             self._apply(record, t)
         for address, pending in self.restarting.items():
@@ -223,8 +228,6 @@ class Replay:
                 self.dirty_nodes.add(address)
         self.restarting.clear()
         if phase_index is not None:
-            if self.current is not None:
-                self._close_phase(self.current)
             self._begin_phase(self.results[phase_index], t)
         self._record_meshes(t)
         self._check(t)

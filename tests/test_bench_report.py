@@ -89,7 +89,7 @@ def test_broker_config_gets_lean_log_types_and_a_bridge() -> None:
     assert all(line in conf for line in WRAPPER_LOG_TYPES)
     assert "log_type debug" not in conf
     assert conf[conf.index("connection bench-bridge-0") + 1] == "address 127.0.150.11:1883"
-    assert "topic bench/# out 1" in conf and "max_queued_messages 0" in conf
+    assert "topic bench/# out 1" in conf and "max_queued_messages 0" in conf and "set_tcp_nodelay true" in conf
 
 
 def test_cpu_seconds_of_this_process_and_of_a_missing_one() -> None:

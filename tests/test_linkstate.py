@@ -78,7 +78,7 @@ def test_routes_match_the_reference_and_skipped_computations_are_exact() -> None
             seqs[node] += 1
             db.accept(record(node, heard[node], seqs[node], vids[node], flags), 1, float(step))
             fresh_needed = db.routes_affected(routes)
-            fresh = db.compute_routes()
+            fresh = db.compute_routes(routes)  # partial when the changes only added links
             members, distance, hops = reference_routes(db)
             assert (fresh.members, fresh.distance, fresh.next_hops) == (members, distance, hops), (trial, step)
             if fresh_needed:
@@ -91,6 +91,38 @@ def test_routes_match_the_reference_and_skipped_computations_are_exact() -> None
         assert db.ids == {a: s.record.origin for a, s in db.records.items()}
         for vid, origins in db.by_vid.items():
             assert origins == {a for a, s in db.records.items() if s.record.origin.vid == vid}
+
+
+def test_partial_update_after_added_links_equals_a_full_search() -> None:
+    """Links appear in batches of 1-5 (nodes join, far ends connect): the routes updated from the previous
+    ones must equal the reference search each time, distances, members and every next-hop set."""
+    rng = random.Random(8)
+    for trial in range(40):
+        count = rng.randint(5, 60)
+        wanted = {(rng.randrange(i), i) for i in range(1, count)}
+        wanted |= {tuple(sorted(rng.sample(range(count), 2))) for _ in range(rng.randint(0, 2 * count))}
+        order = sorted(wanted)
+        rng.shuffle(order)
+        heard: dict[int, set[int]] = {i: set() for i in range(count)}
+        seqs = dict.fromkeys(range(count), 1)
+        db = LinkStateDatabase(address(0), capacity=1000)
+        for i in range(count):
+            db.accept(record(i, set(), 1), 1, 0.0)
+        routes = db.compute_routes()
+        position = 0
+        while position < len(order):
+            batch = order[position:position + rng.randint(1, 5)]
+            position += len(batch)
+            for a, b in batch:
+                heard[a].add(b)
+                heard[b].add(a)
+            for node in sorted({n for link in batch for n in link}):
+                seqs[node] += 1
+                db.accept(record(node, heard[node], seqs[node]), 1, 0.0)
+            assert all(confirmed for _, _, confirmed in db.changed_links)
+            routes = db.compute_routes(routes)
+            members, distance, hops = reference_routes(db)
+            assert (routes.members, routes.distance, routes.next_hops) == (members, distance, hops), (trial, position)
 
 
 def test_links_between_unreachable_or_equidistant_nodes_need_no_computation() -> None:

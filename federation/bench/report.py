@@ -158,7 +158,7 @@ def ratio_table(combined: dict[Key, dict[str, float]], setups: Sequence[str], va
     at = f" at {rate:,.0f}/s" if rate is not None else ""
     header = ["QoS", "size", "brokers", "max msg/s: ours / bridge", "max msg/s: ours / single",
               f"p50{at}: ours / bridge", f"p99{at}: ours / bridge",
-              f"p50 added per hop{at}, ms: ours | bridge", f"p99 added per hop{at}, ms: ours | bridge"]
+              f"p50 added per hop{at}, ms: ours \\| bridge", f"p99 added per hop{at}, ms: ours \\| bridge"]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     federations = [s for s in setups if s.startswith("federation-")]

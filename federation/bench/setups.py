@@ -12,14 +12,18 @@ started and stopped by the same code, and differ only in what joins them:
 * `federation-N`: the same N brokers in a line joined by our wrappers
   (default protocol settings), nothing else.
 
-Publisher on the first broker, subscriber on the last. One change to the
-rendered configs applies to every setup alike: `log_type all` becomes the
-list of log types the wrapper reads (`WRAPPER_LOG_TYPES`). `log_type all`
-includes `debug`, which makes Mosquitto write two lines per message to its
-log file ("Received PUBLISH ...", "Sending PUBLISH ..."); the wrapper never
-sees debug lines (they are not published on `$SYS/broker/log`), so they are
-pure cost, and they would load the disk of a benchmark that moves millions of
-messages. docs/benchmarks.md says what they cost.
+Publisher on the first broker, subscriber on the last. Two changes to the
+rendered configs apply to every setup alike:
+
+* `log_type all` becomes the list of log types the wrapper reads
+  (`WRAPPER_LOG_TYPES`). `log_type all` includes `debug`, which makes
+  Mosquitto write two lines per message to its log file ("Received PUBLISH
+  ...", "Sending PUBLISH ..."); the wrapper never sees debug lines (they are
+  not published on `$SYS/broker/log`), so they are pure cost, and they would
+  load the disk of a benchmark that moves millions of messages.
+* `set_tcp_nodelay true`: without it Mosquitto's sends to a QoS 0
+  subscriber wait for Nagle's algorithm, and a 1 KB message at 1,000/s takes
+  about 20 ms on one broker instead of 0.15 ms (measured; docs/benchmarks.md).
 
 Each setup gets its own /24 of loopback addresses (127.0.<subnet>.10 and up),
 away from the tests' 127.0.40+ and the demo's 127.0.0.10.
@@ -85,6 +89,7 @@ def bench_conf(rendered: str, bridge: list[str] | None) -> str:
     """A config rendered by `federation.launch` with the bench's log types and, optionally, a bridge."""
     lines = [raw for raw in rendered.splitlines() if raw.split() != ["log_type", "all"]]
     lines += WRAPPER_LOG_TYPES
+    lines.append("set_tcp_nodelay true")
     return "\n".join(lines + (bridge or [])) + "\n"
 
 

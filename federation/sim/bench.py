@@ -126,7 +126,8 @@ def name_of(index: int) -> str:
 class Bench:
     def __init__(self, options: BenchOptions, progress: Callable[[str], None] | None = None) -> None:
         self.options = options
-        self.progress = progress or (lambda text: None)
+        self._progress = progress or (lambda text: None)
+        self.last_progress = time.perf_counter()
         rng = random.Random(f"bench:{options.seed}")
         self.rng = rng
         self.edges = build_overlay(options.nodes, options.degree, rng)
@@ -149,11 +150,22 @@ class Bench:
             "seed": options.seed, "filters": options.filters, "subscribers_per_filter": options.subscribers,
         }
 
+    def progress(self, text: str) -> None:
+        self.last_progress = time.perf_counter()
+        self._progress(text)
+
     def converge(self, label: str) -> float | None:
         """Run until the current phase converges (or the limit); its seconds, or None."""
         simulation = self.simulation
         phase = simulation.tracker.phases[-1]
-        simulation.network.run_while(lambda: phase.settled_at is None, simulation.now + self.options.limit)
+        limit = simulation.now + self.options.limit
+        step = 0.5
+        while phase.settled_at is None and simulation.now < limit:
+            # In slices of virtual time, with a sign of life for long runs.
+            simulation.network.run_while(lambda: phase.settled_at is None, min(limit, simulation.now + step))
+            if phase.settled_at is None and time.perf_counter() - self.last_progress > 60:
+                self.progress(f"  {label}: still converging at virtual t={simulation.now:.3f} "
+                              f"(wall {time.perf_counter() - self.started:.1f} s)")
         seconds = None if phase.settled_at is None else round(phase.settled_at - phase.at, 6)
         self.progress(f"{label}: {'not converged' if seconds is None else f'{seconds:.3f} s'} "
                       f"(virtual t={simulation.now:.3f}, wall {time.perf_counter() - self.started:.1f} s)")
@@ -210,12 +222,14 @@ class Bench:
         side = set(half)
         crossing = [(a, b) for a, b in self.edges if (a in side) != (b in side)]
         results["partition_cut_links"] = len(crossing)
-        for a, b in crossing:
-            simulation.apply(Cut(simulation.now, name_of(a), name_of(b)))
+        with simulation.simultaneously():
+            for a, b in crossing:
+                simulation.apply(Cut(simulation.now, name_of(a), name_of(b)))
         results["partition_seconds"] = self.converge("partition")
         simulation.run_until(simulation.now + options.partition_hold)
-        for a, b in crossing:
-            simulation.apply(Heal(simulation.now, name_of(a), name_of(b)))
+        with simulation.simultaneously():
+            for a, b in crossing:
+                simulation.apply(Heal(simulation.now, name_of(a), name_of(b)))
         results["heal_seconds"] = self.converge("heal")
 
         simulation.run_until(simulation.now + options.steady_delay)

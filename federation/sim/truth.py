@@ -96,11 +96,14 @@ class GroundTruth:
     def disrupt(self, now: float, touched: Iterable[str]) -> None:
         """Note a disruption at `now` that touched these nodes' components (call before and after the change)."""
         self.last_disruption = now
+        components: set[int] = set()
         for name in touched:
             index = self.component_of.get(name)
             if index is None:
                 self.disturbed_at[name] = now
-                continue
+            else:
+                components.add(index)
+        for index in components:  # each component once, however many of its nodes were touched
             for member in self.components[index]:
                 self.disturbed_at[member] = now
 
