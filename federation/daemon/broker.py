@@ -13,10 +13,13 @@ Two ways to drive paho:
   the loop's. Only a connection attempt runs in the loop's default executor,
   because paho's connect blocks (up to its 5 s timeout for an unreachable
   host); reconnection uses exponential backoff (0.5 s doubling to 10 s) and
-  `loop_misc` runs every second for the keepalive. Profiling showed why: with
-  paho in its own thread the two threads handed the GIL back and forth for
-  every message (paho wakes its thread through a socket pair on every
-  publish), and that, not the protocol, set the throughput (docs/benchmarks.md).
+  `loop_misc` runs every second for the keepalive. Why: with paho in its own
+  thread the two threads handed the GIL back and forth for every message
+  (paho wakes its thread through a socket pair on every publish), which
+  cost 12-25% of the wrapper's CPU per message (docs/benchmarks.md).
+  `pause_reading` / `resume_reading` let the runtime stop taking
+  publications while the next hop lags (backpressure); the broker queues
+  for the wrapper meanwhile.
 * in paho's own network thread (`loop_start`, without `loop=`): simpler, for
   tools and tests; paho reconnects with the same backoff.
 
