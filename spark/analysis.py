@@ -131,9 +131,14 @@ def node_names(rows: Sequence[Any]) -> dict[str, str]:
 
 def _phase_tables(spark: SparkSession, phases: Sequence[Phase],
                   names: Mapping[str, str]) -> tuple[DataFrame, DataFrame]:
-    phase_rows = [(p.index, float(p.at), float(p.end), float(max(d.at for d in p.disruptions)), p.loss_active)
-                  for p in phases]
-    phase_df = spark.createDataFrame(phase_rows, "phase INT, start DOUBLE, end DOUBLE, last DOUBLE, loss BOOLEAN")
+    def order(position: int) -> tuple[str | None, int | None]:
+        announced = phases[position].order if position < len(phases) else None
+        return announced if announced is not None else (None, None)
+
+    phase_rows = [(p.index, float(p.at), float(p.end), float(max(d.at for d in p.disruptions)), p.loss_active,
+                   *order(position), *order(position + 1)) for position, p in enumerate(phases)]
+    phase_df = spark.createDataFrame(phase_rows, "phase INT, start DOUBLE, end DOUBLE, last DOUBLE, loss BOOLEAN, "
+                                                 "start_file STRING, start_seq LONG, end_file STRING, end_seq LONG")
     component_rows = [(p.index, names[name], index) for p in phases
                       for index, component in enumerate(p.components) for name in component if name in names]
     component_df = spark.createDataFrame(component_rows, "phase INT, node STRING, component INT")
@@ -158,10 +163,16 @@ def deliveries(spark: SparkSession, events: DataFrame, phases: Sequence[Phase], 
     phase_df, component_df = _phase_tables(spark, phases, names)
     subs, regex = _subscription_tables(spark, subscriptions)
     pubs = (events.filter(F.col("type") == "publication_originated")
-            .select("pub", F.col("node").alias("origin"), F.col("t").alias("sent_at"), "topic")
+            .select("pub", F.col("node").alias("origin"), F.col("t").alias("sent_at"), "topic", "file", "seq")
             .dropDuplicates(["pub"]))
-    pubs = (pubs.join(F.broadcast(phase_df), (F.col("sent_at") >= F.col("start")) & (F.col("sent_at") < F.col("end")),
-                      "left")
+    # A publication at the very instant of a disruption belongs to the phase before it if it was written
+    # before the disruption's record in the same file (the simulator's execution order).
+    after_start = (F.col("sent_at") > F.col("start")) | (
+        (F.col("sent_at") == F.col("start"))
+        & (F.col("start_file").isNull() | (F.col("file") != F.col("start_file")) | (F.col("seq") > F.col("start_seq"))))
+    before_end = (F.col("sent_at") < F.col("end")) | (
+        (F.col("sent_at") == F.col("end")) & (F.col("file") == F.col("end_file")) & (F.col("seq") < F.col("end_seq")))
+    pubs = (pubs.join(F.broadcast(phase_df), after_start & before_end, "left")
             .withColumn("in_bound", F.coalesce(~F.col("loss") & (F.col("last") <= F.col("sent_at") - F.lit(settle)),
                                                F.lit(False)))
             .select("pub", "origin", "sent_at", "topic", "phase", "in_bound")

@@ -31,7 +31,7 @@ the same rules as `federation.sim.truth.GroundTruth`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 HARNESS_PHASE_GAP = 1.0
@@ -57,6 +57,9 @@ class Disruption:
     oneway: bool = False
     percent: float = 0.0
     link: tuple[str, str] | None = None
+    order: tuple[str, int] | None = None
+    """(file, position) of the record that announced it: events of the same instant written before it
+    happened before it (the simulator writes in execution order)"""
 
 
 @dataclass
@@ -71,6 +74,10 @@ class Phase:
     loss_active: bool = False
     origin: float = 0.0
     """the run's t=0 in event time: labels give times from it, as the scenario file does"""
+
+    @property
+    def order(self) -> tuple[str, int] | None:
+        return self.disruptions[0].order
 
     @property
     def label(self) -> str:
@@ -217,21 +224,24 @@ def from_sim_events(records: Iterable[Mapping[str, Any]], settle: float) -> Time
     for record in records:
         kind = record["type"]
         at = float(record["t"])
+        order = (str(record["file"]), int(record["seq"])) if record.get("file") is not None else None
         if kind == "sim_start":
             started = True
             names = {str(k): str(v) for k, v in sorted((record.get("nodes") or {}).items())}
             links = [(str(a), str(b)) for a, b in (record.get("links") or [])]
-            disruptions.append(Disruption(at, "start", "start"))
+            disruptions.append(Disruption(at, "start", "start", order=order))
         elif kind == "sim_cut":
-            disruptions.append(_cut(at, record["a"], record["b"], bool(record.get("oneway"))))
+            disruptions.append(replace(_cut(at, record["a"], record["b"], bool(record.get("oneway"))), order=order))
         elif kind == "sim_heal":
-            disruptions.append(_heal(at, record["a"], record["b"]))
+            disruptions.append(replace(_heal(at, record["a"], record["b"]), order=order))
         elif kind == "sim_kill":
-            disruptions.append(Disruption(at, "kill", f"kill {record['name']}", node=record["name"]))
+            disruptions.append(Disruption(at, "kill", f"kill {record['name']}", node=record["name"], order=order))
         elif kind == "sim_restart":
-            disruptions.append(Disruption(at, "restart", f"restart {record['name']}", node=record["name"]))
+            disruptions.append(Disruption(at, "restart", f"restart {record['name']}", node=record["name"],
+                                          order=order))
         elif kind == "sim_loss":
-            disruptions.append(_loss(at, float(record.get("percent") or 0.0), record.get("link")))
+            disruptions.append(replace(_loss(at, float(record.get("percent") or 0.0), record.get("link")),
+                                       order=order))
     if not started:
         return None
     return Timeline(names, links, disruptions, settle, source="simulator records (sim_*)")

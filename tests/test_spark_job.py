@@ -93,6 +93,30 @@ def test_convergence_and_deliveries_equal_the_simulators_report(spark: Any, tmp_
     assert all(c["settled_at"] is not None for p in mine["convergence"] for c in p["components"])
 
 
+SAME_INSTANT = """\
+name: same-instant
+description: publications at the very instants of a cut and a heal (the simulator runs them first)
+duration: 25
+nodes: {n0: {id: 0}, n1: {id: 1}, n2: {id: 2}, n3: {id: 3}}
+links: [[n0, n1], [n1, n2], [n2, n3], [n3, n0]]
+events:
+  - {at: 0.5, subscribe: {node: n0, client: s0, filter: "x/#"}}
+  - {at: 0.5, subscribe: {node: n2, client: s2, filter: "x/+"}}
+  - {at: 6, publish: {node: n1, topic: x/y, count: 60, interval: 0.25}}
+  - {at: 11, cut: [n0, n1]}
+  - {at: 18.5, heal: [n0, n1]}
+"""
+
+
+def test_publications_at_the_instant_of_a_disruption(spark: Any, tmp_path: Path) -> None:
+    """6 + 20 x 0.25 = 11.0 and 6 + 50 x 0.25 = 18.5: a publication shares the instant of the cut and of the heal."""
+    scenario = tmp_path / "same-instant.yaml"
+    scenario.write_text(SAME_INSTANT)
+    events = tmp_path / "events.jsonl"
+    truth = run_scenario(load_scenario(str(scenario)), seed=1, events_path=str(events))
+    assert_matches_simulator(run_job(spark, tmp_path / "out", "--events", str(events)), truth)
+
+
 def test_the_scenario_file_gives_the_same_answer_as_the_simulator_records(spark: Any, tmp_path: Path) -> None:
     """ring6: a kill (no event from the dead node: only the scenario says so) and a restart."""
     events, truth = simulate(tmp_path, "ring6")

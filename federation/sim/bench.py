@@ -185,7 +185,7 @@ class Bench:
         results["flooding_copies_per_publication"] = self.options.nodes - 1
         results["aborted"] = None
         try:
-            with collector_paused():
+            with collector_paused(collect=False):
                 self._measure()
         except NetworkOverload as overload:
             results["aborted"] = str(overload)
