@@ -806,6 +806,7 @@ class Node:
             } for a in sorted(routes.members)],
             "topics": self.mesh.describe(now),
             "ownership": self.mesh.ownership.status(),
+            "reliable": self.reliable.status(),
             "local_subscriptions": {client: dict(sorted(filters.items()))
                                     for client, filters in sorted(self.clients.items())},
             **self._counter_snapshot(),

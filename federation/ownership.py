@@ -73,6 +73,9 @@ class OwnershipTable:
         """the freshness of the last withdrawal heard per (subtree, owner): older copies are ignored"""
         self.conflicts: dict[tuple[str, str, Address], Conflict] = {}
         self.refused = 0
+        """announcements of new ownerships refused because the table was full"""
+        self.withdrawn_forgotten = 0
+        """withdrawals forgotten (the oldest) to make room: a late copy of that ownership could be taken again"""
 
     # ------------------------------------------------------------ announcements heard
 
@@ -113,6 +116,7 @@ class OwnershipTable:
         """Remember what was withdrawn or expired, so late copies of it are not taken again."""
         if key not in self.withdrawn and len(self.withdrawn) >= self.capacity:
             del self.withdrawn[next(iter(self.withdrawn))]
+            self.withdrawn_forgotten += 1
         self.withdrawn[key] = max(freshness, self.withdrawn.get(key, freshness))
 
     def new_conflicts(self) -> list[Conflict]:
@@ -171,4 +175,6 @@ class OwnershipTable:
                        for e in sorted(self.entries.values(), key=lambda e: (e.subtree, e.owner))],
             "conflicts": [{"subtree": c.own, "other_subtree": c.other_subtree, "other": str(c.other)}
                           for _, c in sorted(self.conflicts.items())],
+            "refused": self.refused,
+            "withdrawn_forgotten": self.withdrawn_forgotten,
         }

@@ -95,6 +95,8 @@ class ReliableForwarding:
         self._tracked = 0
         self.recent: OrderedDict[tuple[PublicationId, str], tuple[TopicMessage, float, Address | None]] = OrderedDict()
         """(publication, filter) -> (message, when handled, neighbour it came from): replayed to new mesh neighbours"""
+        self.recent_evicted = 0
+        """recent publications forgotten before their replay window ended because `recent` was full"""
 
     # ------------------------------------------------------------ sending side
 
@@ -251,6 +253,8 @@ class ReliableForwarding:
         recent[key] = (message, now, source)
         horizon = now - self.replay_window
         while recent and (len(recent) > self.settings.max_unacked or next(iter(recent.values()))[1] < horizon):
+            if len(recent) > self.settings.max_unacked:
+                self.recent_evicted += 1  # forgotten before its replay window ended: the table was full
             recent.popitem(last=False)
 
     def mesh_neighbour_added(self, filter_: str, announced: Address, now: float) -> None:
@@ -270,4 +274,5 @@ class ReliableForwarding:
             node.counters["replayed_to_new_mesh_neighbours"] += replayed
 
     def status(self) -> dict[str, int]:
-        return {"unacked": len(self.unacked), "limit": self.settings.max_unacked, "recent": len(self.recent)}
+        return {"unacked": len(self.unacked), "limit": self.settings.max_unacked, "recent": len(self.recent),
+                "recent_evicted": self.recent_evicted}

@@ -13,7 +13,8 @@ class Address(NamedTuple):
     port: int
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        # An IPv6 host in brackets, so the text parses back (`parse`) and reads as the usual notation.
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     @classmethod
     def parse(cls, text: str, default_port: int) -> Address:
