@@ -14,9 +14,21 @@ was acknowledged hop by hop and has no other copy coming. Only when nothing
 of QoS 0 is left does the oldest QoS 1/2 item go. Every drop is counted by
 QoS, and the caller reports it.
 
-`is_qos0_publication` lets the daemon shed QoS 0 `tm` packets first when
-the socket's send buffer is full (QoS 1/2 ones are retransmitted by
-`federation.reliable` if the kernel drops them).
+The same rule holds toward the network. `shed_qos0` takes the node's
+outgoing packets while the socket's send side is backed up and keeps
+everything but QoS 0 `tm`: hellos and the rest of the control plane must
+never be lost to data, and QoS 1/2 copies are tracked and retransmitted by
+`federation.reliable` anyway. It works on whole protocol packets, before
+the envelope batches them into datagrams (a datagram may mix a hello with
+publications, so it cannot be judged as a whole).
+
+`PacketBacklog` is the receive side: the daemon reads every datagram
+waiting in the socket at once, handles the control packets at once (so a
+hello never waits behind seconds of data: liveness, docs/protocol.md rule
+1) and queues the `tm` here, to be handled a slice at a time. Bounded in
+packets and bytes; full, it drops the oldest QoS 0 `tm` (looking at the
+oldest `PEEK_LIMIT` only, so a drop costs little), else the oldest. A
+dropped QoS 1/2 one is retransmitted by its sender, which never got a `ta`.
 
 Sans-I/O: no clock, no sockets; the runtime drives it.
 """
@@ -78,12 +90,89 @@ class InjectionQueue(Generic[Item]):
         return out
 
 
-def is_qos0_publication(packet: bytes) -> bool:
-    """Is this encoded packet a QoS 0 `tm` (the first thing to shed when the network is congested)?"""
+PEEK_LIMIT = 64
+"""oldest backlog entries looked at for a QoS 0 `tm` to drop"""
+
+
+def qos0_publication(packet: bytes) -> wire.TopicMessage | None:
+    """The `tm` this encoded packet is, when it is a QoS 0 one (the first thing to shed), else None."""
     if wire.packet_type(packet) != wire.TOPIC_MESSAGE:
-        return False
+        return None
     try:
         body = wire.decode(packet, len(packet), 1 << 16).body
     except wire.DecodeError:
-        return False
-    return isinstance(body, wire.TopicMessage) and body.qos == 0
+        return None
+    return body if isinstance(body, wire.TopicMessage) and body.qos == 0 else None
+
+
+def is_qos0_publication(packet: bytes) -> bool:
+    """Is this encoded packet a QoS 0 `tm` (the first thing to shed when the network is congested)?"""
+    return qos0_publication(packet) is not None
+
+
+Target = TypeVar("Target")
+
+
+def shed_qos0(packets: list[tuple[bytes, Target]]) -> tuple[list[tuple[bytes, Target]],
+                                                             list[tuple[wire.TopicMessage, Target]]]:
+    """Split outgoing packets into those to send (order kept) and the QoS 0 `tm` shed, decoded."""
+    kept: list[tuple[bytes, Target]] = []
+    shed: list[tuple[wire.TopicMessage, Target]] = []
+    for packet, target in packets:
+        message = qos0_publication(packet)
+        if message is None:
+            kept.append((packet, target))
+        else:
+            shed.append((message, target))
+    return kept, shed
+
+
+class PacketBacklog(Generic[Target]):
+    """FIFO of received (packet, source), bounded in packets and bytes; full: the oldest QoS 0 `tm` goes."""
+
+    def __init__(self, max_packets: int, max_bytes: int) -> None:
+        if max_packets <= 0 or max_bytes <= 0:
+            raise ValueError("bounds must be positive")
+        self.max_packets = max_packets
+        self.max_bytes = max_bytes
+        self._items: deque[tuple[bytes, Target]] = deque()
+        self.bytes = 0
+        self.dropped: Counter[str] = Counter()
+        """"qos0" and "qos12": packets dropped because the backlog was full"""
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def push(self, packet: bytes, source: Target) -> list[wire.TopicMessage | None]:
+        """Queue a packet; returns what was dropped to make room (possibly this packet): the decoded QoS 0
+        `tm`, or None for another packet (QoS 1/2: its sender retransmits it)."""
+        self._items.append((packet, source))
+        self.bytes += len(packet)
+        dropped: list[wire.TopicMessage | None] = []
+        while len(self._items) > self.max_packets or self.bytes > self.max_bytes:
+            dropped.append(self._drop_one())
+        return dropped
+
+    def _drop_one(self) -> wire.TopicMessage | None:
+        items = self._items
+        for index in range(min(PEEK_LIMIT, len(items))):
+            message = qos0_publication(items[index][0])
+            if message is not None:
+                self.bytes -= len(items[index][0])
+                del items[index]
+                self.dropped["qos0"] += 1
+                return message
+        packet, _source = items.popleft()
+        self.bytes -= len(packet)
+        self.dropped["qos12"] += 1
+        return None
+
+    def take(self, count: int) -> list[tuple[bytes, Target]]:
+        """Up to `count` packets, oldest first."""
+        out: list[tuple[bytes, Target]] = []
+        items = self._items
+        while items and len(out) < count:
+            item = items.popleft()
+            self.bytes -= len(item[0])
+            out.append(item)
+        return out

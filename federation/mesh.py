@@ -115,6 +115,9 @@ class TopicState:
     """the core was taken from placement (owner or rendezvous winner) and has not announced itself yet"""
     claimed_at: float = float("-inf")
     """when we last claimed this filter (a placed core waits an announce interval for children)"""
+    lost_at: float = float("-inf")
+    """when its core was last lost (unreachable or silent): the filter is kept an announcement lifetime,
+    so publications matching it are held and reported (`no_core`), not silently unmatched"""
 
     @property
     def freshness(self) -> tuple[int, int]:
@@ -364,6 +367,8 @@ class MeshEngine:
         state.core = None
         state.children.clear()
         state.via.clear()
+        if reason == "lost":
+            state.lost_at = now
         self.node.bump_version()
         self.node.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=None,
                        previous=id_text(previous), reason=reason)
@@ -567,7 +572,8 @@ class MeshEngine:
             for item in held:
                 self.route(state, item.message, None, now)
         if state.core is None and not wants and not state.children and not state.held and not state.pending and \
-                (state.withdrawn is None or now - state.heard_at > node.settings.announcement_lifetime):
+                (state.withdrawn is None or now - state.heard_at > node.settings.announcement_lifetime) and \
+                now - state.lost_at > node.settings.announcement_lifetime:
             del self.topics[state.filter]
             self.index.discard(state.filter)
 
@@ -640,8 +646,9 @@ class MeshEngine:
             targets = set(state.parents) | set(state.children)
             mode = MODE_IN_MESH
         else:
-            candidates = sorted(set(self._parents(state)) - {from_announced} if from_announced else
-                                set(self._parents(state)))
+            candidates = [c for c in sorted(set(self._parents(state)) - {from_announced} if from_announced else
+                                            set(self._parents(state)))
+                          if node.neighbours.transport_for(c) is not None]  # a parent just gone is no route
             if not candidates:
                 node.emit(events.PUBLICATION_DROPPED, now, pub=publication_text(publication),
                           filter=state.filter, reason="no_route")
@@ -652,7 +659,14 @@ class MeshEngine:
         if from_announced is not None:
             targets.discard(from_announced)
         transports = [t for t in (node.neighbours.transport_for(a) for a in sorted(targets)) if t is not None]
+        if len(transports) < len(targets):
+            # Mesh neighbours that went down before the routes were recomputed: those copies are lost.
+            node.drops["mesh_copy_neighbour_down"] += len(targets) - len(transports)
         if not transports:
+            if targets:
+                node.emit(events.PUBLICATION_DROPPED, now, pub=publication_text(publication),
+                          filter=state.filter, reason="no_route")
+                node.count_drop("publication_no_route")
             return
         outgoing = TopicMessage(message.filter, message.origin, message.epoch, message.seq, mode,
                                 message.hops + 1 if from_announced is not None else message.hops,

@@ -5,6 +5,15 @@ our own hellos, so it proves both directions work (a one-way cut takes the
 link down on both ends). It is *down* after `dead_intervals` hello intervals
 without one.
 
+Under load the hellos wait in the same queues as the data, so a busy but
+healthy link could miss three in a row. Any other packet that echoes one
+of ours proves the same two-way path, so it counts too: a `ta` that
+acknowledges a `tm` we sent and still wait for (`record_echo`; it keeps an
+up neighbour up, only a hello back brings one up, because only it measures
+the clocks). A `tm` or `hl` from the neighbour proves nothing of the
+direction toward it and does not count: a one-way cut must still take the
+link down at both ends.
+
 The echo also measures the clocks, NTP-style: our hello left at t1 (our
 clock), the peer stamped its answer t2 = t3 (its clock: it answers in the
 step that received the hello), the answer arrived at t4. Then
@@ -101,6 +110,11 @@ class NeighbourTable:
             self._reindex()
             return True
         return False
+
+    def record_echo(self, neighbour: Neighbour, now: float) -> None:
+        """Another echo of our traffic (a matching `ta`): an up neighbour stays up, as after a hello back."""
+        if neighbour.up:
+            neighbour.last_back = max(neighbour.last_back, now)
 
     def clock_report(self) -> dict[str, dict[str, Any]]:
         """Per up neighbour (transport address): smoothed `rtt`, clock `offset` and its `error` bound, seconds."""

@@ -385,7 +385,10 @@ class Node:
                 self.reliable.on_message(body, sender, now)  # acknowledged hop by hop, duplicates too
             self._on_topic_message(body, announced, now)
         elif isinstance(body, TopicAck):
+            acks = self.counters["acks"]
             self.reliable.on_ack(body, sender)
+            if self.counters["acks"] > acks:  # it echoes a `tm` we sent: both directions work (rule 1)
+                self.neighbours.record_echo(neighbour, now)
         elif isinstance(body, DatabaseDigest):
             self._on_digest(body, neighbour)
         elif isinstance(body, DatabaseSummary):

@@ -168,6 +168,10 @@ class _TrieNode:
         self.filter: str | None = None
 
 
+MATCH_CACHE_SIZE = 4096
+"""topics whose matching filters a `FilterIndex` remembers (the memory is emptied when full)"""
+
+
 class FilterIndex:
     """A set of topic filters that answers "which of them match this topic?".
 
@@ -183,6 +187,8 @@ class FilterIndex:
         self._root = _TrieNode()
         self._filters: set[str] = set()
         self._unmatchable: set[str] = set()
+        self._matches: dict[str, list[str]] = {}
+        """topic -> `matching(topic)`: publications repeat their topics; emptied whenever the set changes"""
         for filter_ in filters:
             self.add(filter_)
 
@@ -190,6 +196,7 @@ class FilterIndex:
         if filter_ in self._filters:
             return
         self._filters.add(filter_)
+        self._matches.clear()
         if validate_filter(filter_) is not None:
             self._unmatchable.add(filter_)
             return
@@ -205,6 +212,7 @@ class FilterIndex:
         if filter_ not in self._filters:
             return
         self._filters.remove(filter_)
+        self._matches.clear()
         if filter_ in self._unmatchable:
             self._unmatchable.remove(filter_)
             return
@@ -234,7 +242,17 @@ class FilterIndex:
         return f"FilterIndex({sorted(self._filters)!r})"
 
     def matching(self, topic: str) -> list[str]:
-        """The stored filters that match `topic`, sorted."""
+        """The stored filters that match `topic`, sorted (a new list: the caller may keep or change it)."""
+        cached = self._matches.get(topic)
+        if cached is not None:
+            return cached.copy()
+        found = self._walk(topic)
+        if len(self._matches) >= MATCH_CACHE_SIZE:
+            self._matches.clear()
+        self._matches[topic] = found
+        return found.copy()
+
+    def _walk(self, topic: str) -> list[str]:
         if not _matchable_topic(topic):
             return []
         levels = topic.split(_LEVEL_SEPARATOR)

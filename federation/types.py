@@ -73,7 +73,8 @@ class Event:
     fields: dict[str, Any] = field(default_factory=dict)
 
     def to_json_dict(self) -> dict[str, Any]:
-        record: dict[str, Any] = {"v": EVENT_SCHEMA_VERSION, "t": round(self.time, 6), "node": self.node, "type": self.type}
+        record: dict[str, Any] = {"v": EVENT_SCHEMA_VERSION, "t": round(self.time, 6), "node": self.node,
+                                  "type": self.type}
         record.update(self.fields)
         return record
 

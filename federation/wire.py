@@ -350,19 +350,38 @@ def _list(value: Any, what: str, length: int | None = None) -> list[Any]:
     return value
 
 
+_VALID_CACHE_SIZE = 4096
+_valid_filters: dict[str, None] = {}
+"""filters that passed `_filter` lately: every `tm` and `ta` carries one, and they repeat (a pure memo)"""
+_valid_topics: dict[str, None] = {}
+"""topics that passed `_topic` lately"""
+
+
+def _remember(cache: dict[str, None], text: str) -> None:
+    if len(cache) >= _VALID_CACHE_SIZE:
+        cache.clear()
+    cache[text] = None
+
+
 def _filter(value: Any, what: str) -> str:
+    if type(value) is str and value in _valid_filters:
+        return value
     text = _text(value, what)
     problem = validate_filter(text)
     if problem is not None or federated_filter(text) != text:
         raise DecodeError("bad_filter", f"{what}: {problem or 'not a federated filter'}")
+    _remember(_valid_filters, text)
     return text
 
 
 def _topic(value: Any, what: str) -> str:
+    if type(value) is str and value in _valid_topics:
+        return value
     text = _text(value, what)
     problem = validate_topic(text)
     if problem is not None:
         raise DecodeError("bad_topic", f"{what}: {problem}")
+    _remember(_valid_topics, text)
     return text
 
 

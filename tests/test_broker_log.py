@@ -25,7 +25,7 @@ OWN = "fed-wrapper"
 N = "$SYS/broker/log/N"
 E = "$SYS/broker/log/E"
 W = "$SYS/broker/log/W"
-I = "$SYS/broker/log/I"  # the broker's name for the level
+I = "$SYS/broker/log/I"  # noqa: E741  (the broker's name for the level)
 SUB = SUBSCRIBE_TOPIC
 UNSUB = UNSUBSCRIBE_TOPIC
 
@@ -65,7 +65,8 @@ REFERENCE_LINES = [
     (N, "1795277522: Client s30-stopped has exceeded timeout, disconnecting."),
     (E, "1795277440: Client s12-dup already connected, closing old connection."),
     (N, "1795278824: New client connected from 127.0.0.1:52910 as with-user (p2, c1, k60, u'alice')."),
-    (N, "1795277441: New client connected from 127.0.0.1:43236 as auto-D20CE36F-0ED1-D1E7-0CA8-B11C5D2EA4CD (p2, c1, k60)."),
+    (N, "1795277441: New client connected from 127.0.0.1:43236 as auto-D20CE36F-0ED1-D1E7-0CA8-B11C5D2EA4CD "
+        "(p2, c1, k60)."),
     (N, "1795277443: New client connected from 127.0.0.1:43252 as has space (p2, c1, k60)."),
     (SUB, "1795277443: has space 0 sp ace/x"),
 ]

@@ -16,15 +16,6 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from broker_util import (
-    HOST,
-    Broker,
-    Processes,
-    mosquitto_sub,
-    requires_mosquitto,
-    start_broker,
-    wait_for,
-)
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -38,6 +29,16 @@ from federation.broker_log import (
     ClientUnsubscribed,
     LogEvent,
     filters_end_with_session,
+)
+
+from broker_util import (
+    HOST,
+    Broker,
+    Processes,
+    mosquitto_sub,
+    requires_mosquitto,
+    start_broker,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.broker, requires_mosquitto]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 from federation.broker_log import ClientConnected, ClientGone, ClientSubscribed, ClientUnsubscribed
 from federation.daemon.state import (
     STATE_FILE,
+    BackgroundWriter,
     ClientRecord,
     LocalSubscriptions,
     PersistedState,
@@ -94,6 +97,77 @@ def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path: Path, monkey
     with pytest.raises(OSError):
         atomic_write(path, b"new content")
     assert path.read_bytes() == b"old"
+
+
+class SlowStore(StateStore):
+    """A store whose writes block until released (a slow fsync), recording what they wrote."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.written: list[bytes] = []
+        self.threads: set[int] = set()
+
+    def write(self, content: bytes) -> None:
+        self.threads.add(threading.get_ident())
+        self.started.set()
+        assert self.release.wait(10)
+        super().write(content)
+        self.written.append(content)
+
+
+def test_background_writer_keeps_the_loop_free_and_writes_the_latest(tmp_path: Path) -> None:
+    """A write runs in a thread while the loop goes on; snapshots taken meanwhile: only the newest is written."""
+    store = SlowStore(tmp_path)
+    errors: list[OSError] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        writer = BackgroundWriter(store, loop, errors.append)
+        writer.submit(b"first")
+        await loop.run_in_executor(None, store.started.wait, 10)
+        ticks = 0
+        for _ in range(5):  # the loop runs while the write is blocked
+            await asyncio.sleep(0)
+            ticks += 1
+        writer.submit(b"second")
+        writer.submit(b"third")  # replaces "second", which was never started
+        assert writer.busy and store.written == []
+        store.release.set()
+        await writer.drain()
+        assert not writer.busy and ticks == 5
+        assert writer.superseded == 1
+
+    asyncio.run(scenario())
+    assert store.written == [b"first", b"third"]
+    assert (tmp_path / STATE_FILE).read_bytes() == b"third"
+    assert threading.get_ident() not in store.threads and errors == []
+
+
+def test_background_writer_reports_errors_and_goes_on(tmp_path: Path) -> None:
+    class FailingOnce(StateStore):
+        failed = False
+
+        def write(self, content: bytes) -> None:
+            if not self.failed:
+                self.failed = True
+                raise OSError(28, "No space left on device")
+            super().write(content)
+
+    store = FailingOnce(tmp_path)
+    errors: list[OSError] = []
+
+    async def scenario() -> None:
+        writer = BackgroundWriter(store, asyncio.get_running_loop(), errors.append)
+        writer.submit(b"lost")
+        await writer.drain()
+        writer.submit(b"kept")
+        await writer.drain()
+
+    asyncio.run(scenario())
+    assert [e.errno for e in errors] == [28]
+    assert (tmp_path / STATE_FILE).read_bytes() == b"kept"
 
 
 def test_unreadable_state_is_set_aside(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from federation.daemon.config import load_config
+from federation.daemon.state import STATE_FILE
 from federation.launch import REPO_ROOT, LocalFederation, render_mosquitto_conf
 from federation.topic_filter import matches
 
@@ -353,9 +354,9 @@ def test_subscribers_keep_receiving_across_a_wrapper_restart(make_federation: An
     subscriber.wait_for_message(f"{prefix}/t", b"before")
     state_dir = federation.node("n2").state_dir
     # The wrapper saves its subscription table shortly after a change; a crash before that loses it.
-    wait_for(lambda: any(subscriber.client_id in path.read_text(errors="replace")
-                         for path in state_dir.iterdir() if path.is_file()), 5,
-             message=f"the wrapper of n2 to save {subscriber.client_id} in {state_dir}")
+    state_file = state_dir / STATE_FILE  # not the temporary file: a kill before the rename loses that one
+    wait_for(lambda: state_file.is_file() and subscriber.client_id in state_file.read_text(errors="replace"), 5,
+             message=f"the wrapper of n2 to save {subscriber.client_id} in {state_file}")
 
     status = federation.stop_wrapper("n2", kill=kill)
     assert status == (-9 if kill else 0), f"the wrapper exited with {status}"

@@ -272,3 +272,15 @@ def test_node_plans_draw_missing_ids_from_the_seed():
     assert first[1].vid != node_plans(scenario, seed=8)[1].vid
     assert first[1].neighbours == ("n0", "n2")
     assert first[0].settings["hello_interval"] == 0.2
+
+
+def test_the_shipped_broker_config_renders_without_debug_logging(tmp_path: Path) -> None:
+    from federation.harness.nodeconfig import WRAPPER_LOG_TYPES, mosquitto_template, render_mosquitto_conf
+
+    rendered = render_mosquitto_conf(mosquitto_template(), "127.0.0.12", 1883, tmp_path, run_as_root=False)
+    active = [line for line in rendered.splitlines() if line and not line.startswith("#")]
+    assert "log_type all" not in active  # the shipped file lists the types the wrapper reads instead
+    assert all(log_type in active for log_type in WRAPPER_LOG_TYPES)
+    assert "set_tcp_nodelay true" in active and active.count("log_dest topic") == 1
+    partial = render_mosquitto_conf("log_dest topic\nlog_type error\n", "127.0.0.12", 1883, tmp_path, False)
+    assert "log_type all" in partial.splitlines()  # a template without the subscribe lines gets them back

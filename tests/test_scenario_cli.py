@@ -64,7 +64,7 @@ def test_check_passes_on_every_shipped_scenario() -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == len(SHIPPED)
-    for path, line in zip(SHIPPED, lines):
+    for path, line in zip(SHIPPED, lines, strict=True):
         assert line.startswith(f"ok: {path} (") and line.endswith(" events)"), line
 
 

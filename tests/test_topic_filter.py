@@ -218,7 +218,7 @@ def test_index_behaves_like_a_set() -> None:
     index.discard("a/+")
     index.discard("never/added")
     assert list(index) == ["b/#"]
-    assert "FilterIndex(['b/#'])" == repr(index)
+    assert repr(index) == "FilterIndex(['b/#'])"
 
 
 def test_index_matching_is_sorted_and_complete() -> None:

@@ -36,11 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from federation.harness.nodeconfig import WRAPPER_LOG_TYPES
 from federation.launch import BROKER_PORT, FederationNode, LaunchError, LocalFederation, line, node_names
 
-WRAPPER_LOG_TYPES = tuple(f"log_type {kind}" for kind in
-                          ("error", "warning", "notice", "information", "subscribe", "unsubscribe"))
-"""every log type whose lines the wrapper reads on $SYS/broker/log (all but debug); one per line"""
 BRIDGE_TOPIC = "bench/#"
 BRIDGE_RESTART_TIMEOUT = 1
 """seconds a bridge waits before retrying its connection (the next broker may start after it)"""
@@ -88,8 +86,8 @@ def bridge_lines(index: int, target_host: str, port: int = BROKER_PORT) -> list[
 def bench_conf(rendered: str, bridge: list[str] | None) -> str:
     """A config rendered by `federation.launch` with the bench's log types and, optionally, a bridge."""
     lines = [raw for raw in rendered.splitlines() if raw.split() != ["log_type", "all"]]
-    lines += WRAPPER_LOG_TYPES
-    lines.append("set_tcp_nodelay true")
+    active = {" ".join(raw.split()) for raw in lines if not raw.lstrip().startswith("#")}
+    lines += [wanted for wanted in (*WRAPPER_LOG_TYPES, "set_tcp_nodelay true") if wanted not in active]
     return "\n".join(lines + (bridge or [])) + "\n"
 
 

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.client import PUBLISH
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.exception import MQTTException
 from paho.mqtt.packettypes import PacketTypes
@@ -261,6 +262,120 @@ def dict_to_properties(carried: dict[str, Any] | None) -> tuple[Properties | Non
     return properties, skipped
 
 
+# ------------------------------------------------------------------ paho, leaner on the receive path
+
+
+def lean_qos0_publish(out: bytearray, topic: str, payload: bytes, retain: bool) -> bool:
+    """Append an MQTT v5 QoS 0 PUBLISH without properties to `out`, as paho's `_send_publish` builds it;
+    False (nothing appended) for what paho itself must judge (a topic or payload beyond MQTT's limits)."""
+    topic_bytes = topic.encode("utf-8")
+    if len(topic_bytes) > 0xFFFF or len(payload) > 268435455 or not topic_bytes:
+        return False
+    out.append(0x31 if retain else 0x30)
+    length = 3 + len(topic_bytes) + len(payload)  # topic length, topic, property length 0, payload
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        if length:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            break
+    out += len(topic_bytes).to_bytes(2, "big")
+    out += topic_bytes
+    out.append(0)
+    out += payload
+    return True
+
+
+READ_CHUNK = 1 << 16
+"""bytes asked of the socket per read by `_LeanClient` (paho asks for 1 byte, 1 byte, then the rest per packet)"""
+
+
+class _LeanClient(mqtt.Client):
+    """paho's client with a shorter receive path, for the adapter driven by an asyncio loop.
+
+    paho reads every packet with at least three `recv` calls (command byte,
+    length byte, body), and turns every PUBLISH into an `MQTTMessage` with an
+    MQTT v5 `Properties` object (about 30 `str.replace` and 27 `hasattr`
+    calls when it has no properties at all), a `threading.Condition` and a
+    topic-matcher walk before calling `on_message`. Here:
+
+    * with `lean_publish` set, reads are buffered: one `recv` of up to
+      `READ_CHUNK` bytes serves every packet in it (`buffered` tells the
+      caller complete packets may wait without the socket being readable, so
+      only a caller that drains them, `BrokerAdapter._on_readable`, sets it);
+    * `publish_completed` hears of every completed QoS 1/2 publication;
+    * a QoS 0 or 1 PUBLISH *without properties* goes to
+      `lean_publish(topic_bytes, payload, qos, retain)` directly (then PUBACK
+      as paho would); QoS 2, a PUBLISH with properties, or anything that does
+      not parse, takes paho's own path, `on_message`, unchanged.
+
+    They override private paho methods (`_sock_recv`, `_handle_publish`, `_do_on_publish`),
+    checked against paho-mqtt 2.x (setup.cfg pins `<3`); tests/test_hotpath_lean.py
+    compares the two paths.
+    """
+
+    lean_publish: Callable[[bytes, bytes, int, bool], None] | None = None
+    publish_completed: Callable[[int], None] | None = None
+    """called with the mid of every QoS 1/2 publication the broker completed (PUBACK, PUBCOMP); unlike
+    `on_publish` it costs nothing per QoS 0 publication (paho builds a ReasonCode and Properties for each)"""
+    _read_data = b""
+    _read_pos = 0
+    _read_sock: object = None
+
+    def buffered(self) -> int:
+        """Bytes read from the socket that paho has not consumed yet."""
+        return len(self._read_data) - self._read_pos if self._read_sock is self._sock else 0
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        if self.lean_publish is None:
+            return super()._sock_recv(bufsize)
+        if self._read_sock is not self._sock:  # a new connection: nothing of the old one is valid
+            self._read_sock, self._read_data, self._read_pos = self._sock, b"", 0
+        data, pos = self._read_data, self._read_pos
+        if pos >= len(data):
+            data = super()._sock_recv(max(bufsize, READ_CHUNK))  # BlockingIOError when empty, b"" at EOF
+            if len(data) <= bufsize:
+                self._read_data, self._read_pos = b"", 0
+                return data
+            pos = 0
+            self._read_data = data
+        end = pos + bufsize
+        self._read_pos = end
+        return data[pos:end]
+
+    def send_qos0(self, packets: bytearray) -> MQTTErrorCode:
+        """Queue and write already-built QoS 0 PUBLISH packets (`lean_qos0_publish`) as one buffer: one `send`
+        for a run of them, and none of paho's per-publish `MQTTMessageInfo` (with its `threading.Condition`)."""
+        if self._sock is None:
+            return MQTTErrorCode.MQTT_ERR_NO_CONN
+        # One MQTTMessageInfo for the whole run: paho marks it published once the buffer is written.
+        return self._packet_queue(PUBLISH, packets, 0, 0, mqtt.MQTTMessageInfo(0))  # type: ignore[no-any-return]
+
+    def _do_on_publish(self, mid: int, reason_code: ReasonCode, properties: Properties) -> MQTTErrorCode:
+        completed = self.publish_completed
+        if completed is not None:
+            completed(mid)
+        return super()._do_on_publish(mid, reason_code, properties)  # type: ignore[no-any-return]
+
+    def _handle_publish(self) -> MQTTErrorCode:
+        lean = self.lean_publish
+        packet = self._in_packet
+        command = packet["command"]
+        qos = (command & 0x06) >> 1
+        data = packet["packet"]
+        if lean is None or qos == 2:
+            return super()._handle_publish()  # type: ignore[no-any-return]
+        topic_end = 2 + ((data[0] << 8) | data[1]) if len(data) >= 2 else len(data) + 1
+        position = topic_end + (2 if qos else 0)
+        if position >= len(data) or data[position] != 0 or topic_end <= 2:
+            return super()._handle_publish()  # type: ignore[no-any-return]  # properties, or malformed
+        lean(bytes(data[2:topic_end]), bytes(data[position + 1:]), qos, bool(command & 0x01))
+        if qos == 1 and not self._manual_ack:
+            return self._send_puback((data[topic_end] << 8) | data[topic_end + 1])  # type: ignore[no-any-return]
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+
 # ------------------------------------------------------------------ the adapter
 
 
@@ -287,7 +402,7 @@ class BrokerAdapter:
 
     def __init__(self, broker: Address, client_id: str, deliver: Callable[[BrokerItem], None],
                  max_qos: int = 2, loop: asyncio.AbstractEventLoop | None = None,
-                 flush: Callable[[], None] | None = None) -> None:
+                 flush: Callable[[], None] | None = None, on_completed: Callable[[], None] | None = None) -> None:
         self.broker = broker
         self.client_id = client_id
         self.max_qos = max_qos
@@ -300,7 +415,9 @@ class BrokerAdapter:
         self.injected = 0
         self.inject_failed = 0
         self.properties_skipped = 0
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        client = _LeanClient(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        if loop is not None:
+            client.lean_publish = self._on_lean_publish  # the buffered reads need `_on_readable`'s draining
         client.max_inflight_messages_set(MAX_INFLIGHT)
         client.max_queued_messages_set(0)  # unlimited
         # paho's signature says int, but it sleeps on floats; the first retry comes after 0.5 s.
@@ -310,7 +427,13 @@ class BrokerAdapter:
         client.on_disconnect = self._on_disconnect
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
+        client.publish_completed = self._on_publish_completed
         self.client = client
+        self._unfinished: set[int] = set()
+        """mids of the QoS 1/2 publications handed to paho that the broker has not completed (`backlog`)"""
+        self._completed = False
+        self._on_completed = on_completed
+        """with `loop`: called after a read pass in which the broker completed some of our QoS 1/2 publications"""
         # Driven by an asyncio loop: the watched socket and the pending timers.
         self._watched: socket.socket | None = None
         self._writing = False
@@ -320,6 +443,8 @@ class BrokerAdapter:
         self._misc_handle: asyncio.TimerHandle | None = None
         self._available = array.array("i", [0])
         self._paused = False
+        self._read_retry: asyncio.Handle | None = None
+        """a pending read pass for packets already in our buffer (`_schedule_read_retry`)"""
         if loop is not None:
             client.on_socket_open = self._on_socket_open
             client.on_socket_close = self._on_socket_close
@@ -346,7 +471,7 @@ class BrokerAdapter:
 
     def publish(self, injection: Injection) -> bool:
         """Publish a remote publication into the broker; False if paho refused it (not connected, QoS 0)."""
-        properties, skipped = dict_to_properties(injection.properties)
+        properties, skipped = dict_to_properties(injection.properties) if injection.properties else (None, ())
         if skipped:
             self.properties_skipped += len(skipped)
             log.debug("publication %s: skipped invalid properties %s", injection.publication, skipped)
@@ -364,23 +489,47 @@ class BrokerAdapter:
             # QoS 1/2 messages refused for "no connection" are queued by paho and sent after reconnecting.
             self.inject_failed += 1
             return False
+        if qos:
+            self._unfinished.add(info.mid)  # stored by paho until PUBACK / PUBCOMP, also while disconnected
         self.injected += 1
         return True
 
     def backlog(self) -> int:
-        """Publications paho holds that the broker has not completed yet (in flight or queued)."""
-        return len(getattr(self.client, "_out_messages", ()))
+        """QoS 1/2 publications handed to paho that the broker has not completed yet (in flight or queued)."""
+        return len(self._unfinished)
 
     def publish_all(self, injections: Sequence[Injection]) -> None:
-        """Publish several; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as fit."""
+        """Publish several; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as fit.
+        A run of QoS 0 publications without properties is built here and written with one `send`."""
         sock = self._watched if len(injections) > 1 and self._loop is not None else None
         corked = sock is not None and _set_cork(sock, True)
+        client = self.client
+        max_qos = self.max_qos
+        run = bytearray()
+        count = 0
         try:
             for injection in injections:
+                if (injection.qos == 0 or max_qos == 0) and not injection.properties and \
+                        lean_qos0_publish(run, injection.topic, injection.payload, injection.retain):
+                    count += 1
+                    continue
+                if count:
+                    self._send_run(client, run, count)
+                    run, count = bytearray(), 0
                 self.publish(injection)
+            if count:
+                self._send_run(client, run, count)
         finally:
             if corked and sock is self._watched:  # not if the connection dropped meanwhile
                 _set_cork(sock, False)
+
+    def _send_run(self, client: _LeanClient, run: bytearray, count: int) -> None:
+        if client.send_qos0(run) != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            self.inject_failed += count  # not connected: paho refuses QoS 0 publications too
+            return
+        self.injected += count
+        if self._loop is not None and not self._writing and client.want_write():
+            self._watch_writes()
 
     @property
     def reading_paused(self) -> bool:
@@ -391,6 +540,9 @@ class BrokerAdapter:
         if self._loop is None or self._paused:
             return
         self._paused = True
+        if self._read_retry is not None:
+            self._read_retry.cancel()
+            self._read_retry = None
         if self._watched is not None:
             self._loop.remove_reader(self._watched)
 
@@ -400,6 +552,8 @@ class BrokerAdapter:
         self._paused = False
         if self._watched is not None:
             self._loop.add_reader(self._watched, self._on_readable)
+            if self.client.buffered():
+                self._schedule_read_retry()  # what we read before the pause does not make the socket readable
 
     def stop(self) -> None:
         """Disconnect cleanly. Threaded: stop paho's thread (waits at most about a second). On a loop: call it
@@ -489,15 +643,35 @@ class BrokerAdapter:
         for _ in range(MAX_PACKETS_PER_WAKEUP):
             if client.loop_read() != MQTTErrorCode.MQTT_ERR_SUCCESS or client.socket() is not sock or sock is None:
                 break
+            if client.buffered():
+                continue  # complete packets are in our read buffer: the socket may be empty
             try:
                 fcntl.ioctl(sock.fileno(), termios.FIONREAD, available)
             except OSError:
                 break
             if available[0] <= 0:
                 break
+        else:
+            if client.buffered():
+                self._schedule_read_retry()  # the socket may not wake us for what we hold already
         self._after_io()
+        if self._completed:
+            self._completed = False
+            if self._on_completed is not None:
+                self._on_completed()
         if self._flush is not None:
             self._flush()
+
+    def _schedule_read_retry(self) -> None:
+        """Read again soon: complete packets wait in our buffer. At most one retry is pending, or a flood
+        would add one more read pass per loop iteration and starve the timers and the UDP socket."""
+        if self._read_retry is None and not self._paused and self._loop is not None:
+            self._read_retry = self._loop.call_soon(self._retry_read)
+
+    def _retry_read(self) -> None:
+        self._read_retry = None
+        if not self._paused and self._watched is not None:
+            self._on_readable()
 
     def _after_io(self) -> None:
         """Packets queued inside paho's callbacks (SUBSCRIBE in on_connect) or refused by a full socket wait
@@ -581,3 +755,20 @@ class BrokerAdapter:
             return
         self._deliver(Publication(topic, bytes(message.payload), message.qos, bool(message.retain),
                                   properties_to_dict(message.properties)))
+
+    def _on_lean_publish(self, topic_bytes: bytes, payload: bytes, qos: int, retain: bool) -> None:
+        """`_LeanClient`'s short path: a PUBLISH without properties, as `_on_message` would see it."""
+        try:
+            topic = topic_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            return
+        if topic.startswith("$"):
+            if topic.startswith(LOG_TOPIC_PREFIX):
+                self._deliver(LogLine(topic, payload))
+            return
+        self._deliver(Publication(topic, payload, qos, retain, None))
+
+    def _on_publish_completed(self, mid: int) -> None:
+        if mid in self._unfinished:
+            self._unfinished.discard(mid)
+            self._completed = True

@@ -8,6 +8,18 @@ drains the node's outputs at once (`_drain_outputs`): datagrams to the
 socket, injections to the broker, events to the event log and the counters;
 the timer is re-armed once per loop iteration.
 
+Overload (docs/daemon.md "Overload"): the control plane goes first. On
+each readable event the runtime takes every datagram already waiting
+(`RECEIVE_BATCH`), handles every packet but `tm` at once and queues the
+`tm` in a bounded `PacketBacklog`, handled `DATA_SLICE` at a time, one
+slice per loop pass with the socket read again in between: a hello waits
+for at most one slice, not for seconds of queued data, and a backlog the
+node cannot work off is dropped QoS 0 first and counted instead of
+overflowing the kernel's buffer unseen. While the socket's send side is
+backed up (`OverlayProtocol.writing_paused`), QoS 0 `tm` are shed before
+the envelope (`shed_qos0`, counted, `publication_dropped` reason
+`send_backlog`) and the broker is not read.
+
 The node's clock is unix time (so event traces from different machines line
 up) that never steps backwards: wall time read once at start plus monotonic
 time elapsed since (`Clock`). A wall-clock step (NTP, an operator) does not
@@ -38,8 +50,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from federation import __version__, events
-from federation.backpressure import InjectionQueue
+from federation import __version__, events, wire
+from federation.backpressure import InjectionQueue, PacketBacklog, shed_qos0
 from federation.broker_log import BrokerLogTracker
 from federation.daemon.broker import (
     RECONNECT_MAX_DELAY,
@@ -57,7 +69,7 @@ from federation.daemon.broker import (
 )
 from federation.daemon.config import DaemonConfig, is_wildcard
 from federation.daemon.metrics import Snapshot, start_metrics_server
-from federation.daemon.state import LocalSubscriptions, PersistedState, StateStore, next_epoch
+from federation.daemon.state import BackgroundWriter, LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.status import encode_reply
 from federation.daemon.udp import DropReporter, LocalAddresses, OverlayProtocol, announce_security, open_socket
 from federation.envelope import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
@@ -88,6 +100,13 @@ INJECTION_BACKLOG = 10000
 """remote publications waiting for a slow local broker; beyond it the oldest QoS 0 one is dropped first"""
 BROKER_BACKLOG = 2000
 """publications handed to paho and not completed by the broker, above which the rest wait in our queue"""
+RECEIVE_BATCH = 4096
+"""datagrams read from the socket in one pass (every one waiting, up to this): control packets go first"""
+DATA_SLICE = 64
+"""received `tm` handled per loop pass before the socket is read again"""
+RECEIVE_BACKLOG = 20000
+"""received `tm` waiting to be handled; beyond it (or RECEIVE_BACKLOG_BYTES) the oldest QoS 0 one is dropped"""
+RECEIVE_BACKLOG_BYTES = 32 * 1024 * 1024
 REFUSAL_LOG_INTERVAL = 60.0
 """seconds between log lines about publications refused for their size (every one is counted)"""
 
@@ -184,6 +203,9 @@ class Runtime:
         self._paused_at = 0.0
         self.injection_queue: InjectionQueue[Injection] = InjectionQueue(INJECTION_BACKLOG)
         self.drop_reporter = DropReporter()
+        self.receive_backlog: PacketBacklog[Address] = PacketBacklog(RECEIVE_BACKLOG, RECEIVE_BACKLOG_BYTES)
+        self._data_pass_scheduled = False
+        self.send_shed = 0
         self._refused_logged_at = float("-inf")
         self.transport: asyncio.DatagramTransport | None = None
         self.metrics_server: Any = None
@@ -198,6 +220,7 @@ class Runtime:
         self._timer_deadline: float | None = None
         self._rearm_scheduled = False
         self._save_handle: asyncio.TimerHandle | None = None
+        self._writer: BackgroundWriter | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
         self._silence_check: asyncio.TimerHandle | None = None
         self._log_lines_this_connection = 0
@@ -240,7 +263,7 @@ class Runtime:
         hand_off = LoopHandOff(loop, self._on_broker_items)
         # paho driven by this loop (no network thread); a burst read from the broker reaches the node at once.
         self.broker = BrokerAdapter(self.config.broker, self.config.client_id, hand_off.put, self.config.max_qos,
-                                    loop=loop, flush=hand_off.flush)
+                                    loop=loop, flush=hand_off.flush, on_completed=self._on_broker_completed)
         now = self.clock.now()
         node.start(now)
         replayed = self.subscriptions.replay(node, now)
@@ -275,7 +298,8 @@ class Runtime:
         known = {config.announced.host}
         if not is_wildcard(config.bind.host):
             known.add(config.bind.host)
-        self.protocol = OverlayProtocol(self._on_datagram, self._on_status, LocalAddresses(known))
+        self.protocol = OverlayProtocol(self._on_datagram, self._on_status, LocalAddresses(known), sock=self._sock,
+                                        on_resume_writing=self._on_send_resumed)
         if config.metrics_port is not None:
             try:
                 self.metrics_server = start_metrics_server(config.metrics_bind, config.metrics_port,
@@ -333,7 +357,9 @@ class Runtime:
         deadline = time.monotonic() + SHUTDOWN_DRAIN_TIMEOUT
         while self._unsent_bytes() > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        self._save_state()
+        if self._writer is not None:
+            await self._writer.drain()  # the thread's write first: one writer at a time
+        self._save_state(synchronous=True)
         if self.broker is not None:
             if self.broker.on_loop:
                 self.broker.stop()  # on the loop's thread, as the adapter requires; it does not block
@@ -370,9 +396,47 @@ class Runtime:
         if node is None:
             return
         now = self.clock.now()
-        assert self.envelope is not None
-        for packet in self.envelope.receive_datagram(data, source, now):
+        self._receive(node, [(data, source)], now)
+        self._data_pass(now)
+
+    def _receive(self, node: Node, datagrams: list[tuple[bytes, Address]], now: float) -> None:
+        """`datagrams`, and every one waiting in the socket: control packets to the node now, `tm` queued."""
+        envelope = self.envelope
+        assert envelope is not None
+        if self.protocol is not None:
+            datagrams += self.protocol.read_waiting(RECEIVE_BATCH)
+        backlog = self.receive_backlog
+        for data, source in datagrams:
+            for packet in envelope.receive_datagram(data, source, now):
+                if wire.packet_type(packet) != wire.TOPIC_MESSAGE:
+                    node.receive_datagram(packet, source, now)
+                    continue
+                for message in backlog.push(packet, source):
+                    if message is None:  # QoS 1/2: never acknowledged, so its sender sends it again
+                        node.count_drop("receive_backlog_qos12")
+                        continue
+                    node.count_drop("receive_backlog_qos0")
+                    node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(message.publication),
+                              filter=message.filter, reason="receive_backlog")
+
+    def _scheduled_data_pass(self) -> None:
+        self._data_pass_scheduled = False
+        node = self.node
+        if node is None:
+            return
+        now = self.clock.now()
+        self._receive(node, [], now)  # what arrived meanwhile: its hellos go before the next slice
+        self._data_pass(now)
+
+    def _data_pass(self, now: float) -> None:
+        """Handle one slice of queued `tm`; the rest in later loop passes, each reading the socket first."""
+        node = self.node
+        assert node is not None
+        for packet, source in self.receive_backlog.take(DATA_SLICE):
             node.receive_datagram(packet, source, now)
+        if len(self.receive_backlog) and not self._data_pass_scheduled and self._loop is not None:
+            self._data_pass_scheduled = True
+            self._loop.call_soon(self._scheduled_data_pass)
         self._drain_outputs(now)
 
     def _on_timer(self) -> None:
@@ -499,6 +563,8 @@ class Runtime:
         self._schedule_rearm()  # first: whatever fails below, the timer keeps running
         transport = self.transport
         datagrams = node.datagrams_to_send()
+        if datagrams and self.protocol is not None and self.protocol.writing_paused:
+            datagrams = self._shed(node, datagrams, now)
         envelope = self.envelope
         if envelope is not None:  # batch, fragment, sign
             for data, target in datagrams:
@@ -528,6 +594,27 @@ class Runtime:
             if self.event_log is not None:
                 self.event_log.write(emitted)
 
+    def _shed(self, node: Node, packets: list[tuple[bytes, Address]], now: float) -> list[tuple[bytes, Address]]:
+        """The send side is backed up: drop the QoS 0 `tm` (counted, reported), keep the rest. Judged per
+        protocol packet, before the envelope batches packets into datagrams."""
+        kept, shed = shed_qos0(packets)
+        for message, target in shed:
+            self.send_shed += 1
+            node.count_drop("send_backlog_qos0")
+            node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(message.publication),
+                      filter=message.filter, reason="send_backlog", to=[str(target)])
+        return kept
+
+    def _on_send_resumed(self) -> None:
+        """The socket took the buffered datagrams: read from the broker again if only that held it."""
+        if self.node is not None and self.broker is not None and self.broker.on_loop:
+            self._apply_backpressure(self.node, self.broker, self.clock.now())
+
+    def _on_broker_completed(self) -> None:
+        """The broker completed some of our QoS 1/2 publications: hand it what waits for room at once."""
+        if self.node is not None and self.broker is not None and len(self.injection_queue):
+            self._inject(self.node, self.broker, self.clock.now())
+
     def _inject(self, node: Node, broker: BrokerAdapter, now: float) -> None:
         """Hand remote publications to the broker while its backlog is small; the rest wait in a bounded
         queue that drops the oldest QoS 0 publication first (federation.backpressure), counted and reported."""
@@ -551,10 +638,13 @@ class Runtime:
         """
         outstanding = len(node.reliable.unacked)
         window = min(BACKPRESSURE_WINDOW, node.settings.max_unacked // 2)
+        # The send side backed up (the kernel said EAGAIN, asyncio buffers): whatever we read now would
+        # only be shed (QoS 0) or queue behind the buffer, so do not read until it drains.
+        send_paused = self.protocol is not None and self.protocol.writing_paused
         if broker.reading_paused:
-            if outstanding <= window // 2 or now - self._paused_at >= BACKPRESSURE_MAX_PAUSE:
+            if (outstanding <= window // 2 and not send_paused) or now - self._paused_at >= BACKPRESSURE_MAX_PAUSE:
                 broker.resume_reading()
-        elif outstanding >= window:
+        elif outstanding >= window or send_paused:
             broker.pause_reading()
             self._paused_at = now
             self.backpressure_pauses += 1
@@ -591,17 +681,30 @@ class Runtime:
             return
         self._save_handle = self._loop.call_later(STATE_SAVE_DELAY, self._save_state)
 
-    def _save_state(self) -> None:
+    def _save_state(self, synchronous: bool = False) -> None:
+        """Write the subscription table and epoch: in the writer thread while running (the fsync must not
+        stall the loop), on this thread at shutdown."""
         self._save_handle = None
-        if self.store is None:
+        store = self.store
+        if store is None:
             return
         if self.node is not None:
             self.persisted.epoch = max(self.persisted.epoch or 0, self.node.epoch)
         self.persisted.subscriptions = self.subscriptions
+        content = store.encode(self.persisted, self.clock.now())
+        if not synchronous and self._loop is not None:
+            if self._writer is None:
+                self._writer = BackgroundWriter(store, self._loop, self._save_failed)
+            self._writer.submit(content)
+            return
         try:
-            self.store.save(self.persisted, self.clock.now())
+            store.write(content)
         except OSError as error:
-            log.error("cannot save the state file %s: %s (will retry at the next change)", self.store.path, error)
+            self._save_failed(error)
+
+    def _save_failed(self, error: OSError) -> None:
+        assert self.store is not None
+        log.error("cannot save the state file %s: %s (will retry at the next change)", self.store.path, error)
 
     # ------------------------------------------------------------ status and metrics
 
@@ -625,6 +728,14 @@ class Runtime:
                 "reading_paused": broker.reading_paused if broker else False,
                 "injection_backlog": len(self.injection_queue),
                 "injection_dropped": dict(sorted(self.injection_queue.dropped.items())),
+            },
+            "overload": {
+                "receive_backlog": len(self.receive_backlog),
+                "receive_dropped": dict(sorted(self.receive_backlog.dropped.items())),
+                "send_paused": self.protocol.writing_paused if self.protocol else False,
+                "send_pauses": self.protocol.write_pauses if self.protocol else 0,
+                "send_buffer_bytes": self._unsent_bytes(),
+                "send_shed_qos0": self.send_shed,
             },
             "event_log": str(self.config.event_log) if self.config.event_log else None,
             "event_log_lines": self.event_log.lines if self.event_log else 0,
@@ -660,6 +771,8 @@ class Runtime:
             "injected": self.broker.injected if self.broker else 0,
             "inject_failed": self.broker.inject_failed if self.broker else 0,
             "udp_send_errors": self.protocol.send_errors if self.protocol else 0,
+            "receive_backlog": len(self.receive_backlog),
+            "send_paused": self.protocol.writing_paused if self.protocol else False,
         }
 
     def metrics_snapshot_threadsafe(self, timeout: float = 2.0) -> Snapshot | None:

@@ -10,6 +10,15 @@ atomically (temporary file, fsync, rename, fsync of the directory), so a
 crash at any instant leaves either the old file or the new one. At start the
 table is replayed into the node (`replay`).
 
+The fsync takes tens of milliseconds on a busy disk, a stall of every
+datagram if it ran on the event loop. While running, `BackgroundWriter`
+therefore writes in an executor thread: the loop only serialises the
+snapshot (`StateStore.encode`, cheap, and it must see a consistent table),
+one write runs at a time (the temporary file name is per process), and a
+snapshot taken while a write is running waits, replacing any older waiting
+one (the latest wins: only the newest table matters). Startup and shutdown
+write synchronously (`StateStore.save`), after waiting for the thread.
+
 The epoch must never go backwards, or peers would take a restarted node's
 new announcements and publications for stale ones: the next epoch is
 `max(previous + 1, unix seconds)`, and it is written before the node sends
@@ -23,12 +32,14 @@ publication.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -269,10 +280,72 @@ class StateStore:
             return PersistedState(), (f"state file {self.path} was unreadable ({error}); moved it to {aside} "
                                       f"and started with no saved subscriptions")
 
-    def save(self, state: PersistedState, now: float) -> None:
+    def encode(self, state: PersistedState, now: float) -> bytes:
+        """The file's content for `state` (a snapshot: later changes to `state` do not reach it)."""
         data = {
             "version": STATE_VERSION, "epoch": state.epoch, "broker": state.broker, "saved_at": round(now, 3),
             "clients": state.subscriptions.to_json(),
         }
-        atomic_write(self.path, (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("utf-8"))
+        return (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("utf-8")
+
+    def write(self, content: bytes) -> None:
+        """Atomically replace the file with `content` (any thread; never two at once: see BackgroundWriter)."""
+        atomic_write(self.path, content)
         self.writes += 1
+
+    def save(self, state: PersistedState, now: float) -> None:
+        """Write `state` now, on the calling thread (startup and shutdown)."""
+        self.write(self.encode(state, now))
+
+
+class BackgroundWriter:
+    """Writes snapshots with `StateStore.write` in an executor: one at a time, the latest waiting one wins.
+
+    Used from the event loop's thread only. `on_error` gets the OSError of a failed write (on the loop).
+    """
+
+    def __init__(self, store: StateStore, loop: asyncio.AbstractEventLoop,
+                 on_error: Callable[[OSError], None],
+                 executor: concurrent.futures.Executor | None = None) -> None:
+        self.store = store
+        self.loop = loop
+        self.on_error = on_error
+        self.executor = executor
+        self._running: asyncio.Future[None] | None = None
+        self._waiting: bytes | None = None
+        self.superseded = 0
+        """snapshots replaced by a newer one before they were written"""
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None or self._waiting is not None
+
+    def submit(self, content: bytes) -> None:
+        if self._running is not None:
+            if self._waiting is not None:
+                self.superseded += 1
+            self._waiting = content
+            return
+        self._start(content)
+
+    def _start(self, content: bytes) -> None:
+        running = self._running = self.loop.run_in_executor(self.executor, self.store.write, content)
+        running.add_done_callback(self._done)
+
+    def _done(self, future: asyncio.Future[None]) -> None:
+        self._running = None
+        if not future.cancelled():
+            error = future.exception()
+            if isinstance(error, OSError):
+                self.on_error(error)
+            elif error is not None:
+                self.on_error(OSError(f"unexpected error: {error!r}"))
+        if self._waiting is not None:
+            content, self._waiting = self._waiting, None
+            self._start(content)
+
+    async def drain(self) -> None:
+        """Wait until no write is running or waiting (the waiting one is written first)."""
+        while self._running is not None:
+            await asyncio.wait([self._running])
+            await asyncio.sleep(0)  # let `_done` start the waiting snapshot

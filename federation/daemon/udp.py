@@ -12,6 +12,16 @@ or an address a socket can bind here); everything else goes to the node,
 through the envelope (federation.envelope: authentication, replay
 protection, reassembly), which the runtime drives.
 
+Reading and writing under load (docs/daemon.md "Overload"): asyncio hands
+over one datagram per loop pass, so under a flood a hello would wait behind
+every `tm` queued before it. `read_waiting` lets the runtime take every
+datagram already waiting (up to a bound) in one pass and handle the control
+packets among them first. Toward the network, asyncio buffers without bound
+when the socket says EAGAIN; the transport's write-buffer limits make it
+call `pause_writing`/`resume_writing`, recorded here (`writing_paused`) for
+the runtime, which then sheds QoS 0 publications and stops reading from its
+broker.
+
 The envelope reports every refused datagram as a `packet_dropped` event;
 `DropReporter` turns them into human log lines without letting a flood of
 forgeries flood the log: the first drop of each reason is logged at once,
@@ -36,6 +46,11 @@ from federation.types import Address, Event
 
 log = logging.getLogger("federation.daemon.udp")
 
+SEND_BUFFER_HIGH = 256 * 1024
+"""bytes buffered by asyncio (the kernel said EAGAIN) above which writing is paused (QoS 0 shed)"""
+SEND_BUFFER_LOW = 64 * 1024
+"""bytes below which writing resumes"""
+MAX_DATAGRAM_READ = 65535
 SOCKET_BUFFER = 4 * 1024 * 1024
 """bytes requested for SO_RCVBUF and SO_SNDBUF (the kernel caps them at net.core.rmem_max/wmem_max)"""
 MAX_LOCAL_CACHE = 1024
@@ -132,26 +147,69 @@ class OverlayProtocol(asyncio.DatagramProtocol):
     """Routes each datagram: status requests to `on_status`, the rest to `on_datagram`."""
 
     def __init__(self, on_datagram: Callable[[bytes, Address], None], on_status: Callable[[Any], None],
-                 local: LocalAddresses) -> None:
+                 local: LocalAddresses, sock: socket.socket | None = None,
+                 on_resume_writing: Callable[[], None] | None = None) -> None:
         self.on_datagram = on_datagram
         self.on_status = on_status
         self.local = local
+        self.sock = sock
+        """the transport's own (non-blocking) socket, read directly by `read_waiting`"""
+        self.on_resume_writing = on_resume_writing
         self.transport: asyncio.DatagramTransport | None = None
         self.send_errors = 0
         self.status_refused = 0
+        self.writing_paused = False
+        self.write_pauses = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)
+        set_limits = getattr(transport, "set_write_buffer_limits", None)  # asyncio's; not in the typed ABC
+        if set_limits is not None:
+            set_limits(high=SEND_BUFFER_HIGH, low=SEND_BUFFER_LOW)
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+        self.write_pauses += 1
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self.on_resume_writing is not None:
+            self.on_resume_writing()
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
+        if self._overlay(data, addr):
+            self.on_datagram(data, source_address(addr))
+
+    def _overlay(self, data: bytes, addr: Any) -> bool:
+        """False for a status request (handled here), True for a datagram for the node."""
         if data.startswith(STATUS_MAGIC):
             if addr[0] in self.local:
                 self.on_status(addr)
             else:
                 self.status_refused += 1
                 log.debug("status request from %s refused: not from this host", addr[0])
-            return
-        self.on_datagram(data, source_address(addr))
+            return False
+        return True
+
+    def read_waiting(self, limit: int) -> list[tuple[bytes, Address]]:
+        """Up to `limit` more datagrams for the node that are already waiting in the socket (never blocks)."""
+        out: list[tuple[bytes, Address]] = []
+        sock = self.sock
+        if sock is None:
+            return out
+        for _attempt in range(limit):
+            try:
+                data, addr = sock.recvfrom(MAX_DATAGRAM_READ)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as error:  # an ICMP error queued on the socket (as asyncio's error_received), or closed
+                self.error_received(error)
+                if self.transport is None or self.transport.is_closing():
+                    break
+                continue
+            if self._overlay(data, addr):
+                out.append((data, source_address(addr)))
+        return out
 
     def error_received(self, exc: Exception) -> None:
         # ICMP errors (port unreachable: the neighbour's wrapper is down) come back here;

@@ -35,7 +35,11 @@ FALLBACK_CONF_LINES = (
 )
 """used when configs/mosquitto.conf does not exist"""
 REQUIRED_CONF_LINES = ("allow_anonymous true", "log_dest topic", "log_type all")
-"""lines the federation needs; added to the rendered config when the template lacks them"""
+"""lines the federation needs; added to the rendered config when the template lacks them (`log_type all`
+only when the template does not list every type of WRAPPER_LOG_TYPES itself)"""
+WRAPPER_LOG_TYPES = tuple(f"log_type {kind}" for kind in
+                          ("error", "warning", "notice", "information", "subscribe", "unsubscribe"))
+"""every log type whose lines the wrapper reads on $SYS/broker/log (all but debug); one per line"""
 _REPLACED_KEYS = frozenset({"listener", "port", "bind_address", "bind_interface", "user", "pid_file",
                             "persistence_location"})
 BROKER_RUNNING = re.compile(r"^\d+: mosquitto version \S+ running$", re.MULTILINE)
@@ -67,6 +71,8 @@ def render_mosquitto_conf(template: str, host: str, port: int, node_dir: Path, r
         kept.append(raw)
     present = {" ".join(raw.split()) for raw in kept if not raw.lstrip().startswith("#")}
     lines = [f"# rendered by federation.launch for {host}:{port}", f"listener {port} {host}", *kept, ""]
+    if all(log_type in present for log_type in WRAPPER_LOG_TYPES):
+        present.add("log_type all")  # what the wrapper reads, without debug
     lines += [required for required in REQUIRED_CONF_LINES if required not in present]
     lines += [f"log_dest file {node_dir / 'broker.log'}", f"persistence_location {node_dir}/"]
     if run_as_root:

@@ -190,7 +190,8 @@ def _parse_link_model(checker: _Checker, value: Any) -> LinkDefaults:
     checker.keys(value, LINK_MODEL_KEYS, "link_model", "keys")
     defaults = LinkDefaults()
     return LinkDefaults(
-        latency=checker.number(value.get("latency", defaults.latency), "link_model.latency", minimum=0.0, unit="seconds"),
+        latency=checker.number(value.get("latency", defaults.latency), "link_model.latency", minimum=0.0,
+                               unit="seconds"),
         jitter=checker.number(value.get("jitter", defaults.jitter), "link_model.jitter", minimum=0.0, unit="seconds"),
         loss=checker.number(value.get("loss", defaults.loss), "link_model.loss", minimum=0.0, maximum=100.0,
                             unit="percent"),
@@ -201,14 +202,16 @@ def _parse_link_model(checker: _Checker, value: Any) -> LinkDefaults:
 
 def _parse_nodes(checker: _Checker, value: Any, settings: Settings) -> list[NodeSpec]:
     if value is None or (isinstance(value, (dict, list)) and not value):
-        checker.fail("nodes", "missing or empty; list node names (`nodes: [n0, n1]`) or map them (`nodes: {n0: {id: 0}}`)")
+        checker.fail("nodes", "missing or empty; list node names (`nodes: [n0, n1]`) "
+                              "or map them (`nodes: {n0: {id: 0}}`)")
     entries: list[tuple[Any, Any]]
     if isinstance(value, list):
         entries = [(item, None) for item in value]
     elif isinstance(value, dict):
         entries = list(value.items())
     else:
-        checker.fail("nodes", f"expected a mapping of name -> {{id, settings}} or a list of names, got a {_kind(value)}")
+        checker.fail("nodes", f"expected a mapping of name -> {{id, settings}} or a list of names, "
+                              f"got a {_kind(value)}")
     nodes: list[NodeSpec] = []
     seen: set[str] = set()
     for index, (name, spec) in enumerate(entries):
@@ -230,7 +233,8 @@ def _parse_nodes(checker: _Checker, value: Any, settings: Settings) -> list[Node
             node_settings = spec.get("settings")
             if node_settings is not None:
                 if not isinstance(node_settings, dict):
-                    checker.fail(f"{label}.settings", f"expected a mapping of setting: value, got a {_kind(node_settings)}")
+                    checker.fail(f"{label}.settings",
+                                 f"expected a mapping of setting: value, got a {_kind(node_settings)}")
                 overrides = dict(node_settings)
                 merged = {key: getattr(settings, key) for key in settings.__dataclass_fields__}
                 merged.update(overrides)

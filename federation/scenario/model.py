@@ -7,7 +7,7 @@ them; the simulator and the real-process backends execute them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from federation.settings import Settings
 
@@ -96,7 +96,7 @@ class Loss:
     """None: every link"""
 
 
-ScenarioEvent = Union[Subscribe, Unsubscribe, Disconnect, Publish, Cut, Heal, Kill, Restart, Loss]
+ScenarioEvent = Subscribe | Unsubscribe | Disconnect | Publish | Cut | Heal | Kill | Restart | Loss
 
 DISRUPTIONS = (Cut, Heal, Kill, Restart, Loss)
 """Event kinds after which the report measures convergence again."""

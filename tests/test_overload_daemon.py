@@ -1,0 +1,229 @@
+"""The daemon under overload: control packets before data, bounded receive backlog, QoS 0 shed first
+on a backed-up send side, broker reading paused meanwhile (docs/daemon.md "Overload")."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+from typing import Any
+
+import pytest
+
+from federation import wire
+from federation.backpressure import PacketBacklog, shed_qos0
+from federation.daemon.config import DaemonConfig
+from federation.daemon.runtime import DATA_SLICE, Runtime
+from federation.envelope import Envelope
+from federation.types import Address, BrokerId
+
+ORIGIN = Address("127.0.0.9", 10500)
+
+
+def tm(seq: int, qos: int = 0, payload: bytes = b"x" * 100, origin: Address = ORIGIN) -> bytes:
+    message = wire.TopicMessage("t/#", origin, 1, seq, 1, 0, "t/x", payload, qos, False, None)
+    return wire.encode(wire.TOPIC_MESSAGE, wire.Sender(BrokerId(9, origin), 1), message)
+
+
+def hello(origin: Address, seq: int = 1) -> bytes:
+    return wire.encode(wire.HELLO, wire.Sender(BrokerId(9, origin), 1), wire.Hello(seq, 0.0))
+
+
+# ------------------------------------------------------------ sans-I/O parts
+
+
+def test_shed_keeps_control_and_reliable_packets_in_order() -> None:
+    origin = Address("127.0.0.9", 10500)
+    packets = [(hello(origin), "a"), (tm(1, qos=0), "a"), (tm(2, qos=1), "b"), (tm(3, qos=0), "b"),
+               (hello(origin, 2), "b")]
+    kept, shed = shed_qos0(packets)
+    assert [p for p, _ in kept] == [packets[0][0], packets[2][0], packets[4][0]]
+    assert [(m.seq, target) for m, target in shed] == [(1, "a"), (3, "b")]
+
+
+def test_receive_backlog_drops_the_oldest_qos0_first_and_stays_bounded() -> None:
+    backlog: PacketBacklog[str] = PacketBacklog(max_packets=4, max_bytes=1 << 20)
+    for seq, qos in ((1, 1), (2, 0), (3, 1), (4, 0)):
+        assert backlog.push(tm(seq, qos), "s") == []
+    dropped = backlog.push(tm(5, 1), "s")
+    assert [m.seq for m in dropped if m is not None] == [2]
+    dropped = backlog.push(tm(6, 1), "s")
+    assert [m.seq for m in dropped if m is not None] == [4]
+    dropped = backlog.push(tm(7, 1), "s")  # no QoS 0 left: the oldest goes (its sender retransmits it)
+    assert dropped == [None]
+    assert backlog.dropped == {"qos0": 2, "qos12": 1}
+    taken = backlog.take(10)
+    assert [wire.decode(p, len(p), 1 << 16).body.seq for p, _ in taken] == [3, 5, 6, 7]  # type: ignore[union-attr]
+    assert backlog.bytes == 0 and len(backlog) == 0
+
+
+def test_receive_backlog_bytes_bound() -> None:
+    one = len(tm(1, payload=b"y" * 1000))
+    backlog: PacketBacklog[str] = PacketBacklog(max_packets=1000, max_bytes=3 * one)
+    for seq in range(10):
+        backlog.push(tm(seq, payload=b"y" * 1000), "s")
+    assert len(backlog) == 3 and backlog.bytes <= 3 * one
+    assert backlog.dropped["qos0"] == 7
+
+
+# ------------------------------------------------------------ the runtime with a real socket
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class FakeBroker:
+    on_loop = True
+    injected = 0
+    inject_failed = 0
+
+    def __init__(self) -> None:
+        self.reading_paused = False
+        self.pauses = 0
+
+    def pause_reading(self) -> None:
+        self.reading_paused = True
+        self.pauses += 1
+
+    def resume_reading(self) -> None:
+        self.reading_paused = False
+
+    def backlog(self) -> int:
+        return 0
+
+    def publish_all(self, items: Any) -> None:
+        pass
+
+
+async def started_runtime() -> Runtime:
+    port = free_port()
+    config = DaemonConfig(bind=Address("127.0.0.1", port), announced=Address("127.0.0.1", port), neighbours=(),
+                          broker=Address("127.0.0.1", 1), client_id="overload-test")
+    runtime = Runtime(dataclasses.replace(config))
+    loop = asyncio.get_running_loop()
+    runtime._loop = loop
+    runtime._open(loop)
+    node = runtime._start_node()
+    runtime.transport, _ = await loop.create_datagram_endpoint(runtime.protocol_factory, sock=runtime._sock)
+    node.start(runtime.clock.now())
+    runtime._drain_outputs(runtime.clock.now())
+    return runtime
+
+
+def test_hello_is_answered_before_the_queued_data() -> None:
+    """200 datagrams of `tm` wait in the socket ahead of a hello: the hello is handled (and answered) in
+    the first pass, the data a slice per pass after it."""
+
+    async def scenario() -> None:
+        runtime = await started_runtime()
+        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            peer.bind(("127.0.0.1", 0))
+            peer.setblocking(False)
+            peer_address = Address("127.0.0.1", peer.getsockname()[1])
+            envelope = Envelope(peer_address, 1)
+            target = runtime.config.bind
+            count = 200
+            for seq in range(1, count + 1):
+                envelope.send(tm(seq, origin=peer_address), target)
+                for data, _ in envelope.datagrams_to_send():
+                    peer.sendto(data, (target.host, target.port))
+            envelope.send(hello(peer_address), target)
+            for data, _ in envelope.datagrams_to_send():
+                peer.sendto(data, (target.host, target.port))
+            node = runtime.node
+            assert node is not None
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5
+            while node.received_by_type[wire.HELLO] == 0 and loop.time() < deadline:
+                await asyncio.sleep(0)
+            assert node.received_by_type[wire.HELLO] == 1
+            assert node.received_by_type[wire.TOPIC_MESSAGE] <= DATA_SLICE  # the hello did not wait for them
+            assert len(runtime.receive_backlog) > 0
+            answered = False
+            while not answered and loop.time() < deadline:
+                await asyncio.sleep(0.001)
+                try:
+                    data, _ = peer.recvfrom(65535)
+                except BlockingIOError:
+                    continue
+                packets = Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, target, 0.0)
+                answered = any(wire.packet_type(p) == wire.HELLO_BACK for p in packets)
+            assert answered
+            while node.received_by_type[wire.TOPIC_MESSAGE] < count and loop.time() < deadline:
+                await asyncio.sleep(0.001)
+            assert node.received_by_type[wire.TOPIC_MESSAGE] == count  # nothing lost, only reordered
+            assert len(runtime.receive_backlog) == 0
+        finally:
+            peer.close()
+            runtime._close_resources()
+
+    asyncio.run(scenario())
+
+
+def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker() -> None:
+    async def scenario() -> None:
+        runtime = await started_runtime()
+        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            peer.bind(("127.0.0.1", 0))
+            peer.settimeout(5)
+            node = runtime.node
+            protocol = runtime.protocol
+            assert node is not None and protocol is not None
+            broker = FakeBroker()
+            runtime.broker = broker  # type: ignore[assignment]
+            neighbour = Address("127.0.0.1", peer.getsockname()[1])
+            protocol.pause_writing()  # as asyncio does above the write-buffer high-water mark
+            message = wire.TopicMessage("t/#", node.address, node.epoch, 1, 1, 0, "t/x", b"p", 0, False, None)
+            reliable = dataclasses.replace(message, seq=2, qos=1)
+            node.send(wire.TOPIC_MESSAGE, message, [neighbour])
+            node.send(wire.TOPIC_MESSAGE, reliable, [neighbour])
+            node.send(wire.HELLO, wire.Hello(99, 0.0), [neighbour])
+            runtime._drain_outputs(runtime.clock.now())
+            assert node.drops["send_backlog_qos0"] == 1
+            assert runtime.event_counts["publication_dropped"] == 1
+            assert broker.reading_paused and broker.pauses == 1
+            assert runtime.status_document()["daemon"]["overload"]["send_shed_qos0"] == 1
+            data, _ = peer.recvfrom(65535)  # the hello and the QoS 1 copy went out, batched
+            packets = Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, runtime.config.bind, 0.0)
+            assert [wire.packet_type(p) for p in packets] == [wire.TOPIC_MESSAGE, wire.HELLO]
+            assert wire.decode(packets[0], len(packets[0]), 1 << 16).body.qos == 1  # type: ignore[union-attr]
+            protocol.resume_writing()  # the buffer drained: read from the broker again
+            assert not broker.reading_paused
+            node.send(wire.TOPIC_MESSAGE, dataclasses.replace(message, seq=3), [neighbour])
+            runtime._drain_outputs(runtime.clock.now())
+            assert node.drops["send_backlog_qos0"] == 1  # not paused: sent
+            data, _ = peer.recvfrom(65535)
+        finally:
+            peer.close()
+            runtime.broker = None
+            runtime._close_resources()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("limit", [1, 5])
+def test_read_waiting_takes_at_most_limit(limit: int) -> None:
+    async def scenario() -> None:
+        runtime = await started_runtime()
+        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            protocol = runtime.protocol
+            assert protocol is not None
+            runtime.transport.pause_reading()  # type: ignore[union-attr]  # keep asyncio off the socket
+            for index in range(8):
+                peer.sendto(b"\xfe" + bytes([index]) * 40, ("127.0.0.1", runtime.config.bind.port))
+            await asyncio.sleep(0.05)
+            first = protocol.read_waiting(limit)
+            rest = protocol.read_waiting(100)
+            assert len(first) == limit and len(first) + len(rest) == 8
+            assert protocol.read_waiting(100) == []
+        finally:
+            peer.close()
+            runtime._close_resources()
+
+    asyncio.run(scenario())
