@@ -234,6 +234,7 @@ class Node:
         retransmit = self.reliable.next_deadline()
         if retransmit is not None:
             candidates.append(retransmit)
+        candidates += [n.extra["sync_due"] for n in self.neighbours.all() if "sync_due" in n.extra]
         return min(candidates)
 
     def handle_timer(self, now: float) -> None:
@@ -241,6 +242,7 @@ class Node:
             return
         for neighbour in self.neighbours.expire(self.settings.neighbour_dead_after, now):
             self._neighbour_down(neighbour, now)
+        self._due_resyncs(now)
         if now >= self.next_hello:
             self._send_hellos(now)
         if now >= self.next_announce:
@@ -352,8 +354,27 @@ class Node:
         neighbour.extra["epoch"] = float(sender.epoch)
         if neighbour.up and (changed or (previous_epoch is not None and sender.epoch > previous_epoch)):
             # The neighbour restarted or renamed itself: it has lost what we taught it.
-            self._sync_neighbour(neighbour)
+            self._resync_neighbour(neighbour, now)
             self._trigger_origination(now)
+
+    def _resync_neighbour(self, neighbour: Neighbour, now: float) -> None:
+        """Send a neighbour the database again, at most once per `hello_interval`: a key holder that
+        announced a new id on every packet would otherwise get the whole table for every packet it sends."""
+        last = neighbour.extra.get("synced_at")
+        if last is None or now - last >= self.settings.hello_interval:
+            neighbour.extra.pop("sync_due", None)
+            self._sync_neighbour(neighbour, now)
+        elif "sync_due" not in neighbour.extra:
+            neighbour.extra["sync_due"] = last + self.settings.hello_interval
+            self.counters["resyncs_deferred"] += 1
+
+    def _due_resyncs(self, now: float) -> None:
+        for neighbour in self.neighbours.all():
+            due = neighbour.extra.get("sync_due")
+            if due is not None and now >= due:
+                del neighbour.extra["sync_due"]
+                if neighbour.up:
+                    self._sync_neighbour(neighbour, now)
 
     def _dispatch(self, packet: Packet, neighbour: Neighbour, now: float) -> None:
         body = packet.body
@@ -424,7 +445,7 @@ class Node:
             self._trigger_origination(now)
             if self.origination_due is not None and self.origination_due <= now:
                 self._originate(now)
-            self._sync_neighbour(neighbour)
+            self._sync_neighbour(neighbour, now)
             if all(n.up for n in self.neighbours.all() if n.configured):
                 # Everything we can hear is syncing: claims need wait only for that exchange.
                 self.mesh.claim_allowed_at = min(self.mesh.claim_allowed_at, now + max(4 * rtt, 0.01))
@@ -437,10 +458,11 @@ class Node:
         self.reliable.neighbour_down(neighbour.transport, now)
         self._trigger_origination(now)
 
-    def _sync_neighbour(self, neighbour: Neighbour) -> None:
+    def _sync_neighbour(self, neighbour: Neighbour, now: float) -> None:
         """Teach a neighbour that just came up what we know (the `tu` database exchange): the records
         of our reachable members. Unreachable ones stay behind: they are on their way to expiry (after
         a partition, the other side's stale records; the neighbour has the current ones)."""
+        neighbour.extra["synced_at"] = now
         # Our own record goes too, unless a newer one is about to be originated (it will follow as `fd`):
         # the stale one would only flood everywhere for nothing.
         pending_own = self.origination_due is not None
