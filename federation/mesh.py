@@ -10,7 +10,10 @@ knows a live superior core answers with `rt` (the superior announcement), so
 the inferior claimant learns and stands down within one round trip. A core is
 *lost* when the federation table shows it unreachable, restarted (newer epoch)
 or renamed, or when its announcements stop for the announcement lifetime;
-nodes with local subscribers then claim again. A core whose mesh becomes
+nodes with local subscribers then claim again. A claim the table contradicts
+(it may only be behind: claims are forwarded at once, records after
+`flood_delay`) is kept pending, as is the claim of a core lost for being
+unreachable, and adopted when the routes show its core reachable. A core whose mesh becomes
 empty withdraws (a `tc` with the withdrawn flag).
 
 Members of F's mesh are the core, the nodes with local subscribers and every
@@ -298,11 +301,7 @@ class MeshEngine:
         if not self.plausible(core, message.epoch):
             # Not adopted nor forwarded (copies of a dead core's claims would flap forever), but
             # kept: the table may simply not have caught up yet (a link that just came up).
-            held = state.pending.get(core)
-            if held is None or held[0].freshness <= message.freshness:
-                if held is None and len(state.pending) >= 4:
-                    del state.pending[min(state.pending, key=lambda c: state.pending[c][3])]
-                state.pending[core] = (message, from_transport, from_announced, now)
+            self._keep_pending(state, message, from_transport, from_announced, now)
             self.node.count_drop("tc_core_unreachable")
             return
         distance = message.distance + 1
@@ -361,6 +360,42 @@ class MeshEngine:
         if state.core == message.core and message.freshness >= state.freshness:
             self._lose_core(state, now, reason="withdrawn")
         self.dirty.add(state.filter)
+
+    def _keep_unreachable_claim(self, state: TopicState, now: float) -> None:
+        """Before losing a core only because the table does not show it reachable, keep its claim pending.
+
+        A `tc` is forwarded at once while records wait `flood_delay` at every hop, so a claim can
+        overtake the records that make its core reachable: adopted while the table has no record of
+        the core, then lost when the core's record arrives before the record of the node linking it
+        to us. Kept like a claim that arrives in that state (`on_topic_core`), it is adopted again
+        when routes change and show the core reachable, not only at the core's next refresh an
+        `announce_interval` later; a dead core's claim just expires with its announcement lifetime.
+        """
+        core = state.core
+        if core is None or state.provisional or self.is_own_core(state) or \
+                now - state.heard_at > self.node.settings.announcement_lifetime:
+            return
+        stored = self.node.lsdb.records.get(core.address)
+        if stored is None or stored.record.epoch != state.core_epoch or stored.record.origin.vid != core.vid:
+            return  # restarted or renamed: that claim is of a life that is over
+        neighbours = self.node.neighbours
+        via = next(((transport, announced) for announced in sorted(state.via)
+                    if (transport := neighbours.transport_for(announced)) is not None), None)
+        if via is None:
+            return
+        message = TopicCore(state.filter, core, state.core_epoch, state.core_seq, state.core_distance - 1, 0,
+                            state.core_rank)
+        self._keep_pending(state, message, via[0], via[1], state.heard_at)
+
+    @staticmethod
+    def _keep_pending(state: TopicState, message: TopicCore, from_transport: Address, from_announced: Address,
+                      received_at: float) -> None:
+        """Remember a claim whose core the table does not show reachable (at most 4 cores per filter)."""
+        held = state.pending.get(message.core)
+        if held is None or held[0].freshness <= message.freshness:
+            if held is None and len(state.pending) >= 4:
+                del state.pending[min(state.pending, key=lambda c: state.pending[c][3])]
+            state.pending[message.core] = (message, from_transport, from_announced, received_at)
 
     def _lose_core(self, state: TopicState, now: float, reason: str) -> None:
         previous = state.core
@@ -544,6 +579,7 @@ class MeshEngine:
                 self.on_topic_core(TOPIC_CORE, message, transport, announced, now)
         wants = self.wants(state.filter)
         if state.core is not None and not self.core_alive(state, now):
+            self._keep_unreachable_claim(state, now)
             self._lose_core(state, now, reason="lost")
         if now >= self.claim_allowed_at:
             self._place(state, wants, now)

@@ -119,6 +119,9 @@ class Node:
         self.last_spf = float("-inf")
         self._flood_queue: dict[Address, tuple[StoredRecord, set[Address]]] = {}
         """origin -> (record to forward, transports of the neighbours that have it already)"""
+        self._left_out: dict[Address, tuple[float, set[Address]]] = {}
+        """neighbour transport -> (when synced, origins of the records we held but left out of that
+        database exchange as unreachable): sent to it when routes show them reachable"""
         self.flood_due: float | None = None
         self._digest_cache: tuple[int, frozenset[Address], tuple[int, tuple[int, ...]]] | None = None
         self._table_version = 0
@@ -456,6 +459,7 @@ class Node:
         if not neighbour.configured:
             self.neighbours.remove(neighbour.transport)
         self.reliable.neighbour_down(neighbour.transport, now)
+        self._left_out.pop(neighbour.transport, None)
         self._trigger_origination(now)
 
     def _sync_neighbour(self, neighbour: Neighbour, now: float) -> None:
@@ -467,9 +471,19 @@ class Node:
         # the stale one would only flood everywhere for nothing.
         pending_own = self.origination_due is not None
         records = self.lsdb.records
-        self._send_records([records[address] for address in sorted(self.routes.members)
+        members = self.routes.members
+        self._send_records([records[address] for address in sorted(members)
                             if address in records and not (pending_own and address == self.address)],
                            [neighbour.transport])
+        # A record left out only because it is not reachable *yet* (the record linking it to us is
+        # still on its way, or routes are about to be recomputed) follows when it is (rule 1):
+        # it was flooded before this neighbour was up, so nothing else would bring it there
+        # before the next anti-entropy round, an announce interval later.
+        left_out = {address for address in records if address not in members and address != self.address}
+        if left_out:
+            self._left_out[neighbour.transport] = (now, left_out)
+        else:
+            self._left_out.pop(neighbour.transport, None)
         for announcement in self.mesh.announcements_for_sync(self.last_input_at):
             self.send(wire.TOPIC_CORE, announcement, [neighbour.transport])
 
@@ -670,6 +684,8 @@ class Node:
                       size=len(self.routes.members))
         if previous.next_hops != self.routes.next_hops or added or removed or previous.ids != self.routes.ids:
             self.mesh.mark_all_dirty()
+        if added and self._left_out:
+            self._send_left_out(added)
         self._check_collisions(now)
         # Every member has a record (links exist only between stored records), hence an id.
         core = min(self.broker_id, min(map(self.routes.ids.__getitem__, self.routes.members - {self.address}),
@@ -683,6 +699,18 @@ class Node:
                 self._announce_management_core()
         if self.management_core == self.broker_id and (added or removed):
             self._flood_membership_change(added, removed, previous)
+
+    def _send_left_out(self, added: frozenset[Address]) -> None:
+        """Send the neighbours synced while these records were unreachable the ones now reachable."""
+        for transport, (_, origins) in sorted(self._left_out.items()):
+            now_reachable = origins & added
+            if not now_reachable:
+                continue
+            origins -= now_reachable
+            if not origins:
+                del self._left_out[transport]
+            records = self.lsdb.records
+            self._send_records([records[a] for a in sorted(now_reachable) if a in records], [transport])
 
     def _flood_membership_change(self, added: frozenset[Address], removed: frozenset[Address],
                                  previous: Routes) -> None:
@@ -771,6 +799,9 @@ class Node:
         for address, held in list(self.core_announcements.items()):
             if now - held[3] > lifetime:
                 del self.core_announcements[address]
+        for transport, (synced_at, _) in list(self._left_out.items()):
+            if now - synced_at > lifetime:  # still unreachable: on their way to expiry
+                del self._left_out[transport]
         self.mesh.periodic(now)
         self.next_announce = now + self.settings.announce_interval
 

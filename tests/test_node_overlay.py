@@ -144,3 +144,82 @@ def test_without_flood_delay_records_are_forwarded_at_once() -> None:
     node.receive_datagram(wire.encode(wire.FEDERATE, sender, wire.Federate(record)), peers[0], 1.0)
     targets = sorted(t for d, t in node.datagrams_to_send() if wire.packet_type(d) == wire.FEDERATE)
     assert targets == peers[1:]
+
+
+def test_a_claim_that_overtakes_the_records_of_its_core_is_kept_until_the_core_is_reachable() -> None:
+    """A `tc` is forwarded at once, records wait `flood_delay` per hop: a claim can arrive before the
+    records that make its core reachable. Its core, adopted (no record yet), then shown unreachable by
+    its first record, is lost; the claim must be kept and adopted again once the core is reachable,
+    not only at the core's periodic refresh (`announce_interval` later: the cold-start delay)."""
+    node, peers = up_node(2, Settings())
+    sender = wire.Sender(BrokerId(1, peers[0]), 1)
+    middle, core = BrokerId(8, address(8)), BrokerId(9, address(9))
+
+    def receive(kind: str, body: wire.Body, at: float) -> None:
+        node.receive_datagram(wire.encode(kind, sender, body), peers[0], at)
+        node.handle_timer(at + 0.1)  # the debounced route computation
+
+    receive(wire.FEDERATE, wire.Federate(wire.LinkStateRecord(sender.broker_id, 1, 5, 0, 0,
+                                                              (node.address,))), 1.0)
+    assert node.view().members == {node.address, peers[0]}
+    receive(wire.TOPIC_CORE, wire.TopicCore("a/+/c", core, 1, 1, 2, 0), 1.2)  # no record of the core yet
+    assert node.view().topic_cores == {"a/+/c": core}
+    receive(wire.FEDERATE, wire.Federate(wire.LinkStateRecord(core, 1, 2, 1, 0, (middle.address,))), 1.4)
+    assert node.view().topic_cores == {}  # its record shows it unreachable (the middle's is still on its way)
+    receive(wire.FEDERATE, wire.Federate(wire.LinkStateRecord(middle, 1, 2, 1, 0,
+                                                              (peers[0], core.address))), 1.6)
+    receive(wire.FEDERATE, wire.Federate(wire.LinkStateRecord(sender.broker_id, 1, 6, 0, 0,
+                                                              (node.address, middle.address))), 1.8)
+    assert node.view().members == {node.address, peers[0], middle.address, core.address}
+    assert node.view().topic_cores == {"a/+/c": core}  # without a new claim: the kept one
+    node.events_emitted()
+    node.datagrams_to_send()
+    publication = node.local_publish("a/b/c", b"probe", 0, False, None, 2.0)
+    sent = [(wire.decode(d).body, target) for d, target in node.datagrams_to_send()
+            if wire.packet_type(d) == wire.TOPIC_MESSAGE]
+    assert [target for _, target in sent] == [peers[0]], publication
+
+
+def test_a_record_left_out_of_a_database_exchange_as_unreachable_follows_when_it_is_reachable() -> None:
+    """A neighbour that comes up gets our reachable records only. A record we hold that is not
+    reachable *yet* (the record linking it to us is on its way) was flooded before that neighbour was
+    up; once reachable it must be sent to it, not left to the next digest an announce interval later
+    (the cold start where the far half of a line stayed out of the near half's tables for 5 s)."""
+    near, far_side = address(1), address(2)
+    node = Node(address(0), [near, far_side], 1, random.Random(1), Settings(), vid=5)  # not the management core
+    node.start(0.0)
+    hellos = {target: wire.decode(data).body for data, target in node.datagrams_to_send()
+              if wire.packet_type(data) == wire.HELLO}
+    senders = {near: wire.Sender(BrokerId(1, near), 1), far_side: wire.Sender(BrokerId(2, far_side), 1)}
+
+    def receive(peer: Address, kind: str, body: wire.Body, at: float) -> list[tuple[wire.Packet, Address]]:
+        node.receive_datagram(wire.encode(kind, senders[peer], body), peer, at)
+        node.handle_timer(at + 0.1)  # the origination and route computation
+        return [(wire.decode(d), t) for d, t in node.datagrams_to_send()]
+
+    def hello_back(peer: Address, at: float) -> list[tuple[wire.Packet, Address]]:
+        hello = hellos[peer]
+        assert isinstance(hello, wire.Hello)
+        return receive(peer, wire.HELLO_BACK, wire.HelloBack(hello.seq, hello.sent_at, at), at)
+
+    def records_to(sent: list[tuple[wire.Packet, Address]], peer: Address) -> set[Address]:
+        found = set()
+        for packet, target in sent:
+            if target == peer and isinstance(packet.body, wire.TopologyUpdate):
+                found |= {record.origin.address for record in packet.body.records}
+            elif target == peer and isinstance(packet.body, wire.Federate):
+                found.add(packet.body.record.origin.address)
+        return found
+
+    far = BrokerId(9, address(9))
+    hello_back(far_side, 0.01)
+    receive(far_side, wire.FEDERATE, wire.Federate(wire.LinkStateRecord(senders[far_side].broker_id, 1, 1, 0, 0,
+                                                                        (node.address,))), 0.2)
+    receive(far_side, wire.FEDERATE, wire.Federate(wire.LinkStateRecord(far, 1, 1, 1, 0, (far_side,))), 0.4)
+    assert far.address not in node.view().members  # held, not reachable yet
+    synced = hello_back(near, 0.6)
+    assert far.address not in records_to(synced, near)  # the database exchange leaves it out
+    later = receive(far_side, wire.FEDERATE, wire.Federate(wire.LinkStateRecord(
+        senders[far_side].broker_id, 1, 2, 0, 0, (node.address, far.address))), 0.8)
+    assert far.address in node.view().members
+    assert {far_side, far.address} <= records_to(later, near)  # the new link, and the record it makes reachable
