@@ -619,6 +619,8 @@ class MeshEngine:
         hops = routes.next_hops.get(state.core.address)
         if not hops:
             hops = frozenset(a for a in state.via if self.node.neighbours.transport_for(a) is not None)
+        if len(hops) == 1:  # the common case, on every publication routed toward the core: nothing to rank
+            return tuple(hops)[: self.policy.parents(state.filter, self.node.settings.redundancy)]
         ranked = sorted(hops, key=lambda a: routes.ids.get(a, BrokerId(2**64, a)))
         return tuple(ranked[: self.policy.parents(state.filter, self.node.settings.redundancy)])
 
@@ -675,15 +677,19 @@ class MeshEngine:
     def route(self, state: TopicState, message: TopicMessage, from_announced: Address | None, now: float) -> None:
         node = self.node
         publication = message.publication
-        if state.core is None or not self._routable(state):
+        if state.core is None:
             self._hold(state, message, now)
             return
         if state.member:
             targets = set(state.parents) | set(state.children)
             mode = MODE_IN_MESH
         else:
-            candidates = [c for c in sorted(set(self._parents(state)) - {from_announced} if from_announced else
-                                            set(self._parents(state)))
+            # `_routable` inlined: `_parents` is computed once, not once there and once here.
+            parents = self._parents(state)
+            if not (parents or state.parents or self.is_own_core(state)):
+                self._hold(state, message, now)
+                return
+            candidates = [c for c in sorted(set(parents) - {from_announced} if from_announced else set(parents))
                           if node.neighbours.transport_for(c) is not None]  # a parent just gone is no route
             if not candidates:
                 node.emit(events.PUBLICATION_DROPPED, now, pub=publication_text(publication),
@@ -694,19 +700,23 @@ class MeshEngine:
             mode = MODE_TOWARD_CORE
         if from_announced is not None:
             targets.discard(from_announced)
+        if not targets:  # a leaf of the mesh: the publication ends here
+            return
         transports = [t for t in (node.neighbours.transport_for(a) for a in sorted(targets)) if t is not None]
         if len(transports) < len(targets):
             # Mesh neighbours that went down before the routes were recomputed: those copies are lost.
             node.drops["mesh_copy_neighbour_down"] += len(targets) - len(transports)
         if not transports:
-            if targets:
-                node.emit(events.PUBLICATION_DROPPED, now, pub=publication_text(publication),
-                          filter=state.filter, reason="no_route")
-                node.count_drop("publication_no_route")
+            node.emit(events.PUBLICATION_DROPPED, now, pub=publication_text(publication), filter=state.filter,
+                      reason="no_route")
+            node.count_drop("publication_no_route")
             return
-        outgoing = TopicMessage(message.filter, message.origin, message.epoch, message.seq, mode,
-                                message.hops + 1 if from_announced is not None else message.hops,
-                                message.topic, message.payload, message.qos, message.retain, message.properties)
+        hops = message.hops + 1 if from_announced is not None else message.hops
+        if mode == message.mode and hops == message.hops:
+            outgoing = message  # frozen: a new local publication goes out as made
+        else:
+            outgoing = TopicMessage(message.filter, message.origin, message.epoch, message.seq, mode, hops,
+                                    message.topic, message.payload, message.qos, message.retain, message.properties)
         node.send(TOPIC_MESSAGE, outgoing, transports)
         node.counters["publications_forwarded"] += 1
         node.emit(events.PUBLICATION_FORWARDED, now, pub=publication_text(publication), filter=state.filter,

@@ -88,6 +88,11 @@ class Node:
         self.epoch = epoch
         self.vid = vid if vid is not None else rng.randrange(VID_RANGE)
         self.name = name
+        self._address_text = str(address)
+        """`str(self.address)`, which every event carries"""
+        self._broker_id: BrokerId | None = None
+        self._sender: wire.Sender | None = None
+        """the header of the packets we send, rebuilt when the id or the epoch changes"""
         self.neighbours = NeighbourTable([a for a in neighbours if a != address], settings.max_neighbours)
         self.lsdb = LinkStateDatabase(address, settings.max_nodes)
         self.routes = Routes(frozenset([address]), {address: 0}, {}, {})
@@ -142,7 +147,11 @@ class Node:
 
     @property
     def broker_id(self) -> BrokerId:
-        return BrokerId(self.vid, self.address)
+        # Read for every packet sent and many received: remembered until `vid` or `address` changes.
+        broker_id = self._broker_id
+        if broker_id is None or broker_id[0] != self.vid or broker_id[1] is not self.address:
+            broker_id = self._broker_id = BrokerId(self.vid, self.address)
+        return broker_id
 
     def bump_version(self) -> None:
         self._version += 1
@@ -173,7 +182,7 @@ class Node:
         return out
 
     def emit(self, kind: str, now: float, **fields: Any) -> None:
-        self._events.append(Event(now, str(self.address), kind, fields))
+        self._events.append(Event(now, self._address_text, kind, fields))
 
     def count_drop(self, reason: str) -> None:
         self.drops[reason] += 1
@@ -183,7 +192,11 @@ class Node:
             return
         if track and kind == wire.TOPIC_MESSAGE and isinstance(body, TopicMessage) and body.qos:
             self.reliable.track(body, transports)  # retransmitted until the next hop acknowledges it
-        data = wire.encode(kind, wire.Sender(self.broker_id, self.epoch), body)
+        sender = self._sender
+        broker_id = self.broker_id
+        if sender is None or sender.broker_id is not broker_id or sender.epoch != self.epoch:
+            sender = self._sender = wire.Sender(broker_id, self.epoch)
+        data = wire.encode(kind, sender, body)
         for transport in transports:
             self._datagrams.append((data, transport))
         self.sent_by_type[kind] += len(transports)
@@ -383,7 +396,11 @@ class Node:
         body = packet.body
         sender = neighbour.transport
         announced = packet.sender.broker_id.address
-        if isinstance(body, Hello):
+        if isinstance(body, TopicMessage):  # first: one per publication, the most frequent packet
+            if body.qos:
+                self.reliable.on_message(body, sender, now)  # acknowledged hop by hop, duplicates too
+            self._on_topic_message(body, announced, now)
+        elif isinstance(body, Hello):
             self.send(wire.HELLO_BACK, HelloBack(body.seq, body.sent_at, now), [sender])
             if not neighbour.up:
                 self._send_hello(neighbour, now)  # answer at once: the link comes up in one round trip
@@ -404,10 +421,6 @@ class Node:
             self.mesh.on_topic_core(packet.type, body, sender, announced, now)
         elif isinstance(body, TopicSubscribe):
             self.mesh.on_topic_subscribe(body, announced, now)
-        elif isinstance(body, TopicMessage):
-            if body.qos:
-                self.reliable.on_message(body, sender, now)  # acknowledged hop by hop, duplicates too
-            self._on_topic_message(body, announced, now)
         elif isinstance(body, TopicAck):
             acks = self.counters["acks"]
             self.reliable.on_ack(body, sender)

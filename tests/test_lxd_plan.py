@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from federation.daemon.config import load_config
+from federation.harness.nodeconfig import WRAPPER_LOG_TYPES
 from federation.launch import MOSQUITTO_CONF_TEMPLATE, REPO_ROOT
 from federation.lxd.cluster import convergence_problems, project_bundle
 from federation.lxd.image import ImageRecipe, default_recipe, project_extra, project_requirements
@@ -186,7 +187,7 @@ def test_broker_conf_listens_everywhere_and_keeps_the_log_topic() -> None:
     text = render_broker_conf(MOSQUITTO_CONF_TEMPLATE.read_text())
     active = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert "listener 1883 0.0.0.0" in active
-    assert "log_dest topic" in active and "log_type all" in active
+    assert "log_dest topic" in active and all(log_type in active for log_type in WRAPPER_LOG_TYPES)
     assert "log_dest file /var/lib/mosquitto/broker.log" in active
     assert "user root" not in active  # Debian's service drops to the mosquitto user, which owns the directory
 

@@ -280,7 +280,9 @@ def profile(stage: str, qos: int, size: int, burst: int, messages: int, lines: i
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m federation.bench.hotpath", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--qos", type=int, nargs="+", default=[0, 1], choices=(0, 1, 2))
+    # Not QoS 2: paho hands a received QoS 2 PUBLISH over only after the broker's PUBREL, which the
+    # stand-in broker here does not send.
+    parser.add_argument("--qos", type=int, nargs="+", default=[0, 1], choices=(0, 1))
     parser.add_argument("--size", type=int, nargs="+", default=[64], help="payload bytes")
     parser.add_argument("--burst", type=int, nargs="+", default=[1, 32],
                         help="messages read from the broker in one pass (1: paced traffic; 32: a burst)")

@@ -1,0 +1,239 @@
+"""The node's per-publication shortcuts give exactly what the general code gives.
+
+Each shortcut on the publication path (the event log's direct JSON lines,
+`wire`'s `tm` encoding and decoding, the node's remembered id and header)
+is compared here with the general code it stands in for: the event schema
+and the wire format are contracts, so "the same" means byte for byte.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from federation import events, wire
+from federation.bench.hotpath import STAGES, Pipeline
+from federation.daemon.runtime import EventLog, encode_event
+from federation.node import Node
+from federation.types import Address, BrokerId, Event
+from federation.wire import DecodeError, Sender, TopicMessage
+
+NODE = "127.0.0.10:10500"
+PUB = "127.0.0.10:10500/3/17"
+
+
+def old_line(event: Event) -> str:
+    """The encoding the event log used before `encode_event`: json with compact separators, str() for the rest."""
+    return json.dumps(event.to_json_dict(), separators=(",", ":"), default=str)
+
+
+class Level(enum.IntEnum):
+    HIGH = 2
+
+
+class Text(str):
+    pass
+
+
+HOT_EVENTS: list[tuple[str, dict[str, Any]]] = [
+    (events.PUBLICATION_ORIGINATED, {"pub": PUB, "topic": "bench/t0", "qos": 0, "retain": False, "size": 64,
+                                     "filters": ["bench/#"]}),
+    (events.PUBLICATION_ORIGINATED, {"pub": PUB, "topic": "a/b", "qos": 2, "retain": True, "size": 0, "filters": []}),
+    (events.PUBLICATION_FORWARDED, {"pub": PUB, "filter": "bench/#", "to": ["127.0.0.11:10500", "[::1]:10500"],
+                                    "mode": "toward_core"}),
+    (events.PUBLICATION_FORWARDED, {"pub": PUB, "filter": "bench/#", "to": ["127.0.0.11:10500"], "mode": "mesh"}),
+    (events.PUBLICATION_DELIVERED, {"pub": PUB, "topic": "bench/t3", "filter": "bench/#", "hops": 1}),
+    (events.PUBLICATION_DROPPED, {"pub": PUB, "filter": "bench/#", "reason": "no_route"}),
+    (events.PUBLICATION_DROPPED, {"pub": PUB, "filter": "bench/#", "reason": "unacknowledged",
+                                  "to": "127.0.0.11:10500"}),
+    (events.PUBLICATION_DROPPED, {"pub": None, "filter": None, "reason": "too_large", "topic": "big", "size": 70000}),
+    (events.DUPLICATE_DROPPED, {"pub": PUB, "filter": "bench/#", "source": "127.0.0.11:10500"}),
+    (events.PUBLICATION_RETRANSMITTED, {"pub": PUB, "filter": "bench/#", "to": "127.0.0.11:10500", "attempt": 1}),
+    (events.PACKET_DROPPED, {"reason": "wrong_type", "detail": "tm.qos: expected an integer in [0, 2]",
+                             "source": "127.0.0.11:10500", "size": 120, "suppressed": 3}),
+    (events.COUNTERS, {"sent": {"tm": [10, 1200]}, "received": {}, "drops": {"max_hops": 1}, "counters": {"x": 2},
+                       "clocks": {"127.0.0.11:10500": {"rtt": 0.0012, "offset": -0.5, "error": 0.0006}}}),
+    (events.NEIGHBOUR_UP, {"neighbour": "127.0.0.11:10500", "neighbour_id": "7@127.0.0.11:10500", "rtt": 0.001,
+                           "clock_offset": 1e-07, "clock_error": 0.0005}),
+]
+
+ODD_FIELDS: list[dict[str, Any]] = [
+    {"topic": "caf\u00e9/\u6e29\u5ea6/\U0001f600", "filter": "a/\"quoted\"\\back\nline\t\x00"},
+    {"topic": Text("subclass"), "to": [Text("x"), "y"]},
+    {"level": Level.HIGH, "flag": True, "none": None, "float": 0.1, "big": 2**70, "neg": -3},
+    {"to": ["a", 1, None], "nested": [["a"], {"b": 1}], "tuple": ("a", "b"), "empty": []},
+    {"bytes": b"\x00\xff", "address": Address("127.0.0.1", 1), "set": frozenset()},
+    {"v": 2},  # a field named like the header: it replaces the header's value
+    {"type": "other", "node": "elsewhere", "t": 5},
+    {"nan": float("nan"), "inf": float("-inf")},
+    {},
+]
+
+
+@pytest.mark.parametrize(("kind", "fields"), HOT_EVENTS, ids=[f"{k}-{i}" for i, (k, _) in enumerate(HOT_EVENTS)])
+@pytest.mark.parametrize("time", [1000.25, 1763768723.1234567, 0.0, 12.0000004, -1.5])
+def test_hot_event_lines_are_byte_identical(kind: str, fields: dict[str, Any], time: float) -> None:
+    event = Event(time, NODE, kind, dict(fields))
+    assert encode_event(event) == old_line(event)
+    json.loads(encode_event(event))  # and it is one JSON value
+
+
+@pytest.mark.parametrize("fields", ODD_FIELDS)
+@pytest.mark.parametrize("time", [3.5, 7, float("nan"), float("inf"), 1e300])
+def test_unusual_events_fall_back_to_the_same_bytes(fields: dict[str, Any], time: float) -> None:
+    event = Event(time, NODE, "odd_event", dict(fields))
+    assert encode_event(event) == old_line(event)
+    odd_node = Event(3.5, "n\u00f6de \"x\"", Text("t\u00ffpe"), dict(fields))
+    assert encode_event(odd_node) == old_line(odd_node)
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+def test_pipeline_events_and_event_log_file_match_the_old_encoding(qos: int, tmp_path: Path) -> None:
+    """The events two real nodes emit for real publications, through `EventLog` into a file."""
+    pipeline = Pipeline(qos, b"x" * 64)
+    emitted: list[Event] = []
+    pipeline.event_sink = emitted.extend  # type: ignore[assignment]
+    try:
+        for _ in range(3):
+            pipeline.run_burst(8, {stage: 0.0 for stage in STAGES})
+    finally:
+        pipeline.close()
+    assert {e.type for e in emitted} >= {events.PUBLICATION_ORIGINATED, events.PUBLICATION_FORWARDED,
+                                         events.PUBLICATION_DELIVERED}
+    log = EventLog(tmp_path / "events.jsonl", None)
+    log.write(emitted)
+    log.close()
+    written = (tmp_path / "events.jsonl").read_text(encoding="utf-8")
+    assert written == "".join(old_line(e) + "\n" for e in emitted)
+    assert log.lines == len(emitted)
+
+
+# ------------------------------------------------------------ wire: `tm`
+
+ORIGIN = Address("127.0.0.10", 10500)
+SENDER = Sender(BrokerId(12345, Address("127.0.0.11", 10501)), 4)
+
+
+def general_encode(kind: str, sender: Sender, body: TopicMessage) -> bytes:
+    """The `tm` layout of docs/protocol.md, built field by field as `wire.encode` did before its shortcut."""
+    return msgpack.packb([kind, wire.PROTOCOL_VERSION, [sender.broker_id.vid, sender.broker_id.address.host,
+                                                        sender.broker_id.address.port, sender.epoch],
+                          body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq, body.mode,
+                          body.hops, body.topic, body.payload, body.qos, body.retain, body.properties],
+                         use_bin_type=True)
+
+
+MESSAGES = [
+    TopicMessage("bench/#", ORIGIN, 1, 5, 0, 0, "bench/t1", b"x" * 64, 0, False, None),
+    TopicMessage("bench/#", ORIGIN, 2**64 - 1, 2**32, 1, 255, "bench/\u6e29", b"", 2, True, None),
+    TopicMessage("a/+/c", Address("::1", 1), 0, 0, 1, 3, "a/b/c", b"\x00" * 300, 1, False,
+                 {"content_type": "text/plain", "user_property": [["k", "v"]], "message_expiry": 5}),
+    TopicMessage("#", Address("h" * 255, 65535), 7, 9, 0, 1, "x", b"p", 0, True, {}),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES)
+def test_tm_encoding_is_the_documented_layout(message: TopicMessage) -> None:
+    assert wire.encode(wire.TOPIC_MESSAGE, SENDER, message) == general_encode(wire.TOPIC_MESSAGE, SENDER, message)
+
+
+def decode_general(data: bytes, monkeypatch: pytest.MonkeyPatch) -> wire.Packet | tuple[str, str]:
+    with monkeypatch.context() as patch:
+        patch.setattr(wire, "_fast_topic_message", lambda value: None)
+        return decode_or_fault(data)
+
+
+def decode_or_fault(data: bytes) -> wire.Packet | tuple[str, str]:
+    try:
+        return wire.decode(data)
+    except DecodeError as error:
+        return (error.reason, error.detail)
+
+
+@pytest.mark.parametrize("message", MESSAGES)
+def test_tm_decoding_matches_the_general_path(message: TopicMessage, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = wire.encode(wire.TOPIC_MESSAGE, SENDER, message)
+    general = decode_general(data, monkeypatch)  # also fills the filter/topic memo the shortcut needs
+    assert general == wire.Packet(wire.TOPIC_MESSAGE, SENDER, message)
+    assert decode_or_fault(data) == general
+    shortcut = wire._fast_topic_message(msgpack.unpackb(data, raw=False))
+    assert shortcut == (general if message.properties is None else None)  # taken when it applies
+
+
+def _tm_fields() -> list[Any]:
+    return msgpack.unpackb(general_encode(wire.TOPIC_MESSAGE, SENDER, MESSAGES[0]), raw=False)
+
+
+BAD_VALUES: list[tuple[int, Any]] = [
+    (1, 2), (1, True), (2, [1, "h", 1]), (2, [-1, "h", 1, 1]), (2, [1, "h", 70000, 1]), (2, [1, 5, 1, 1]),
+    (2, [1, "h" * 256, 1, 1]), (2, [1, "h", 1, -5]), (3, "bad/#/filter"), (3, "a/+x"), (3, 7), (4, ["h"]),
+    (4, ["h", -1]), (4, [1, 1]), (5, -1), (5, 1.0), (6, -2**63), (7, 2), (7, True), (8, 256), (9, "a/#"),
+    (9, "a/\x00"), (9, b"a/b"), (10, "text"), (11, 3), (11, False), (12, 1), (13, {"bad": 1.5}), (13, []),
+]
+
+
+@pytest.mark.parametrize(("index", "value"), BAD_VALUES)
+def test_bad_tm_faults_are_named_as_before(index: int, value: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = msgpack.packb(_tm_fields(), use_bin_type=True)
+    assert isinstance(decode_general(good, monkeypatch), wire.Packet)  # the filter and topic are remembered
+    fields = _tm_fields()
+    fields[index] = value
+    data = msgpack.packb(fields, use_bin_type=True)
+    general = decode_general(data, monkeypatch)
+    assert not isinstance(general, wire.Packet) or index == 13
+    assert decode_or_fault(data) == general
+
+
+def test_tm_of_the_wrong_length_is_refused_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    for fields in (_tm_fields()[:-1], [*_tm_fields(), None]):
+        data = msgpack.packb(fields, use_bin_type=True)
+        general = decode_general(data, monkeypatch)
+        assert general == ("wrong_length", f"tm: expected 11 body fields, got {len(fields) - 3}")
+        assert decode_or_fault(data) == general
+
+
+# ------------------------------------------------------------ node: remembered id and header
+
+
+def test_sent_header_follows_id_and_epoch_changes() -> None:
+    a, b = Address("127.0.0.10", 10500), Address("127.0.0.11", 10500)
+    node = Node(a, [b], 1, random.Random(1), vid=5)
+    node.start(0.0)
+    first = node.broker_id
+    assert first == BrokerId(5, a) and node.broker_id is first
+    node.datagrams_to_send()
+    message = TopicMessage("x/#", a, 1, 1, 0, 0, "x/y", b"p", 0, False, None)
+    node.send(wire.TOPIC_MESSAGE, message, [b])
+    assert wire.decode(node.datagrams_to_send()[0][0]).sender == Sender(BrokerId(5, a), 1)
+    node.vid, node.epoch = 9, 3
+    assert node.broker_id == BrokerId(9, a)
+    node.send(wire.TOPIC_MESSAGE, message, [b])
+    assert wire.decode(node.datagrams_to_send()[0][0]).sender == Sender(BrokerId(9, a), 3)
+    assert node.view().broker_id == BrokerId(9, a)
+
+
+def test_originated_and_forwarded_tm_carry_mode_and_hops() -> None:
+    """A's `tm` for a local publication goes toward the core with hops 0, as the message it made."""
+    pipeline = Pipeline(0, b"x" * 8)
+    try:
+        pipeline.a.local_publish("bench/one", b"payload", 0, False, None, pipeline.now)
+        sent = pipeline.a.datagrams_to_send()
+        emitted = pipeline.a.events_emitted()
+    finally:
+        pipeline.close()
+    assert len(sent) == 1
+    packet = wire.decode(sent[0][0])
+    body = packet.body
+    assert isinstance(body, TopicMessage)
+    assert (body.filter, body.mode, body.hops, body.topic, body.payload) == \
+        ("bench/#", wire.MODE_TOWARD_CORE, 0, "bench/one", b"payload")
+    assert packet.sender == Sender(pipeline.a.broker_id, pipeline.a.epoch)
+    assert [e.type for e in emitted] == [events.PUBLICATION_ORIGINATED, events.PUBLICATION_FORWARDED]
+    assert emitted[1].fields == {"pub": emitted[0].fields["pub"], "filter": "bench/#", "to": [str(sent[0][1])],
+                                 "mode": "toward_core"}
