@@ -116,6 +116,8 @@ class TopicState:
     """the rank (capability) carried by the core's claim"""
     provisional: bool = False
     """the core was taken from placement (owner or rendezvous winner) and has not announced itself yet"""
+    adopted_at: float = float("-inf")
+    """when the current core was adopted from its announcement (a claim of another core than before)"""
     claimed_at: float = float("-inf")
     """when we last claimed this filter (a placed core waits an announce interval for children)"""
     lost_at: float = float("-inf")
@@ -332,6 +334,7 @@ class MeshEngine:
         state.core_rank, state.provisional = message.rank, False
         state.core_epoch, state.core_seq = message.freshness
         state.core_distance, state.via, state.heard_at = distance, {from_announced}, now
+        state.adopted_at = now
         state.children.clear()
         self.node.bump_version()
         self.node.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=id_text(core),
@@ -374,6 +377,11 @@ class MeshEngine:
         core = state.core
         if core is None or state.provisional or self.is_own_core(state) or \
                 now - state.heard_at > self.node.settings.announcement_lifetime:
+            return
+        if now - state.adopted_at > self.node.settings.hello_interval:
+            # Only the race above: the loss follows the adoption within a few flood delays. A core held
+            # longer and then cut off may withdraw while we cannot hear it; its old claim, taken again
+            # at the heal, would bring a withdrawn core back (seen as an `rt` storm in owned mode).
             return
         stored = self.node.lsdb.records.get(core.address)
         if stored is None or stored.record.epoch != state.core_epoch or stored.record.origin.vid != core.vid:
