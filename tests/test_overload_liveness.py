@@ -50,15 +50,21 @@ def publish_for(h: Harness, index: int, qos: int, until: float, step: float = 0.
     return published
 
 
+def subscribed_pair(filter_1: str, filter_2: str, qos: int) -> LossyHarness:
+    """Nodes 1 and 2 (hello interval 0.2 s), each with a local subscriber, converged, their link lossy."""
+    h = LossyHarness([(1, 2)], settings=Settings(hello_interval=0.2))
+    h.run(1.0)
+    h.do(2, "local_subscribe", "c", filter_2, qos)
+    h.do(1, "local_subscribe", "c", filter_1, qos)
+    h.run(2.0)
+    h.lossy = {(1, 2), (2, 1)}
+    return h
+
+
 def test_acknowledged_publications_keep_a_busy_neighbour_up_without_hellos() -> None:
     """Every hello and hello back lost (stuck behind data) for 10 dead intervals: the `ta` echoing our
     QoS 1 `tm` prove both directions, so node 1 keeps node 2 up and forwards everything."""
-    h = LossyHarness([(1, 2)], settings=Settings(hello_interval=0.2))
-    h.run(1.0)
-    h.do(2, "local_subscribe", "c", "t/#", 1)
-    h.do(1, "local_subscribe", "c", "t/#", 1)
-    h.run(2.0)
-    h.lossy = {(1, 2), (2, 1)}
+    h = subscribed_pair("t/#", "t/#", qos=1)
     h.drop_types = {wire.HELLO, wire.HELLO_BACK}
     published: dict[int, list[str]] = {1: [], 2: []}
     end = 2.0 + 10 * h.settings.neighbour_dead_after
@@ -78,12 +84,7 @@ def test_acknowledged_publications_keep_a_busy_neighbour_up_without_hellos() -> 
 
 def test_without_echoes_the_neighbour_still_goes_down() -> None:
     """QoS 0 `tm` (no `ta`) and `hl` from the neighbour prove only the inbound direction: not liveness."""
-    h = LossyHarness([(1, 2)], settings=Settings(hello_interval=0.2))
-    h.run(1.0)
-    h.do(2, "local_subscribe", "c", "t/#", 0)
-    h.do(1, "local_subscribe", "c", "u/#", 0)
-    h.run(2.0)
-    h.lossy = {(1, 2), (2, 1)}
+    h = subscribed_pair("u/#", "t/#", qos=0)
     h.drop_types = {wire.HELLO_BACK}  # hellos arrive both ways, and data from both sides
     start = h.now
     publish_for(h, 1, qos=0, until=start + 2 * h.settings.neighbour_dead_after)
