@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from federation import events
 from federation.events import id_text, publication_text
+from federation.forwarding import HOLD, NO_ROUTE, Forward, ForwardingCache
 from federation.modes import HASH, ModePolicy
 from federation.ownership import OwnerEntry, OwnershipTable
 from federation.placement import rendezvous_weight, rendezvous_winner
@@ -123,6 +124,8 @@ class TopicState:
     lost_at: float = float("-inf")
     """when its core was last lost (unreachable or silent): the filter is kept an announcement lifetime,
     so publications matching it are held and reported (`no_core`), not silently unmatched"""
+    forwarding: ForwardingCache = field(default_factory=ForwardingCache, repr=False, compare=False)
+    """where publications go next, kept while nothing it depends on changes (`federation.forwarding`)"""
 
     @property
     def freshness(self) -> tuple[int, int]:
@@ -682,53 +685,49 @@ class MeshEngine:
             return False
         return self.is_own_core(state) or state.member or bool(state.parents) or bool(self._parents(state))
 
-    def route(self, state: TopicState, message: TopicMessage, from_announced: Address | None, now: float) -> None:
+    def route(self, state: TopicState, message: TopicMessage, from_announced: Address | None, now: float,
+              pub_text: str | None = None) -> None:
+        """Send a publication on (`from_announced`: where it came from, None for a local one or a held one).
+        `pub_text` is its `publication_text`, when the caller has made it already."""
         node = self.node
-        publication = message.publication
         if state.core is None:
             self._hold(state, message, now)
             return
-        if state.member:
-            targets = set(state.parents) | set(state.children)
-            mode = MODE_IN_MESH
-        else:
-            # `_routable` inlined: `_parents` is computed once, not once there and once here.
-            parents = self._parents(state)
-            if not (parents or state.parents or self.is_own_core(state)):
+        decision = state.forwarding.lookup(self, state, from_announced)
+        if type(decision) is not Forward:
+            if decision is HOLD:
                 self._hold(state, message, now)
+            elif decision is NO_ROUTE:
+                self._report_no_route(state, message, now, pub_text)
+            return  # LEAF: the publication ends here
+        mode = decision.mode
+        if mode == MODE_TOWARD_CORE:
+            assert decision.candidates is not None and decision.by_candidate is not None
+            transport, text = decision.by_candidate[node.rng.choice(decision.candidates)]
+            transports, texts = [transport], [text]
+        else:
+            transports, texts = decision.transports, decision.texts
+            if decision.lost:
+                # Mesh neighbours that went down before the routes were recomputed: those copies are lost.
+                node.drops["mesh_copy_neighbour_down"] += decision.lost
+            if not transports:
+                self._report_no_route(state, message, now, pub_text)
                 return
-            candidates = [c for c in sorted(set(parents) - {from_announced} if from_announced else set(parents))
-                          if node.neighbours.transport_for(c) is not None]  # a parent just gone is no route
-            if not candidates:
-                node.emit(events.PUBLICATION_DROPPED, now, pub=publication_text(publication),
-                          filter=state.filter, reason="no_route")
-                node.count_drop("publication_no_route")
-                return
-            targets = {node.rng.choice(candidates)}
-            mode = MODE_TOWARD_CORE
-        if from_announced is not None:
-            targets.discard(from_announced)
-        if not targets:  # a leaf of the mesh: the publication ends here
-            return
-        transports = [t for t in (node.neighbours.transport_for(a) for a in sorted(targets)) if t is not None]
-        if len(transports) < len(targets):
-            # Mesh neighbours that went down before the routes were recomputed: those copies are lost.
-            node.drops["mesh_copy_neighbour_down"] += len(targets) - len(transports)
-        if not transports:
-            node.emit(events.PUBLICATION_DROPPED, now, pub=publication_text(publication), filter=state.filter,
-                      reason="no_route")
-            node.count_drop("publication_no_route")
-            return
         hops = message.hops + 1 if from_announced is not None else message.hops
         if mode == message.mode and hops == message.hops:
-            outgoing = message  # frozen: a new local publication goes out as made
+            outgoing = message  # a new local publication goes out as made
         else:
             outgoing = TopicMessage(message.filter, message.origin, message.epoch, message.seq, mode, hops,
                                     message.topic, message.payload, message.qos, message.retain, message.properties)
         node.send(TOPIC_MESSAGE, outgoing, transports)
         node.counters["publications_forwarded"] += 1
-        node.emit(events.PUBLICATION_FORWARDED, now, pub=publication_text(publication), filter=state.filter,
-                  to=[str(t) for t in transports], mode="mesh" if mode == MODE_IN_MESH else "toward_core")
+        node.emit(events.PUBLICATION_FORWARDED, now, pub=pub_text or publication_text(message.publication),
+                  filter=state.filter, to=texts, mode="mesh" if mode == MODE_IN_MESH else "toward_core")
+
+    def _report_no_route(self, state: TopicState, message: TopicMessage, now: float, pub_text: str | None) -> None:
+        self.node.emit(events.PUBLICATION_DROPPED, now, pub=pub_text or publication_text(message.publication),
+                       filter=state.filter, reason="no_route")
+        self.node.count_drop("publication_no_route")
 
     def _hold(self, state: TopicState, message: TopicMessage, now: float) -> None:
         node = self.node

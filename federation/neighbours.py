@@ -159,6 +159,12 @@ class NeighbourTable:
         self._reindex()
         return True
 
+    @property
+    def up_index(self) -> dict[Address, Address]:
+        """Announced address -> transport of every up neighbour. Never changed in place, only replaced, so
+        a cache may keep it and compare identity (`federation.forwarding`)."""
+        return self._up_by_announced
+
     def transport_for(self, announced: Address) -> Address | None:
         """Where to send to the up neighbour that announces `announced`."""
         return self._up_by_announced.get(announced)

@@ -324,14 +324,15 @@ class Node:
         self.injected.add(publication)  # the local broker has it already
         filters = self.mesh.matching(topic)
         self.counters["publications_originated"] += 1
-        self.emit(events.PUBLICATION_ORIGINATED, now, pub=publication_text(publication), topic=topic, qos=qos,
+        pub_text = publication_text(publication)
+        self.emit(events.PUBLICATION_ORIGINATED, now, pub=pub_text, topic=topic, qos=qos,
                   retain=retain, size=len(payload), filters=filters)
         for filter_ in self.mesh.publication_filters(filters):
             state = self.mesh.topics[filter_]
             self.seen.add((publication, filter_))
             message = TopicMessage(filter_, self.address, self.epoch, self.publication_seq, MODE_TOWARD_CORE, 0,
                                    topic, payload, qos, retain, properties)
-            self.mesh.route(state, message, None, now)
+            self.mesh.route(state, message, None, now, pub_text)
         self._settle(now)
         return publication
 
@@ -830,11 +831,13 @@ class Node:
         if is_system(message.topic):
             self._drop_packet("system_topic", message.topic[:64], from_announced, 0, now)
             return
+        pub_text = None
         if self.local_index.matching(message.topic) and self.injected.add(publication):
             self._injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
                                               message.properties, publication))
             self.counters["publications_delivered"] += 1
-            self.emit(events.PUBLICATION_DELIVERED, now, pub=publication_text(publication), topic=message.topic,
+            pub_text = publication_text(publication)
+            self.emit(events.PUBLICATION_DELIVERED, now, pub=pub_text, topic=message.topic,
                       filter=message.filter, hops=message.hops + 1)
         if message.hops + 1 >= self.settings.max_hops:
             self.count_drop("max_hops")
@@ -843,7 +846,7 @@ class Node:
         if state is None:
             self.count_drop("topics_full")
             return
-        self.mesh.route(state, message, from_announced, now)
+        self.mesh.route(state, message, from_announced, now, pub_text)
 
     # ------------------------------------------------------------ status
 

@@ -51,7 +51,7 @@ PublicationId = tuple[Address, int, int]
 """(origin address, origin boot epoch, per-epoch sequence number)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)  # one per delivered publication: not frozen (see wire.Sender)
 class Injection:
     """A remote publication the daemon must publish into the local broker, once."""
 
@@ -63,9 +63,12 @@ class Injection:
     publication: PublicationId
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Event:
-    """One structured trace record; `to_json_dict` gives the documented line format."""
+    """One structured trace record; `to_json_dict` gives the documented line format.
+
+    Not frozen: a frozen dataclass sets every field through `object.__setattr__`, and a wrapper makes three
+    events per forwarded publication. Nothing mutates an event after it is made."""
 
     time: float
     node: str

@@ -66,7 +66,11 @@ class DecodeError(ValueError):
         self.detail = detail
 
 
-@dataclass(frozen=True)
+# Hot value types (Sender, TopicMessage, TopicAck, Packet) are made for every `tm` and `ta`, so they are
+# not `frozen`: a frozen dataclass sets each field through `object.__setattr__`, which made building a
+# `tm` six times slower (4.8 µs against 0.8 here). They are values all the same: nothing assigns their
+# fields after construction, and `unsafe_hash` keeps the hash they had.
+@dataclass(slots=True, unsafe_hash=True)
 class Sender:
     broker_id: BrokerId
     epoch: int
@@ -186,7 +190,7 @@ class TopicSubscribe:
     flags: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender
 class TopicMessage:
     filter: str
     origin: Address
@@ -205,7 +209,7 @@ class TopicMessage:
         return (self.origin, self.epoch, self.seq)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender
 class TopicAck:
     """`ta`: the receiver of a QoS 1 or 2 `tm` has it (federation.reliable: hop-by-hop acknowledgement)."""
 
@@ -223,7 +227,7 @@ Body = (Hello | HelloBack | Federate | TopologyUpdate | Reconsider | CoreAnnounc
         | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender
 class Packet:
     type: str
     sender: Sender
