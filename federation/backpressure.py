@@ -36,6 +36,7 @@ Sans-I/O: no clock, no sockets; the runtime drives it.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 from federation import wire
@@ -81,6 +82,9 @@ class InjectionQueue(Generic[Item]):
 
     def take(self, room: int) -> list[Item]:
         """Up to `room` items, oldest first."""
+        if not self._reliable or not self._qos0:  # one kind only (a flood is all QoS 0): no order to merge
+            queue = self._qos0 or self._reliable
+            return [queue.popleft()[1] for _ in range(min(room, len(queue)))]
         out: list[Item] = []
         while len(out) < room:
             item = self.pop()
@@ -92,6 +96,7 @@ class InjectionQueue(Generic[Item]):
 
 PEEK_LIMIT = 64
 """oldest backlog entries looked at for a QoS 0 `tm` to drop"""
+_NONE_DROPPED: tuple[wire.TopicMessage | None, ...] = ()
 
 
 def qos0_publication(packet: bytes) -> wire.TopicMessage | None:
@@ -143,11 +148,13 @@ class PacketBacklog(Generic[Target]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def push(self, packet: bytes, source: Target) -> list[wire.TopicMessage | None]:
+    def push(self, packet: bytes, source: Target) -> Sequence[wire.TopicMessage | None]:
         """Queue a packet; returns what was dropped to make room (possibly this packet): the decoded QoS 0
         `tm`, or None for another packet (QoS 1/2: its sender retransmits it)."""
         self._items.append((packet, source))
         self.bytes += len(packet)
+        if len(self._items) <= self.max_packets and self.bytes <= self.max_bytes:
+            return _NONE_DROPPED  # the common case: no list made per packet
         dropped: list[wire.TopicMessage | None] = []
         while len(self._items) > self.max_packets or self.bytes > self.max_bytes:
             dropped.append(self._drop_one())

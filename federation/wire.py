@@ -577,17 +577,23 @@ def _fast_topic_message(value: list[Any]) -> Packet | None:
     (_kind, version, sender, filter_, origin, epoch, seq, mode, hops, topic, payload, qos, retain,
      properties) = value
     if not (properties is None and type(version) is int and version == PROTOCOL_VERSION
-            and type(sender) is list and len(sender) == 4 and _u64_ok(sender[0]) and _host_ok(sender[1])
-            and _port_ok(sender[2]) and _u64_ok(sender[3])
+            and type(sender) is list and len(sender) == 4
             and type(filter_) is str and filter_ in _valid_filters and type(topic) is str and topic in _valid_topics
-            and type(origin) is list and len(origin) == 2 and _host_ok(origin[0]) and _port_ok(origin[1])
-            and _u64_ok(epoch) and _u64_ok(seq) and type(mode) is int and 0 <= mode <= 1
-            and type(hops) is int and 0 <= hops <= 255 and type(payload) is bytes
-            and type(qos) is int and 0 <= qos <= 2 and type(retain) is bool):
+            and type(origin) is list and len(origin) == 2
+            and type(mode) is int and 0 <= mode <= 1 and type(hops) is int and 0 <= hops <= 255
+            and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2 and type(retain) is bool):
         return None
-    return Packet(TOPIC_MESSAGE, Sender(_tuple_new(BrokerId, (sender[0], _tuple_new(Address, (sender[1], sender[2])))),
-                                        sender[3]),
-                  TopicMessage(filter_, _tuple_new(Address, (origin[0], origin[1])), epoch, seq, mode, hops, topic,
+    vid, host, port, sender_epoch = sender
+    origin_host, origin_port = origin
+    # `_u64_ok`, `_host_ok` and `_port_ok`, written out: eight calls fewer per publication.
+    if not (type(vid) is int and 0 <= vid <= MAX_U64 and type(host) is str and len(host) <= 255
+            and type(port) is int and 0 <= port <= 65535 and type(sender_epoch) is int and 0 <= sender_epoch <= MAX_U64
+            and type(origin_host) is str and len(origin_host) <= 255 and type(origin_port) is int
+            and 0 <= origin_port <= 65535 and type(epoch) is int and 0 <= epoch <= MAX_U64
+            and type(seq) is int and 0 <= seq <= MAX_U64):
+        return None
+    return Packet(TOPIC_MESSAGE, Sender(_tuple_new(BrokerId, (vid, _tuple_new(Address, (host, port)))), sender_epoch),
+                  TopicMessage(filter_, _tuple_new(Address, (origin_host, origin_port)), epoch, seq, mode, hops, topic,
                                payload, qos, retain, None))
 
 

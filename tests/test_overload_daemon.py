@@ -44,7 +44,7 @@ def test_shed_keeps_control_and_reliable_packets_in_order() -> None:
 def test_receive_backlog_drops_the_oldest_qos0_first_and_stays_bounded() -> None:
     backlog: PacketBacklog[str] = PacketBacklog(max_packets=4, max_bytes=1 << 20)
     for seq, qos in ((1, 1), (2, 0), (3, 1), (4, 0)):
-        assert backlog.push(tm(seq, qos), "s") == []
+        assert list(backlog.push(tm(seq, qos), "s")) == []
     dropped = backlog.push(tm(5, 1), "s")
     assert [m.seq for m in dropped if m is not None] == [2]
     dropped = backlog.push(tm(6, 1), "s")
