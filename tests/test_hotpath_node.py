@@ -11,6 +11,9 @@ from __future__ import annotations
 import enum
 import json
 import random
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +22,12 @@ import pytest
 
 from federation import events, wire
 from federation.bench.hotpath import STAGES, Pipeline
-from federation.daemon.runtime import EventLog, encode_event
+from federation.daemon.event_log import CACHE_LIMIT, EventEncoder, EventLog, EventLogError, encode_event
 from federation.node import Node
 from federation.types import Address, BrokerId, Event
 from federation.wire import DecodeError, Sender, TopicMessage
 
+REPO = Path(__file__).resolve().parent.parent
 NODE = "127.0.0.10:10500"
 PUB = "127.0.0.10:10500/3/17"
 
@@ -73,6 +77,13 @@ ODD_FIELDS: list[dict[str, Any]] = [
     {"type": "other", "node": "elsewhere", "t": 5},
     {"nan": float("nan"), "inf": float("-inf")},
     {},
+    {"topic": "\u00e9t\u00e9/\u2603/\ud83d", "to": ["caf\u00e9", "\U0001f600", "a,b", "\"q\"", "back\\slash"]},
+    {"topic": "\x00\x01\x1f\x7f\b\f\r\n\t/\u2028\u2029", "filter": "#", "filters": ["\x1b[0m", "\t"]},
+    {"topic": "100%s/%d/%%", "percent%s": "%(x)s", "to": ["%s", "%%"], "%": 1},  # the template is a `%`-format
+    {"caf\u00e9": "k", "quo\"te": "k", "new\nline": "k", "": "empty name", "%s": "%s"},
+    {"to": [Text("x"), "y"], "filters": ["x", Text("y")], "mixed": ["a", 1], "bools": [True, 1, 1.0]},
+    {"to": ["a", "b"], "filters": ["a,b"], "pair": ["a", "b"], "lists": [["a"], ["a"]], "set": {"a"}},
+    {"qos": True, "size": 1.5, "retain": 0, "hops": Level.HIGH, "flag": False, "none": None, "neg": -0.0},
 ]
 
 
@@ -91,6 +102,78 @@ def test_unusual_events_fall_back_to_the_same_bytes(fields: dict[str, Any], time
     assert encode_event(event) == old_line(event)
     odd_node = Event(3.5, "n\u00f6de \"x\"", Text("t\u00ffpe"), dict(fields))
     assert encode_event(odd_node) == old_line(odd_node)
+
+
+def test_cached_templates_and_texts_follow_every_value() -> None:
+    """One encoder, the same node, type and field names, values of changing types: its caches never leak."""
+    encoder = EventEncoder()
+    shared_time = 1763768723.5
+    values: list[Any] = ["a", "\u00e9", 0, 7, True, False, None, 0.5, ["a", "b"], ["a,b"], ["b", "a"], [], ["a", 1],
+                         [Text("a"), "b"], [["a"]], {"k": ["a"]}, ("a", "b"), Level.HIGH, 2**70, b"x"]
+    for first in values:
+        for second in values:
+            for time in (shared_time, shared_time, 1763768723.25, -0.0, 0.0, 5):
+                event = Event(time, NODE, events.PUBLICATION_FORWARDED, {"pub": PUB, "to": first, "mode": second})
+                assert encoder.encode(event) == old_line(event)
+    mine = Event(1.0, NODE, events.PUBLICATION_FORWARDED, {"to": ["a"], "pub": PUB, "mode": "m"})  # names reordered
+    other = Event(1.0, "127.0.0.11:10500", events.PUBLICATION_FORWARDED, {"pub": PUB, "to": ["a"], "mode": "m"})
+    assert encoder.encode(mine) == old_line(mine) and encoder.encode(other) == old_line(other)
+
+
+def test_caches_are_bounded_and_still_exact() -> None:
+    encoder = EventEncoder()
+    for index in range(3 * CACHE_LIMIT):
+        event = Event(float(index), NODE, "odd_event", {f"name{index % (2 * CACHE_LIMIT)}": [f"to{index}", "x"]})
+        assert encoder.encode(event) == old_line(event)
+        assert len(encoder._templates) <= CACHE_LIMIT and len(encoder._list_texts) <= CACHE_LIMIT
+
+
+def test_unencodable_events_raise_what_the_json_encoder_raises() -> None:
+    circular: list[Any] = ["a"]
+    circular.append(circular)
+    for fields in ({"to": circular}, {"map": {"to": circular}}):
+        with pytest.raises(ValueError, match="Circular reference detected"):
+            old_line(Event(1.0, NODE, "odd_event", fields))
+        with pytest.raises(ValueError, match="Circular reference detected"):
+            encode_event(Event(1.0, NODE, "odd_event", fields))
+    for time in (None, "1.0"):
+        with pytest.raises(TypeError):
+            encode_event(Event(time, NODE, "odd_event", {}))  # type: ignore[arg-type]
+    unhashable = Event(1.0, ["n"], "odd_event", {"a": 1})  # type: ignore[arg-type]
+    assert encode_event(unhashable) == old_line(unhashable)
+    after = Event(1.0, NODE, events.PUBLICATION_DELIVERED, {"pub": PUB, "topic": "t", "filter": "#", "hops": 1})
+    assert encode_event(after) == old_line(after)  # nothing stale left behind
+
+
+def test_event_log_keeps_the_chosen_types_and_counts_lines(tmp_path: Path) -> None:
+    kept = [Event(1.0, NODE, events.PUBLICATION_DELIVERED, {"pub": PUB, "topic": "t\u00e9", "filter": "#", "hops": 1}),
+            Event(2.0, NODE, events.NODE_STARTED, {})]
+    dropped = Event(1.5, NODE, events.PUBLICATION_FORWARDED, {"pub": PUB, "filter": "#", "to": [], "mode": "mesh"})
+    log = EventLog(tmp_path / "sub" / "events.jsonl", frozenset((events.PUBLICATION_DELIVERED, events.NODE_STARTED)))
+    log.write([kept[0], dropped])
+    log.write([])
+    log.write([dropped])
+    log.write(iter(kept[1:]))
+    log.close()
+    log.write(kept)  # after close: ignored
+    assert (tmp_path / "sub" / "events.jsonl").read_bytes() == "".join(old_line(e) + "\n" for e in kept).encode()
+    assert log.lines == 2 and log.errors == 0
+
+
+def test_an_event_log_that_cannot_be_opened_says_which_and_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(EventLogError, match=r"--event-log: cannot open '.*/file/events.jsonl' for appending: .*; "
+                                            r"give a writable file path"):
+        EventLog(tmp_path / "file" / "events.jsonl", None)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = subprocess.run([sys.executable, str(REPO / "wrapper.py"), "--bind", f"127.0.0.1:{port}",
+                             "--broker", "127.0.0.1:1", "--event-log", str(tmp_path / "file" / "events.jsonl")],
+                            capture_output=True, text=True, timeout=20, cwd=REPO)
+    assert result.returncode == 2, result.stderr
+    assert "cannot open" in result.stderr and "give a writable file path" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("qos", [0, 1])

@@ -229,7 +229,7 @@ class Pipeline:
 
 
 def _event_log_sink(path: Path) -> tuple[Callable[[list[Event]], None], Callable[[], None]]:
-    from federation.daemon.runtime import EventLog
+    from federation.daemon.event_log import EventLog
     log = EventLog(path, None)
     return log.write, log.close
 

@@ -38,19 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
-import math
 import os
 import random
 import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import Iterable
-from json.encoder import encode_basestring_ascii as _json_text
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from federation import __version__, events, wire
 from federation.backpressure import InjectionQueue, PacketBacklog, shed_qos0
@@ -70,13 +65,14 @@ from federation.daemon.broker import (
     Subscribed,
 )
 from federation.daemon.config import DaemonConfig, is_wildcard
+from federation.daemon.event_log import EventLog, EventLogError
 from federation.daemon.metrics import Snapshot, start_metrics_server
 from federation.daemon.state import BackgroundWriter, LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.status import encode_reply
 from federation.daemon.udp import DropReporter, LocalAddresses, OverlayProtocol, announce_security, open_socket
 from federation.envelope import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
 from federation.node import Node
-from federation.types import EVENT_SCHEMA_VERSION, Address, Event, Injection
+from federation.types import Address, Event, Injection
 
 log = logging.getLogger("federation.daemon")
 
@@ -86,8 +82,6 @@ STATE_SAVE_DELAY = 0.5
 """seconds: subscription-table writes are debounced to at most one per this delay"""
 EVENT_LOG_FLUSH_INTERVAL = 1.0
 """seconds between flushes of the event log buffer"""
-EVENT_LOG_BUFFER = 1 << 20
-"""bytes buffered before the event log is written without waiting for the flush"""
 SHUTDOWN_DRAIN_TIMEOUT = 1.0
 """seconds to wait for the socket to send the last datagrams at shutdown"""
 BROKER_DOWN_REMINDER = 60.0
@@ -126,117 +120,6 @@ class Clock:
 
     def now(self) -> float:
         return self._wall_start + (time.monotonic() - self._monotonic_start)
-
-
-_EVENT_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
-_EVENT_HEAD = f'{{"v":{EVENT_SCHEMA_VERSION},"t":'
-_RESERVED_KEYS = frozenset(("v", "t", "node", "type"))
-_key_texts: dict[str, str] = {}
-"""field name -> `,"name":` (names come from the code: a handful)"""
-_node_type_texts: dict[tuple[str, str], str] = {}
-"""(node, type) -> `,"node":...,"type":...`"""
-
-
-def encode_event(event: Event) -> str:
-    """One event's JSON line, exactly `_EVENT_ENCODER.encode(event.to_json_dict())`.
-
-    A daemon writes three event lines per forwarded publication, and the encoder rebuilds its C
-    encoder for every call and walks a dict built for the purpose; this writes the line directly for
-    the values events carry (strings, integers, booleans, None, lists of strings) and hands anything
-    else (floats in fields, maps, unusual names) to the encoder, so the bytes are the same either way
-    (tests/test_hotpath_node.py compares them)."""
-    t = round(event.time, 6)
-    if type(t) is not float or not math.isfinite(t):
-        return _EVENT_ENCODER.encode(event.to_json_dict())
-    node_and_type = _node_type_texts.get((event.node, event.type))
-    if node_and_type is None:
-        if type(event.node) is not str or type(event.type) is not str:
-            return _EVENT_ENCODER.encode(event.to_json_dict())
-        node_and_type = f',"node":{_json_text(event.node)},"type":{_json_text(event.type)}'
-        if len(_node_type_texts) < 1024:
-            _node_type_texts[(event.node, event.type)] = node_and_type
-    parts = [_EVENT_HEAD, float.__repr__(t), node_and_type]
-    append = parts.append
-    for key, value in event.fields.items():
-        key_text = _key_texts.get(key)
-        if key_text is None:
-            if type(key) is not str or key in _RESERVED_KEYS:
-                return _EVENT_ENCODER.encode(event.to_json_dict())
-            key_text = f",{_json_text(key)}:"
-            if len(_key_texts) < 1024:
-                _key_texts[key] = key_text
-        append(key_text)
-        kind = type(value)
-        if kind is str:
-            append(_json_text(value))
-        elif kind is int:
-            append(int.__repr__(value))
-        elif kind is bool:
-            append("true" if value else "false")
-        elif value is None:
-            append("null")
-        elif kind is list:
-            try:
-                append("[" + ",".join(map(_json_text, value)) + "]")  # addresses, filters
-            except TypeError:  # not all strings
-                append(_EVENT_ENCODER.encode(value))
-        else:
-            append(_EVENT_ENCODER.encode(value))
-    append("}")
-    return "".join(parts)
-
-
-class EventLog:
-    """JSON-lines event trace: buffered appends, flushed by the runtime every second and at close."""
-
-    def __init__(self, path: Path, types: frozenset[str] | None) -> None:
-        self.path = path
-        self.types = types
-        self.lines = 0
-        self.errors = 0
-        try:
-            if path.parent != Path(""):
-                path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[str] | None = open(path, "a", encoding="utf-8", buffering=EVENT_LOG_BUFFER)  # noqa: SIM115
-        except OSError as error:
-            raise StartupError(f"--event-log: cannot open {str(path)!r} for appending: {error.strerror or error}; "
-                               f"give a writable file path") from None
-
-    def write(self, batch: Iterable[Event]) -> None:
-        if self._file is None:
-            return
-        types = self.types
-        lines = [encode_event(event) for event in batch if types is None or event.type in types]
-        if not lines:
-            return
-        lines.append("")
-        try:
-            self._file.write("\n".join(lines))
-        except OSError as error:
-            self._failed(error)
-            return
-        self.lines += len(lines) - 1
-
-    def _failed(self, error: OSError) -> None:
-        self.errors += 1
-        if self.errors == 1 or self.errors % 1000 == 0:
-            log.error("cannot write the event log %s: %s (%d failures so far)", self.path, error, self.errors)
-
-    def flush(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.flush()
-            except OSError as error:
-                self._failed(error)
-
-    def close(self) -> None:
-        if self._file is not None:
-            self.flush()
-            try:
-                self._file.close()
-            except OSError as error:
-                self._failed(error)
-            self._file = None
 
 
 class Runtime:
@@ -365,7 +248,10 @@ class Runtime:
                     f"--metrics-port: cannot serve metrics on {config.metrics_bind}:{config.metrics_port}: "
                     f"{error.strerror or error}; choose another --metrics-port (or metrics_bind)") from None
         if config.event_log is not None:
-            self.event_log = EventLog(config.event_log, config.event_types)
+            try:
+                self.event_log = EventLog(config.event_log, config.event_types)
+            except EventLogError as error:
+                raise StartupError(str(error)) from None
 
     def _start_node(self) -> Node:
         config = self.config
