@@ -8,7 +8,10 @@ Two ways to drive paho:
 * on an asyncio loop (`loop=`, what the wrapper does): paho's external-loop
   API, no thread. The socket is watched with `add_reader`; one wake-up reads
   every complete packet waiting (FIONREAD says when to stop), so a burst of
-  publications costs one pass through the event loop, not one per message.
+  publications costs one pass through the event loop, not one per message;
+  the client (`LeanClient`, federation/daemon/lean_client.py) parses the
+  plain QoS 0/1 publications of that burst itself, in one loop, instead of
+  paho's several reads and objects per packet.
   Publishing writes to the socket at once, in the caller's thread, which is
   the loop's. Only a connection attempt runs in the loop's default executor,
   because paho's connect blocks (up to its 5 s timeout for an unreachable
@@ -63,7 +66,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.client import PUBLISH
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.exception import MQTTException
 from paho.mqtt.packettypes import PacketTypes
@@ -72,6 +74,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from federation.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
+from federation.daemon.lean_client import LeanClient, lean_qos0_publish
 from federation.types import Address, Injection
 
 log = logging.getLogger("federation.daemon.broker")
@@ -117,9 +120,12 @@ class LogLine:
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Publication:
-    """A publication made by a local client (never one the wrapper injected: no_local)."""
+    """A publication made by a local client (never one the wrapper injected: no_local).
+
+    Not frozen, though nothing changes one: one is made per message, and a frozen dataclass's `__init__`
+    (an `object.__setattr__` call per field) costs about three times as much."""
 
     topic: str
     payload: bytes
@@ -262,120 +268,6 @@ def dict_to_properties(carried: dict[str, Any] | None) -> tuple[Properties | Non
     return properties, skipped
 
 
-# ------------------------------------------------------------------ paho, leaner on the receive path
-
-
-def lean_qos0_publish(out: bytearray, topic: str, payload: bytes, retain: bool) -> bool:
-    """Append an MQTT v5 QoS 0 PUBLISH without properties to `out`, as paho's `_send_publish` builds it;
-    False (nothing appended) for what paho itself must judge (a topic or payload beyond MQTT's limits)."""
-    topic_bytes = topic.encode("utf-8")
-    if len(topic_bytes) > 0xFFFF or len(payload) > 268435455 or not topic_bytes:
-        return False
-    out.append(0x31 if retain else 0x30)
-    length = 3 + len(topic_bytes) + len(payload)  # topic length, topic, property length 0, payload
-    while True:
-        byte, length = length & 0x7F, length >> 7
-        if length:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            break
-    out += len(topic_bytes).to_bytes(2, "big")
-    out += topic_bytes
-    out.append(0)
-    out += payload
-    return True
-
-
-READ_CHUNK = 1 << 16
-"""bytes asked of the socket per read by `_LeanClient` (paho asks for 1 byte, 1 byte, then the rest per packet)"""
-
-
-class _LeanClient(mqtt.Client):
-    """paho's client with a shorter receive path, for the adapter driven by an asyncio loop.
-
-    paho reads every packet with at least three `recv` calls (command byte,
-    length byte, body), and turns every PUBLISH into an `MQTTMessage` with an
-    MQTT v5 `Properties` object (about 30 `str.replace` and 27 `hasattr`
-    calls when it has no properties at all), a `threading.Condition` and a
-    topic-matcher walk before calling `on_message`. Here:
-
-    * with `lean_publish` set, reads are buffered: one `recv` of up to
-      `READ_CHUNK` bytes serves every packet in it (`buffered` tells the
-      caller complete packets may wait without the socket being readable, so
-      only a caller that drains them, `BrokerAdapter._on_readable`, sets it);
-    * `publish_completed` hears of every completed QoS 1/2 publication;
-    * a QoS 0 or 1 PUBLISH *without properties* goes to
-      `lean_publish(topic_bytes, payload, qos, retain)` directly (then PUBACK
-      as paho would); QoS 2, a PUBLISH with properties, or anything that does
-      not parse, takes paho's own path, `on_message`, unchanged.
-
-    They override private paho methods (`_sock_recv`, `_handle_publish`, `_do_on_publish`),
-    checked against paho-mqtt 2.x (setup.cfg pins `<3`); tests/test_hotpath_lean.py
-    compares the two paths.
-    """
-
-    lean_publish: Callable[[bytes, bytes, int, bool], None] | None = None
-    publish_completed: Callable[[int], None] | None = None
-    """called with the mid of every QoS 1/2 publication the broker completed (PUBACK, PUBCOMP); unlike
-    `on_publish` it costs nothing per QoS 0 publication (paho builds a ReasonCode and Properties for each)"""
-    _read_data = b""
-    _read_pos = 0
-    _read_sock: object = None
-
-    def buffered(self) -> int:
-        """Bytes read from the socket that paho has not consumed yet."""
-        return len(self._read_data) - self._read_pos if self._read_sock is self._sock else 0
-
-    def _sock_recv(self, bufsize: int) -> bytes:
-        if self.lean_publish is None:
-            return super()._sock_recv(bufsize)
-        if self._read_sock is not self._sock:  # a new connection: nothing of the old one is valid
-            self._read_sock, self._read_data, self._read_pos = self._sock, b"", 0
-        data, pos = self._read_data, self._read_pos
-        if pos >= len(data):
-            data = super()._sock_recv(max(bufsize, READ_CHUNK))  # BlockingIOError when empty, b"" at EOF
-            if len(data) <= bufsize:
-                self._read_data, self._read_pos = b"", 0
-                return data
-            pos = 0
-            self._read_data = data
-        end = pos + bufsize
-        self._read_pos = end
-        return data[pos:end]
-
-    def send_qos0(self, packets: bytearray) -> MQTTErrorCode:
-        """Queue and write already-built QoS 0 PUBLISH packets (`lean_qos0_publish`) as one buffer: one `send`
-        for a run of them, and none of paho's per-publish `MQTTMessageInfo` (with its `threading.Condition`)."""
-        if self._sock is None:
-            return MQTTErrorCode.MQTT_ERR_NO_CONN
-        # One MQTTMessageInfo for the whole run: paho marks it published once the buffer is written.
-        return self._packet_queue(PUBLISH, packets, 0, 0, mqtt.MQTTMessageInfo(0))  # type: ignore[no-any-return]
-
-    def _do_on_publish(self, mid: int, reason_code: ReasonCode, properties: Properties) -> MQTTErrorCode:
-        completed = self.publish_completed
-        if completed is not None:
-            completed(mid)
-        return super()._do_on_publish(mid, reason_code, properties)  # type: ignore[no-any-return]
-
-    def _handle_publish(self) -> MQTTErrorCode:
-        lean = self.lean_publish
-        packet = self._in_packet
-        command = packet["command"]
-        qos = (command & 0x06) >> 1
-        data = packet["packet"]
-        if lean is None or qos == 2:
-            return super()._handle_publish()  # type: ignore[no-any-return]
-        topic_end = 2 + ((data[0] << 8) | data[1]) if len(data) >= 2 else len(data) + 1
-        position = topic_end + (2 if qos else 0)
-        if position >= len(data) or data[position] != 0 or topic_end <= 2:
-            return super()._handle_publish()  # type: ignore[no-any-return]  # properties, or malformed
-        lean(bytes(data[2:topic_end]), bytes(data[position + 1:]), qos, bool(command & 0x01))
-        if qos == 1 and not self._manual_ack:
-            return self._send_puback((data[topic_end] << 8) | data[topic_end + 1])  # type: ignore[no-any-return]
-        return MQTTErrorCode.MQTT_ERR_SUCCESS
-
-
 # ------------------------------------------------------------------ the adapter
 
 
@@ -415,7 +307,7 @@ class BrokerAdapter:
         self.injected = 0
         self.inject_failed = 0
         self.properties_skipped = 0
-        client = _LeanClient(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        client = LeanClient(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
         if loop is not None:
             client.lean_publish = self._on_lean_publish  # the buffered reads need `_on_readable`'s draining
         client.max_inflight_messages_set(MAX_INFLIGHT)
@@ -523,7 +415,7 @@ class BrokerAdapter:
             if corked and sock is self._watched:  # not if the connection dropped meanwhile
                 _set_cork(sock, False)
 
-    def _send_run(self, client: _LeanClient, run: bytearray, count: int) -> None:
+    def _send_run(self, client: LeanClient, run: bytearray, count: int) -> None:
         if client.send_qos0(run) != MQTTErrorCode.MQTT_ERR_SUCCESS:
             self.inject_failed += count  # not connected: paho refuses QoS 0 publications too
             return
@@ -539,7 +431,7 @@ class BrokerAdapter:
         """On a loop: stop reading from the broker (it queues for us meanwhile); backpressure."""
         if self._loop is None or self._paused:
             return
-        self._paused = True
+        self._paused = self.client.paused = True
         if self._read_retry is not None:
             self._read_retry.cancel()
             self._read_retry = None
@@ -549,7 +441,7 @@ class BrokerAdapter:
     def resume_reading(self) -> None:
         if self._loop is None or not self._paused:
             return
-        self._paused = False
+        self._paused = self.client.paused = False
         if self._watched is not None:
             self._loop.add_reader(self._watched, self._on_readable)
             if self.client.buffered():
@@ -636,24 +528,27 @@ class BrokerAdapter:
         self._watched = None
 
     def _on_readable(self) -> None:
-        """Read every complete packet waiting (at most MAX_PACKETS_PER_WAKEUP), then send what they caused."""
+        """Read every complete packet waiting (at most MAX_PACKETS_PER_WAKEUP, and none once paused), then send
+        what they caused."""
         client = self.client
         sock = self._watched
-        available = self._available
-        for _ in range(MAX_PACKETS_PER_WAKEUP):
-            if client.loop_read() != MQTTErrorCode.MQTT_ERR_SUCCESS or client.socket() is not sock or sock is None:
-                break
+        fileno = sock.fileno() if sock is not None else -1
+        budget = MAX_PACKETS_PER_WAKEUP if fileno >= 0 else 0
+        while budget > 0 and not self._paused:
+            read = client.read_packets(budget)
+            if read <= 0 or client.socket() is not sock:
+                break  # nothing (more) now, or the connection is gone
+            budget -= read
             if client.buffered():
-                continue  # complete packets are in our read buffer: the socket may be empty
+                continue  # complete packets may wait in the client's read buffer: the socket may be empty
             try:
-                fcntl.ioctl(sock.fileno(), termios.FIONREAD, available)
+                fcntl.ioctl(fileno, termios.FIONREAD, self._available)
             except OSError:
                 break
-            if available[0] <= 0:
+            if self._available[0] <= 0:
                 break
-        else:
-            if client.buffered():
-                self._schedule_read_retry()  # the socket may not wake us for what we hold already
+        if client.buffered() and client.socket() is sock:
+            self._schedule_read_retry()  # the socket may not wake us for what we hold already
         self._after_io()
         if self._completed:
             self._completed = False
@@ -757,7 +652,7 @@ class BrokerAdapter:
                                   properties_to_dict(message.properties)))
 
     def _on_lean_publish(self, topic_bytes: bytes, payload: bytes, qos: int, retain: bool) -> None:
-        """`_LeanClient`'s short path: a PUBLISH without properties, as `_on_message` would see it."""
+        """`LeanClient`'s short path: a PUBLISH without properties, as `_on_message` would see it."""
         try:
             topic = topic_bytes.decode("utf-8")
         except UnicodeDecodeError:

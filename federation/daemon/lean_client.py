@@ -1,0 +1,236 @@
+"""paho's MQTT client with a short data path, for the wrapper's adapter driven by an asyncio loop.
+
+Theory of operation: the wrapper's data path is "the broker sends a PUBLISH,
+the wrapper hands it to the node", so what paho spends per received packet
+is spent per federated message. paho reads every packet with at least three
+`recv` calls (command byte, length byte, body), keeps its parse state in a
+dict it rebuilds per packet, takes a lock and reads the clock twice, and
+turns every PUBLISH into an `MQTTMessage` with an MQTT v5 `Properties`
+object (about 30 `str.replace` and 27 `hasattr` calls when there are no
+properties at all), a `threading.Condition` and a topic-matcher walk before
+calling `on_message`; every QoS 1 PUBLISH then writes its own PUBACK with
+its own `send`. `LeanClient` keeps paho for everything that is not the data
+path (connecting, subscribing, keepalive, QoS 2, acknowledgements of what
+the wrapper publishes) and shortens the data path:
+
+* with `lean_publish` set, reads are buffered: one `recv` of up to
+  `READ_CHUNK` bytes serves every packet in it (`buffered` tells the caller
+  complete packets may wait without the socket being readable, so only a
+  caller that drains them, `BrokerAdapter._on_readable`, sets it);
+* `read_packets` parses, while paho is between packets, every complete
+  QoS 0 or 1 PUBLISH *without properties* at the front of that buffer in one
+  loop, hands each to `lean_publish(topic_bytes, payload, qos, retain)` and
+  writes the PUBACKs of the run (the bytes paho writes) with one `send`.
+  Anything else (QoS 2, a PUBLISH with properties or an empty topic, another
+  packet type, a packet not read whole yet, malformed bytes) goes to paho's
+  own `_packet_read`, one packet at a time, unchanged; a QoS 0/1 PUBLISH
+  without properties read that way still skips `MQTTMessage`
+  (`_handle_publish`);
+* `publish_completed` hears of every completed QoS 1/2 publication;
+* `send_qos0` writes a run of QoS 0 PUBLISH packets built by
+  `lean_qos0_publish` with one `send`.
+
+These override or call private paho methods and state (`_sock_recv`,
+`_packet_read`, `_in_packet`, `_handle_publish`, `_do_on_publish`,
+`_last_bytes_received`), checked against paho-mqtt 2.x (setup.cfg pins
+`<3`); tests/test_hotpath_lean.py feeds the same bytes to both paths and
+compares what comes out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.client import PUBACK, PUBLISH
+from paho.mqtt.enums import MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+READ_CHUNK = 1 << 16
+"""bytes asked of the socket per read (paho asks for 1 byte, 1 byte, then the rest per packet)"""
+MAX_PACKET_LENGTH = 268435455
+"""MQTT's largest remaining length (four length bytes)"""
+
+
+def lean_qos0_publish(out: bytearray, topic: str, payload: bytes, retain: bool) -> bool:
+    """Append an MQTT v5 QoS 0 PUBLISH without properties to `out`, as paho's `_send_publish` builds it;
+    False (nothing appended) for what paho itself must judge (a topic or payload beyond MQTT's limits)."""
+    topic_bytes = topic.encode("utf-8")
+    if len(topic_bytes) > 0xFFFF or len(payload) > MAX_PACKET_LENGTH or not topic_bytes:
+        return False
+    out.append(0x31 if retain else 0x30)
+    length = 3 + len(topic_bytes) + len(payload)  # topic length, topic, property length 0, payload
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        if length:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            break
+    out += len(topic_bytes).to_bytes(2, "big")
+    out += topic_bytes
+    out.append(0)
+    out += payload
+    return True
+
+
+class LeanClient(mqtt.Client):
+    """paho's client with the shorter receive and send paths described in the module docstring."""
+
+    lean_publish: Callable[[bytes, bytes, int, bool], None] | None = None
+    """a QoS 0/1 PUBLISH without properties: (topic bytes, payload, qos, retain); None: paho's path only"""
+    publish_completed: Callable[[int], None] | None = None
+    """called with the mid of every QoS 1/2 publication the broker completed (PUBACK, PUBCOMP); unlike
+    `on_publish` it costs nothing per QoS 0 publication (paho builds a ReasonCode and Properties for each)"""
+    paused = False
+    """set while the owner takes no publications (backpressure): `read_packets` stops, also mid-burst"""
+    _read_data = b""
+    _read_pos = 0
+    _read_sock: object = None
+
+    def buffered(self) -> int:
+        """Bytes read from the socket that have not been consumed yet."""
+        return len(self._read_data) - self._read_pos if self._read_sock is self._sock else 0
+
+    def read_packets(self, limit: int) -> int:
+        """Read up to `limit` packets from the connection (at least one if any is complete and not `paused`);
+        how many were read, or -1 when the connection is gone (paho has closed it and called
+        `on_disconnect`). Fewer than `limit`: nothing more can be read now (the socket is empty, or holds
+        part of a packet), or `paused` was set meanwhile."""
+        if self._sock is None:
+            return -1
+        lean = self.lean_publish is not None and self._protocol == MQTTProtocolVersion.MQTTv5
+        count = 0
+        while count < limit and not self.paused:
+            if self._sock is None:  # closed by what the last packet caused (a DISCONNECT, a failed write)
+                return -1
+            in_packet = self._in_packet
+            if lean and in_packet["command"] == 0 and not in_packet["remaining_count"]:  # between packets
+                if self._read_sock is not self._sock or self._read_pos >= len(self._read_data):
+                    try:
+                        data = super()._sock_recv(READ_CHUNK)
+                    except BlockingIOError:
+                        return count
+                    except OSError:
+                        data = b""  # paho's read below meets the error (or the end) again and handles it
+                    self._read_sock, self._read_data, self._read_pos = self._sock, data, 0
+                parsed = self._parse_publishes(limit - count)
+                if parsed:
+                    count += parsed
+                    continue
+            rc = self._packet_read()  # paho's own: the next packet, or as much of it as has arrived
+            if rc > 0:
+                self._loop_rc_handle(rc)
+                return -1
+            if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
+                return count
+            count += 1
+        return count
+
+    def _parse_publishes(self, limit: int) -> int:
+        """At most `limit` complete QoS 0/1 PUBLISH packets without properties from the front of the read
+        buffer, to `lean_publish`; how many. Stops at the first packet that is anything else."""
+        publish = self.lean_publish
+        assert publish is not None
+        data = self._read_data
+        pos = self._read_pos
+        end = len(data)
+        acks = bytearray()
+        count = 0
+        try:
+            while count < limit and end - pos >= 6:  # the shortest: command, length, topic length, topic, 0
+                command = data[pos]
+                if command & 0xF4 != 0x30:  # not a PUBLISH, or QoS 2 (or the invalid QoS 3)
+                    break
+                length = data[pos + 1]
+                start = pos + 2
+                if length & 0x80:  # more length bytes
+                    length &= 0x7F
+                    shift = 7
+                    while True:
+                        if start >= end or shift > 21:
+                            length = -1  # not all here yet, or malformed: paho's
+                            break
+                        byte = data[start]
+                        start += 1
+                        length |= (byte & 0x7F) << shift
+                        if not byte & 0x80:
+                            break
+                        shift += 7
+                    if length < 0:
+                        break
+                stop = start + length
+                if stop > end or length < 4:
+                    break
+                topic_end = start + 2 + ((data[start] << 8) | data[start + 1])
+                qos = (command >> 1) & 1
+                properties = topic_end + 2 * qos
+                if properties >= stop or data[properties] or topic_end == start + 2:
+                    break  # properties (paho decodes them), an empty topic (an alias), or malformed
+                publish(data[start + 2:topic_end], data[properties + 1:stop], qos, bool(command & 0x01))
+                if qos:
+                    acks += bytes((0x40, 2, data[topic_end], data[topic_end + 1]))  # as `_send_puback`
+                pos = stop
+                count += 1
+                if self.paused:
+                    break
+        finally:  # also if `lean_publish` raised: the packets handed over before stay consumed, acknowledged
+            if count:
+                self._read_pos = pos
+                with self._msgtime_mutex:  # what `_packet_read` updates per packet: the keepalive's idea of "heard"
+                    self._last_bytes_received = mqtt.time_func()
+                if acks and not self._manual_ack:
+                    self._packet_queue(PUBACK, acks, 0, 0)  # several PUBACK packets, one write
+        return count
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        """paho's reads, served from the buffer `read_packets` fills."""
+        if self.lean_publish is None:
+            return super()._sock_recv(bufsize)
+        if self._read_sock is not self._sock:  # a new connection: nothing of the old one is valid
+            self._read_sock, self._read_data, self._read_pos = self._sock, b"", 0
+        data, pos = self._read_data, self._read_pos
+        if pos >= len(data):
+            data = super()._sock_recv(max(bufsize, READ_CHUNK))  # BlockingIOError when empty, b"" at EOF
+            if len(data) <= bufsize:
+                self._read_data, self._read_pos = b"", 0
+                return data
+            pos = 0
+            self._read_data = data
+        end = min(pos + bufsize, len(data))
+        self._read_pos = end
+        return data[pos:end]
+
+    def send_qos0(self, packets: bytearray) -> MQTTErrorCode:
+        """Queue and write already-built QoS 0 PUBLISH packets (`lean_qos0_publish`) as one buffer: one `send`
+        for a run of them, and none of paho's per-publish `MQTTMessageInfo` (with its `threading.Condition`)."""
+        if self._sock is None:
+            return MQTTErrorCode.MQTT_ERR_NO_CONN
+        # One MQTTMessageInfo for the whole run: paho marks it published once the buffer is written.
+        return self._packet_queue(PUBLISH, packets, 0, 0, mqtt.MQTTMessageInfo(0))
+
+    def _do_on_publish(self, mid: int, reason_code: ReasonCode, properties: Properties) -> MQTTErrorCode:
+        completed = self.publish_completed
+        if completed is not None:
+            completed(mid)
+        return super()._do_on_publish(mid, reason_code, properties)
+
+    def _handle_publish(self) -> MQTTErrorCode:
+        """A PUBLISH paho read itself (one that arrived in pieces): QoS 0/1 without properties still skip
+        `MQTTMessage`."""
+        lean = self.lean_publish
+        packet = self._in_packet
+        command = packet["command"]
+        qos = (command & 0x06) >> 1
+        data = packet["packet"]
+        if lean is None or qos == 2 or self._protocol != MQTTProtocolVersion.MQTTv5:
+            return super()._handle_publish()
+        topic_end = 2 + ((data[0] << 8) | data[1]) if len(data) >= 2 else len(data) + 1
+        position = topic_end + (2 if qos else 0)
+        if position >= len(data) or data[position] != 0 or topic_end <= 2:
+            return super()._handle_publish()  # properties, or malformed
+        lean(bytes(data[2:topic_end]), bytes(data[position + 1:]), qos, bool(command & 0x01))
+        if qos == 1 and not self._manual_ack:
+            return self._send_puback((data[topic_end] << 8) | data[topic_end + 1])
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
