@@ -114,8 +114,8 @@ async def started_runtime() -> Runtime:
 
 
 def test_hello_is_answered_before_the_queued_data() -> None:
-    """200 datagrams of `tm` wait in the socket ahead of a hello: the hello is handled (and answered) in
-    the first pass, the data a slice per pass after it."""
+    """More datagrams of `tm` than one slice wait in the socket ahead of a hello: the hello is handled (and
+    answered) in the first pass, the data a slice per pass after it."""
 
     async def scenario() -> None:
         runtime = await started_runtime()
@@ -126,7 +126,7 @@ def test_hello_is_answered_before_the_queued_data() -> None:
             peer_address = Address("127.0.0.1", peer.getsockname()[1])
             envelope = Envelope(peer_address, 1)
             target = runtime.config.bind
-            count = 200
+            count = DATA_SLICE + 200
             for seq in range(1, count + 1):
                 envelope.send(tm(seq, origin=peer_address), target)
                 for data, _ in envelope.datagrams_to_send():

@@ -98,8 +98,9 @@ BROKER_BACKLOG = 2000
 """publications handed to paho and not completed by the broker, above which the rest wait in our queue"""
 RECEIVE_BATCH = 4096
 """datagrams read from the socket in one pass (every one waiting, up to this): control packets go first"""
-DATA_SLICE = 64
-"""received `tm` handled per loop pass before the socket is read again"""
+DATA_SLICE = 256
+"""received `tm` handled per loop pass before the socket is read again (each pass ends with one write to the
+broker; 256 against 64 measured 0.096 against 0.106 wrapper CPU s per 1,000 publications, about 10 ms a pass)"""
 RECEIVE_BACKLOG = 20000
 """received `tm` waiting to be handled; beyond it (or RECEIVE_BACKLOG_BYTES) the oldest QoS 0 one is dropped"""
 RECEIVE_BACKLOG_BYTES = 32 * 1024 * 1024
