@@ -1,4 +1,6 @@
-"""Where a publication goes next on one topic's mesh: the decision, and a cache of it per topic.
+"""Where a publication goes next on one topic's mesh: the decision, a cache of it per topic, and the
+publications held while their topic has no core (`PublicationRouting`, the part of `MeshEngine` that
+moves publications; the rest of `federation.mesh` builds the cores and meshes they move on).
 
 Theory of operation: `MeshEngine.route` runs once per publication and hop.
 What it decides (spread over the mesh to these neighbours, climb toward the
@@ -20,11 +22,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from federation.wire import MODE_IN_MESH, MODE_TOWARD_CORE
+from federation import events
+from federation.events import publication_text
+from federation.wire import MODE_IN_MESH, MODE_TOWARD_CORE, TOPIC_MESSAGE, TopicMessage
 
 if TYPE_CHECKING:
-    from federation.mesh import MeshEngine, TopicState
+    from federation.mesh import TopicState
+    from federation.modes import ModePolicy
+    from federation.node import Node
     from federation.types import Address
+
+
+@dataclass
+class HeldPublication:
+    deadline: float
+    message: TopicMessage
 
 
 @dataclass(slots=True)
@@ -54,7 +66,7 @@ NO_ROUTE = "no_route"
 Decision = Forward | str
 
 
-def decide(engine: MeshEngine, state: TopicState, from_announced: Address | None) -> Decision:
+def decide(engine: PublicationRouting, state: TopicState, from_announced: Address | None) -> Decision:
     """The decision for a publication on `state` (whose core is known) that came from `from_announced`."""
     node = engine.node
     transport_for = node.neighbours.transport_for
@@ -92,7 +104,7 @@ class ForwardingCache:
         self.children: frozenset[Address] = frozenset()
         self.decisions: dict[Address | None, Decision] = {}
 
-    def lookup(self, engine: MeshEngine, state: TopicState, from_announced: Address | None) -> Decision:
+    def lookup(self, engine: PublicationRouting, state: TopicState, from_announced: Address | None) -> Decision:
         node = engine.node
         routes = node.routes
         core = state.core
@@ -114,3 +126,108 @@ class ForwardingCache:
             # Not kept when the parents came from the `tc` senders (`state.via`), which are no input here.
             self.decisions[from_announced] = decision
         return decision
+
+
+class PublicationRouting:
+    """`MeshEngine`'s part that moves publications: which filters carry a new one, where each goes next,
+    and the publications held while their topic has no core (`publication_hold`, `max_held_publications`)."""
+
+    node: Node
+    topics: dict[str, TopicState]
+    dirty: set[str]
+    policy: ModePolicy
+    held_count: int
+
+    if TYPE_CHECKING:
+        def is_own_core(self, state: TopicState) -> bool: ...
+        def _parents(self, state: TopicState) -> tuple[Address, ...]: ...
+
+    def publication_filters(self, matching: list[str]) -> list[str]:
+        """The filters a new local publication is sent on: a replicated filter's tree reaches every broker,
+        so when one matches and can route, it alone carries the publication; else every matching filter."""
+        if self.policy.replicated:
+            for filter_ in matching:
+                state = self.topics.get(filter_)
+                if state is not None and self.policy.is_replicated(filter_) and self._routable(state):
+                    return [filter_]
+        return matching
+
+    def _routable(self, state: TopicState) -> bool:
+        if state.core is None:
+            return False
+        return self.is_own_core(state) or state.member or bool(state.parents) or bool(self._parents(state))
+
+    def route(self, state: TopicState, message: TopicMessage, from_announced: Address | None, now: float,
+              pub_text: str | None = None) -> None:
+        """Send a publication on (`from_announced`: where it came from, None for a local one or a held one).
+        `pub_text` is its `publication_text`, when the caller has made it already."""
+        node = self.node
+        if state.core is None:
+            self._hold(state, message, now)
+            return
+        decision = state.forwarding.lookup(self, state, from_announced)
+        if type(decision) is not Forward:
+            if decision is HOLD:
+                self._hold(state, message, now)
+            elif decision is NO_ROUTE:
+                self._report_no_route(state, message, now, pub_text)
+            return  # LEAF: the publication ends here
+        mode = decision.mode
+        if mode == MODE_TOWARD_CORE:
+            assert decision.candidates is not None and decision.by_candidate is not None
+            transport, text = decision.by_candidate[node.rng.choice(decision.candidates)]
+            transports, texts = [transport], [text]
+        else:
+            transports, texts = decision.transports, decision.texts
+            if decision.lost:
+                # Mesh neighbours that went down before the routes were recomputed: those copies are lost.
+                node.drops["mesh_copy_neighbour_down"] += decision.lost
+            if not transports:
+                self._report_no_route(state, message, now, pub_text)
+                return
+        hops = message.hops + 1 if from_announced is not None else message.hops
+        if mode == message.mode and hops == message.hops:
+            outgoing = message  # a new local publication goes out as made
+        else:
+            outgoing = TopicMessage(message.filter, message.origin, message.epoch, message.seq, mode, hops,
+                                    message.topic, message.payload, message.qos, message.retain, message.properties)
+        node.send(TOPIC_MESSAGE, outgoing, transports)
+        node.counters["publications_forwarded"] += 1
+        node.emit(events.PUBLICATION_FORWARDED, now, pub=pub_text or publication_text(message.publication),
+                  filter=state.filter, to=texts, mode="mesh" if mode == MODE_IN_MESH else "toward_core")
+
+    def _report_no_route(self, state: TopicState, message: TopicMessage, now: float, pub_text: str | None) -> None:
+        self.node.emit(events.PUBLICATION_DROPPED, now, pub=pub_text or publication_text(message.publication),
+                       filter=state.filter, reason="no_route")
+        self.node.count_drop("publication_no_route")
+
+    def _hold(self, state: TopicState, message: TopicMessage, now: float) -> None:
+        node = self.node
+        if self.held_count >= node.settings.max_held_publications:
+            self._drop_oldest_held(now)
+        state.held.append(HeldPublication(now + node.settings.publication_hold, message))
+        self.held_count += 1
+
+    def _drop_oldest_held(self, now: float) -> None:
+        oldest: TopicState | None = None
+        for state in self.topics.values():
+            if state.held and (oldest is None or state.held[0].deadline < oldest.held[0].deadline):
+                oldest = state
+        if oldest is not None:
+            item = oldest.held.popleft()
+            self.held_count -= 1
+            self._report_held_drop(oldest, item.message, now, "hold_overflow")
+
+    def _report_held_drop(self, state: TopicState, message: TopicMessage, now: float, reason: str) -> None:
+        self.node.count_drop(f"publication_{reason}")
+        self.node.emit(events.PUBLICATION_DROPPED, now, pub=publication_text(message.publication),
+                       filter=state.filter, reason=reason)
+
+    def expire_held(self, now: float) -> None:
+        for state in list(self.topics.values()):
+            while state.held and state.held[0].deadline <= now:
+                item = state.held.popleft()
+                self.held_count -= 1
+                self._report_held_drop(state, item.message, now, "no_core")
+            if not state.held:
+                self.dirty.add(state.filter)

@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from federation import events
-from federation.events import id_text, publication_text
-from federation.forwarding import HOLD, NO_ROUTE, Forward, ForwardingCache
+from federation.events import id_text
+from federation.forwarding import ForwardingCache, HeldPublication, PublicationRouting
 from federation.modes import HASH, ModePolicy
 from federation.ownership import OwnerEntry, OwnershipTable
 from federation.placement import rendezvous_weight, rendezvous_winner
@@ -68,14 +68,10 @@ from federation.wire import (
     FLAG_OWNER,
     FLAG_PRUNE,
     FLAG_WITHDRAWN,
-    MODE_IN_MESH,
-    MODE_TOWARD_CORE,
     RECONSIDER_TOPIC_CORE,
     TOPIC_CORE,
-    TOPIC_MESSAGE,
     TOPIC_SUBSCRIBE,
     TopicCore,
-    TopicMessage,
     TopicSubscribe,
 )
 
@@ -85,12 +81,6 @@ if TYPE_CHECKING:
 
 ClaimKey = tuple[int, int, BrokerId]
 """(0 for the owner else 1, -capability or -rendezvous weight or 0, id): the lowest key is the best claim"""
-
-
-@dataclass
-class HeldPublication:
-    deadline: float
-    message: TopicMessage
 
 
 @dataclass
@@ -132,7 +122,7 @@ class TopicState:
         return (self.core_epoch, self.core_seq)
 
 
-class MeshEngine:
+class MeshEngine(PublicationRouting):
     def __init__(self, node: Node) -> None:
         self.node = node
         self.topics: dict[str, TopicState] = {}
@@ -667,98 +657,6 @@ class MeshEngine:
             if self.is_own_core(state):
                 self.announce(state, 0.0, withdrawn=True)
         self.announce_ownership(withdrawn=True)
-
-    # ------------------------------------------------------------ publications
-
-    def publication_filters(self, matching: list[str]) -> list[str]:
-        """The filters a new local publication is sent on: a replicated filter's tree reaches every broker,
-        so when one matches and can route, it alone carries the publication; else every matching filter."""
-        if self.policy.replicated:
-            for filter_ in matching:
-                state = self.topics.get(filter_)
-                if state is not None and self.policy.is_replicated(filter_) and self._routable(state):
-                    return [filter_]
-        return matching
-
-    def _routable(self, state: TopicState) -> bool:
-        if state.core is None:
-            return False
-        return self.is_own_core(state) or state.member or bool(state.parents) or bool(self._parents(state))
-
-    def route(self, state: TopicState, message: TopicMessage, from_announced: Address | None, now: float,
-              pub_text: str | None = None) -> None:
-        """Send a publication on (`from_announced`: where it came from, None for a local one or a held one).
-        `pub_text` is its `publication_text`, when the caller has made it already."""
-        node = self.node
-        if state.core is None:
-            self._hold(state, message, now)
-            return
-        decision = state.forwarding.lookup(self, state, from_announced)
-        if type(decision) is not Forward:
-            if decision is HOLD:
-                self._hold(state, message, now)
-            elif decision is NO_ROUTE:
-                self._report_no_route(state, message, now, pub_text)
-            return  # LEAF: the publication ends here
-        mode = decision.mode
-        if mode == MODE_TOWARD_CORE:
-            assert decision.candidates is not None and decision.by_candidate is not None
-            transport, text = decision.by_candidate[node.rng.choice(decision.candidates)]
-            transports, texts = [transport], [text]
-        else:
-            transports, texts = decision.transports, decision.texts
-            if decision.lost:
-                # Mesh neighbours that went down before the routes were recomputed: those copies are lost.
-                node.drops["mesh_copy_neighbour_down"] += decision.lost
-            if not transports:
-                self._report_no_route(state, message, now, pub_text)
-                return
-        hops = message.hops + 1 if from_announced is not None else message.hops
-        if mode == message.mode and hops == message.hops:
-            outgoing = message  # a new local publication goes out as made
-        else:
-            outgoing = TopicMessage(message.filter, message.origin, message.epoch, message.seq, mode, hops,
-                                    message.topic, message.payload, message.qos, message.retain, message.properties)
-        node.send(TOPIC_MESSAGE, outgoing, transports)
-        node.counters["publications_forwarded"] += 1
-        node.emit(events.PUBLICATION_FORWARDED, now, pub=pub_text or publication_text(message.publication),
-                  filter=state.filter, to=texts, mode="mesh" if mode == MODE_IN_MESH else "toward_core")
-
-    def _report_no_route(self, state: TopicState, message: TopicMessage, now: float, pub_text: str | None) -> None:
-        self.node.emit(events.PUBLICATION_DROPPED, now, pub=pub_text or publication_text(message.publication),
-                       filter=state.filter, reason="no_route")
-        self.node.count_drop("publication_no_route")
-
-    def _hold(self, state: TopicState, message: TopicMessage, now: float) -> None:
-        node = self.node
-        if self.held_count >= node.settings.max_held_publications:
-            self._drop_oldest_held(now)
-        state.held.append(HeldPublication(now + node.settings.publication_hold, message))
-        self.held_count += 1
-
-    def _drop_oldest_held(self, now: float) -> None:
-        oldest: TopicState | None = None
-        for state in self.topics.values():
-            if state.held and (oldest is None or state.held[0].deadline < oldest.held[0].deadline):
-                oldest = state
-        if oldest is not None:
-            item = oldest.held.popleft()
-            self.held_count -= 1
-            self._report_held_drop(oldest, item.message, now, "hold_overflow")
-
-    def _report_held_drop(self, state: TopicState, message: TopicMessage, now: float, reason: str) -> None:
-        self.node.count_drop(f"publication_{reason}")
-        self.node.emit(events.PUBLICATION_DROPPED, now, pub=publication_text(message.publication),
-                       filter=state.filter, reason=reason)
-
-    def expire_held(self, now: float) -> None:
-        for state in list(self.topics.values()):
-            while state.held and state.held[0].deadline <= now:
-                item = state.held.popleft()
-                self.held_count -= 1
-                self._report_held_drop(state, item.message, now, "no_core")
-            if not state.held:
-                self.dirty.add(state.filter)
 
     def next_deadline(self) -> float | None:
         deadlines = [s.held[0].deadline for s in self.topics.values() if s.held]
