@@ -22,17 +22,8 @@ import pytest
 
 from federation.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon import runtime as runtime_module
-from federation.daemon.broker import (
-    BrokerAdapter,
-    BrokerItem,
-    Connected,
-    Disconnected,
-    LogLine,
-    Publication,
-    Subscribed,
-    dict_to_properties,
-    properties_to_dict,
-)
+from federation.daemon.broker import BrokerAdapter, dict_to_properties, properties_to_dict
+from federation.daemon.broker_items import BrokerItem, Connected, Disconnected, LogLine, Publication, Subscribed
 from federation.daemon.config import DaemonConfig
 from federation.daemon.runtime import Runtime
 from federation.node import Node

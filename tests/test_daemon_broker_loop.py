@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import pytest
 
 from federation.broker_log import BrokerLogTracker, ClientSubscribed
-from federation.daemon.broker import (
-    BrokerAdapter,
+from federation.daemon.broker import BrokerAdapter
+from federation.daemon.broker_items import (
     BrokerItem,
     Connected,
     ConnectFailed,

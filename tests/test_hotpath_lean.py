@@ -23,7 +23,8 @@ from paho.mqtt.properties import Properties
 
 from federation.bench.hotpath import main as hotpath_main
 from federation.bench.hotpath import publish_packet
-from federation.daemon.broker import BrokerAdapter, BrokerItem, LogLine, Publication
+from federation.daemon.broker import BrokerAdapter
+from federation.daemon.broker_items import BrokerItem, LogLine, Publication
 from federation.daemon.lean_client import lean_qos0_publish
 from federation.types import Address, Injection
 

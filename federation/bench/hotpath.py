@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from federation.daemon.broker import BrokerAdapter, BrokerItem, Publication
+from federation.daemon.broker import BrokerAdapter
+from federation.daemon.broker_items import BrokerItem, Publication
 from federation.envelope import Envelope
 from federation.node import Node
 from federation.types import Address, Event, Injection

@@ -55,14 +55,11 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import fcntl
 import logging
 import socket
 import termios
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -74,6 +71,16 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from federation.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
+from federation.daemon.broker_items import (
+    BrokerItem,
+    Connected,
+    ConnectFailed,
+    ConnectRefused,
+    Disconnected,
+    LogLine,
+    Publication,
+    Subscribed,
+)
 from federation.daemon.lean_client import LeanClient, lean_qos0_publish
 from federation.types import Address, Injection
 
@@ -107,120 +114,6 @@ _INTEGER_RANGES: dict[str, tuple[int, int]] = {
     "payload_format_indicator": (0, 1),
     "message_expiry_interval": (0, 2**32 - 1),
 }
-
-
-# ------------------------------------------------------------------ what the paho thread hands over
-
-
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """A message on `$SYS/broker/log/...`."""
-
-    topic: str
-    payload: bytes
-
-
-@dataclass(slots=True)
-class Publication:
-    """A publication made by a local client (never one the wrapper injected: no_local).
-
-    Not frozen, though nothing changes one: one is made per message, and a frozen dataclass's `__init__`
-    (an `object.__setattr__` call per field) costs about three times as much."""
-
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
-    properties: dict[str, Any] | None
-
-
-@dataclass(frozen=True, slots=True)
-class Connected:
-    """CONNACK success; the subscriptions are being made."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectRefused:
-    """CONNACK failure (e.g. not authorised); paho keeps retrying."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectFailed:
-    """The TCP connection could not be made (broker down or unreachable); paho retries with backoff."""
-
-
-@dataclass(frozen=True, slots=True)
-class Disconnected:
-    reason: str
-    expected: bool
-    """True when the wrapper asked for it (shutdown)"""
-
-
-@dataclass(frozen=True, slots=True)
-class Subscribed:
-    """SUBACK for the two subscriptions: the reason codes, in order (log, publications)."""
-
-    refused: tuple[str, ...]
-    """filters the broker refused, with its reason ("$SYS/broker/log/#: Not authorized")"""
-
-
-BrokerItem = LogLine | Publication | Connected | ConnectRefused | ConnectFailed | Disconnected | Subscribed
-
-
-class LoopHandOff:
-    """Hand-over of items to the asyncio loop, in order, in batches.
-
-    `put` may be called from any thread. The consumer runs on the loop with
-    every item queued since its last run: one loop wake-up per burst instead
-    of one per message. Called on the loop's own thread (the adapter driven
-    by the loop), `put` skips the lock and the self-pipe write of
-    `call_soon_threadsafe`, and `flush` (the adapter calls it after reading a
-    burst) runs the consumer at once instead of one loop iteration later.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, consumer: Callable[[list[BrokerItem]], None]) -> None:
-        self._loop = loop
-        self._consumer = consumer
-        self._items: list[BrokerItem] = []
-        self._scheduled = False
-        self._handle: asyncio.Handle | None = None
-        self._lock = threading.Lock()
-        """guards `_items` and `_scheduled` against other threads' `put`"""
-        self._loop_thread = threading.get_ident()
-        """made on the loop's thread (the runtime builds it in a loop callback)"""
-
-    def put(self, item: BrokerItem) -> None:
-        if threading.get_ident() == self._loop_thread:
-            self._items.append(item)  # only another thread's put competes, and it takes the lock
-            if not self._scheduled:
-                self._scheduled = True
-                self._handle = self._loop.call_soon(self._drain)
-            return
-        with self._lock:
-            self._items.append(item)
-            if self._scheduled:
-                return
-            self._scheduled = True
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is exiting
-            self._loop.call_soon_threadsafe(self._drain)
-
-    def flush(self) -> None:
-        """On the loop's thread: hand over what is queued now (and cancel the scheduled run)."""
-        handle = self._handle
-        if handle is not None:
-            handle.cancel()
-        if self._items:
-            self._drain()
-
-    def _drain(self) -> None:
-        with self._lock:
-            self._scheduled = False
-            self._handle = None
-            batch, self._items = self._items, []
-        if batch:
-            self._consumer(batch)
 
 
 # ------------------------------------------------------------------ properties

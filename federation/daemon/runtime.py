@@ -50,10 +50,8 @@ from typing import Any
 from federation import __version__, events, wire
 from federation.backpressure import InjectionQueue, PacketBacklog, shed_qos0
 from federation.broker_log import BrokerLogTracker
-from federation.daemon.broker import (
-    RECONNECT_MAX_DELAY,
-    RECONNECT_MIN_DELAY,
-    BrokerAdapter,
+from federation.daemon.broker import RECONNECT_MAX_DELAY, RECONNECT_MIN_DELAY, BrokerAdapter
+from federation.daemon.broker_items import (
     BrokerItem,
     Connected,
     ConnectFailed,
