@@ -7,13 +7,18 @@ and local publications (`local_publish`). Outputs are drained by the caller:
 passed in and randomness comes from the RNG given at construction, so a run
 replays exactly (the simulator relies on it).
 
-This module holds neighbour liveness, the federation table (link state),
-the management core and node identity; topic cores, meshes and publication
-routing live in `federation.mesh`. After every input, `_settle` reconciles
-the topics the input affected. Route computation is debounced, as OSPF's SPF
-delay: a table change schedules one computation `spf_delay` later (and at
-least `spf_hold` after the previous one), so a burst of records costs one
-breadth-first search, not one per record.
+This module is the node's boundary and its small parts: decoding and
+dispatching packets, neighbour liveness (hellos), node identity, local
+clients and publications, counters and status. The rest hangs off the node,
+one concern each, sharing its state (`lsdb`, `routes`, `management_core`):
+`table` (`federation.table`) keeps the federation table current (records,
+flooding, debounced route computation, management core, id collisions);
+`sync` (`federation.database_sync`) brings neighbours' copies up to date
+(sync when a link comes up, anti-entropy digests); `mesh`
+(`federation.mesh`) runs topic cores, meshes and publication routing;
+`reliable` (`federation.reliable`) retransmits QoS 1/2 copies. After every
+input, `_settle` runs what the input made due and reconciles the topics it
+affected.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from federation import events, wire
+from federation.database_sync import DatabaseSync
 from federation.dedup import SeenCache
 from federation.events import addresses_text, id_text, publication_text
 from federation.linkstate import LinkStateDatabase, Routes, StoredRecord
@@ -32,6 +38,7 @@ from federation.mesh import MeshEngine
 from federation.neighbours import Neighbour, NeighbourTable
 from federation.reliable import ReliableForwarding
 from federation.settings import Settings
+from federation.table import VID_RANGE, FederationTable
 from federation.topic_filter import FilterIndex, federated_filter, is_system
 from federation.types import Address, BrokerId, Event, Injection, PublicationId
 from federation.wire import (
@@ -56,8 +63,6 @@ from federation.wire import (
     TopicSubscribe,
     TopologyUpdate,
 )
-
-VID_RANGE = 2**31
 
 
 def _stored_size(stored: StoredRecord) -> int:
@@ -98,6 +103,10 @@ class Node:
         self.routes = Routes(frozenset([address]), {address: 0}, {}, {})
         self.management_core = self.broker_id
         self.mesh = MeshEngine(self)
+        self.table = FederationTable(self)
+        """origination and flooding of records, route computation, management core, id collisions"""
+        self.sync = DatabaseSync(self)
+        """the database exchange with neighbours: sync when a link comes up, anti-entropy digests"""
         self.counters: Counter[str] = Counter()
         self.sent_by_type: Counter[str] = Counter()
         self.sent_bytes_by_type: Counter[str] = Counter()
@@ -112,33 +121,15 @@ class Node:
         self.reliable = ReliableForwarding(self)
         """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
         self.injected = SeenCache(settings.duplicate_cache_size)
-        self.reconsiders_seen = SeenCache(1024)
-        self.core_announcements: dict[Address, tuple[int, int, int, float]] = {}
         self._datagrams: list[tuple[bytes, Address]] = []
         self._injections: list[Injection] = []
         self._events: list[Event] = []
         self._version = 0
-        self._routes_dirty = False
-        self.spf_due: float | None = None
-        """when the pending route computation runs (None: routes are current)"""
-        self.last_spf = float("-inf")
-        self._flood_queue: dict[Address, tuple[StoredRecord, set[Address]]] = {}
-        """origin -> (record to forward, transports of the neighbours that have it already)"""
-        self._left_out: dict[Address, tuple[float, set[Address]]] = {}
-        """neighbour transport -> (when synced, origins of the records we held but left out of that
-        database exchange as unreachable): sent to it when routes show them reachable"""
-        self.flood_due: float | None = None
-        self._digest_cache: tuple[int, frozenset[Address], tuple[int, tuple[int, ...]]] | None = None
-        self._table_version = 0
-        self.own_seq = 0
-        self.core_seq = 0
         self.publication_seq = 0
         self.hello_seq = 0
         self.last_input_at = 0.0
         self.started_at: float | None = None
         self.stopped = False
-        self.last_origination = float("-inf")
-        self.origination_due: float | None = None
         self.next_hello = float("inf")
         self.next_announce = float("inf")
         self.next_stats = float("inf")
@@ -206,6 +197,28 @@ class Node:
         """Send to every up neighbour except `exclude` (a transport address)."""
         self.send(kind, body, [n.transport for n in self.neighbours.up() if n.transport != exclude])
 
+    def send_records(self, records: list[StoredRecord], transports: list[Address]) -> None:
+        """Send records as `tu` bundles that each fit in one datagram."""
+        for bundle in self.split(records, _stored_size):
+            self.send(wire.TOPOLOGY_UPDATE, TopologyUpdate(tuple(stored.record for stored in bundle)), transports)
+
+    def split(self, items: list[Any], size_of: Any) -> list[list[Any]]:
+        """Cut `items` into runs whose encoded sizes fit one datagram (with room for the header)."""
+        budget = self.settings.max_datagram - 64
+        runs: list[list[Any]] = []
+        run: list[Any] = []
+        size = 0
+        for item in items:
+            item_size = size_of(item)
+            if run and size + item_size > budget:
+                runs.append(run)
+                run, size = [], 0
+            run.append(item)
+            size += item_size
+        if run:
+            runs.append(run)
+        return runs
+
     # ------------------------------------------------------------ lifecycle
 
     def start(self, now: float) -> None:
@@ -213,7 +226,7 @@ class Node:
         self.mesh.claim_allowed_at = now + 2 * self.settings.hello_interval
         self.emit(events.NODE_STARTED, now, broker_id=id_text(self.broker_id), epoch=self.epoch, name=self.name,
                   neighbours=addresses_text([n.transport for n in self.neighbours.all()]))
-        self._originate(now)
+        self.table.originate(now)
         self._send_hellos(now)
         self.next_announce = now + self.settings.announce_interval * (1 + 0.1 * self.rng.random())
         self.next_stats = now + self.settings.stats_interval
@@ -225,8 +238,8 @@ class Node:
         if self.stopped:
             return
         self.mesh.prune_all()
-        self.own_seq += 1
-        record = LinkStateRecord(self.broker_id, self.epoch, self.own_seq, 0, FLAG_LEAVING, ())
+        self.table.own_seq += 1
+        record = LinkStateRecord(self.broker_id, self.epoch, self.table.own_seq, 0, FLAG_LEAVING, ())
         self.send_up(wire.FEDERATE, Federate(record), exclude=None)
         self.emit(events.NODE_STOPPED, now, counters=self._counter_snapshot())
         self.stopped = True
@@ -234,13 +247,7 @@ class Node:
     def get_timer(self) -> float | None:
         if self.started_at is None or self.stopped:
             return None
-        candidates = [self.next_hello, self.next_announce, self.next_stats]
-        if self.origination_due is not None:
-            candidates.append(self.origination_due)
-        if self.spf_due is not None:
-            candidates.append(self.spf_due)
-        if self.flood_due is not None:
-            candidates.append(self.flood_due)
+        candidates = [self.next_hello, self.next_announce, self.next_stats, *self.table.next_deadlines()]
         dead = self.neighbours.next_deadline(self.settings.neighbour_dead_after)
         if dead is not None:
             candidates.append(dead)
@@ -250,7 +257,9 @@ class Node:
         retransmit = self.reliable.next_deadline()
         if retransmit is not None:
             candidates.append(retransmit)
-        candidates += [n.extra["sync_due"] for n in self.neighbours.all() if "sync_due" in n.extra]
+        resync = self.sync.next_deadline()
+        if resync is not None:
+            candidates.append(resync)
         return min(candidates)
 
     def handle_timer(self, now: float) -> None:
@@ -258,7 +267,7 @@ class Node:
             return
         for neighbour in self.neighbours.expire(self.settings.neighbour_dead_after, now):
             self._neighbour_down(neighbour, now)
-        self._due_resyncs(now)
+        self.sync.due_resyncs(now)
         if now >= self.next_hello:
             self._send_hellos(now)
         if now >= self.next_announce:
@@ -371,27 +380,8 @@ class Node:
         neighbour.extra["epoch"] = float(sender.epoch)
         if neighbour.up and (changed or (previous_epoch is not None and sender.epoch > previous_epoch)):
             # The neighbour restarted or renamed itself: it has lost what we taught it.
-            self._resync_neighbour(neighbour, now)
-            self._trigger_origination(now)
-
-    def _resync_neighbour(self, neighbour: Neighbour, now: float) -> None:
-        """Send a neighbour the database again, at most once per `hello_interval`: a key holder that
-        announced a new id on every packet would otherwise get the whole table for every packet it sends."""
-        last = neighbour.extra.get("synced_at")
-        if last is None or now - last >= self.settings.hello_interval:
-            neighbour.extra.pop("sync_due", None)
-            self._sync_neighbour(neighbour, now)
-        elif "sync_due" not in neighbour.extra:
-            neighbour.extra["sync_due"] = last + self.settings.hello_interval
-            self.counters["resyncs_deferred"] += 1
-
-    def _due_resyncs(self, now: float) -> None:
-        for neighbour in self.neighbours.all():
-            due = neighbour.extra.get("sync_due")
-            if due is not None and now >= due:
-                del neighbour.extra["sync_due"]
-                if neighbour.up:
-                    self._sync_neighbour(neighbour, now)
+            self.sync.resync(neighbour, now)
+            self.table.trigger_origination(now)
 
     def _dispatch(self, packet: Packet, neighbour: Neighbour, now: float) -> None:
         body = packet.body
@@ -408,17 +398,16 @@ class Node:
         elif isinstance(body, HelloBack):
             self._on_hello_back(neighbour, body, now)
         elif isinstance(body, Federate):
-            self._on_records([body.record], neighbour, bundle=False, now=now)
+            self.table.on_records([body.record], neighbour, bundle=False, now=now)
         elif isinstance(body, TopologyUpdate):
-            self._on_records(list(body.records), neighbour, bundle=True, now=now)
+            self.table.on_records(list(body.records), neighbour, bundle=True, now=now)
         elif isinstance(body, CoreAnnouncement):
-            self._on_core_announcement(body, sender, now)
+            self.table.on_core_announcement(body, sender, now)
         elif isinstance(body, Reconsider):
-            self._on_reconsider(body, now)
+            self.table.on_reconsider(body, now)
         elif isinstance(body, TopicCore):
-            if self._routes_dirty:
-                # Whether a core is alive (reachable) decides adoption: judge claims on current routes.
-                self._recompute_routes(now)
+            # Whether a core is alive (reachable) decides adoption: judge claims on current routes.
+            self.table.compute_pending_routes(now)
             self.mesh.on_topic_core(packet.type, body, sender, announced, now)
         elif isinstance(body, TopicSubscribe):
             self.mesh.on_topic_subscribe(body, announced, now)
@@ -428,11 +417,11 @@ class Node:
             if self.counters["acks"] > acks:  # it echoes a `tm` we sent: both directions work (rule 1)
                 self.neighbours.record_echo(neighbour, now)
         elif isinstance(body, DatabaseDigest):
-            self._on_digest(body, neighbour)
+            self.sync.on_digest(body, neighbour)
         elif isinstance(body, DatabaseSummary):
-            self._on_summary(body, neighbour, now)
+            self.sync.on_summary(body, neighbour)
         elif isinstance(body, DatabaseRequest):
-            self._on_request(body, neighbour)
+            self.sync.on_request(body, neighbour)
 
     # ------------------------------------------------------------ hello
 
@@ -459,10 +448,10 @@ class Node:
                       clock_error=round(rtt / 2, 6))
             # Announce the new link (rate-limited: neighbours that come up together share one
             # origination); when allowed at once, first, so the bundle we send carries it.
-            self._trigger_origination(now)
-            if self.origination_due is not None and self.origination_due <= now:
-                self._originate(now)
-            self._sync_neighbour(neighbour, now)
+            self.table.trigger_origination(now)
+            if self.table.origination_due is not None and self.table.origination_due <= now:
+                self.table.originate(now)
+            self.sync.sync(neighbour, now)
             if all(n.up for n in self.neighbours.all() if n.configured):
                 # Everything we can hear is syncing: claims need wait only for that exchange.
                 self.mesh.claim_allowed_at = min(self.mesh.claim_allowed_at, now + max(4 * rtt, 0.01))
@@ -473,209 +462,15 @@ class Node:
         if not neighbour.configured:
             self.neighbours.remove(neighbour.transport)
         self.reliable.neighbour_down(neighbour.transport, now)
-        self._left_out.pop(neighbour.transport, None)
-        self._trigger_origination(now)
+        self.sync.neighbour_down(neighbour.transport)
+        self.table.trigger_origination(now)
 
-    def _sync_neighbour(self, neighbour: Neighbour, now: float) -> None:
-        """Teach a neighbour that just came up what we know (the `tu` database exchange): the records
-        of our reachable members. Unreachable ones stay behind: they are on their way to expiry (after
-        a partition, the other side's stale records; the neighbour has the current ones)."""
-        neighbour.extra["synced_at"] = now
-        # Our own record goes too, unless a newer one is about to be originated (it will follow as `fd`):
-        # the stale one would only flood everywhere for nothing.
-        pending_own = self.origination_due is not None
-        records = self.lsdb.records
-        members = self.routes.members
-        self._send_records([records[address] for address in sorted(members)
-                            if address in records and not (pending_own and address == self.address)],
-                           [neighbour.transport])
-        # A record left out only because it is not reachable *yet* (the record linking it to us is
-        # still on its way, or routes are about to be recomputed) follows when it is (rule 1):
-        # it was flooded before this neighbour was up, so nothing else would bring it there
-        # before the next anti-entropy round, an announce interval later.
-        left_out = {address for address in records if address not in members and address != self.address}
-        if left_out:
-            self._left_out[neighbour.transport] = (now, left_out)
-        else:
-            self._left_out.pop(neighbour.transport, None)
-        for announcement in self.mesh.announcements_for_sync(self.last_input_at):
-            self.send(wire.TOPIC_CORE, announcement, [neighbour.transport])
-
-    def _send_records(self, records: list[StoredRecord], transports: list[Address]) -> None:
-        """Send records as `tu` bundles that each fit in one datagram."""
-        for bundle in self._split(records, _stored_size):
-            self.send(wire.TOPOLOGY_UPDATE, TopologyUpdate(tuple(stored.record for stored in bundle)), transports)
-
-    def _split(self, items: list[Any], size_of: Any) -> list[list[Any]]:
-        """Cut `items` into runs whose encoded sizes fit one datagram (with room for the header)."""
-        budget = self.settings.max_datagram - 64
-        runs: list[list[Any]] = []
-        run: list[Any] = []
-        size = 0
-        for item in items:
-            item_size = size_of(item)
-            if run and size + item_size > budget:
-                runs.append(run)
-                run, size = [], 0
-            run.append(item)
-            size += item_size
-        if run:
-            runs.append(run)
-        return runs
-
-    # ------------------------------------------------------------ anti-entropy (`dd`, `ds`, `dr`)
-
-    def _digest(self) -> tuple[int, tuple[int, ...]]:
-        """The digest of our reachable members' records, cached until the table or the routes change."""
-        cached = self._digest_cache
-        members = self.routes.members
-        if cached is not None and cached[0] == self._table_version and cached[1] is members:
-            return cached[2]
-        digest = self.lsdb.digest(members)
-        self._digest_cache = (self._table_version, members, digest)
-        return digest
-
-    def _send_digests(self) -> None:
-        count, buckets = self._digest()
-        self.send_up(wire.DATABASE_DIGEST, DatabaseDigest(count, buckets), exclude=None)
-
-    def _on_digest(self, digest: DatabaseDigest, neighbour: Neighbour) -> None:
-        """A neighbour's periodic digest: where it differs from ours, send our summary of those buckets."""
-        if not neighbour.up:
-            self.drops["digest_not_up"] += 1
-            return
-        count, buckets = self._digest()
-        if count == digest.count and buckets == digest.buckets:
-            return
-        differing = frozenset(i for i in range(wire.DIGEST_BUCKETS) if buckets[i] != digest.buckets[i])
-        entries = self.lsdb.summary(self.routes.members, differing or frozenset(range(wire.DIGEST_BUCKETS)))
-        self.counters["digest_mismatches"] += 1
-        for run in self._split(entries, wire.summary_entry_size):
-            self.send(wire.DATABASE_SUMMARY, DatabaseSummary(tuple(run)), [neighbour.transport])
-
-    def _on_summary(self, summary: DatabaseSummary, neighbour: Neighbour, now: float) -> None:
-        """Request what the neighbour has newer; send it what we have newer."""
-        wanted: list[Address] = []
-        push: list[StoredRecord] = []
-        for entry in summary.entries:
-            held = self.lsdb.records.get(entry.origin)
-            if held is None or held.record.freshness < entry.freshness:
-                wanted.append(entry.origin)
-            elif held.record.freshness > entry.freshness:
-                push.append(held)
-        if push:
-            self._send_records(push, [neighbour.transport])
-        for run in self._split(sorted(set(wanted)), wire.address_size):
-            self.send(wire.DATABASE_REQUEST, DatabaseRequest(tuple(run)), [neighbour.transport])
-
-    def _on_request(self, request: DatabaseRequest, neighbour: Neighbour) -> None:
-        records = self.lsdb.records
-        self._send_records([records[a] for a in sorted(set(request.origins)) if a in records],
-                           [neighbour.transport])
-
-    # ------------------------------------------------------------ federation table
-
-    def _trigger_origination(self, now: float) -> None:
-        due = max(now, self.last_origination + self.settings.min_announce_gap)
-        if self.origination_due is None or due < self.origination_due:
-            self.origination_due = due
-
-    def _originate(self, now: float) -> None:
-        self.own_seq += 1
-        neighbours = tuple(sorted(n.announced.address for n in self.neighbours.up() if n.announced is not None))
-        record = LinkStateRecord(self.broker_id, self.epoch, self.own_seq, 0, 0, neighbours)
-        self.lsdb.store_own(record, now)
-        self.send_up(wire.FEDERATE, Federate(record), exclude=None)
-        self.last_origination = now
-        self.origination_due = None
-        self._table_changed(now)
-
-    def _table_changed(self, now: float) -> None:
-        """The table changed: if that moves any route, schedule the route computation."""
-        self._table_version += 1
-        if not self._routes_dirty and self.lsdb.routes_affected(self.routes):
-            self._routes_dirty = True
-            self.spf_due = max(now + self.settings.spf_delay, self.last_spf + self.settings.spf_hold)
-
-    def _on_records(self, records: list[LinkStateRecord], neighbour: Neighbour, bundle: bool, now: float) -> None:
-        forward: list[StoredRecord] = []
-        for record in records:
-            if record.origin.address == self.address:
-                self._on_own_record(record, now)
-                continue
-            outcome = self.lsdb.accept(record, 1, now)
-            if outcome in ("old", "shorter"):
-                # Only newer records are forwarded; a shorter path changes nothing we compute. A copy of
-                # a record waiting to be forwarded tells us this neighbour needs no copy from us.
-                queued = self._flood_queue.get(record.origin.address)
-                if queued is not None and queued[0].record.freshness == record.freshness:
-                    queued[1].add(neighbour.transport)
-                continue
-            self._table_changed(now)
-            stored = self.lsdb.records[record.origin.address]
-            if self.settings.flood_delay > 0:
-                self._flood_queue[record.origin.address] = (stored, {neighbour.transport})
-                if self.flood_due is None:
-                    self.flood_due = now + self.settings.flood_delay
-            else:
-                forward.append(stored)
-        if not forward:
-            return
-        others = [n.transport for n in self.neighbours.up() if n.transport != neighbour.transport]
-        if bundle:
-            self._send_records(forward, others)
-        else:
-            self.send(wire.FEDERATE, Federate(forward[0].record), others)
-
-    def _flush_floods(self) -> None:
-        """Forward the records that waited `flood_delay`: one `fd` or `tu` bundle per group of neighbours
-        that need the same records (not to those that sent us a copy)."""
-        queue, self._flood_queue = self._flood_queue, {}
-        self.flood_due = None
-        groups: dict[tuple[Address, ...], list[Address]] = {}
-        for neighbour in self.neighbours.up():
-            wanted = tuple(origin for origin, (_, have) in sorted(queue.items()) if neighbour.transport not in have)
-            if wanted:
-                groups.setdefault(wanted, []).append(neighbour.transport)
-        for origins, transports in groups.items():
-            records = [queue[origin][0] for origin in origins]
-            if len(records) == 1:
-                self.send(wire.FEDERATE, Federate(records[0].record), transports)
-            else:
-                self._send_records(records, transports)
-
-    def _on_own_record(self, record: LinkStateRecord, now: float) -> None:
-        """A record of ours from an earlier life that is newer than our counters: jump past it."""
-        if record.freshness <= (self.epoch, self.own_seq):
-            return
-        if record.epoch > self.epoch:
-            previous = self.epoch
-            self.epoch = record.epoch + 1
-            self.own_seq = 0
-            self.publication_seq = 0
-            self.emit(events.EPOCH_CHANGED, now, epoch=self.epoch, previous=previous,
-                      reason="older life announced a newer epoch")
-        else:
-            self.own_seq = record.seq
-        self._trigger_origination(now)
+    # ------------------------------------------------------------ settling after an input
 
     def _settle(self, now: float) -> None:
         """Run after every input: pending origination, routes, management core, topics."""
         self.last_input_at = now
-        pending = self.origination_due is not None or self._routes_dirty
-        if pending and self._about_to_claim(now):
-            # Never claim a topic core on a stale table: the live core we have just been told about
-            # may become reachable once our own record lists our new neighbours and routes are computed.
-            if self.origination_due is not None:
-                self._originate(now)
-            if self._routes_dirty:
-                self._recompute_routes(now)
-        if self.origination_due is not None and now >= self.origination_due:
-            self._originate(now)
-        if self.flood_due is not None and now >= self.flood_due:
-            self._flush_floods()
-        if self._routes_dirty and self.spf_due is not None and now >= self.spf_due:
-            self._recompute_routes(now)
+        self.table.settle(now, self._about_to_claim)
         self.mesh.reconcile(now)
         self.reliable.arm(now)  # the QoS 1/2 copies sent by this input get their retransmission deadline
 
@@ -684,138 +479,12 @@ class Node:
         return now >= self.mesh.claim_allowed_at and any(
             state.core is None and self.mesh.wants(filter_) for filter_, state in self.mesh.topics.items())
 
-    def _recompute_routes(self, now: float) -> None:
-        self._routes_dirty = False
-        self.spf_due = None
-        self.last_spf = now
-        previous = self.routes
-        self.routes = self.lsdb.compute_routes(previous)
-        added = self.routes.members - previous.members
-        removed = previous.members - self.routes.members
-        if added or removed:
-            self.bump_version()
-            self.emit(events.TABLE_CHANGED, now, added=addresses_text(added), removed=addresses_text(removed),
-                      size=len(self.routes.members))
-        if previous.next_hops != self.routes.next_hops or added or removed or previous.ids != self.routes.ids:
-            self.mesh.mark_all_dirty()
-        if added and self._left_out:
-            self._send_left_out(added)
-        self._check_collisions(now)
-        # Every member has a record (links exist only between stored records), hence an id.
-        core = min(self.broker_id, min(map(self.routes.ids.__getitem__, self.routes.members - {self.address}),
-                                       default=self.broker_id))
-        if core != self.management_core:
-            previous_core = self.management_core
-            self.management_core = core
-            self.bump_version()
-            self.emit(events.MANAGEMENT_CORE_CHANGED, now, core=id_text(core), previous=id_text(previous_core))
-            if core == self.broker_id:
-                self._announce_management_core()
-        if self.management_core == self.broker_id and (added or removed):
-            self._flood_membership_change(added, removed, previous)
-
-    def _send_left_out(self, added: frozenset[Address]) -> None:
-        """Send the neighbours synced while these records were unreachable the ones now reachable."""
-        for transport, (_, origins) in sorted(self._left_out.items()):
-            now_reachable = origins & added
-            if not now_reachable:
-                continue
-            origins -= now_reachable
-            if not origins:
-                del self._left_out[transport]
-            records = self.lsdb.records
-            self._send_records([records[a] for a in sorted(now_reachable) if a in records], [transport])
-
-    def _flood_membership_change(self, added: frozenset[Address], removed: frozenset[Address],
-                                 previous: Routes) -> None:
-        """As management core, tell everyone at once which records changed membership."""
-        touched = set(added)
-        for gone in removed:
-            stored = self.lsdb.records.get(gone)
-            if stored is not None:
-                touched.update(a for a in stored.record.neighbours if a in self.routes.members)
-        touched.add(self.address)
-        records = [self.lsdb.records[a] for a in sorted(touched) if a in self.lsdb.records]
-        self._send_records(records, [n.transport for n in self.neighbours.up()])
-
-    def _check_collisions(self, now: float) -> None:
-        same = sorted(a for a in self.lsdb.by_vid.get(self.vid, ())
-                      if a != self.address and a in self.routes.members and self.routes.ids.get(a, self.broker_id).vid
-                      == self.vid)
-        if not same:
-            return
-        if same[0] < self.address:
-            self._change_vid(now, reason=f"collision with {same[0]}")
-            return
-        for other in same:
-            self._send_reconsider(Reconsider(BrokerId(self.vid, other), self.broker_id))
-
-    def _send_reconsider(self, message: Reconsider) -> None:
-        hops = self.routes.next_hops.get(message.target.address)
-        if not hops:
-            return
-        transport = self.neighbours.transport_for(min(hops))
-        if transport is not None:
-            self.send(wire.RECONSIDER, message, [transport])
-
-    def _on_reconsider(self, message: Reconsider, now: float) -> None:
-        if not self.reconsiders_seen.add((message.target, message.holder)):
-            return
-        if message.target.address != self.address:
-            self._send_reconsider(message)
-            return
-        if message.target.vid == self.vid and message.holder.vid == self.vid and message.holder.address < self.address:
-            self._change_vid(now, reason=f"reconsider from {message.holder.address}")
-
-    def _change_vid(self, now: float, reason: str) -> None:
-        taken = {broker_id.vid for broker_id in self.routes.ids.values()}
-        previous = self.vid
-        while self.vid in taken:
-            self.vid = self.rng.randrange(VID_RANGE)
-        self.emit(events.ID_CHANGED, now, vid=self.vid, previous=previous, reason=reason)
-        self.bump_version()
-        self._originate(now)
-        for state in self.mesh.topics.values():
-            if state.core is not None and state.core.address == self.address:
-                state.core = self.broker_id
-                self.mesh.announce(state, now)
-                state.core_seq = state.own_seq
-        self.management_core = min(self.management_core, self.broker_id)
-
-    def _announce_management_core(self) -> None:
-        self.core_seq += 1
-        self.send_up(wire.CORE_ANNOUNCEMENT, CoreAnnouncement(self.broker_id, self.epoch, self.core_seq, 0),
-                     exclude=None)
-
-    def _on_core_announcement(self, message: CoreAnnouncement, sender: Address, now: float) -> None:
-        """`ca` is advisory: everyone computes the core from the table; this confirms it is alive."""
-        held = self.core_announcements.get(message.core.address)
-        distance = message.distance + 1
-        fresh = (message.epoch, message.seq)
-        if held is not None and (fresh < held[:2] or (fresh == held[:2] and distance >= held[2])):
-            return
-        if held is None and len(self.core_announcements) >= self.settings.max_nodes:
-            self.drops["core_announcements_full"] += 1
-            return
-        self.core_announcements[message.core.address] = (message.epoch, message.seq, distance, now)
-        self.send_up(wire.CORE_ANNOUNCEMENT, CoreAnnouncement(message.core, message.epoch, message.seq, distance),
-                     exclude=sender)
-
     def _periodic(self, now: float) -> None:
         """Every announce interval: anti-entropy digests, management-core refresh, expiry, topics.
         Our own record is not re-flooded: it is originated only when our neighbours change."""
-        self._send_digests()
-        if self.management_core == self.broker_id:
-            self._announce_management_core()
-        lifetime = self.settings.announcement_lifetime
-        if self.lsdb.expire(lifetime, self.routes.members, now):
-            self._table_changed(now)
-        for address, held in list(self.core_announcements.items()):
-            if now - held[3] > lifetime:
-                del self.core_announcements[address]
-        for transport, (synced_at, _) in list(self._left_out.items()):
-            if now - synced_at > lifetime:  # still unreachable: on their way to expiry
-                del self._left_out[transport]
+        self.sync.send_digests()
+        self.table.periodic(now)
+        self.sync.expire_left_out(now)
         self.mesh.periodic(now)
         self.next_announce = now + self.settings.announce_interval
 

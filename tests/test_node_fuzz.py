@@ -196,8 +196,8 @@ def check_bounds(node: Node) -> None:
     assert len(node.neighbours.all()) <= s.max_neighbours
     assert len(node.lsdb.records) <= s.max_nodes
     assert sum(len(a) for a in node.lsdb.by_vid.values()) <= len(node.lsdb.records)
-    assert len(node._flood_queue) <= s.max_nodes
-    assert len(node.core_announcements) <= s.max_nodes
+    assert len(node.table.flood_queue) <= s.max_nodes
+    assert len(node.table.core_announcements) <= s.max_nodes
     assert len(node.mesh.topics) <= s.max_topics
     held = 0
     for state in node.mesh.topics.values():
@@ -209,7 +209,7 @@ def check_bounds(node: Node) -> None:
     assert len(node.mesh.ownership.entries) <= s.max_topics
     assert len(node.mesh.ownership.withdrawn) <= s.max_topics
     assert len(node.seen) <= s.duplicate_cache_size and len(node.injected) <= s.duplicate_cache_size
-    assert len(node.reconsiders_seen) <= 1024
+    assert len(node.table.reconsiders_seen) <= 1024
     reliable = node.reliable
     assert len(reliable.unacked) <= s.max_unacked and len(reliable.recent) <= s.max_unacked
     assert len(reliable._heap) <= 4 * len(reliable.unacked) + 65

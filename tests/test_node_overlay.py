@@ -8,6 +8,7 @@ import random
 from federation import wire
 from federation.node import Node
 from federation.settings import Settings
+from federation.table import FederationTable
 from federation.types import Address, BrokerId
 
 from node_harness import Harness, address
@@ -78,14 +79,14 @@ def test_route_computation_is_debounced_and_convergence_stays_fast() -> None:
     count = 30
     links = [(i, (i + 1) % count) for i in range(count)] + [(i, (i + 7) % count) for i in range(0, count, 3)]
     computations: dict[int, int] = {}
-    original = Node._recompute_routes
+    original = FederationTable.recompute_routes
 
-    def counting(self: Node, now: float) -> None:
-        index = int(self.address.host.rsplit(".", 1)[1])
+    def counting(self: FederationTable, now: float) -> None:
+        index = int(self.node.address.host.rsplit(".", 1)[1])
         computations[index] = computations.get(index, 0) + 1
         original(self, now)
 
-    Node._recompute_routes = counting  # type: ignore[method-assign]
+    FederationTable.recompute_routes = counting  # type: ignore[method-assign]
     try:
         h = Harness(links, settings=Settings())
         converged_at = None
@@ -95,7 +96,7 @@ def test_route_computation_is_debounced_and_convergence_stays_fast() -> None:
             if all(len(v.members) == count for v in views) and len({v.management_core for v in views}) == 1:
                 converged_at = h.now
     finally:
-        Node._recompute_routes = original  # type: ignore[method-assign]
+        FederationTable.recompute_routes = original  # type: ignore[method-assign]
     assert converged_at is not None and converged_at < 0.3, converged_at
     records_received = sum(n.received_by_type[wire.FEDERATE] + n.received_by_type[wire.TOPOLOGY_UPDATE]
                            for n in h.nodes.values())
