@@ -40,7 +40,11 @@ neither tracked nor acknowledged.
 
 Memory is bounded: at most `max_unacked` copies are remembered, all
 neighbours together; beyond it the oldest stops being tracked (drop
-`unacked_evicted`; the copy was sent once, only its retries are lost).
+`unacked_evicted`; the copy was sent once, only its retries are lost). A
+node whose table is nearly full (7/8) does not acknowledge new QoS >= 1
+copies from its neighbours (drop `reliable_table_full`): they stay in the
+sender's table and come again, so a lagging hop slows the ones before it
+instead of losing what it had to forget.
 Deadlines live in a heap with lazy deletion, so the node's timer costs
 O(log n) per copy instead of a scan.
 """
@@ -224,6 +228,17 @@ class ReliableForwarding:
                 self._schedule(key, entry, when)
 
     # ------------------------------------------------------------ receiving side
+
+    def refuses(self, message: TopicMessage) -> bool:
+        """Leave this QoS >= 1 `tm` unacknowledged (and unhandled): it is new and the table of copies we
+        forward is nearly full. Its sender keeps it and sends it again with its backoff, so a next hop that
+        lags slows the hops before it down to the wrapper where publications enter, whose reading from the
+        broker pauses (the runtime's backpressure window); accepting it would instead push the oldest
+        copy out of the table, and that copy would be lost if the next hop had missed it."""
+        unacked = self.settings.max_unacked
+        if len(self.unacked) < unacked - max(1, unacked // 8):  # room left for a copy to each mesh neighbour
+            return False
+        return (message.publication, message.filter) not in self.node.seen
 
     def on_message(self, message: TopicMessage, transport: Address, now: float) -> None:
         """A QoS >= 1 `tm` from a neighbour: acknowledge it (duplicates too) and stop sending it that copy."""

@@ -9,7 +9,7 @@ change of it is an event (`table_changed`, `management_core_changed`,
 those events in order rebuilds every view at every instant. Two changes are
 silent in the engine and are re-derived here: a node that changes its vid
 (`id_changed`) also renames its own topic cores and takes
-`min(management core, new id)` as management core (`Node._change_vid`).
+`min(management core, new id)` as management core (`FederationTable.change_vid`).
 
 The rule is the simulator's (docs/simulator.md, "Convergence";
 `federation.sim.truth.ConvergenceTracker`): a component has converged when

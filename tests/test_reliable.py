@@ -179,3 +179,28 @@ def test_settings_for_retransmission_are_validated() -> None:
     with pytest.raises(SettingsError, match="max_unacked"):
         Settings.from_mapping({"max_unacked": 0})
     assert dataclasses.replace(Settings(), retransmit_limit=0).retransmit_limit == 0
+
+
+def test_a_nearly_full_table_refuses_new_copies_and_loses_none() -> None:
+    """The middle node's next hop loses everything for 2 s while 28 QoS 1 publications cross: the middle
+    node stops acknowledging new copies once its table is nearly full, instead of forgetting the oldest
+    (whose only copy the network lost); the publisher keeps them and sends them again, and every
+    publication arrives once."""
+    harness = LossyHarness([(0, 1), (1, 2)], settings=Settings(max_unacked=16))
+    harness.do(0, "local_subscribe", "sub", "a/#", 1)
+    harness.run(8.0)
+    assert harness.nodes[2].mesh.topics["a/#"].core is not None
+    outage_ends = harness.now + 2.0
+    harness.drop = lambda data, source, target: (harness.now < outage_ends and source == address(1)
+                                                 and wire.packet_type(data) == wire.TOPIC_MESSAGE)
+    for _ in range(28):  # 5 ms apart: the middle node's acknowledgements keep the publisher's table small
+        harness.do(2, "local_publish", "a/b", b"x", 1, False, None)
+        harness.run(harness.now + 0.005)
+    middle = harness.nodes[1]
+    assert len(middle.reliable.unacked) == 14  # 16 - 16 // 8: room kept for a copy to each mesh neighbour
+    assert middle.drops["reliable_table_full"] == 14
+    harness.run(harness.now + 40)
+    publications = [injection.publication for _, injection in harness.delivered]
+    assert len(publications) == 28 and len(set(publications)) == 28
+    assert middle.drops["unacked_evicted"] == 0 and harness.nodes[2].drops["unacked_evicted"] == 0
+    assert not middle.reliable.unacked and not harness.nodes[2].reliable.unacked
