@@ -14,6 +14,7 @@ from federation import wire
 from federation.backpressure import PacketBacklog, shed_qos0
 from federation.daemon.config import DaemonConfig
 from federation.daemon.runtime import DATA_SLICE, Runtime
+from federation.daemon.udp import kernel_receive_drops
 from federation.envelope import Envelope
 from federation.types import Address, BrokerId
 
@@ -187,7 +188,8 @@ def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker() -> 
             assert node.drops["send_backlog_qos0"] == 1
             assert runtime.event_counts["publication_dropped"] == 1
             assert broker.reading_paused and broker.pauses == 1
-            assert runtime.status_document()["daemon"]["overload"]["send_shed_qos0"] == 1
+            overload = runtime.status_document()["daemon"]["overload"]
+            assert overload["send_shed_qos0"] == 1 and overload["kernel_receive_drops"] == 0
             data, _ = peer.recvfrom(65535)  # the hello and the QoS 1 copy went out, batched
             packets = Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, runtime.config.bind, 0.0)
             assert [wire.packet_type(p) for p in packets] == [wire.TOPIC_MESSAGE, wire.HELLO]
@@ -227,3 +229,20 @@ def test_read_waiting_takes_at_most_limit(limit: int) -> None:
             runtime._close_resources()
 
     asyncio.run(scenario())
+
+
+def test_datagrams_the_kernel_dropped_for_a_full_receive_buffer_are_counted() -> None:
+    """What overflows the receive buffer never reaches the wrapper; the kernel's count is how it is seen."""
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel doubles it: a few datagrams
+        receiver.bind(("127.0.0.1", 0))
+        assert kernel_receive_drops(receiver) == 0
+        for _ in range(200):
+            sender.sendto(b"x" * 1000, receiver.getsockname())
+        assert (kernel_receive_drops(receiver) or 0) > 100  # nothing read: most did not fit
+    finally:
+        receiver.close()
+        sender.close()
+    assert kernel_receive_drops(receiver) is None  # closed

@@ -67,13 +67,23 @@ from federation.daemon.event_log import EventLog, EventLogError
 from federation.daemon.metrics import Snapshot, start_metrics_server
 from federation.daemon.state import BackgroundWriter, LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.status import encode_reply
-from federation.daemon.udp import DropReporter, LocalAddresses, OverlayProtocol, announce_security, open_socket
+from federation.daemon.udp import (
+    SOCKET_BUFFER,
+    DropReporter,
+    LocalAddresses,
+    OverlayProtocol,
+    announce_security,
+    kernel_receive_drops,
+    open_socket,
+)
 from federation.envelope import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
 from federation.node import Node
 from federation.types import Address, Event, Injection
 
 log = logging.getLogger("federation.daemon")
 
+KERNEL_DROPS_CHECK_INTERVAL = 10.0
+"""seconds between reads of the kernel's count of datagrams dropped for a full receive buffer"""
 LOG_SILENCE_WARNING_AFTER = 5.0
 """seconds after subscribing to $SYS/broker/log/# without a log line before the loud warning"""
 STATE_SAVE_DELAY = 0.5
@@ -144,6 +154,9 @@ class Runtime:
         self.receive_backlog: PacketBacklog[Address] = PacketBacklog(RECEIVE_BACKLOG, RECEIVE_BACKLOG_BYTES)
         self._data_pass_scheduled = False
         self.send_shed = 0
+        self.kernel_receive_drops = 0
+        """datagrams the kernel dropped for this wrapper's full UDP receive buffer, as of the last check"""
+        self._drops_handle: asyncio.TimerHandle | None = None
         self._refused_logged_at = float("-inf")
         self.transport: asyncio.DatagramTransport | None = None
         self.metrics_server: Any = None
@@ -211,6 +224,7 @@ class Runtime:
         self._drain_outputs(now)
         self.broker.start()
         self._flush_handle = loop.call_later(EVENT_LOG_FLUSH_INTERVAL, self._periodic_flush)
+        self._drops_handle = loop.call_later(KERNEL_DROPS_CHECK_INTERVAL, self._check_kernel_drops)
         log.info("wrapper %s (id %s, epoch %d) listening on UDP %s; neighbours: %s; broker %s as %r",
                  self.config.announced, node.broker_id, node.epoch, self.config.bind,
                  ", ".join(str(n) for n in self.config.neighbours) or "none (waiting for hellos)",
@@ -314,7 +328,7 @@ class Runtime:
         return int(size()) if size is not None and self.transport is not None else 0
 
     def _close_resources(self) -> None:
-        for handle in (self._save_handle, self._flush_handle, self._silence_check, self._timer):
+        for handle in (self._save_handle, self._flush_handle, self._drops_handle, self._silence_check, self._timer):
             if handle is not None:
                 handle.cancel()
         if self.event_log is not None:
@@ -617,6 +631,20 @@ class Runtime:
         assert self._loop is not None
         self._flush_handle = self._loop.call_later(EVENT_LOG_FLUSH_INTERVAL, self._periodic_flush)
 
+    def _check_kernel_drops(self) -> None:
+        """Warn when the kernel dropped datagrams meant for us: losses nothing else in the wrapper can see."""
+        assert self._loop is not None
+        self._drops_handle = self._loop.call_later(KERNEL_DROPS_CHECK_INTERVAL, self._check_kernel_drops)
+        drops = kernel_receive_drops(self._sock) if self._sock is not None else None
+        if drops is None or drops <= self.kernel_receive_drops:
+            return
+        log.warning("the kernel dropped %d datagrams for this wrapper in the last %g s (%d in all): its UDP receive "
+                    "buffer was full because neighbours send faster than it handles them; QoS 0 publications "
+                    "among them are lost, QoS 1/2 ones are sent again. Lower the publication rate, or raise "
+                    "net.core.rmem_max (the wrapper asks for %d bytes)", drops - self.kernel_receive_drops,
+                    KERNEL_DROPS_CHECK_INTERVAL, drops, SOCKET_BUFFER)
+        self.kernel_receive_drops = drops
+
     def _schedule_save(self) -> None:
         if self.store is None or self._save_handle is not None or self._loop is None:
             return
@@ -677,6 +705,7 @@ class Runtime:
                 "send_pauses": self.protocol.write_pauses if self.protocol else 0,
                 "send_buffer_bytes": self._unsent_bytes(),
                 "send_shed_qos0": self.send_shed,
+                "kernel_receive_drops": kernel_receive_drops(self._sock) if self._sock is not None else None,
             },
             "event_log": str(self.config.event_log) if self.config.event_log else None,
             "event_log_lines": self.event_log.lines if self.event_log else 0,

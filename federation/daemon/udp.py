@@ -35,8 +35,10 @@ import asyncio
 import errno
 import ipaddress
 import logging
+import os
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 from federation.daemon.keys import permission_warning
@@ -54,6 +56,32 @@ MAX_DATAGRAM_READ = 65535
 SOCKET_BUFFER = 4 * 1024 * 1024
 """bytes requested for SO_RCVBUF and SO_SNDBUF (the kernel caps them at net.core.rmem_max/wmem_max)"""
 MAX_LOCAL_CACHE = 1024
+
+
+PROC_UDP_TABLES = (Path("/proc/net/udp"), Path("/proc/net/udp6"))
+
+
+def kernel_receive_drops(sock: socket.socket) -> int | None:
+    """Datagrams the kernel dropped because this socket's receive buffer was full: the `drops` column of
+    /proc/net/udp (or udp6) for the socket's inode. They are publications a neighbour sent faster than
+    this wrapper reads (QoS 0 has no flow control between wrappers, and the loss happens before the
+    wrapper sees them), so this is the only way to count them. None if the socket is closed or the
+    table cannot be read (not Linux)."""
+    try:
+        inode = str(os.fstat(sock.fileno()).st_ino)
+    except OSError:
+        return None
+    for table in PROC_UDP_TABLES:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # sl local rem st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
+            if len(fields) >= 13 and fields[9] == inode:
+                return int(fields[12])
+    return None
 
 
 DROP_SUMMARY_INTERVAL = 60.0
