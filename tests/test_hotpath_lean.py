@@ -332,3 +332,236 @@ def test_part_of_a_packet_is_left_to_paho_and_schedules_no_read_pass(adapter) ->
     peer.sendall(packet[100:])
     adapter_._on_readable()
     assert [item.topic for item in items if isinstance(item, Publication)] == ["a/b", "big/2"]
+
+
+# ------------------------------------------------------------------ the lean QoS 1 publish path against paho's own
+
+
+QOS1_CASES = [("t", b"", False), ("a/b/c", b"x" * 200, True), ("é/ü", b"\0" * 20000, False), ("z", b"p", False),
+              ("y", b"q", True)]
+CONNACK_SESSION_PRESENT = bytes([0x20, 3, 1, 0, 0])
+
+
+def _injections(cases: Sequence[tuple[str, bytes, bool]], qos: int = 1, first: int = 0) -> list[Injection]:
+    return [Injection(t, p, qos, r, None, (Address("h", 1), 1, first + i)) for i, (t, p, r) in enumerate(cases)]
+
+
+def _puback(*mids: int) -> bytes:
+    return b"".join(bytes([0x40, 2]) + mid.to_bytes(2, "big") for mid in mids)
+
+
+class _Side:
+    """An adapter on a socket pair: the lean one (driven by a loop) or paho's (`publish` per injection)."""
+
+    def __init__(self, lean: bool) -> None:
+        self.loop = asyncio.new_event_loop() if lean else None
+        self.items: list[BrokerItem] = []
+        self.adapter = BrokerAdapter(BROKER, "side", self.items.append, loop=self.loop)
+        self.client = self.adapter.client
+        self.completed: list[int] = []
+        recorded = self.client.publish_completed
+        assert recorded is not None
+
+        def completed(mid: int) -> None:
+            self.completed.append(mid)
+            recorded(mid)
+
+        self.client.publish_completed = completed
+        self.socks: list[socket.socket] = []
+        self.peer = self._connect()
+        self.paho_publishes = 0
+        original = self.client.publish
+
+        def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.paho_publishes += 1
+            return original(*args, **kwargs)
+
+        self.client.publish = counting  # type: ignore[method-assign]
+
+    def _connect(self) -> socket.socket:
+        ours, peer = socket.socketpair()
+        ours.setblocking(False)
+        self.socks += [ours, peer]
+        self.client._sock = ours  # type: ignore[assignment]
+        self.adapter._watched = ours
+        return peer
+
+    def publish(self, injections: Sequence[Injection]) -> bytes:
+        if self.loop is not None:
+            self.adapter.publish_all(injections)
+        else:
+            for injection in injections:
+                assert self.adapter.publish(injection)
+        return _read_all(self.peer)
+
+    def receive(self, data: bytes) -> bytes:
+        """The broker sends `data`; what the client writes back."""
+        self.peer.sendall(data)
+        if self.loop is not None:
+            self.adapter._on_readable()
+        else:
+            while self.client._packet_read() == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                pass
+        return _read_all(self.peer)
+
+    def reconnect(self) -> bytes:
+        """The connection drops and a new one is made (what paho's `reconnect` does to the kept session), the
+        broker accepts it with the session present; what the client writes then."""
+        self.client._sock = None
+        self.client._out_packet.clear()
+        self.client._messages_reconnect_reset()
+        self.peer = self._connect()
+        return self.receive(CONNACK_SESSION_PRESENT)
+
+    def close(self) -> None:
+        self.client._sock = None
+        for sock in self.socks:
+            sock.close()
+        if self.loop is not None:
+            self.loop.close()
+
+
+@pytest.fixture
+def sides() -> Iterator[tuple[_Side, _Side]]:
+    lean, paho = _Side(True), _Side(False)
+    try:
+        yield lean, paho
+    finally:
+        lean.close()
+        paho.close()
+
+
+@pytest.mark.parametrize("last_mid", [100, 65533])  # the second wraps around: 65534, 65535, 1, 2, 3
+def test_a_run_of_qos1_injections_writes_what_pahos_publish_writes(sides, last_mid: int) -> None:  # type: ignore[no-untyped-def]
+    lean, paho = sides
+    lean.client._last_mid = paho.client._last_mid = last_mid
+    injections = _injections(QOS1_CASES)
+    expected = paho.publish(injections)
+    assert lean.publish(injections) == expected
+    assert lean.paho_publishes == 0  # one run, built by `send_qos1`
+    assert list(lean.client._out_messages) == list(paho.client._out_messages)
+    assert lean.client._inflight_messages == paho.client._inflight_messages == len(QOS1_CASES)
+    for mid, message in lean.client._out_messages.items():
+        reference = paho.client._out_messages[mid]
+        assert (message.topic, message.payload, message.qos, message.retain, message.dup, message.state,
+                message.properties) == (reference.topic, reference.payload, reference.qos, reference.retain,
+                                        reference.dup, reference.state, reference.properties)
+    assert lean.adapter.backlog() == paho.adapter.backlog() == len(QOS1_CASES)
+    assert lean.adapter.injected == len(QOS1_CASES)
+
+
+def test_pubacks_complete_the_lean_qos1_injections(sides) -> None:  # type: ignore[no-untyped-def]
+    lean, _paho = sides
+    lean.publish(_injections(QOS1_CASES))
+    mids = list(lean.client._out_messages)
+    assert lean.adapter.backlog() == len(mids)
+    assert lean.receive(_puback(*mids[:2])) == b""
+    assert lean.completed == mids[:2] and lean.adapter.backlog() == len(mids) - 2
+    lean.receive(_puback(*mids[2:]) + _puback(*mids[:1]))  # a repeated PUBACK changes nothing
+    assert lean.completed == mids
+    assert lean.adapter.backlog() == 0
+    assert not lean.client._out_messages and lean.client._inflight_messages == 0
+
+
+def test_unacknowledged_lean_injections_are_sent_again_with_dup_after_reconnecting(sides) -> None:  # type: ignore[no-untyped-def]
+    lean, paho = sides
+    injections = _injections(QOS1_CASES)
+    first = lean.publish(injections)
+    assert first == paho.publish(injections)
+    mids = list(lean.client._out_messages)
+    for side in (lean, paho):
+        side.receive(_puback(mids[1], mids[3]))
+    again = lean.reconnect()
+    assert again == paho.reconnect()
+    assert lean.completed == paho.completed == [mids[1], mids[3]]
+    # SUBSCRIBE (on_connect), then the three unacknowledged PUBLISH packets again, flagged DUP (0x08).
+    packets = _packets(first)
+    resent = b"".join(bytes([packet[0] | 0x08]) + packet[1:] for mid, packet in zip(mids, packets, strict=True)
+                      if mid not in (mids[1], mids[3]))
+    assert again.endswith(resent) and again[0] & 0xF0 == 0x80
+    assert lean.adapter.backlog() == 3
+    lean.receive(_puback(*(mid for mid in mids if mid not in (mids[1], mids[3]))))
+    assert lean.adapter.backlog() == 0 and sorted(lean.completed) == sorted(mids)
+
+
+def test_max_inflight_bounds_the_lean_path_and_queued_messages_keep_their_order(sides) -> None:  # type: ignore[no-untyped-def]
+    lean, paho = sides
+    for side in (lean, paho):
+        side.client.max_inflight_messages_set(2)
+    first, second = _injections(QOS1_CASES), _injections(QOS1_CASES[:2], first=10)
+    assert lean.publish(first) == paho.publish(first)  # two in flight, three queued by paho
+    assert lean.paho_publishes == 3 and lean.client._inflight_messages == 2
+    mids = list(lean.client._out_messages)
+    assert lean.receive(_puback(mids[0])) == paho.receive(_puback(mids[0]))  # paho sends the third
+    assert lean.publish(second) == paho.publish(second) == b""  # behind the queued ones, not ahead
+    assert lean.paho_publishes == 5
+    order = list(lean.client._out_messages)
+    assert order == list(paho.client._out_messages)
+    while order:
+        mid = order.pop(0)
+        assert lean.receive(_puback(mid)) == paho.receive(_puback(mid))
+    assert lean.adapter.backlog() == paho.adapter.backlog() == 0
+    assert lean.completed == paho.completed
+    assert lean.publish(second) == paho.publish(second) != b""  # nothing queued any more: the lean path again
+    assert lean.paho_publishes == 5
+
+
+def test_a_qos1_run_mixed_with_others_keeps_the_order_paho_gives(sides) -> None:  # type: ignore[no-untyped-def]
+    lean, paho = sides
+    with_properties = Injection("p/q", b"x", 1, False, {"content_type": "text/plain"}, (Address("h", 1), 1, 20))
+    mixed = [*_injections(QOS1_CASES[:2]), *_injections(QOS1_CASES[2:3], qos=0, first=2), with_properties,
+             *_injections(QOS1_CASES[3:], qos=2, first=4), *_injections(QOS1_CASES[:1], first=6),
+             Injection("bad/#", b"w", 1, False, None, (Address("h", 1), 1, 7)), *_injections(QOS1_CASES[1:2], first=8)]
+    expected = paho.publish([i for i in mixed if "#" not in i.topic])
+    written = lean.publish(mixed)  # the wildcard topic is refused (paho raises), not sent
+    assert lean.adapter.inject_failed == 1
+    # The same packets in the same order; the mids differ: paho uses up one per QoS 0 publication, the lean
+    # QoS 0 path none.
+    assert [_without_mid(p) for p in _packets(written)] == [_without_mid(p) for p in _packets(expected)]
+    assert len(_packets(written)) == 8
+    assert [m.topic for m in lean.client._out_messages.values()] == ["t", "a/b/c", "p/q", "z", "y", "t", "a/b/c"]
+    assert lean.adapter.backlog() == 7
+
+
+def _packets(stream: bytes) -> list[bytes]:
+    """MQTT packets, split."""
+    packets = []
+    pos = 0
+    while pos < len(stream):
+        length, shift, start = 0, 0, pos + 1
+        while True:
+            byte = stream[start]
+            start += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        packets.append(stream[pos:start + length])
+        pos = start + length
+    return packets
+
+
+def _without_mid(packet: bytes) -> bytes:
+    """A PUBLISH with its packet id zeroed (QoS 1/2)."""
+    if packet[0] & 0xF0 != 0x30 or not packet[0] & 0x06:
+        return packet
+    start = 1
+    while packet[start] & 0x80:
+        start += 1
+    topic_end = start + 3 + int.from_bytes(packet[start + 1:start + 3], "big")
+    return packet[:topic_end] + b"\0\0" + packet[topic_end + 2:]
+
+
+def test_without_a_loop_publish_all_takes_the_lean_qos1_path_too(sides) -> None:  # type: ignore[no-untyped-def]
+    lean, paho = sides
+    injections = _injections(QOS1_CASES)
+    expected = paho.publish(injections)
+    threaded = _Side(False)
+    try:
+        threaded.adapter.publish_all(injections)
+        assert _read_all(threaded.peer) == expected
+        assert threaded.paho_publishes == 0 and threaded.adapter.backlog() == len(QOS1_CASES)
+        threaded.receive(_puback(*threaded.client._out_messages))
+        assert threaded.adapter.backlog() == 0 and len(threaded.completed) == len(QOS1_CASES)
+    finally:
+        threaded.close()

@@ -285,25 +285,42 @@ class BrokerAdapter:
 
     def publish_all(self, injections: Sequence[Injection]) -> None:
         """Publish several; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as fit.
-        A run of QoS 0 publications without properties is built here and written with one `send`."""
+        A run of QoS 0 publications without properties is built here and written with one `send`; a run of
+        QoS 1 ones without properties goes to `LeanClient.send_qos1` (one write, paho still tracks each)."""
         sock = self._watched if len(injections) > 1 and self._loop is not None else None
         corked = sock is not None and _set_cork(sock, True)
         client = self.client
         max_qos = self.max_qos
         run = bytearray()
         count = 0
+        qos1: list[Injection] = []
         try:
             for injection in injections:
-                if (injection.qos == 0 or max_qos == 0) and not injection.properties and \
-                        lean_qos0_publish(run, injection.topic, injection.payload, injection.retain):
-                    count += 1
-                    continue
+                if not injection.properties:
+                    qos = injection.qos if injection.qos < max_qos else max_qos
+                    if qos == 1:
+                        if count:
+                            self._send_run(client, run, count)
+                            run, count = bytearray(), 0
+                        qos1.append(injection)
+                        continue
+                    if qos1:
+                        self._send_qos1_run(client, qos1)
+                        qos1 = []
+                    if qos == 0 and lean_qos0_publish(run, injection.topic, injection.payload, injection.retain):
+                        count += 1
+                        continue
+                elif qos1:
+                    self._send_qos1_run(client, qos1)
+                    qos1 = []
                 if count:
                     self._send_run(client, run, count)
                     run, count = bytearray(), 0
                 self.publish(injection)
             if count:
                 self._send_run(client, run, count)
+            if qos1:
+                self._send_qos1_run(client, qos1)
         finally:
             if corked and sock is self._watched:  # not if the connection dropped meanwhile
                 _set_cork(sock, False)
@@ -315,6 +332,18 @@ class BrokerAdapter:
         self.injected += count
         if self._loop is not None and not self._writing and client.want_write():
             self._watch_writes()
+
+    def _send_qos1_run(self, client: LeanClient, injections: Sequence[Injection]) -> None:
+        """QoS 1 publications without properties: what `send_qos1` takes, then the rest through `publish`."""
+        # Taken ones join `_unfinished`: in paho's `_out_messages` until PUBACK, also across a reconnection.
+        mids = client.send_qos1([(injection.topic, injection.payload, injection.retain) for injection in injections],
+                                self._unfinished)
+        if mids:
+            self.injected += len(mids)
+            if self._loop is not None and not self._writing and client.want_write():
+                self._watch_writes()
+        for injection in injections[len(mids):]:
+            self.publish(injection)
 
     @property
     def reading_paused(self) -> bool:

@@ -29,20 +29,47 @@ the wrapper publishes) and shortens the data path:
 * `publish_completed` hears of every completed QoS 1/2 publication;
 * `send_qos0` writes a run of QoS 0 PUBLISH packets built by
   `lean_qos0_publish` with one `send`.
+* `send_qos1` publishes a run of QoS 1 messages without properties the
+  way paho's `publish` does, minus its per-message overhead: packet ids
+  from paho's `_mid_generate`, the PUBLISH bytes paho builds (built here),
+  one `_packet_queue` (one `send`) for the run, and each message still
+  registered in paho's `_out_messages` as an `MQTTMessage` waiting for its
+  PUBACK, counted in `_inflight_messages`. So paho's own PUBACK handling
+  completes them (`_do_on_publish`, hence `publish_completed`), and its
+  reconnection logic (`_messages_reconnect_reset_out`, then the CONNACK
+  handler) sends the unacknowledged ones again with DUP, unchanged. What
+  goes is the rest of paho's `publish` per message (about 50-60 µs here:
+  argument checks, `_send_publish`'s formatting and debug-log calls, one
+  `_packet_queue` and `send` each) and the `threading.Condition` of a
+  per-message `MQTTMessageInfo` (built by `MQTTMessage()`, and taken again
+  at completion): the messages share one `_SharedInfo`, safe because
+  nothing waits on it (the caller learns of completions from
+  `publish_completed`; only `_do_on_publish` touches `info`, and only QoS 0
+  packets' `info` is touched on write or reconnect). The alternative, a
+  table of our own with PUBACKs intercepted in `read_packets` and a
+  re-publish through paho after reconnecting, would duplicate paho's
+  session logic, resend in an order of our choosing and hide the messages
+  from anything reading `_out_messages` (federation.bench.hotpath answers
+  them from there). `max_inflight` holds as paho applies it: a run takes
+  at most the free in-flight slots, and nothing at all while paho holds a
+  message not in flight (queued at the limit, or unsent since a
+  reconnection), so new messages never overtake those; the rest go through
+  paho's `publish`, in order. QoS 2 and properties are paho's.
 
 These override or call private paho methods and state (`_sock_recv`,
 `_packet_read`, `_in_packet`, `_handle_publish`, `_do_on_publish`,
-`_last_bytes_received`), checked against paho-mqtt 2.x (setup.cfg pins
+`_last_bytes_received`, `_mid_generate`, `_out_messages`,
+`_inflight_messages`, `_out_message_mutex`, `_packet_queue`), checked against paho-mqtt 2.x (setup.cfg pins
 `<3`); tests/test_hotpath_lean.py feeds the same bytes to both paths and
 compares what comes out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.client import PUBACK, PUBLISH
+from paho.mqtt.client import PUBACK, PUBLISH, MQTTMessage, MQTTMessageInfo, mqtt_ms_wait_for_puback
 from paho.mqtt.enums import MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -55,12 +82,29 @@ MAX_PACKET_LENGTH = 268435455
 
 def lean_qos0_publish(out: bytearray, topic: str, payload: bytes, retain: bool) -> bool:
     """Append an MQTT v5 QoS 0 PUBLISH without properties to `out`, as paho's `_send_publish` builds it;
-    False (nothing appended) for what paho itself must judge (a topic or payload beyond MQTT's limits)."""
+    False (nothing appended) for what paho itself must judge (a topic paho refuses or the broker would: empty,
+    too long, with a wildcard; a packet beyond MQTT's limits)."""
     topic_bytes = topic.encode("utf-8")
-    if len(topic_bytes) > 0xFFFF or len(payload) > MAX_PACKET_LENGTH or not topic_bytes:
+    if not _publishable(topic_bytes, payload):
         return False
-    out.append(0x31 if retain else 0x30)
+    _append_publish(out, topic_bytes, payload, retain, 0)
+    return True
+
+
+def _publishable(topic_bytes: bytes, payload: bytes) -> bool:
+    """Whether a PUBLISH without properties may be built here (else paho judges it: it raises for a wildcard or a
+    topic too long, and a broker disconnects a client that publishes on an empty topic without an alias)."""
+    return 0 < len(topic_bytes) <= 0xFFFF and len(topic_bytes) + len(payload) + 5 <= MAX_PACKET_LENGTH \
+        and b"+" not in topic_bytes and b"#" not in topic_bytes
+
+
+def _append_publish(out: bytearray, topic_bytes: bytes, payload: bytes, retain: bool, mid: int) -> None:
+    """Append a `_publishable` PUBLISH without properties, as paho's `_send_publish` builds it: QoS 1 with packet
+    id `mid`, QoS 0 when `mid` is 0."""
     length = 3 + len(topic_bytes) + len(payload)  # topic length, topic, property length 0, payload
+    if mid:
+        length += 2
+    out.append((0x33 if retain else 0x32) if mid else (0x31 if retain else 0x30))
     while True:
         byte, length = length & 0x7F, length >> 7
         if length:
@@ -70,9 +114,20 @@ def lean_qos0_publish(out: bytearray, topic: str, payload: bytes, retain: bool) 
             break
     out += len(topic_bytes).to_bytes(2, "big")
     out += topic_bytes
+    if mid:
+        out += mid.to_bytes(2, "big")
     out.append(0)
     out += payload
-    return True
+
+
+class _SharedInfo(MQTTMessageInfo):
+    """The `info` of every message `send_qos1` registers: nobody waits on it (the adapter learns of completions
+    from `publish_completed`), so completing one message need not take a `threading.Condition`."""
+
+    __slots__ = ()
+
+    def _set_as_published(self) -> None:
+        pass
 
 
 class LeanClient(mqtt.Client):
@@ -88,6 +143,7 @@ class LeanClient(mqtt.Client):
     _read_data = b""
     _read_pos = 0
     _read_sock: object = None
+    _lean_info: MQTTMessageInfo | None = None
 
     def buffered(self) -> int:
         """Bytes read from the socket that have not been consumed yet."""
@@ -209,6 +265,62 @@ class LeanClient(mqtt.Client):
             return MQTTErrorCode.MQTT_ERR_NO_CONN
         # One MQTTMessageInfo for the whole run: paho marks it published once the buffer is written.
         return self._packet_queue(PUBLISH, packets, 0, 0, mqtt.MQTTMessageInfo(0))
+
+    def send_qos1(self, messages: Sequence[tuple[str, bytes, bool]], pending: set[int]) -> list[int]:
+        """Publish at QoS 1 without properties the leading `messages` (topic, payload, retain) that may go out
+        at once, as paho's `publish` would, with one `_packet_queue` call for the run; their mids, in order,
+        also added to `pending` under the lock paho's PUBACK handling takes (so with paho's network thread a
+        completion cannot come first). The rest (all of them when paho holds messages not in flight, once
+        `max_inflight` is reached, at a topic paho must judge, at a mid still in use) are the caller's to hand
+        to `publish`, in order."""
+        if self._sock is None or self._protocol != MQTTProtocolVersion.MQTTv5:
+            return []
+        mids: list[int] = []
+        packets = bytearray()
+        with self._out_message_mutex:  # what paho's `publish` holds while it registers and queues
+            out = self._out_messages
+            inflight = self._inflight_messages
+            if len(out) != inflight:  # queued, or unsent since a reconnection: new ones go behind them
+                return []
+            room = len(messages)
+            if self._max_inflight_messages:
+                room = min(room, self._max_inflight_messages - inflight)
+            if self._max_queued_messages:
+                room = min(room, self._max_queued_messages - len(out))
+            info = self._lean_info
+            if info is None:
+                info = self._lean_info = _SharedInfo(0)
+            now = mqtt.time_func()
+            new_message = MQTTMessage.__new__
+            for index in range(room):
+                topic, payload, retain = messages[index]
+                topic_bytes = topic.encode("utf-8")
+                if not _publishable(topic_bytes, payload):
+                    break  # paho's to judge: the caller's `publish`
+                mid = self._mid_generate()
+                if mid in out:
+                    break  # still in use: paho would refuse it (and use up the mid) too
+                _append_publish(packets, topic_bytes, payload, retain, mid)
+                message = new_message(MQTTMessage)  # `MQTTMessage()` without its own MQTTMessageInfo
+                message.mid = mid
+                message._topic = topic_bytes
+                message.payload = payload
+                message.qos = 1
+                message.retain = retain
+                message.dup = False
+                message.properties = None
+                message.timestamp = now
+                message.state = mqtt_ms_wait_for_puback
+                message.info = info
+                out[mid] = message
+                mids.append(mid)
+            if mids:
+                self._inflight_messages = inflight + len(mids)
+                pending.update(mids)
+                # One queued packet for the run. A failed write closes the connection; the messages stay in
+                # `_out_messages` and paho sends them again (DUP) after reconnecting, as it would its own.
+                self._packet_queue(PUBLISH, packets, mids[-1], 1)
+        return mids
 
     def _do_on_publish(self, mid: int, reason_code: ReasonCode, properties: Properties) -> MQTTErrorCode:
         completed = self.publish_completed
