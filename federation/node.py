@@ -121,6 +121,10 @@ class Node:
         self.reliable = ReliableForwarding(self)
         """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
         self.injected = SeenCache(settings.duplicate_cache_size)
+        self.delivery_backlogged = False
+        """set by the embedder while the publications waiting for the local broker are nearly too many to
+        keep: new QoS 1/2 copies are then left unacknowledged (their senders send them again) instead of
+        being acknowledged and then dropped on the way into the broker"""
         self._datagrams: list[tuple[bytes, Address]] = []
         self._injections: list[Injection] = []
         self._events: list[Event] = []
@@ -391,6 +395,9 @@ class Node:
             if body.qos:
                 if self.reliable.refuses(body):
                     self.drops["reliable_table_full"] += 1  # unacknowledged: its sender sends it again
+                    return
+                if self.delivery_backlogged and (body.publication, body.filter) not in self.seen:
+                    self.drops["delivery_backlogged"] += 1  # the same: taken once the broker catches up
                     return
                 self.reliable.on_message(body, sender, now)  # acknowledged hop by hop, duplicates too
             self._on_topic_message(body, announced, now)

@@ -13,10 +13,10 @@ import pytest
 from federation import wire
 from federation.backpressure import PacketBacklog, shed_qos0
 from federation.daemon.config import DaemonConfig
-from federation.daemon.runtime import DATA_SLICE, Runtime
+from federation.daemon.runtime import BROKER_BACKLOG, DATA_SLICE, INJECTION_BACKLOG_HIGH, Runtime
 from federation.daemon.udp import kernel_receive_drops
 from federation.envelope import Envelope
-from federation.types import Address, BrokerId
+from federation.types import Address, BrokerId, Injection
 
 ORIGIN = Address("127.0.0.9", 10500)
 
@@ -246,3 +246,49 @@ def test_datagrams_the_kernel_dropped_for_a_full_receive_buffer_are_counted() ->
         receiver.close()
         sender.close()
     assert kernel_receive_drops(receiver) is None  # closed
+
+
+class SlowBroker(FakeBroker):
+    """A broker that completes nothing: every publication handed over stays in its backlog."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed = 0
+
+    def backlog(self) -> int:
+        return self.handed
+
+    def publish_all(self, items: Any) -> None:
+        self.handed += len(items)
+
+
+def test_a_backed_up_broker_stops_the_wrapper_taking_new_qos1_copies() -> None:
+    """Publications wait for a broker that takes nothing: before the queue must drop any, the node is told
+    to leave new QoS 1/2 copies unacknowledged, and told again to take them once the queue empties."""
+
+    async def scenario() -> None:
+        runtime = await started_runtime()
+        try:
+            node = runtime.node
+            assert node is not None
+            broker = SlowBroker()
+            runtime.broker = broker  # type: ignore[assignment]
+            injection = Injection("a/b", b"x", 1, False, None, (ORIGIN, 1, 1))
+            now = runtime.clock.now()
+            node._injections.extend([injection] * BROKER_BACKLOG)
+            runtime._drain_outputs(now)
+            assert broker.handed == BROKER_BACKLOG and len(runtime.injection_queue) == 0
+            node._injections.extend([injection] * (INJECTION_BACKLOG_HIGH - 1))
+            runtime._drain_outputs(now)
+            assert not node.delivery_backlogged
+            node._injections.append(injection)
+            runtime._drain_outputs(now)
+            assert len(runtime.injection_queue) == INJECTION_BACKLOG_HIGH and node.delivery_backlogged
+            assert runtime.injection_queue.dropped["qos12"] == 0
+            broker.handed = 0  # the broker caught up
+            runtime._on_broker_completed()
+            assert not node.delivery_backlogged
+        finally:
+            runtime._close_resources()
+
+    asyncio.run(scenario())

@@ -204,3 +204,18 @@ def test_a_nearly_full_table_refuses_new_copies_and_loses_none() -> None:
     assert len(publications) == 28 and len(set(publications)) == 28
     assert middle.drops["unacked_evicted"] == 0 and harness.nodes[2].drops["unacked_evicted"] == 0
     assert not middle.reliable.unacked and not harness.nodes[2].reliable.unacked
+
+
+def test_a_backlogged_delivery_leaves_new_copies_to_their_sender() -> None:
+    """While the embedder says the local broker is backed up, the core takes no new QoS 1 copy (no `ta`);
+    the publisher sends it again, and it arrives once after the backlog clears."""
+    harness = converged_line()
+    core = harness.nodes[0]
+    core.delivery_backlogged = True
+    harness.do(1, "local_publish", "a/b", b"x", 1, False, None)
+    harness.run(harness.now + 0.5)
+    assert harness.delivered == [] and core.drops["delivery_backlogged"] >= 1
+    assert core.sent_by_type[wire.TOPIC_ACK] == 0 and harness.nodes[1].reliable.unacked
+    core.delivery_backlogged = False
+    harness.run(harness.now + 10)
+    assert len(harness.delivered) == 1 and not harness.nodes[1].reliable.unacked

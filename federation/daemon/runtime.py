@@ -102,6 +102,8 @@ BACKPRESSURE_MAX_PAUSE = 10.0
 """seconds: read again anyway (a paused connection must not outlast the 30 s MQTT keepalive)"""
 INJECTION_BACKLOG = 10000
 """remote publications waiting for a slow local broker; beyond it the oldest QoS 0 one is dropped first"""
+INJECTION_BACKLOG_HIGH = INJECTION_BACKLOG * 7 // 8
+"""waiting publications from which new QoS 1/2 copies are left unacknowledged (`Node.delivery_backlogged`)"""
 BROKER_BACKLOG = 2000
 """publications handed to paho and not completed by the broker, above which the rest wait in our queue"""
 RECEIVE_BATCH = 4096
@@ -582,6 +584,9 @@ class Runtime:
                           filter=None, reason="broker_backlog")
         if len(queue):
             broker.publish_all(queue.take(max(0, BROKER_BACKLOG - broker.backlog())))
+        # QoS 1/2 copies are acknowledged to the previous hop on arrival: stop taking new ones before the
+        # queue must drop them (it drops QoS 0 first, but a flood of QoS 1 alone would lose some).
+        node.delivery_backlogged = len(queue) >= INJECTION_BACKLOG_HIGH
 
     def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float) -> None:
         """Stop reading publications from the broker while too many QoS 1/2 copies wait for the next hop's
