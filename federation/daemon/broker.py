@@ -91,8 +91,11 @@ RECONNECT_MIN_DELAY = 0.5
 """seconds before the first reconnection attempt; doubles per failed attempt"""
 RECONNECT_MAX_DELAY = 10.0
 """seconds: the cap of the reconnection backoff"""
-MAX_INFLIGHT = 1000
-"""QoS 1/2 messages in flight to the broker at once (paho's default is 20)"""
+MAX_INFLIGHT = 0
+"""QoS 1/2 messages paho keeps in flight to the broker at once: 0, no limit of paho's, because the runtime
+already hands paho at most `BROKER_BACKLOG` unfinished ones, and with a limit paho walks its whole table of
+messages on every PUBACK (`_update_inflight`). 1,000 against 0: 3,824-4,467 against 5,294-5,673 QoS 1
+msg/s through `federation-2` (2 alternating runs)"""
 KEEPALIVE = 30
 """seconds"""
 SESSION_EXPIRY = 60
