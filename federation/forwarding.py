@@ -82,16 +82,14 @@ def decide(engine: PublicationRouting, state: TopicState, from_announced: Addres
     parents = engine._parents(state)
     if not (parents or state.parents or engine.is_own_core(state)):
         return HOLD
-    candidates = [c for c in sorted(set(parents) - {from_announced} if from_announced else set(parents))
-                  if transport_for(c) is not None]  # a parent just gone is no route
-    if not candidates:
-        return NO_ROUTE
     by_candidate = {}
-    for candidate in candidates:
+    for candidate in sorted(set(parents) - {from_announced} if from_announced else set(parents)):
         transport = transport_for(candidate)
-        assert transport is not None
-        by_candidate[candidate] = (transport, str(transport))
-    return Forward(MODE_TOWARD_CORE, [], [], candidates=candidates, by_candidate=by_candidate)
+        if transport is not None:  # a parent just gone is no route
+            by_candidate[candidate] = (transport, str(transport))
+    if not by_candidate:
+        return NO_ROUTE
+    return Forward(MODE_TOWARD_CORE, [], [], candidates=list(by_candidate), by_candidate=by_candidate)
 
 
 class ForwardingCache:

@@ -393,11 +393,9 @@ class Node:
         announced = packet.sender.broker_id.address
         if isinstance(body, TopicMessage):  # first: one per publication, the most frequent packet
             if body.qos:
-                if self.reliable.refuses(body):
-                    self.drops["reliable_table_full"] += 1  # unacknowledged: its sender sends it again
-                    return
-                if self.delivery_backlogged and (body.publication, body.filter) not in self.seen:
-                    self.drops["delivery_backlogged"] += 1  # the same: taken once the broker catches up
+                refusal = self.reliable.refusal(body)
+                if refusal is not None:
+                    self.drops[refusal] += 1  # unacknowledged: its sender sends it again
                     return
                 self.reliable.on_message(body, sender, now)  # acknowledged hop by hop, duplicates too
             self._on_topic_message(body, announced, now)

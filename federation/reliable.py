@@ -229,16 +229,21 @@ class ReliableForwarding:
 
     # ------------------------------------------------------------ receiving side
 
-    def refuses(self, message: TopicMessage) -> bool:
-        """Leave this QoS >= 1 `tm` unacknowledged (and unhandled): it is new and the table of copies we
-        forward is nearly full. Its sender keeps it and sends it again with its backoff, so a next hop that
-        lags slows the hops before it down to the wrapper where publications enter, whose reading from the
-        broker pauses (the runtime's backpressure window); accepting it would instead push the oldest
-        copy out of the table, and that copy would be lost if the next hop had missed it."""
+    def refusal(self, message: TopicMessage) -> str | None:
+        """Why to leave this QoS >= 1 `tm` unacknowledged (and unhandled), as a drop reason, or None to take it.
+
+        Only a new one is refused, and only while taking it could lose it: when the table of copies we
+        forward is nearly full (`reliable_table_full`; accepting it would push the oldest copy out, lost
+        if the next hop had missed it), or when the embedder says the local broker is backed up
+        (`delivery_backlogged`; it is acknowledged on arrival, so it could only be dropped on its way
+        into the broker). Its sender keeps it and sends it again with its backoff, so the pressure
+        travels back hop by hop to the wrapper where publications enter, whose reading from the broker
+        pauses (the runtime's backpressure window)."""
         unacked = self.settings.max_unacked
-        if len(self.unacked) < unacked - max(1, unacked // 8):  # room left for a copy to each mesh neighbour
-            return False
-        return (message.publication, message.filter) not in self.node.seen
+        full = len(self.unacked) >= unacked - max(1, unacked // 8)  # room kept for a copy to each mesh neighbour
+        if not (full or self.node.delivery_backlogged) or (message.publication, message.filter) in self.node.seen:
+            return None
+        return "reliable_table_full" if full else "delivery_backlogged"
 
     def on_message(self, message: TopicMessage, transport: Address, now: float) -> None:
         """A QoS >= 1 `tm` from a neighbour: acknowledge it (duplicates too) and stop sending it that copy."""
