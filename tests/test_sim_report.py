@@ -70,8 +70,8 @@ def test_report_schema_and_values() -> None:
         "delivered_outside_bound": 0, "latency": {"p50": 0.05, "p90": 0.09, "p99": 0.1, "max": 0.1},
     }
     assert result["convergence"] == [
-        {"phase": "start", "at": 0.0, "seconds": 1.5, "settled_at": 1.5},
-        {"phase": "cut a-b @5.0s", "at": 5.0, "seconds": None, "settled_at": None},
+        {"phase": "start", "at": 0.0, "seconds": 1.5, "settled_at": 1.5, "resolution": 0.0},
+        {"phase": "cut a-b @5.0s", "at": 5.0, "seconds": None, "settled_at": None, "resolution": 0.0},
     ]
     final = result["final"]
     assert isinstance(final, dict) and list(final) == ["a", "b"]

@@ -230,12 +230,14 @@ def test_netns_run_counts_match_what_the_subscribers_printed(spark: Any, tmp_pat
     assert ours["delivered"] + ours["delivered_outside_bound"] == printed == harness["publications"]["delivered"]
     for key in ("sent", "expected_deliveries", "lost", "duplicates", "unexpected"):
         assert ours[key] == harness["publications"][key], key
-    # The same phases (the harness applies one instant's cuts one after the other: they share a phase);
-    # the harness polls statuses every 0.1 s, the job reads event times: close, not equal.
+    # The same phases (the harness applies one instant's cuts one after the other: they share a phase).
+    # The job reads event times; the harness sees the views only when it polls, so its figure is good to
+    # its `resolution` (two rounds of status queries, which grow long on a loaded machine).
     assert len(mine["convergence"]) == len(harness["convergence"])
     for got, expected in zip(mine["convergence"], harness["convergence"], strict=True):
         assert got["phase"].split(" @")[0] == expected["phase"].split(" @")[0]
-        assert got["seconds"] is not None and abs(got["seconds"] - expected["seconds"]) < 0.5, (got, expected)
+        assert got["seconds"] is not None
+        assert abs(got["seconds"] - expected["seconds"]) < expected["resolution"] + 0.25, (got, expected)
     assert not mine["clocks"]["applied"]  # one machine, one clock: no offset beyond its error bound
 
 

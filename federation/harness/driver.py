@@ -173,6 +173,8 @@ class Driver:
         self.alive: set[str] = set()
         self.lifetimes: dict[str, list[tuple[float, float | None]]] = {name: [] for name in self.names}
         self.generation = 0
+        self.previous_poll_at = 0.0  # when the last round of status queries began
+        self.resolutions: dict[int, float] = {}  # phase index -> PhaseRecord.resolution
         self.views: dict[str, StatusView] = {}
         self.last_status: dict[str, StatusDocument] = {}
         self.tally = TrafficTally()
@@ -577,7 +579,13 @@ class Driver:
                 self.tracker.check(asked_at)
                 phase = self.tracker.phases[-1] if self.tracker.phases else None
                 if phase is not None and before is None and phase.settled_at is not None:
-                    self._event("run_converged", None, phase=phase.label, seconds=round(asked_at - phase.at, 6))
+                    # The views came to agree after the previous round began (it still saw them differ)
+                    # and before this one's last answer: how well a poll can place the moment.
+                    resolution = self.now() - max(self.previous_poll_at, phase.at)
+                    self.resolutions[len(self.tracker.phases) - 1] = resolution
+                    self._event("run_converged", None, phase=phase.label, seconds=round(asked_at - phase.at, 6),
+                                resolution=round(resolution, 6))
+            self.previous_poll_at = asked_at
 
     # ------------------------------------------------------------ the end
 
@@ -618,7 +626,8 @@ class Driver:
         publications, sent = self._publication_records()
         receipts: Receipts = read_receipts(self.clients.runs, self.t0_unix, final=True)
         delivered = deliveries(receipts, self.clients.runs, sent, self.clients.history)
-        phases = [PhaseRecord(phase.label, phase.at, phase.settled_at) for phase in self.tracker.phases]
+        phases = [PhaseRecord(phase.label, phase.at, phase.settled_at, self.resolutions.get(index, 0.0))
+                  for index, phase in enumerate(self.tracker.phases)]
         report = build_report(
             scenario=self.scenario.name, seed=self.seed, backend=self.platform.backend,
             duration=self.scenario.duration, publications=publications, deliveries=delivered, phases=phases,

@@ -61,6 +61,9 @@ class PhaseRecord:
     label: str
     at: float
     settled_at: float | None
+    resolution: float = 0.0
+    """how much earlier the views may have come to agree than `settled_at`: the simulator sees every change
+    (0); a real backend only sees them when it polls, so a settled phase spans two rounds of status queries"""
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,7 @@ def build_report(*, scenario: str, seed: int, backend: str, duration: float,
                 "at": _round(phase.at),
                 "seconds": _round(None if phase.settled_at is None else phase.settled_at - phase.at),
                 "settled_at": _round(phase.settled_at),
+                "resolution": _round(phase.resolution),
             }
             for phase in phases
         ],
