@@ -51,6 +51,9 @@ class DatabaseSync:
         """neighbour transport -> (when synced, origins of the records we held but left out of that
         database exchange as unreachable): sent to it when routes show them reachable"""
         self._digest_cache: tuple[int, frozenset[Address], tuple[int, tuple[int, ...]]] | None = None
+        self.deferred: dict[Address, tuple[Neighbour, float]] = {}
+        """neighbour transport -> (that neighbour, when its deferred resync is due); kept here rather than
+        on the neighbours so that `next_deadline`, asked after every input, need not walk them all"""
 
     # ------------------------------------------------------------ sync of a neighbour (`tu`)
 
@@ -86,24 +89,37 @@ class DatabaseSync:
         hello_interval = self.node.settings.hello_interval
         last = neighbour.extra.get("synced_at")
         if last is None or now - last >= hello_interval:
-            neighbour.extra.pop("sync_due", None)
+            self.deferred.pop(neighbour.transport, None)
             self.sync(neighbour, now)
-        elif "sync_due" not in neighbour.extra:
-            neighbour.extra["sync_due"] = last + hello_interval
+        elif not self._deferred(neighbour):
+            self.deferred[neighbour.transport] = (neighbour, last + hello_interval)
             self.node.counters["resyncs_deferred"] += 1
 
+    def _deferred(self, neighbour: Neighbour) -> bool:
+        entry = self.deferred.get(neighbour.transport)
+        return entry is not None and entry[0] is neighbour
+
     def due_resyncs(self, now: float) -> None:
-        for neighbour in self.node.neighbours.all():
-            due = neighbour.extra.get("sync_due")
-            if due is not None and now >= due:
-                del neighbour.extra["sync_due"]
+        if not self.deferred:
+            return
+        neighbours = self.node.neighbours
+        for transport, (neighbour, _) in list(self.deferred.items()):
+            if neighbours.get(transport) is not neighbour:
+                del self.deferred[transport]  # removed from the table since: its resync went with it
+        for neighbour in neighbours.all():  # in the table's order, as every other pass over the neighbours
+            entry = self.deferred.get(neighbour.transport)
+            if entry is not None and now >= entry[1]:
+                del self.deferred[neighbour.transport]
                 if neighbour.up:
                     self.sync(neighbour, now)
 
     def next_deadline(self) -> float | None:
         """When the earliest deferred resync is due (None: none is)."""
-        return min((n.extra["sync_due"] for n in self.node.neighbours.all() if "sync_due" in n.extra),
-                   default=None)
+        if not self.deferred:
+            return None
+        neighbours = self.node.neighbours
+        return min((due for transport, (neighbour, due) in self.deferred.items()
+                    if neighbours.get(transport) is neighbour), default=None)
 
     # ------------------------------------------------------------ records left out of a sync
 

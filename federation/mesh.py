@@ -659,7 +659,8 @@ class MeshEngine(PublicationRouting):
         self.announce_ownership(withdrawn=True)
 
     def next_deadline(self) -> float | None:
-        deadlines = [s.held[0].deadline for s in self.topics.values() if s.held]
+        # Asked after every input: walk the topics only when something is held.
+        deadlines = [s.held[0].deadline for s in self.topics.values() if s.held] if self.held_count else []
         if self.claim_allowed_at > self.node.last_input_at and self._waiting_to_claim():
             deadlines.append(self.claim_allowed_at)
         return min(deadlines) if deadlines else None

@@ -44,6 +44,10 @@ MESSAGE_TYPES = (HELLO, HELLO_BACK, FEDERATE, RECONSIDER, CORE_ANNOUNCEMENT, TOP
                  RECONSIDER_TOPIC_CORE, TOPIC_SUBSCRIBE, TOPIC_MESSAGE, TOPOLOGY_UPDATE,
                  DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK)
 
+# One packer for every `encode`: `msgpack.packb` builds a new Packer per call, a third of its cost.
+# Safe to share: packing plain values runs in C without releasing the GIL or calling back into Python.
+_pack = msgpack.Packer(use_bin_type=True).pack
+
 DIGEST_BUCKETS = 16   # dd: bucket hashes per digest
 
 # Flag bits.
@@ -259,10 +263,10 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
     fields: list[Any]
     if type(body) is TopicMessage:  # one per publication and hop: first, and built in one list
         broker_id, origin = sender.broker_id, body.origin
-        packed_tm: bytes = msgpack.packb(
+        packed_tm: bytes = _pack(
             [kind, PROTOCOL_VERSION, [broker_id.vid, broker_id.address.host, broker_id.address.port, sender.epoch],
              body.filter, [origin.host, origin.port], body.epoch, body.seq, body.mode, body.hops, body.topic,
-             body.payload, body.qos, body.retain, body.properties], use_bin_type=True)
+             body.payload, body.qos, body.retain, body.properties])
         return packed_tm
     if isinstance(body, Hello):
         fields = [body.seq, body.sent_at]
@@ -295,7 +299,7 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
         fields = [body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq]
     else:  # pragma: no cover - a programming error, not a peer's
         raise TypeError(f"cannot encode {body!r}")
-    packed: bytes = msgpack.packb(_header(kind, sender) + fields, use_bin_type=True)
+    packed: bytes = _pack(_header(kind, sender) + fields)
     return packed
 
 
