@@ -36,6 +36,10 @@ ALL = (NODE_STARTED, NODE_STOPPED, NEIGHBOUR_UP, NEIGHBOUR_DOWN, TABLE_CHANGED, 
        SUBSCRIPTION_REMOVED, PUBLICATION_ORIGINATED, PUBLICATION_FORWARDED, PUBLICATION_DELIVERED,
        PUBLICATION_DROPPED, DUPLICATE_DROPPED, PUBLICATION_RETRANSMITTED, PACKET_DROPPED, OWNERSHIP_CONFLICT, COUNTERS)
 
+PER_PUBLICATION = frozenset({PUBLICATION_ORIGINATED, PUBLICATION_FORWARDED, PUBLICATION_DELIVERED, DUPLICATE_DROPPED})
+"""the events made for every publication at every hop (`Node.publication_events`); drops and retransmissions,
+which are rare, are always made"""
+
 
 def id_text(broker_id: BrokerId | None) -> str | None:
     """A BrokerId as it appears in events and status: "vid@host:port"."""

@@ -191,8 +191,9 @@ class PublicationRouting:
                                     message.topic, message.payload, message.qos, message.retain, message.properties)
         node.send(TOPIC_MESSAGE, outgoing, transports)
         node.counters["publications_forwarded"] += 1
-        node.emit(events.PUBLICATION_FORWARDED, now, pub=pub_text or publication_text(message.publication),
-                  filter=state.filter, to=texts, mode="mesh" if mode == MODE_IN_MESH else "toward_core")
+        if node.publication_events:
+            node.emit(events.PUBLICATION_FORWARDED, now, pub=pub_text or publication_text(message.publication),
+                      filter=state.filter, to=texts, mode="mesh" if mode == MODE_IN_MESH else "toward_core")
 
     def _report_no_route(self, state: TopicState, message: TopicMessage, now: float, pub_text: str | None) -> None:
         self.node.emit(events.PUBLICATION_DROPPED, now, pub=pub_text or publication_text(message.publication),

@@ -95,6 +95,9 @@ class Node:
         self.name = name
         self._address_text = str(address)
         """`str(self.address)`, which every event carries"""
+        self.publication_events = True
+        """emit the events made per publication and hop (`events.PER_PUBLICATION`); the daemon turns them off
+        when its event log would not keep them, as they cost about a third of the data path's CPU"""
         self._broker_id: BrokerId | None = None
         self._sender: wire.Sender | None = None
         """the header of the packets we send, rebuilt when the id or the epoch changes"""
@@ -337,9 +340,11 @@ class Node:
         self.injected.add(publication)  # the local broker has it already
         filters = self.mesh.matching(topic)
         self.counters["publications_originated"] += 1
-        pub_text = publication_text(publication)
-        self.emit(events.PUBLICATION_ORIGINATED, now, pub=pub_text, topic=topic, qos=qos,
-                  retain=retain, size=len(payload), filters=filters)
+        pub_text = None
+        if self.publication_events:
+            pub_text = publication_text(publication)
+            self.emit(events.PUBLICATION_ORIGINATED, now, pub=pub_text, topic=topic, qos=qos,
+                      retain=retain, size=len(payload), filters=filters)
         for filter_ in self.mesh.publication_filters(filters):
             state = self.mesh.topics[filter_]
             self.seen.add((publication, filter_))
@@ -502,8 +507,9 @@ class Node:
         publication = message.publication
         if not self.seen.add((publication, message.filter)):
             self.counters["duplicates_dropped"] += 1
-            self.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(publication), filter=message.filter,
-                      source=str(from_announced))
+            if self.publication_events:
+                self.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(publication), filter=message.filter,
+                          source=str(from_announced))
             return
         if is_system(message.topic):
             self._drop_packet("system_topic", message.topic[:64], from_announced, 0, now)
@@ -513,9 +519,10 @@ class Node:
             self._injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
                                               message.properties, publication))
             self.counters["publications_delivered"] += 1
-            pub_text = publication_text(publication)
-            self.emit(events.PUBLICATION_DELIVERED, now, pub=pub_text, topic=message.topic,
-                      filter=message.filter, hops=message.hops + 1)
+            if self.publication_events:
+                pub_text = publication_text(publication)
+                self.emit(events.PUBLICATION_DELIVERED, now, pub=pub_text, topic=message.topic,
+                          filter=message.filter, hops=message.hops + 1)
         if message.hops + 1 >= self.settings.max_hops:
             self.count_drop("max_hops")
             return

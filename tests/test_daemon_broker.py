@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from federation.broker_log import BrokerLogTracker, ClientSubscribed
-from federation.daemon import runtime as runtime_module
+from federation.daemon import broker_health
 from federation.daemon.broker import BrokerAdapter, dict_to_properties, properties_to_dict
 from federation.daemon.broker_items import BrokerItem, Connected, Disconnected, LogLine, Publication, Subscribed
 from federation.daemon.config import DaemonConfig
@@ -373,7 +373,7 @@ def test_runtime_warns_when_the_broker_sends_no_log(tmp_path: Path, monkeypatch:
     port = free_port()
     start_mosquitto(processes, tmp_path / "silent.conf",
                     f"listener {port} 127.0.0.1\nallow_anonymous true\nlog_dest none\n")
-    monkeypatch.setattr(runtime_module, "LOG_SILENCE_WARNING_AFTER", 0.5)
+    monkeypatch.setattr(broker_health, "LOG_SILENCE_WARNING_AFTER", 0.5)
     caplog.set_level(logging.WARNING, logger="federation.daemon")
     runtime = Runtime(runtime_config(port))
     running = RuntimeThread(runtime)

@@ -102,6 +102,22 @@ settings:
     assert overridden.client_id == "my-wrapper"
 
 
+@pytest.mark.parametrize(("event_log", "types", "expected"), [
+    (None, None, False),                                             # no event log: nothing would write them
+    ("events.jsonl", None, True),                                    # every type kept
+    ("events.jsonl", "[node_started, neighbour_up]", False),         # control plane only
+    ("events.jsonl", "[node_started, publication_delivered]", True),  # one of them is enough
+])
+def test_per_publication_events_are_made_only_for_an_event_log_that_keeps_them(
+        tmp_path: Path, event_log: str | None, types: str | None, expected: bool) -> None:
+    text = "neighbors: [10.0.0.2]\n"
+    if event_log is not None:
+        text += f"event_log: {tmp_path / event_log}\n"
+    if types is not None:
+        text += f"event_types: {types}\n"
+    assert load(yaml_text=text, tmp_path=tmp_path).publication_events is expected
+
+
 def test_neighbours_spellings_and_cleanup(tmp_path: Path) -> None:
     config = load(yaml_text="neighbours:\n  - 10.0.0.2\n  - 10.0.0.2:10500\n  - 10.0.0.1\nbind: 10.0.0.1\n",
                   tmp_path=tmp_path)

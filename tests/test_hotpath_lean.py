@@ -130,11 +130,13 @@ def test_backlog_counts_qos1_until_the_broker_acknowledges(adapter) -> None:  # 
 
 
 def test_hotpath_command_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    assert hotpath_main(["--qos", "1", "--burst", "4", "--messages", "40", "--repeat", "1"]) == 0
+    assert hotpath_main(["--qos", "1", "--burst", "4", "--messages", "40", "--repeat", "1",
+                         "--publication-events", "on", "off"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split()[:4] == ["qos", "size", "burst", "paho_receive"]
+    assert out[0].split()[:5] == ["events", "qos", "size", "burst", "paho_receive"]
     cells = out[1].split()
-    assert cells[:3] == ["1", "64", "4"] and all(float(c) > 0 for c in cells[3:])
+    assert cells[:4] == ["on", "1", "64", "4"] and all(float(c) > 0 for c in cells[4:])
+    assert out[2].split()[:4] == ["off", "1", "64", "4"]
 
 
 # ------------------------------------------------------------------ the lean receive path against paho's own
@@ -461,6 +463,41 @@ def test_pubacks_complete_the_lean_qos1_injections(sides) -> None:  # type: igno
     assert lean.completed == mids
     assert lean.adapter.backlog() == 0
     assert not lean.client._out_messages and lean.client._inflight_messages == 0
+
+
+def test_pubacks_read_on_the_lean_path_leave_what_pahos_handler_leaves(sides) -> None:  # type: ignore[no-untyped-def]
+    lean, paho = sides
+    injections = _injections(QOS1_CASES)
+    lean.publish(injections)
+    paho.publish(injections)
+    mids = list(lean.client._out_messages)
+    assert mids == list(paho.client._out_messages)
+    paho_reads = 0
+    original = lean.client._packet_read
+
+    def counting() -> MQTTErrorCode:
+        nonlocal paho_reads
+        paho_reads += 1
+        return original()
+
+    lean.client._packet_read = counting  # type: ignore[method-assign]
+    with_reason = bytes([0x40, 3]) + mids[2].to_bytes(2, "big") + b"\x10"  # "no matching subscribers": paho's
+    stream = _puback(*mids[:2]) + with_reason + _puback(*mids[3:]) + _puback(mids[0]) + bytes([0x40, 2, 0, 99])
+    assert lean.receive(stream) == paho.receive(stream) == b""
+    assert paho_reads == 1  # the PUBACK with a reason code; the plain ones, repeated and unknown included, are not
+    assert lean.completed == paho.completed == mids
+    for side in (lean, paho):
+        assert not side.client._out_messages and side.client._inflight_messages == 0
+        assert side.adapter.backlog() == 0
+
+
+def test_a_puback_is_left_to_paho_when_it_keeps_an_in_flight_limit(sides) -> None:  # type: ignore[no-untyped-def]
+    lean, _paho = sides
+    lean.client.max_inflight_messages_set(2)
+    lean.publish(_injections(QOS1_CASES))
+    assert lean.client._inflight_messages == 2  # the rest wait in paho's queue
+    lean.receive(_puback(*list(lean.client._out_messages)[:2]))
+    assert len(lean.completed) == 2 and lean.client._inflight_messages == 2  # paho sent two more on the PUBACKs
 
 
 def test_unacknowledged_lean_injections_are_sent_again_with_dup_after_reconnecting(sides) -> None:  # type: ignore[no-untyped-def]

@@ -196,6 +196,31 @@ def test_pipeline_events_and_event_log_file_match_the_old_encoding(qos: int, tmp
     assert written == "".join(old_line(e) + "\n" for e in emitted)
     assert log.lines == len(emitted)
 
+@pytest.mark.parametrize("qos", [0, 1])
+def test_without_publication_events_every_publication_still_arrives_once(qos: int) -> None:
+    """`Node.publication_events` off: the same deliveries and counters, none of the per-publication events."""
+    counters = []
+    kinds = []
+    for wanted in (True, False):
+        pipeline = Pipeline(qos, b"x" * 16, publication_events=wanted)
+        emitted: list[Event] = []
+        pipeline.event_sink = emitted.extend  # type: ignore[assignment]
+        before = pipeline.b.counters["publications_delivered"]  # the probe that showed the nodes converged
+        try:
+            for _ in range(4):
+                pipeline.run_burst(8, {stage: 0.0 for stage in STAGES})  # raises unless B injects all 8
+        finally:
+            pipeline.close()
+        counters.append({key: (pipeline.a.counters[key], pipeline.b.counters[key])
+                         for key in ("publications_originated", "publications_forwarded", "publications_delivered",
+                                     "duplicates_dropped")})
+        kinds.append({e.type for e in emitted})
+        assert pipeline.b.counters["publications_delivered"] - before == 4 * 8
+    assert counters[0] == counters[1]
+    assert kinds[0] | {events.DUPLICATE_DROPPED} >= events.PER_PUBLICATION
+    assert not kinds[1] & events.PER_PUBLICATION
+
+
 
 # ------------------------------------------------------------ wire: `tm`
 

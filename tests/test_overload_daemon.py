@@ -13,7 +13,8 @@ import pytest
 from federation import wire
 from federation.backpressure import PacketBacklog, shed_qos0
 from federation.daemon.config import DaemonConfig
-from federation.daemon.runtime import BROKER_BACKLOG, DATA_SLICE, INJECTION_BACKLOG_HIGH, Runtime
+from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG_HIGH
+from federation.daemon.runtime import DATA_SLICE, Runtime
 from federation.daemon.udp import kernel_receive_drops
 from federation.envelope import Envelope
 from federation.types import Address, BrokerId, Injection
@@ -277,14 +278,14 @@ def test_a_backed_up_broker_stops_the_wrapper_taking_new_qos1_copies() -> None:
             now = runtime.clock.now()
             node._injections.extend([injection] * BROKER_BACKLOG)
             runtime._drain_outputs(now)
-            assert broker.handed == BROKER_BACKLOG and len(runtime.injection_queue) == 0
+            assert broker.handed == BROKER_BACKLOG and len(runtime.flow.injection_queue) == 0
             node._injections.extend([injection] * (INJECTION_BACKLOG_HIGH - 1))
             runtime._drain_outputs(now)
             assert not node.delivery_backlogged
             node._injections.append(injection)
             runtime._drain_outputs(now)
-            assert len(runtime.injection_queue) == INJECTION_BACKLOG_HIGH and node.delivery_backlogged
-            assert runtime.injection_queue.dropped["qos12"] == 0
+            assert len(runtime.flow.injection_queue) == INJECTION_BACKLOG_HIGH and node.delivery_backlogged
+            assert runtime.flow.injection_queue.dropped["qos12"] == 0
             broker.handed = 0  # the broker caught up
             runtime._on_broker_completed()
             assert not node.delivery_backlogged

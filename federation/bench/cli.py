@@ -133,7 +133,7 @@ def run(options: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _run_setup(spec: SetupSpec, subnet: int, workdir: Path, round_: int, round_cases: Sequence[Case],
                results: Results, options: argparse.Namespace) -> None:
-    setup = Setup(spec, workdir / f"round{round_}", subnet)
+    setup = Setup(spec, workdir / f"round{round_}", subnet, options.publication_events == "on")
     try:
         setup.start()
     except LaunchError as error:
@@ -199,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, help="parent of the temporary work directory")
     parser.add_argument("--subnet", type=int, default=150,
                         help="setups use 127.0.SUBNET.10 and up, one /24 each (default 150)")
+    parser.add_argument("--publication-events", choices=("on", "off"), default="on",
+                        help="off: the wrappers' event logs leave out the per-publication events, which the nodes "
+                             "then do not make (docs/daemon.md \"Event log\"); default on, as the Spark job needs")
     parser.add_argument("--keep", action="store_true", help="keep broker dirs, logs and subscriber output")
     parser.add_argument("--no-chart", dest="chart", action="store_false", help="do not draw chart.png")
     parser.add_argument("--report", type=Path, metavar="RESULTS_JSON",

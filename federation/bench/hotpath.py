@@ -71,6 +71,7 @@ class Pipeline:
 
     qos: int
     payload: bytes
+    publication_events: bool = True
     now: float = 1000.0
     items: list[BrokerItem] = field(default_factory=list)
 
@@ -83,6 +84,8 @@ class Pipeline:
             node.start(self.now)
         self.b.local_subscribe("bench-sub", FILTER, 2, self.now)
         self._converge()
+        for node in (self.a, self.b):
+            node.publication_events = self.publication_events
         self.loop = asyncio.new_event_loop()  # never run: the adapter only needs it to pick the loop-driven path
         self.adapter = BrokerAdapter(Address("127.0.0.1", 1883), "hotpath", self.items.append, loop=self.loop)
         self.mqtt_side, self.peer = socket.socketpair()
@@ -235,10 +238,11 @@ def _event_log_sink(path: Path) -> tuple[Callable[[list[Event]], None], Callable
     return log.write, log.close
 
 
-def measure(qos: int, size: int, burst: int, messages: int, repeat: int) -> dict[str, float]:
+def measure(qos: int, size: int, burst: int, messages: int, repeat: int,
+            publication_events: bool = True) -> dict[str, float]:
     """Median µs per message for every stage."""
     per_stage: dict[str, list[float]] = {stage: [] for stage in STAGES}
-    pipeline = Pipeline(qos, b"x" * size)
+    pipeline = Pipeline(qos, b"x" * size, publication_events)
     write, close = _event_log_sink(Path(os.devnull))
     pipeline.event_sink = write  # type: ignore[assignment]
     try:
@@ -257,8 +261,9 @@ def measure(qos: int, size: int, burst: int, messages: int, repeat: int) -> dict
     return {stage: statistics.median(values) for stage, values in per_stage.items()}
 
 
-def profile(stage: str, qos: int, size: int, burst: int, messages: int, lines: int) -> str:
-    pipeline = Pipeline(qos, b"x" * size)
+def profile(stage: str, qos: int, size: int, burst: int, messages: int, lines: int,
+            publication_events: bool = True) -> str:
+    pipeline = Pipeline(qos, b"x" * size, publication_events)
     write, close = _event_log_sink(Path(os.devnull))
     pipeline.event_sink = write  # type: ignore[assignment]
     profiler = cProfile.Profile()
@@ -290,20 +295,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=5000, help="messages per repetition")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions; the median is printed")
     parser.add_argument("--profile", choices=STAGES + ("all",), help="run under cProfile and print the top functions")
+    parser.add_argument("--publication-events", nargs="+", choices=("on", "off"), default=["on"],
+                        help="the per-publication events (off: as a wrapper whose event log does not keep them)")
     args = parser.parse_args(argv)
     if args.profile:
-        print(profile(args.profile, args.qos[0], args.size[0], args.burst[0], args.messages, 40))
+        print(profile(args.profile, args.qos[0], args.size[0], args.burst[0], args.messages, 40,
+                      args.publication_events[0] == "on"))
         return 0
-    header = ["qos", "size", "burst", *STAGES, "total"]
-    print(" ".join(f"{h:>16}" if i >= 3 else f"{h:>5}" for i, h in enumerate(header)))
-    for qos in args.qos:
-        for size in args.size:
-            for burst in args.burst:
-                result = measure(qos, size, burst, args.messages, args.repeat)
-                cells = [f"{qos:>5}", f"{size:>5}", f"{burst:>5}"]
-                cells += [f"{result[stage]:>16.1f}" for stage in STAGES]
-                cells.append(f"{sum(result.values()):>16.1f}")
-                print(" ".join(cells), flush=True)
+    header = ["events", "qos", "size", "burst", *STAGES, "total"]
+    print(" ".join(f"{h:>16}" if i >= 4 else f"{h:>6}" if i == 0 else f"{h:>5}" for i, h in enumerate(header)))
+    for events_wanted in args.publication_events:
+        for qos in args.qos:
+            for size in args.size:
+                for burst in args.burst:
+                    result = measure(qos, size, burst, args.messages, args.repeat, events_wanted == "on")
+                    cells = [f"{events_wanted:>6}", f"{qos:>5}", f"{size:>5}", f"{burst:>5}"]
+                    cells += [f"{result[stage]:>16.1f}" for stage in STAGES]
+                    cells.append(f"{sum(result.values()):>16.1f}")
+                    print(" ".join(cells), flush=True)
     print(f"µs of process CPU per message, median of {args.repeat} x {args.messages} messages; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", file=sys.stderr)
     return 0

@@ -36,6 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from federation import events
 from federation.harness.nodeconfig import WRAPPER_LOG_TYPES
 from federation.launch import BROKER_PORT, FederationNode, LaunchError, LocalFederation, line, node_names
 
@@ -93,12 +96,14 @@ def bench_conf(rendered: str, bridge: list[str] | None) -> str:
 
 class BenchBrokers(LocalFederation):
     """A LocalFederation whose broker configs get the bench's log types and, with `bridges`, a bridge from
-    each broker to the next in name order."""
+    each broker to the next in name order; without `publication_events`, the wrappers' event logs keep every
+    event type but the per-publication ones (so the nodes do not make those: docs/daemon.md "Event log")."""
 
     def __init__(self, names: Sequence[str], links: Sequence[tuple[str, str]], workdir: Path, first_address: str,
-                 bridges: bool) -> None:
+                 bridges: bool, publication_events: bool = True) -> None:
         super().__init__(list(names), links, workdir, first_address=first_address)
         self.bridges = bridges
+        self.publication_events = publication_events
 
     def _write_configs(self, node: FederationNode) -> None:  # extends LocalFederation's rendering
         super()._write_configs(node)
@@ -108,17 +113,21 @@ class BenchBrokers(LocalFederation):
             bridge = bridge_lines(node.index, self.nodes[order[node.index + 1]].host)
         node.broker_conf.write_text(bench_conf(node.broker_conf.read_text(encoding="utf-8"), bridge),
                                     encoding="utf-8")
+        if not self.publication_events:
+            config = yaml.safe_load(node.wrapper_config.read_text(encoding="utf-8")) or {}
+            config["event_types"] = [kind for kind in events.ALL if kind not in events.PER_PUBLICATION]
+            node.wrapper_config.write_text(yaml.safe_dump(config), encoding="utf-8")
 
 
 class Setup:
     """One started setup: where to publish and subscribe, and which processes to charge CPU time to."""
 
-    def __init__(self, spec: SetupSpec, workdir: Path, subnet: int) -> None:
+    def __init__(self, spec: SetupSpec, workdir: Path, subnet: int, publication_events: bool = True) -> None:
         self.spec = spec
         names = node_names(spec.brokers)
         links = line(names) if spec.kind == "federation" else []
         self.brokers = BenchBrokers(names, links, workdir / spec.name, f"127.0.{subnet}.10",
-                                    bridges=spec.kind == "bridge")
+                                    bridges=spec.kind == "bridge", publication_events=publication_events)
 
     def start(self) -> None:
         """Start the brokers (and the wrappers, for a federation, until they converge); LaunchError on failure."""

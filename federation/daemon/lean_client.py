@@ -21,7 +21,11 @@ the wrapper publishes) and shortens the data path:
   QoS 0 or 1 PUBLISH *without properties* at the front of that buffer in one
   loop, hands each to `lean_publish(topic_bytes, payload, qos, retain)` and
   writes the PUBACKs of the run (the bytes paho writes) with one `send`.
-  Anything else (QoS 2, a PUBLISH with properties or an empty topic, another
+  A PUBACK saying success for one of our QoS 1 publications is taken in
+  the same loop (`_complete_lean`): what paho's handler does, without the
+  `ReasonCode` and `Properties` it builds for an `on_publish` nobody set;
+  when the receiving wrapper injects at QoS 1 that construction was most
+  of its CPU. Anything else (QoS 2, a PUBLISH with properties or an empty topic, another
   packet type, a packet not read whole yet, malformed bytes) goes to paho's
   own `_packet_read`, one packet at a time, unchanged; a QoS 0/1 PUBLISH
   without properties read that way still skips `MQTTMessage`
@@ -186,7 +190,8 @@ class LeanClient(mqtt.Client):
 
     def _parse_publishes(self, limit: int) -> int:
         """At most `limit` complete QoS 0/1 PUBLISH packets without properties from the front of the read
-        buffer, to `lean_publish`; how many. Stops at the first packet that is anything else."""
+        buffer, to `lean_publish`, and successful PUBACKs (`_complete_lean`); how many. Stops at the first
+        packet that is anything else."""
         publish = self.lean_publish
         assert publish is not None
         data = self._read_data
@@ -195,9 +200,15 @@ class LeanClient(mqtt.Client):
         acks = bytearray()
         count = 0
         try:
-            while count < limit and end - pos >= 6:  # the shortest: command, length, topic length, topic, 0
+            while count < limit and end - pos >= 4:  # the shortest: a PUBACK
                 command = data[pos]
-                if command & 0xF4 != 0x30:  # not a PUBLISH, or QoS 2 (or the invalid QoS 3)
+                if command == 0x40 and data[pos + 1] == 2:  # a PUBACK saying success (no reason code)
+                    if not self._complete_lean((data[pos + 2] << 8) | data[pos + 3]):
+                        break
+                    pos += 4
+                    count += 1
+                    continue
+                if command & 0xF4 != 0x30 or end - pos < 6:  # not a PUBLISH, QoS 2 (or invalid 3), or too short
                     break
                 length = data[pos + 1]
                 start = pos + 2
@@ -239,6 +250,26 @@ class LeanClient(mqtt.Client):
                 if acks and not self._manual_ack:
                     self._packet_queue(PUBACK, acks, 0, 0)  # several PUBACK packets, one write
         return count
+
+    def _complete_lean(self, mid: int) -> bool:
+        """A successful PUBACK for `mid`, as paho's `_handle_pubackcomp` and `_do_on_publish` would take it,
+        minus the `ReasonCode` and `Properties` they build for an `on_publish` callback nobody set; False
+        (paho's to take) when one is set, paho keeps an in-flight limit, or `mid` is not a QoS 1 message."""
+        if self._on_publish is not None or self._max_inflight_messages:
+            return False
+        with self._out_message_mutex:
+            message = self._out_messages.get(mid)
+            if message is None:
+                return True  # not ours or already completed: paho ignores it too
+            if message.qos != 1:
+                return False
+            completed = self.publish_completed
+            if completed is not None:
+                completed(mid)
+            del self._out_messages[mid]
+            message.info._set_as_published()
+            self._inflight_messages -= 1
+        return True
 
     def _sock_recv(self, bufsize: int) -> bytes:
         """paho's reads, served from the buffer `read_packets` fills."""

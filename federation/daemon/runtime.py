@@ -15,10 +15,14 @@ each readable event the runtime takes every datagram already waiting
 slice per loop pass with the socket read again in between: a hello waits
 for at most one slice, not for seconds of queued data, and a backlog the
 node cannot work off is dropped QoS 0 first and counted instead of
-overflowing the kernel's buffer unseen. While the socket's send side is
-backed up (`OverlayProtocol.writing_paused`), QoS 0 `tm` are shed before
-the envelope (`shed_qos0`, counted, `publication_dropped` reason
-`send_backlog`) and the broker is not read.
+overflowing the kernel's buffer unseen. Between the broker and the overlay
+`FlowControl` (flow_control.py) bounds what waits: remote publications
+queued for a slow broker, reading paused while QoS 1/2 copies wait for
+acknowledgements, and, while the socket's send side is backed up
+(`OverlayProtocol.writing_paused`), QoS 0 `tm` shed before the envelope
+and the broker not read. The broker connection's health and warnings are
+`BrokerHealth` (broker_health.py); the status document and the metrics
+snapshot are built by snapshots.py.
 
 The node's clock is unix time (so event traces from different machines line
 up) that never steps backwards: wall time read once at start plus monotonic
@@ -37,34 +41,26 @@ and the event log are written, then the broker connection is closed.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import os
 import random
 import signal
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
-from federation import __version__, events, wire
-from federation.backpressure import InjectionQueue, PacketBacklog, shed_qos0
+from federation import events, wire
+from federation.backpressure import PacketBacklog
 from federation.broker_log import BrokerLogTracker
-from federation.daemon.broker import RECONNECT_MAX_DELAY, RECONNECT_MIN_DELAY, BrokerAdapter
-from federation.daemon.broker_items import (
-    BrokerItem,
-    Connected,
-    ConnectFailed,
-    ConnectRefused,
-    Disconnected,
-    LogLine,
-    LoopHandOff,
-    Publication,
-    Subscribed,
-)
+from federation.daemon.broker import BrokerAdapter
+from federation.daemon.broker_health import BrokerHealth
+from federation.daemon.broker_items import BrokerItem, LogLine, LoopHandOff, Publication
 from federation.daemon.config import DaemonConfig, is_wildcard
 from federation.daemon.event_log import EventLog, EventLogError
+from federation.daemon.flow_control import FlowControl
 from federation.daemon.metrics import Snapshot, start_metrics_server
+from federation.daemon.snapshots import metrics_snapshot, snapshot_from_thread, status_document
 from federation.daemon.state import BackgroundWriter, LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.status import encode_reply
 from federation.daemon.udp import (
@@ -78,34 +74,18 @@ from federation.daemon.udp import (
 )
 from federation.envelope import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
 from federation.node import Node
-from federation.types import Address, Event, Injection
+from federation.types import Address, Event
 
 log = logging.getLogger("federation.daemon")
 
 KERNEL_DROPS_CHECK_INTERVAL = 10.0
 """seconds between reads of the kernel's count of datagrams dropped for a full receive buffer"""
-LOG_SILENCE_WARNING_AFTER = 5.0
-"""seconds after subscribing to $SYS/broker/log/# without a log line before the loud warning"""
 STATE_SAVE_DELAY = 0.5
 """seconds: subscription-table writes are debounced to at most one per this delay"""
 EVENT_LOG_FLUSH_INTERVAL = 1.0
 """seconds between flushes of the event log buffer"""
 SHUTDOWN_DRAIN_TIMEOUT = 1.0
 """seconds to wait for the socket to send the last datagrams at shutdown"""
-BROKER_DOWN_REMINDER = 60.0
-"""seconds between repeated warnings while the broker stays unreachable"""
-BACKPRESSURE_WINDOW = 512
-"""QoS 1/2 copies waiting for acknowledgements (at most half of `max_unacked`) at which the wrapper stops
-reading publications from its broker; it reads again at half as many. A window, as TCP has: it bounds the
-backlog a slower next wrapper has to work through (and the hellos queued behind it) to well under a second"""
-BACKPRESSURE_MAX_PAUSE = 10.0
-"""seconds: read again anyway (a paused connection must not outlast the 30 s MQTT keepalive)"""
-INJECTION_BACKLOG = 10000
-"""remote publications waiting for a slow local broker; beyond it the oldest QoS 0 one is dropped first"""
-INJECTION_BACKLOG_HIGH = INJECTION_BACKLOG * 7 // 8
-"""waiting publications from which new QoS 1/2 copies are left unacknowledged (`Node.delivery_backlogged`)"""
-BROKER_BACKLOG = 2000
-"""publications handed to paho and not completed by the broker, above which the rest wait in our queue"""
 RECEIVE_BATCH = 4096
 """datagrams read from the socket in one pass (every one waiting, up to this): control packets go first"""
 DATA_SLICE = 256
@@ -149,13 +129,10 @@ class Runtime:
         self.broker: BrokerAdapter | None = None
         self.protocol: OverlayProtocol | None = None
         self.envelope: Envelope | None = None
-        self.backpressure_pauses = 0
-        self._paused_at = 0.0
-        self.injection_queue: InjectionQueue[Injection] = InjectionQueue(INJECTION_BACKLOG)
+        self.flow = FlowControl()
         self.drop_reporter = DropReporter()
         self.receive_backlog: PacketBacklog[Address] = PacketBacklog(RECEIVE_BACKLOG, RECEIVE_BACKLOG_BYTES)
         self._data_pass_scheduled = False
-        self.send_shed = 0
         self.kernel_receive_drops = 0
         """datagrams the kernel dropped for this wrapper's full UDP receive buffer, as of the last check"""
         self._drops_handle: asyncio.TimerHandle | None = None
@@ -164,9 +141,7 @@ class Runtime:
         self.metrics_server: Any = None
         self._sock: socket.socket | None = None
         self.started_at = 0.0
-        self.log_lines = 0
-        self.connections = 0
-        self.broker_connected = False
+        self.broker_health = BrokerHealth(config.broker, config.client_id, self._call_later)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -175,10 +150,15 @@ class Runtime:
         self._save_handle: asyncio.TimerHandle | None = None
         self._writer: BackgroundWriter | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
-        self._silence_check: asyncio.TimerHandle | None = None
-        self._log_lines_this_connection = 0
-        self._broker_down_since: float | None = None
-        self._broker_down_warned_at = float("-inf")
+
+    @property
+    def broker_connected(self) -> bool:
+        return self.broker_health.connected
+
+    @property
+    def log_lines(self) -> int:
+        """Broker log lines read, over every connection."""
+        return self.broker_health.log_lines
 
     # ------------------------------------------------------------ lifecycle
 
@@ -243,6 +223,11 @@ class Runtime:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
 
+    def _call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        """`loop.call_later` for the parts built before the loop runs (`BrokerHealth`)."""
+        assert self._loop is not None
+        return self._loop.call_later(delay, callback)
+
     def _open(self, loop: asyncio.AbstractEventLoop) -> None:
         """Take every resource that can fail because of the configuration; StartupError-like exceptions."""
         config = self.config
@@ -293,6 +278,7 @@ class Runtime:
                                    f"give a writable directory") from None
         self.node = Node(config.announced, config.neighbours, epoch, random.Random(), config.settings,
                          vid=config.vid, name=config.name)
+        self.node.publication_events = config.publication_events
         try:
             self.envelope = Envelope(config.announced, envelope_epoch(epoch, wall),
                                      EnvelopeConfig.from_settings(config.settings, config.keys, config.encryption),
@@ -312,7 +298,7 @@ class Runtime:
             self._timer.cancel()
             self._timer = None
         deadline = time.monotonic() + SHUTDOWN_DRAIN_TIMEOUT
-        while self._unsent_bytes() > 0 and time.monotonic() < deadline:
+        while self.unsent_bytes() > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         if self._writer is not None:
             await self._writer.drain()  # the thread's write first: one writer at a time
@@ -325,14 +311,20 @@ class Runtime:
         log.info("wrapper %s stopped", self.config.announced)
         self._close_resources()
 
-    def _unsent_bytes(self) -> int:
+    def unsent_bytes(self) -> int:
+        """Bytes asyncio holds for the overlay socket (it said EAGAIN)."""
         size = getattr(self.transport, "get_write_buffer_size", None)
         return int(size()) if size is not None and self.transport is not None else 0
 
+    def read_kernel_receive_drops(self) -> int | None:
+        """The kernel's count of datagrams dropped for a full receive buffer, now (None: not known)."""
+        return kernel_receive_drops(self._sock) if self._sock is not None else None
+
     def _close_resources(self) -> None:
-        for handle in (self._save_handle, self._flush_handle, self._drops_handle, self._silence_check, self._timer):
+        for handle in (self._save_handle, self._flush_handle, self._drops_handle, self._timer):
             if handle is not None:
                 handle.cancel()
+        self.broker_health.close()
         if self.event_log is not None:
             self.event_log.close()
         if self.transport is not None:
@@ -423,54 +415,14 @@ class Runtime:
                     continue
                 node.local_publish(item.topic, item.payload, item.qos, item.retain, item.properties, now)
             elif isinstance(item, LogLine):
-                self.log_lines += 1
-                self._log_lines_this_connection += 1
+                self.broker_health.log_line()
                 for event in self.tracker.feed(item.topic, item.payload):
                     changed = self.subscriptions.apply(event, node, now) or changed
             else:
-                self._on_broker_state(item, now)
+                self.broker_health.on_state(item, now)
         if changed:
             self._schedule_save()
         self._drain_outputs(now)
-
-    def _on_broker_state(self, item: BrokerItem, now: float) -> None:
-        broker = self.config.broker
-        if isinstance(item, Connected):
-            self.connections += 1
-            self.broker_connected = True
-            self._log_lines_this_connection = 0
-            down_for = "" if self._broker_down_since is None else f" after {now - self._broker_down_since:.1f} s"
-            self._broker_down_since = None
-            self._broker_down_warned_at = float("-inf")
-            log.info("connected to broker %s as %r%s", broker, self.config.client_id, down_for)
-        elif isinstance(item, Subscribed):
-            if item.refused:
-                log.error("broker %s refused subscriptions: %s; the wrapper needs both (check the broker's ACLs)",
-                          broker, "; ".join(item.refused))
-            if self._silence_check is not None:
-                self._silence_check.cancel()
-            assert self._loop is not None
-            self._silence_check = self._loop.call_later(LOG_SILENCE_WARNING_AFTER, self._check_log_silence)
-        elif isinstance(item, Disconnected):
-            self.broker_connected = False
-            if not item.expected:
-                self._broker_down_since = now
-                self._broker_down_warned_at = now
-                log.warning("lost the connection to broker %s (%s); reconnecting with backoff %g-%g s, "
-                            "the overlay keeps running", broker, item.reason, RECONNECT_MIN_DELAY,
-                            RECONNECT_MAX_DELAY)
-        elif isinstance(item, ConnectFailed):
-            if self._broker_down_since is None:
-                self._broker_down_since = now
-            if now - self._broker_down_warned_at >= BROKER_DOWN_REMINDER:
-                self._broker_down_warned_at = now
-                log.warning("broker %s unreachable (is mosquitto running there?); retrying with backoff %g-%g s, "
-                            "the overlay keeps running", broker, RECONNECT_MIN_DELAY, RECONNECT_MAX_DELAY)
-            else:
-                log.debug("broker %s still unreachable", broker)
-        elif isinstance(item, ConnectRefused):
-            log.error("broker %s refused the connection of %r: %s; check its listener and authentication settings",
-                      broker, self.config.client_id, item.reason)
 
     def _refuse_publication(self, item: Publication, now: float) -> None:
         """A local publication above max_publication_bytes: not federated (never truncated), counted, logged."""
@@ -492,16 +444,6 @@ class Runtime:
                         "refusals are counted as drop publication_too_large and logged once a minute)",
                         item.topic, len(item.payload), limit)
 
-    def _check_log_silence(self) -> None:
-        self._silence_check = None
-        if self.broker_connected and self._log_lines_this_connection == 0:
-            log.warning(
-                "!!! mosquitto at %s sent no log lines within %g s of the wrapper subscribing to "
-                "$SYS/broker/log/#: add `log_dest topic` and `log_type all` to its mosquitto.conf "
-                "(see configs/mosquitto.conf) and restart it. Until then the wrapper cannot learn local "
-                "subscriptions and nothing is federated to this broker's clients.",
-                self.config.broker, LOG_SILENCE_WARNING_AFTER)
-
     def _on_status(self, addr: Any) -> None:
         if self.transport is None:
             return
@@ -521,7 +463,7 @@ class Runtime:
         transport = self.transport
         datagrams = node.datagrams_to_send()
         if datagrams and self.protocol is not None and self.protocol.writing_paused:
-            datagrams = self._shed(node, datagrams, now)
+            datagrams = self.flow.shed(node, datagrams, now)
         envelope = self.envelope
         if envelope is not None:  # batch, fragment, sign
             for data, target in datagrams:
@@ -532,7 +474,7 @@ class Runtime:
                 transport.sendto(data, (target.host, target.port))
         broker = self.broker
         if broker is not None:
-            self._inject(node, broker, now)
+            self.flow.inject(node, broker, now)
             if broker.on_loop:
                 self._apply_backpressure(node, broker, now)
         emitted = node.events_emitted()
@@ -551,17 +493,6 @@ class Runtime:
             if self.event_log is not None:
                 self.event_log.write(emitted)
 
-    def _shed(self, node: Node, packets: list[tuple[bytes, Address]], now: float) -> list[tuple[bytes, Address]]:
-        """The send side is backed up: drop the QoS 0 `tm` (counted, reported), keep the rest. Judged per
-        protocol packet, before the envelope batches packets into datagrams."""
-        kept, shed = shed_qos0(packets)
-        for message, target in shed:
-            self.send_shed += 1
-            node.count_drop("send_backlog_qos0")
-            node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(message.publication),
-                      filter=message.filter, reason="send_backlog", to=[str(target)])
-        return kept
-
     def _on_send_resumed(self) -> None:
         """The socket took the buffered datagrams: read from the broker again if only that held it."""
         if self.node is not None and self.broker is not None and self.broker.on_loop:
@@ -569,45 +500,13 @@ class Runtime:
 
     def _on_broker_completed(self) -> None:
         """The broker completed some of our QoS 1/2 publications: hand it what waits for room at once."""
-        if self.node is not None and self.broker is not None and len(self.injection_queue):
-            self._inject(self.node, self.broker, self.clock.now())
-
-    def _inject(self, node: Node, broker: BrokerAdapter, now: float) -> None:
-        """Hand remote publications to the broker while its backlog is small; the rest wait in a bounded
-        queue that drops the oldest QoS 0 publication first (federation.backpressure), counted and reported."""
-        queue = self.injection_queue
-        for injection in node.injections_to_make():
-            dropped = queue.push(injection, injection.qos)
-            if dropped is not None:
-                node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
-                node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
-                          filter=None, reason="broker_backlog")
-        if len(queue):
-            broker.publish_all(queue.take(max(0, BROKER_BACKLOG - broker.backlog())))
-        # QoS 1/2 copies are acknowledged to the previous hop on arrival: stop taking new ones before the
-        # queue must drop them (it drops QoS 0 first, but a flood of QoS 1 alone would lose some).
-        node.delivery_backlogged = len(queue) >= INJECTION_BACKLOG_HIGH
+        if self.node is not None and self.broker is not None and len(self.flow.injection_queue):
+            self.flow.inject(self.node, self.broker, self.clock.now())
 
     def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float) -> None:
-        """Stop reading publications from the broker while too many QoS 1/2 copies wait for the next hop's
-        acknowledgement, and read again once most are acknowledged (or after BACKPRESSURE_MAX_PAUSE).
-
-        Without it a burst faster than the next wrapper runs past `max_unacked`: the oldest copies stop
-        being tracked, and those the receiver dropped are lost. Paused, the broker queues for the
-        wrapper as it would for a slow client (`max_queued_messages 0` in the shipped config).
-        """
-        outstanding = len(node.reliable.unacked)
-        window = min(BACKPRESSURE_WINDOW, node.settings.max_unacked // 2)
-        # The send side backed up (the kernel said EAGAIN, asyncio buffers): whatever we read now would
-        # only be shed (QoS 0) or queue behind the buffer, so do not read until it drains.
+        """Pause or resume reading from the broker (`FlowControl.apply_backpressure`)."""
         send_paused = self.protocol is not None and self.protocol.writing_paused
-        if broker.reading_paused:
-            if (outstanding <= window // 2 and not send_paused) or now - self._paused_at >= BACKPRESSURE_MAX_PAUSE:
-                broker.resume_reading()
-        elif outstanding >= window or send_paused:
-            broker.pause_reading()
-            self._paused_at = now
-            self.backpressure_pauses += 1
+        self.flow.apply_backpressure(node, broker, send_paused, now)
 
     def _schedule_rearm(self) -> None:
         """Re-arm the node timer once per loop iteration, however many inputs it had."""
@@ -640,7 +539,7 @@ class Runtime:
         """Warn when the kernel dropped datagrams meant for us: losses nothing else in the wrapper can see."""
         assert self._loop is not None
         self._drops_handle = self._loop.call_later(KERNEL_DROPS_CHECK_INTERVAL, self._check_kernel_drops)
-        drops = kernel_receive_drops(self._sock) if self._sock is not None else None
+        drops = self.read_kernel_receive_drops()
         if drops is None or drops <= self.kernel_receive_drops:
             return
         log.warning("the kernel dropped %d datagrams for this wrapper in the last %g s (%d in all): its UDP receive "
@@ -683,94 +582,14 @@ class Runtime:
     # ------------------------------------------------------------ status and metrics
 
     def status_document(self) -> dict[str, Any]:
-        node = self.node
-        assert node is not None
-        now = self.clock.now()
-        document = node.status(now)
-        broker = self.broker
-        if self.envelope is not None:
-            document["envelope"] = self.envelope.status()
-        document["daemon"] = {
-            "version": __version__, "pid": os.getpid(), "uptime_s": round(now - self.started_at, 3),
-            "bind": str(self.config.bind), "announced": str(self.config.announced),
-            "broker": {
-                "address": str(self.config.broker), "client_id": self.config.client_id,
-                "connected": self.broker_connected, "reconnects": max(0, self.connections - 1),
-                "log_lines": self.log_lines, "log": self.tracker.counters.as_dict(),
-                "injected": broker.injected if broker else 0, "inject_failed": broker.inject_failed if broker else 0,
-                "backpressure_pauses": self.backpressure_pauses,
-                "reading_paused": broker.reading_paused if broker else False,
-                "injection_backlog": len(self.injection_queue),
-                "injection_dropped": dict(sorted(self.injection_queue.dropped.items())),
-            },
-            "overload": {
-                "receive_backlog": len(self.receive_backlog),
-                "receive_dropped": dict(sorted(self.receive_backlog.dropped.items())),
-                "send_paused": self.protocol.writing_paused if self.protocol else False,
-                "send_pauses": self.protocol.write_pauses if self.protocol else 0,
-                "send_buffer_bytes": self._unsent_bytes(),
-                "send_shed_qos0": self.send_shed,
-                "kernel_receive_drops": kernel_receive_drops(self._sock) if self._sock is not None else None,
-            },
-            "event_log": str(self.config.event_log) if self.config.event_log else None,
-            "event_log_lines": self.event_log.lines if self.event_log else 0,
-            "state_dir": str(self.config.state_dir) if self.config.state_dir else None,
-            "metrics": (f"{self.config.metrics_bind}:{self.config.metrics_port}"
-                        if self.config.metrics_port is not None else None),
-            "events": dict(sorted(self.event_counts.items())),
-            "udp_send_errors": self.protocol.send_errors if self.protocol else 0,
-        }
-        return document
+        return status_document(self, self.clock.now())
 
     def metrics_snapshot(self) -> Snapshot:
         """Copies of every number the metrics expose (runs on the loop thread)."""
-        node = self.node
-        assert node is not None
-        view = node.view()
-        neighbours = node.neighbours.all()
-        log_counters = self.tracker.counters
-        return {
-            "address": str(node.address), "broker_id": str(node.broker_id), "name": node.name,
-            "version": __version__, "epoch": node.epoch,
-            "sent": dict(node.sent_by_type), "sent_bytes": dict(node.sent_bytes_by_type),
-            "received": dict(node.received_by_type), "received_bytes": dict(node.received_bytes_by_type),
-            "drops": dict(node.drops), "counters": dict(node.counters), "events": dict(self.event_counts),
-            "neighbours_up": sum(1 for n in neighbours if n.up), "neighbours_total": len(neighbours),
-            "members": len(view.members), "topics": sum(1 for core in view.topic_cores.values() if core is not None),
-            "is_management_core": view.management_core == view.broker_id,
-            "local_clients": len(node.clients), "local_subscriptions": sum(len(f) for f in node.clients.values()),
-            "broker_connected": self.broker_connected, "broker_reconnects": max(0, self.connections - 1),
-            "log_outcomes": {"used": log_counters.used, "ignored": log_counters.ignored,
-                             "refused": log_counters.refused, "truncated": log_counters.truncated,
-                             "not_understood": log_counters.not_understood_total},
-            "injected": self.broker.injected if self.broker else 0,
-            "inject_failed": self.broker.inject_failed if self.broker else 0,
-            "udp_send_errors": self.protocol.send_errors if self.protocol else 0,
-            "receive_backlog": len(self.receive_backlog),
-            "send_paused": self.protocol.writing_paused if self.protocol else False,
-        }
+        return metrics_snapshot(self)
 
     def metrics_snapshot_threadsafe(self, timeout: float = 2.0) -> Snapshot | None:
         """Called from the metrics thread: run `metrics_snapshot` on the loop and wait for it."""
-        loop = self._loop
-        if loop is None or self.node is None:
+        if self._loop is None or self.node is None:
             return None
-        future: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
-
-        def fill() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(self.metrics_snapshot())
-            except Exception as error:  # noqa: BLE001 - handed to the waiting thread
-                future.set_exception(error)
-
-        try:
-            loop.call_soon_threadsafe(fill)
-            return future.result(timeout)
-        except (RuntimeError, concurrent.futures.TimeoutError):
-            future.cancel()
-            return None
-        except Exception as error:  # noqa: BLE001 - a scrape must not kill the server thread
-            log.error("metrics snapshot failed: %s", error)
-            return None
+        return snapshot_from_thread(self._loop, self.metrics_snapshot, timeout)

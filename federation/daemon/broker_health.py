@@ -1,0 +1,137 @@
+"""The broker connection's health, as the wrapper reports it to people.
+
+Theory of operation: the paho connection (`broker.py`) reports its state
+changes as broker items (`Connected`, `Subscribed`, `Disconnected`,
+`ConnectFailed`, `ConnectRefused`). `BrokerHealth` turns them into the
+numbers the status document and the metrics show (connected, connections
+made, log lines read) and into log lines a person can act on. None of it
+touches the protocol node, so it lives apart from the runtime, which owns
+one `BrokerHealth` and hands it every state item and every log line.
+
+Two reports are timed on purpose. A broker that stays unreachable is
+reported once per `BROKER_DOWN_REMINDER` (paho retries every few seconds;
+a line per retry would bury everything else). And mosquitto without
+`log_dest topic` accepts the subscription to `$SYS/broker/log/#` and then
+says nothing, which leaves the wrapper blind to local subscriptions: so
+`LOG_SILENCE_WARNING_AFTER` seconds after the subscription is acknowledged,
+a connection that has sent no log line gets a loud warning saying what to
+add to mosquitto.conf. The delay comes from the runtime's loop through the
+`call_later` callable given at construction, so this class needs no loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from federation.daemon.broker import RECONNECT_MAX_DELAY, RECONNECT_MIN_DELAY
+from federation.daemon.broker_items import (
+    BrokerItem,
+    Connected,
+    ConnectFailed,
+    ConnectRefused,
+    Disconnected,
+    Subscribed,
+)
+from federation.types import Address
+
+log = logging.getLogger("federation.daemon")
+"""the runtime's logger: these lines are the wrapper's own, filtered and captured under that name"""
+
+LOG_SILENCE_WARNING_AFTER = 5.0
+"""seconds after subscribing to $SYS/broker/log/# without a log line before the loud warning"""
+BROKER_DOWN_REMINDER = 60.0
+"""seconds between repeated warnings while the broker stays unreachable"""
+
+
+class Timer(Protocol):
+    """What `call_later` returns (an `asyncio.TimerHandle` in the daemon)."""
+
+    def cancel(self) -> None: ...
+
+
+CallLater = Callable[[float, Callable[[], None]], Timer]
+"""Run a callback after a delay in seconds, on the thread that feeds `BrokerHealth`."""
+
+
+class BrokerHealth:
+    """Connection state, counters and warnings about the wrapper's one broker connection."""
+
+    def __init__(self, broker: Address, client_id: str, call_later: CallLater) -> None:
+        self.broker = broker
+        self.client_id = client_id
+        self._call_later = call_later
+        self.connected = False
+        self.connections = 0
+        """connections made, the first included"""
+        self.log_lines = 0
+        """broker log lines read, over every connection"""
+        self._log_lines_this_connection = 0
+        self._down_since: float | None = None
+        self._down_warned_at = float("-inf")
+        self._silence_check: Timer | None = None
+
+    @property
+    def reconnects(self) -> int:
+        """Connections made after the first."""
+        return max(0, self.connections - 1)
+
+    def log_line(self) -> None:
+        """Count one line read from `$SYS/broker/log/#`."""
+        self.log_lines += 1
+        self._log_lines_this_connection += 1
+
+    def on_state(self, item: BrokerItem, now: float) -> None:
+        """A change of the connection's state: update the counters, tell the operator what to do."""
+        broker = self.broker
+        if isinstance(item, Connected):
+            self.connections += 1
+            self.connected = True
+            self._log_lines_this_connection = 0
+            down_for = "" if self._down_since is None else f" after {now - self._down_since:.1f} s"
+            self._down_since = None
+            self._down_warned_at = float("-inf")
+            log.info("connected to broker %s as %r%s", broker, self.client_id, down_for)
+        elif isinstance(item, Subscribed):
+            if item.refused:
+                log.error("broker %s refused subscriptions: %s; the wrapper needs both (check the broker's ACLs)",
+                          broker, "; ".join(item.refused))
+            if self._silence_check is not None:
+                self._silence_check.cancel()
+            self._silence_check = self._call_later(LOG_SILENCE_WARNING_AFTER, self._check_log_silence)
+        elif isinstance(item, Disconnected):
+            self.connected = False
+            if not item.expected:
+                self._down_since = now
+                self._down_warned_at = now
+                log.warning("lost the connection to broker %s (%s); reconnecting with backoff %g-%g s, "
+                            "the overlay keeps running", broker, item.reason, RECONNECT_MIN_DELAY,
+                            RECONNECT_MAX_DELAY)
+        elif isinstance(item, ConnectFailed):
+            if self._down_since is None:
+                self._down_since = now
+            if now - self._down_warned_at >= BROKER_DOWN_REMINDER:
+                self._down_warned_at = now
+                log.warning("broker %s unreachable (is mosquitto running there?); retrying with backoff %g-%g s, "
+                            "the overlay keeps running", broker, RECONNECT_MIN_DELAY, RECONNECT_MAX_DELAY)
+            else:
+                log.debug("broker %s still unreachable", broker)
+        elif isinstance(item, ConnectRefused):
+            log.error("broker %s refused the connection of %r: %s; check its listener and authentication settings",
+                      broker, self.client_id, item.reason)
+
+    def close(self) -> None:
+        """Cancel the pending log-silence check (at shutdown)."""
+        if self._silence_check is not None:
+            self._silence_check.cancel()
+
+    def _check_log_silence(self) -> None:
+        self._silence_check = None
+        if self.connected and self._log_lines_this_connection == 0:
+            log.warning(
+                "!!! mosquitto at %s sent no log lines within %g s of the wrapper subscribing to "
+                "$SYS/broker/log/#: add `log_dest topic` and `log_type all` to its mosquitto.conf "
+                "(see configs/mosquitto.conf) and restart it. Until then the wrapper cannot learn local "
+                "subscriptions and nothing is federated to this broker's clients.",
+                self.broker, LOG_SILENCE_WARNING_AFTER)

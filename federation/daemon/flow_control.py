@@ -1,0 +1,106 @@
+"""Flow control between the local broker and the overlay, for a wrapper under overload.
+
+Theory of operation: publications cross the wrapper in two directions, and
+each direction can outrun the other side. `FlowControl` holds the three
+decisions that keep the queues bounded (docs/daemon.md "Overload"), kept
+apart from the runtime, which owns the loop and calls them once per drain
+of the node's outputs:
+
+- into the broker (`inject`): remote publications are handed to paho only
+  while fewer than `BROKER_BACKLOG` are unfinished; the rest wait in a
+  bounded `InjectionQueue` that drops the oldest QoS 0 one first, and above
+  `INJECTION_BACKLOG_HIGH` the node stops acknowledging new QoS 1/2 copies
+  (`Node.delivery_backlogged`), so their senders keep them instead;
+- out of the broker (`apply_backpressure`): reading stops while
+  `BACKPRESSURE_WINDOW` QoS 1/2 copies wait for the next hop's
+  acknowledgement, or while the socket's send side is backed up, and
+  starts again at half the window (or after `BACKPRESSURE_MAX_PAUSE`);
+- onto the socket (`shed`): while the send side is backed up, QoS 0 `tm`
+  are dropped before the envelope, never control packets nor QoS 1/2.
+
+Every drop is counted on the node and emitted as `publication_dropped`
+with its reason; the counts here (`send_shed`, `backpressure_pauses`, the
+queue's `dropped`) are what the status document shows.
+"""
+
+from __future__ import annotations
+
+from federation import events
+from federation.backpressure import InjectionQueue, shed_qos0
+from federation.daemon.broker import BrokerAdapter
+from federation.node import Node
+from federation.types import Address, Injection
+
+BACKPRESSURE_WINDOW = 512
+"""QoS 1/2 copies waiting for acknowledgements (at most half of `max_unacked`) at which the wrapper stops
+reading publications from its broker; it reads again at half as many. A window, as TCP has: it bounds the
+backlog a slower next wrapper has to work through (and the hellos queued behind it) to well under a second"""
+BACKPRESSURE_MAX_PAUSE = 10.0
+"""seconds: read again anyway (a paused connection must not outlast the 30 s MQTT keepalive)"""
+INJECTION_BACKLOG = 10000
+"""remote publications waiting for a slow local broker; beyond it the oldest QoS 0 one is dropped first"""
+INJECTION_BACKLOG_HIGH = INJECTION_BACKLOG * 7 // 8
+"""waiting publications from which new QoS 1/2 copies are left unacknowledged (`Node.delivery_backlogged`)"""
+BROKER_BACKLOG = 2000
+"""publications handed to paho and not completed by the broker, above which the rest wait in our queue"""
+
+
+class FlowControl:
+    """The injection queue, the broker read pauses and the send-side shedding of one wrapper."""
+
+    def __init__(self) -> None:
+        self.injection_queue: InjectionQueue[Injection] = InjectionQueue(INJECTION_BACKLOG)
+        self.backpressure_pauses = 0
+        """times reading from the broker was paused"""
+        self.send_shed = 0
+        """QoS 0 `tm` dropped because the socket's send side was backed up"""
+        self._paused_at = 0.0
+
+    def shed(self, node: Node, packets: list[tuple[bytes, Address]], now: float) -> list[tuple[bytes, Address]]:
+        """The send side is backed up: drop the QoS 0 `tm` (counted, reported), keep the rest. Judged per
+        protocol packet, before the envelope batches packets into datagrams."""
+        kept, shed = shed_qos0(packets)
+        for message, target in shed:
+            self.send_shed += 1
+            node.count_drop("send_backlog_qos0")
+            node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(message.publication),
+                      filter=message.filter, reason="send_backlog", to=[str(target)])
+        return kept
+
+    def inject(self, node: Node, broker: BrokerAdapter, now: float) -> None:
+        """Hand remote publications to the broker while its backlog is small; the rest wait in a bounded
+        queue that drops the oldest QoS 0 publication first (federation.backpressure), counted and reported."""
+        queue = self.injection_queue
+        for injection in node.injections_to_make():
+            dropped = queue.push(injection, injection.qos)
+            if dropped is not None:
+                node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
+                node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
+                          filter=None, reason="broker_backlog")
+        if len(queue):
+            broker.publish_all(queue.take(max(0, BROKER_BACKLOG - broker.backlog())))
+        # QoS 1/2 copies are acknowledged to the previous hop on arrival: stop taking new ones before the
+        # queue must drop them (it drops QoS 0 first, but a flood of QoS 1 alone would lose some).
+        node.delivery_backlogged = len(queue) >= INJECTION_BACKLOG_HIGH
+
+    def apply_backpressure(self, node: Node, broker: BrokerAdapter, send_paused: bool, now: float) -> None:
+        """Stop reading publications from the broker while too many QoS 1/2 copies wait for the next hop's
+        acknowledgement, and read again once most are acknowledged (or after BACKPRESSURE_MAX_PAUSE).
+
+        Without it a burst faster than the next wrapper runs past `max_unacked`: the oldest copies stop
+        being tracked, and those the receiver dropped are lost. Paused, the broker queues for the
+        wrapper as it would for a slow client (`max_queued_messages 0` in the shipped config).
+
+        `send_paused`: the socket's send side is backed up (the kernel said EAGAIN, asyncio buffers), so
+        whatever we read now would only be shed (QoS 0) or queue behind the buffer: do not read until it
+        drains.
+        """
+        outstanding = len(node.reliable.unacked)
+        window = min(BACKPRESSURE_WINDOW, node.settings.max_unacked // 2)
+        if broker.reading_paused:
+            if (outstanding <= window // 2 and not send_paused) or now - self._paused_at >= BACKPRESSURE_MAX_PAUSE:
+                broker.resume_reading()
+        elif outstanding >= window or send_paused:
+            broker.pause_reading()
+            self._paused_at = now
+            self.backpressure_pauses += 1
