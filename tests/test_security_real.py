@@ -72,22 +72,31 @@ class Capture:
         self._thread.start()
 
     def _run(self) -> None:
-        wanted = (socket.inet_aton(self.source.host), socket.inet_aton(self.target.host))
         while not self._stop.is_set():
             try:
-                packet, address = self._socket.recvfrom(70000)
+                self._take(*self._socket.recvfrom(70000))
             except TimeoutError:
                 continue
-            if address[2] == PACKET_OUTGOING or len(packet) < 28 or packet[9] != socket.IPPROTO_UDP:
-                continue
-            header = (packet[0] & 0x0F) * 4
-            sport, dport = struct.unpack_from(">HH", packet, header)
-            if (packet[12:16], packet[16:20]) == wanted and (sport, dport) == (self.source.port, self.target.port):
-                self.datagrams.append(bytes(packet[header + 8:]))
+
+    def _take(self, packet: bytes, address: tuple[Any, ...]) -> None:
+        if address[2] == PACKET_OUTGOING or len(packet) < 28 or packet[9] != socket.IPPROTO_UDP:
+            return
+        header = (packet[0] & 0x0F) * 4
+        sport, dport = struct.unpack_from(">HH", packet, header)
+        wanted = (socket.inet_aton(self.source.host), socket.inet_aton(self.target.host))
+        if (packet[12:16], packet[16:20]) == wanted and (sport, dport) == (self.source.port, self.target.port):
+            self.datagrams.append(bytes(packet[header + 8:]))
 
     def stop(self) -> list[bytes]:
         self._stop.set()
         self._thread.join(5)
+        # What arrived while the thread was not scheduled (a loaded machine) is still in the socket: take it.
+        self._socket.setblocking(False)
+        try:
+            while True:
+                self._take(*self._socket.recvfrom(70000))
+        except BlockingIOError:
+            pass
         self._socket.close()
         return self.datagrams
 
