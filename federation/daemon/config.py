@@ -129,7 +129,7 @@ class DaemonConfig:
     @property
     def publication_events(self) -> bool:
         """Whether the node should make the per-publication events (`Node.publication_events`): only for an
-        event log that keeps at least one of them, as they are about a third of the data path's CPU."""
+        event log that keeps at least one of them, as they are 25-30% of the data path's CPU."""
         return self.event_log is not None and (
             self.event_types is None or bool(self.event_types & events.PER_PUBLICATION))
 
