@@ -96,11 +96,11 @@ class InjectionQueue(Generic[Item]):
 
 PEEK_LIMIT = 64
 """oldest backlog entries looked at for a QoS 0 `tm` to drop"""
-_NONE_DROPPED: tuple[wire.TopicMessage | None, ...] = ()
+_NONE_DROPPED: tuple[bytes | None, ...] = ()
 
 
 def qos0_publication(packet: bytes) -> wire.TopicMessage | None:
-    """The `tm` this encoded packet is, when it is a QoS 0 one (the first thing to shed), else None."""
+    """The `tm` this encoded packet is, decoded, when it is a QoS 0 one (the first thing to shed), else None."""
     if wire.packet_type(packet) != wire.TOPIC_MESSAGE:
         return None
     try:
@@ -111,24 +111,24 @@ def qos0_publication(packet: bytes) -> wire.TopicMessage | None:
 
 
 def is_qos0_publication(packet: bytes) -> bool:
-    """Is this encoded packet a QoS 0 `tm` (the first thing to shed when the network is congested)?"""
+    """Is this encoded packet a QoS 0 `tm` (the first thing to shed when the network is congested)?
+    Read from its last bytes when it has no properties (the common case: shedding must cost less than
+    handling, or an overloaded wrapper falls further behind with every drop), else decoded."""
+    qos = wire.plain_topic_message_qos(packet)
+    if qos is not None:
+        return qos == 0
     return qos0_publication(packet) is not None
 
 
 Target = TypeVar("Target")
 
 
-def shed_qos0(packets: list[tuple[bytes, Target]]) -> tuple[list[tuple[bytes, Target]],
-                                                             list[tuple[wire.TopicMessage, Target]]]:
-    """Split outgoing packets into those to send (order kept) and the QoS 0 `tm` shed, decoded."""
+def shed_qos0(packets: list[tuple[bytes, Target]]) -> tuple[list[tuple[bytes, Target]], list[tuple[bytes, Target]]]:
+    """Split outgoing packets into those to send and the QoS 0 `tm` shed (each list in the given order)."""
     kept: list[tuple[bytes, Target]] = []
-    shed: list[tuple[wire.TopicMessage, Target]] = []
-    for packet, target in packets:
-        message = qos0_publication(packet)
-        if message is None:
-            kept.append((packet, target))
-        else:
-            shed.append((message, target))
+    shed: list[tuple[bytes, Target]] = []
+    for item in packets:
+        (shed if is_qos0_publication(item[0]) else kept).append(item)
     return kept, shed
 
 
@@ -148,27 +148,27 @@ class PacketBacklog(Generic[Target]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def push(self, packet: bytes, source: Target) -> Sequence[wire.TopicMessage | None]:
-        """Queue a packet; returns what was dropped to make room (possibly this packet): the decoded QoS 0
-        `tm`, or None for another packet (QoS 1/2: its sender retransmits it)."""
+    def push(self, packet: bytes, source: Target) -> Sequence[bytes | None]:
+        """Queue a packet; returns what was dropped to make room (possibly this packet): a QoS 0 `tm`, still
+        encoded (decode it only to report it), or None for another packet (QoS 1/2: its sender retransmits it)."""
         self._items.append((packet, source))
         self.bytes += len(packet)
         if len(self._items) <= self.max_packets and self.bytes <= self.max_bytes:
             return _NONE_DROPPED  # the common case: no list made per packet
-        dropped: list[wire.TopicMessage | None] = []
+        dropped: list[bytes | None] = []
         while len(self._items) > self.max_packets or self.bytes > self.max_bytes:
             dropped.append(self._drop_one())
         return dropped
 
-    def _drop_one(self) -> wire.TopicMessage | None:
+    def _drop_one(self) -> bytes | None:
         items = self._items
         for index in range(min(PEEK_LIMIT, len(items))):
-            message = qos0_publication(items[index][0])
-            if message is not None:
-                self.bytes -= len(items[index][0])
+            packet = items[index][0]
+            if is_qos0_publication(packet):
+                self.bytes -= len(packet)
                 del items[index]
                 self.dropped["qos0"] += 1
-                return message
+                return packet
         packet, _source = items.popleft()
         self.bytes -= len(packet)
         self.dropped["qos12"] += 1

@@ -647,6 +647,21 @@ def packet_type(data: bytes) -> str | None:
     return None
 
 
+_TM_HEAD = bytes([0x9E, 0xA2]) + TOPIC_MESSAGE.encode("ascii")
+"""how every `tm` starts: an array of 14, then its type as a 2-character string"""
+
+
+def plain_topic_message_qos(data: bytes) -> int | None:
+    """The QoS of an encoded `tm` read from its last three bytes, without decoding it: a `tm` ends with
+    its QoS, retain flag and properties, which `encode` writes as 0-2, false/true and nil when it has no
+    properties. None for anything else (not a `tm`, properties, another encoding): decode to know.
+    For shedding under overload, where decoding what is about to be dropped costs as much as handling it."""
+    if len(data) > 6 and data[-1] == 0xC0 and data[-3] <= 2 and (data[-2] == 0xC2 or data[-2] == 0xC3) \
+            and data.startswith(_TM_HEAD):
+        return data[-3]
+    return None
+
+
 def publication_id_of(data: bytes) -> PublicationId | None:
     """The publication id of an encoded `tm` packet, or None."""
     if packet_type(data) != TOPIC_MESSAGE:

@@ -132,3 +132,24 @@ def test_added_latency_per_hop() -> None:
     assert math.isnan(added_per_hop(math.nan, 0.3, 2))
     with pytest.raises(ValueError):
         added_per_hop(1.0, 0.5, 1)
+
+
+def test_wrapper_drops_sum_every_wrappers_counters_and_the_kernels() -> None:
+    """Where a federation run lost messages: each wrapper's drop counters and its kernel receive drops,
+    summed by reason from the status documents; a wrapper that did not answer is left out."""
+    from types import SimpleNamespace
+
+    from federation.bench.setups import Setup, SetupSpec
+
+    statuses = {
+        "n0": {"drops": {"send_backlog_qos0": 2}, "daemon": {"overload": {"kernel_receive_drops": 0}}},
+        "n1": {"drops": {"receive_backlog_qos0": 5, "send_backlog_qos0": 1},
+               "daemon": {"overload": {"kernel_receive_drops": 7}}},
+        "n2": None,
+    }
+    setup = Setup.__new__(Setup)
+    setup.spec = SetupSpec.parse("federation-3")
+    setup.brokers = SimpleNamespace(statuses=lambda: statuses)  # type: ignore[assignment]
+    assert setup.wrapper_drops() == {"send_backlog_qos0": 3, "receive_backlog_qos0": 5, "kernel_receive": 7}
+    setup.spec = SetupSpec.parse("bridge-3")
+    assert setup.wrapper_drops() == {}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
+
+import pytest
 
 from federation import wire
 from federation.backpressure import InjectionQueue, is_qos0_publication
@@ -37,6 +40,27 @@ def test_qos0_publications_are_recognised_on_the_wire() -> None:
     assert not is_qos0_publication(wire.encode(wire.TOPIC_MESSAGE, sender, qos1))
     assert not is_qos0_publication(wire.encode(wire.HELLO, sender, wire.Hello(1, 0.0)))
     assert not is_qos0_publication(b"\x9b\xa2tm garbage")
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+@pytest.mark.parametrize("retain", [False, True])
+@pytest.mark.parametrize("payload", [b"", b"\x00\xc2\xc0", b"x" * 300])
+def test_the_qos_read_from_the_last_bytes_is_the_decoded_one(qos: int, retain: bool, payload: bytes) -> None:
+    """Shedding reads a `tm`'s QoS from its last bytes (wire.plain_topic_message_qos); it must agree with
+    decoding, whatever the payload ends with, and give up (None) where only decoding can tell."""
+    sender = wire.Sender(BrokerId(1, Address("h", 1)), 1)
+    message = wire.TopicMessage("a/#", Address("h", 1), 1, 7, 0, 0, "a/b", payload, qos, retain, None)
+    packet = wire.encode(wire.TOPIC_MESSAGE, sender, message)
+    body = wire.decode(packet).body
+    assert isinstance(body, wire.TopicMessage)
+    assert wire.plain_topic_message_qos(packet) == body.qos == qos
+    assert is_qos0_publication(packet) == (qos == 0)
+    with_properties = wire.encode(wire.TOPIC_MESSAGE, sender, dataclasses.replace(
+        message, properties={"content_type": "text/plain"}))
+    assert wire.plain_topic_message_qos(with_properties) is None
+    assert is_qos0_publication(with_properties) == (qos == 0)  # decoded instead
+    assert wire.plain_topic_message_qos(wire.encode(wire.HELLO, sender, wire.Hello(1, 0.0))) is None
+    assert wire.plain_topic_message_qos(packet[:3]) is None
 
 
 def test_hellos_from_fake_sources_cannot_fill_the_neighbour_table_for_good() -> None:

@@ -39,8 +39,15 @@ def test_shed_keeps_control_and_reliable_packets_in_order() -> None:
     packets = [(hello(origin), "a"), (tm(1, qos=0), "a"), (tm(2, qos=1), "b"), (tm(3, qos=0), "b"),
                (hello(origin, 2), "b")]
     kept, shed = shed_qos0(packets)
-    assert [p for p, _ in kept] == [packets[0][0], packets[2][0], packets[4][0]]
-    assert [(m.seq, target) for m, target in shed] == [(1, "a"), (3, "b")]
+    assert kept == [packets[0], packets[2], packets[4]]
+    assert shed == [packets[1], packets[3]]
+
+
+def seq_of(packet: bytes | None) -> int:
+    assert packet is not None
+    body = wire.decode(packet, len(packet), 1 << 16).body
+    assert isinstance(body, wire.TopicMessage)
+    return body.seq
 
 
 def test_receive_backlog_drops_the_oldest_qos0_first_and_stays_bounded() -> None:
@@ -48,9 +55,9 @@ def test_receive_backlog_drops_the_oldest_qos0_first_and_stays_bounded() -> None
     for seq, qos in ((1, 1), (2, 0), (3, 1), (4, 0)):
         assert list(backlog.push(tm(seq, qos), "s")) == []
     dropped = backlog.push(tm(5, 1), "s")
-    assert [m.seq for m in dropped if m is not None] == [2]
+    assert [seq_of(p) for p in dropped] == [2]
     dropped = backlog.push(tm(6, 1), "s")
-    assert [m.seq for m in dropped if m is not None] == [4]
+    assert [seq_of(p) for p in dropped] == [4]
     dropped = backlog.push(tm(7, 1), "s")  # no QoS 0 left: the oldest goes (its sender retransmits it)
     assert dropped == [None]
     assert backlog.dropped == {"qos0": 2, "qos12": 1}
@@ -166,7 +173,11 @@ def test_hello_is_answered_before_the_queued_data() -> None:
     asyncio.run(scenario())
 
 
-def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker() -> None:
+@pytest.mark.parametrize("publication_events", [True, False])
+def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publication_events: bool) -> None:
+    """The shed publication is always counted, and reported as `publication_dropped` only by a node that
+    makes the per-publication events (docs/daemon.md "Overload")."""
+
     async def scenario() -> None:
         runtime = await started_runtime()
         peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -176,6 +187,7 @@ def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker() -> 
             node = runtime.node
             protocol = runtime.protocol
             assert node is not None and protocol is not None
+            node.publication_events = publication_events
             broker = FakeBroker()
             runtime.broker = broker  # type: ignore[assignment]
             neighbour = Address("127.0.0.1", peer.getsockname()[1])
@@ -187,7 +199,7 @@ def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker() -> 
             node.send(wire.HELLO, wire.Hello(99, 0.0), [neighbour])
             runtime._drain_outputs(runtime.clock.now())
             assert node.drops["send_backlog_qos0"] == 1
-            assert runtime.event_counts["publication_dropped"] == 1
+            assert runtime.event_counts["publication_dropped"] == (1 if publication_events else 0)
             assert broker.reading_paused and broker.pauses == 1
             overload = runtime.status_document()["daemon"]["overload"]
             assert overload["send_shed_qos0"] == 1 and overload["kernel_receive_drops"] == 0
@@ -204,6 +216,39 @@ def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker() -> 
         finally:
             peer.close()
             runtime.broker = None
+            runtime._close_resources()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("publication_events", [True, False])
+def test_a_full_receive_backlog_counts_every_drop_and_reports_them_with_the_publication_events(
+        publication_events: bool) -> None:
+    """Shedding from the receive backlog: each dropped QoS 0 `tm` is counted; it becomes a
+    `publication_dropped` event (naming the publication) only on a node that makes the per-publication events."""
+
+    async def scenario() -> None:
+        runtime = await started_runtime()
+        try:
+            node = runtime.node
+            assert node is not None
+            node.publication_events = publication_events
+            node.events_emitted()
+            runtime.receive_backlog = PacketBacklog(max_packets=3, max_bytes=1 << 20)
+            envelope = Envelope(ORIGIN, 1)
+            for seq in range(1, 9):
+                envelope.send(tm(seq), runtime.config.bind)
+            datagrams = [(data, ORIGIN) for data, _ in envelope.datagrams_to_send()]
+            runtime._receive(node, datagrams, runtime.clock.now())
+            assert len(runtime.receive_backlog) == 3
+            assert node.drops["receive_backlog_qos0"] == 5
+            dropped = [e for e in node.events_emitted() if e.type == "publication_dropped"]
+            if publication_events:
+                assert [(e.fields["pub"], e.fields["reason"]) for e in dropped] == [
+                    (f"{ORIGIN}/1/{seq}", "receive_backlog") for seq in range(1, 6)]
+            else:
+                assert dropped == []
+        finally:
             runtime._close_resources()
 
     asyncio.run(scenario())

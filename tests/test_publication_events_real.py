@@ -34,6 +34,7 @@ def test_without_publication_events_every_message_arrives_once(tmp_path: Path, q
     finally:  # the wrappers stop on SIGTERM and write out their event logs
         setup.stop()
     assert (summary.sent, summary.delivered, summary.lost, summary.duplicates) == (1000, 1000, 0, 0)
+    assert summary.wrapper_drops == {}  # the wrappers' own counters agree: nothing dropped anywhere
     for node in setup.brokers.nodes.values():
         kinds = {json.loads(line)["type"] for line in node.event_log.read_text().splitlines()}
         assert kinds >= {events.NODE_STARTED, events.NEIGHBOUR_UP, events.NODE_STOPPED}, kinds

@@ -25,6 +25,7 @@ another; a stray sequence number would show as `unexpected`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -113,12 +114,14 @@ def run_case(setup: Setup, case: Case, topic: str, workdir: Path, keep_output: b
         probes_seen = _probe(setup, case, pipe, output, lines, subscriber, publisher, errors)
         pids = setup.wrapper_pids(), setup.broker_pids()
         cpu_before = [sum(cpu_seconds(pid) for pid in group) for group in pids]
+        drops_before = setup.wrapper_drops()
         first_send_ns = time.time_ns()
         publish_seconds = _publish(pipe, case)
         publisher.stdin.close()
         _wait_publisher(publisher, errors)
         _drain(lines, probes_seen + case.count)
         cpu_after = [sum(cpu_seconds(pid) for pid in group) for group in pids]
+        drops = {reason: count - drops_before.get(reason, 0) for reason, count in setup.wrapper_drops().items()}
     finally:
         for process in (publisher, subscriber):
             if process.poll() is None:
@@ -135,9 +138,11 @@ def run_case(setup: Setup, case: Case, topic: str, workdir: Path, keep_output: b
     if not keep_output:
         output.unlink(missing_ok=True)
         errors.unlink(missing_ok=True)
-    return summarize(received, case.count, first_send_ns, cpu_wrappers_s=cpu_after[0] - cpu_before[0],
-                     cpu_brokers_s=cpu_after[1] - cpu_before[1], bad_lines=bad,
-                     publish_seconds=publish_seconds)
+    summary = summarize(received, case.count, first_send_ns, cpu_wrappers_s=cpu_after[0] - cpu_before[0],
+                        cpu_brokers_s=cpu_after[1] - cpu_before[1], bad_lines=bad,
+                        publish_seconds=publish_seconds)
+    return dataclasses.replace(summary, wrapper_drops={reason: count for reason, count in sorted(drops.items())
+                                                       if count})
 
 
 def _probe(setup: Setup, case: Case, pipe: int, output: Path, lines: FileLines, subscriber: subprocess.Popen[bytes],

@@ -159,6 +159,22 @@ class Setup:
         return [node.wrapper_process.pid for node in self.brokers.nodes.values()
                 if node.wrapper_process is not None]
 
+    def wrapper_drops(self) -> dict[str, int]:
+        """Every wrapper's drop counters summed by reason, with the kernel's count of datagrams dropped for
+        a full receive buffer as `kernel_receive`: where a federation run's losses happened. Empty for
+        bridges; a wrapper that does not answer is left out (the run still counts what arrived)."""
+        totals: dict[str, int] = {}
+        if self.spec.kind != "federation":
+            return totals
+        for status in self.brokers.statuses().values():
+            if status is None:
+                continue
+            counts = dict(status.get("drops", {}))
+            counts["kernel_receive"] = status.get("daemon", {}).get("overload", {}).get("kernel_receive_drops") or 0
+            for reason, count in counts.items():
+                totals[reason] = totals.get(reason, 0) + int(count)
+        return totals
+
     def check_running(self) -> None:
         """LaunchError if a broker or wrapper of this setup has exited."""
         for node in self.brokers.nodes.values():

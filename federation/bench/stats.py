@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PROBE_MARK = b"probe"
@@ -133,6 +133,9 @@ class RunSummary:
     bad_lines: int = 0
     offered_rate: float = math.nan
     """count / seconds the publisher took to write them (below the asked rate when the publisher fell behind)"""
+    wrapper_drops: dict[str, int] = field(default_factory=dict)
+    """the wrappers' drops during the run by reason, `kernel_receive` for a full UDP receive buffer
+    (`Setup.wrapper_drops`); only reasons that counted some"""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,15 +18,20 @@ of the node's outputs:
 - onto the socket (`shed`): while the send side is backed up, QoS 0 `tm`
   are dropped before the envelope, never control packets nor QoS 1/2.
 
-Every drop is counted on the node and emitted as `publication_dropped`
-with its reason; the counts here (`send_shed`, `backpressure_pauses`, the
-queue's `dropped`) are what the status document shows.
+Every drop is counted on the node; the counts here (`send_shed`,
+`backpressure_pauses`, the queue's `dropped`) are what the status document
+shows. A drop is also emitted as `publication_dropped` with its reason, but
+only when the node makes the per-publication events
+(`Node.publication_events`, for an event log that keeps them): under a
+sustained flood the drops are as many as the publications, and decoding
+each dropped packet and writing a line for it made an overloaded wrapper
+spend most of its time on what it could not deliver, and so drop more.
 """
 
 from __future__ import annotations
 
 from federation import events
-from federation.backpressure import InjectionQueue, shed_qos0
+from federation.backpressure import InjectionQueue, qos0_publication, shed_qos0
 from federation.daemon.broker import BrokerAdapter
 from federation.node import Node
 from federation.types import Address, Injection
@@ -60,11 +65,9 @@ class FlowControl:
         """The send side is backed up: drop the QoS 0 `tm` (counted, reported), keep the rest. Judged per
         protocol packet, before the envelope batches packets into datagrams."""
         kept, shed = shed_qos0(packets)
-        for message, target in shed:
+        for packet, target in shed:
             self.send_shed += 1
-            node.count_drop("send_backlog_qos0")
-            node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(message.publication),
-                      filter=message.filter, reason="send_backlog", to=[str(target)])
+            report_shed(node, "send_backlog_qos0", "send_backlog", packet, now, target)
         return kept
 
     def inject(self, node: Node, broker: BrokerAdapter, now: float) -> None:
@@ -75,8 +78,9 @@ class FlowControl:
             dropped = queue.push(injection, injection.qos)
             if dropped is not None:
                 node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
-                node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
-                          filter=None, reason="broker_backlog")
+                if node.publication_events:
+                    node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
+                              filter=None, reason="broker_backlog")
         if len(queue):
             broker.publish_all(queue.take(max(0, BROKER_BACKLOG - broker.backlog())))
         # QoS 1/2 copies are acknowledged to the previous hop on arrival: stop taking new ones before the
@@ -104,3 +108,20 @@ class FlowControl:
             broker.pause_reading()
             self._paused_at = now
             self.backpressure_pauses += 1
+
+
+def report_shed(node: Node, counter: str, reason: str, packet: bytes, now: float, to: Address | None = None) -> None:
+    """A QoS 0 `tm` dropped under overload, still encoded: counted as drop `counter`, and reported as
+    `publication_dropped` (decoded only for that) when the node makes the per-publication events."""
+    node.count_drop(counter)
+    if not node.publication_events:
+        return
+    message = qos0_publication(packet)
+    if message is None:
+        return
+    if to is None:
+        node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(message.publication),
+                  filter=message.filter, reason=reason)
+    else:
+        node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(message.publication),
+                  filter=message.filter, reason=reason, to=[str(to)])

@@ -58,7 +58,7 @@ from federation.daemon.broker_health import BrokerHealth
 from federation.daemon.broker_items import BrokerItem, LogLine, LoopHandOff, Publication
 from federation.daemon.config import DaemonConfig, is_wildcard
 from federation.daemon.event_log import EventLog, EventLogError
-from federation.daemon.flow_control import FlowControl
+from federation.daemon.flow_control import FlowControl, report_shed
 from federation.daemon.metrics import Snapshot, start_metrics_server
 from federation.daemon.snapshots import metrics_snapshot, snapshot_from_thread, status_document
 from federation.daemon.state import BackgroundWriter, LocalSubscriptions, PersistedState, StateStore, next_epoch
@@ -360,13 +360,11 @@ class Runtime:
                 if wire.packet_type(packet) != wire.TOPIC_MESSAGE:
                     node.receive_datagram(packet, source, now)
                     continue
-                for message in backlog.push(packet, source):
-                    if message is None:  # QoS 1/2: never acknowledged, so its sender sends it again
+                for dropped in backlog.push(packet, source):
+                    if dropped is None:  # QoS 1/2: never acknowledged, so its sender sends it again
                         node.count_drop("receive_backlog_qos12")
-                        continue
-                    node.count_drop("receive_backlog_qos0")
-                    node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(message.publication),
-                              filter=message.filter, reason="receive_backlog")
+                    else:
+                        report_shed(node, "receive_backlog_qos0", "receive_backlog", dropped, now)
 
     def _scheduled_data_pass(self) -> None:
         self._data_pass_scheduled = False

@@ -19,21 +19,22 @@ believe is read from their status documents.
    phase's convergence is measured from it.
 3. Execute the timeline on the wall clock. `subscribe` / `unsubscribe` /
    `disconnect` drive real `mosquitto_sub` processes
-   (`federation.harness.clients`); every message of a `publish` is one
-   `mosquitto_pub` whose payload is `{"id", "sent", "fill"}` as in the
-   simulator; `cut` / `heal` / `loss` update `LinkState` and the platform
-   installs the inbound packet filters of the nodes concerned; `kill` is
-   kill -9 of the wrapper; `restart` kills what runs and starts it again
-   (with `broker: true` the broker too, after which the node's subscribers are
-   restarted once the wrapper is back on its broker: Mosquitto logs their
-   subscriptions again only then). Disruptions update the ground truth and
+   (`federation.harness.clients`); every message of a `publish` is a line
+   to the event's `mosquitto_pub -l` (`federation.harness.publishers`), a
+   payload `{"id", "sent", "fill"}` as in the simulator; `cut` / `heal` /
+   `loss` update `LinkState` and the platform installs the inbound packet
+   filters of the nodes concerned; `kill` is kill -9 of the wrapper;
+   `restart` kills what runs and starts it again (with `broker: true` the
+   broker too, after which the node's subscribers are restarted once the
+   wrapper is back on its broker: Mosquitto logs their subscriptions again
+   only then). Disruptions update the ground truth and
    open a convergence phase exactly as in the simulator.
-4. A poller thread asks every running wrapper for its status (every 0.1 s
-   while a phase has not settled, every second otherwise) and feeds the views
-   to the tracker. A phase settles at the start time of the first poll whose
-   views agree with the ground truth (so the figure has the resolution of
-   the poll interval); a poll that began before the latest disruption never
-   settles the new phase.
+4. A poller thread (`federation.harness.poller`) asks every running wrapper
+   for its status (every 0.1 s while a phase has not settled, every second
+   otherwise) and feeds the views to the tracker. A phase settles at the
+   start time of the first poll whose views agree with the ground truth (so
+   the figure has the resolution of the poll interval); a poll that began
+   before the latest disruption never settles the new phase.
 5. After `duration`, wait (at most `DRAIN_SECONDS`) for deliveries still in
    flight, take a last status of every node, stop the clients and then the
    wrappers cleanly (their event logs are complete then), copy every node's
@@ -55,30 +56,22 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from federation.harness.checks import check_scenario, node_plans
-from federation.harness.clients import (
-    Receipts,
-    SentPublication,
-    SubscriberClients,
-    deliveries,
-    publisher_argv,
-    read_receipts,
-)
+from federation.harness.clients import Receipts, SubscriberClients, deliveries, read_receipts
 from federation.harness.links import LinkState
 from federation.harness.nodeconfig import WRAPPER_PORT
-from federation.harness.platform import NodePlan, Platform, PlatformError, StatusDocument
+from federation.harness.platform import NodePlan, Platform, PlatformError
+from federation.harness.poller import StatusPoller, wait_ready
 from federation.harness.processes import LaunchError, end_all, poll
+from federation.harness.publishers import Publishers
 from federation.harness.signals import RunInterrupted, interrupt_on_sigterm, signals_held
-from federation.harness.statusview import StatusView, ready_problem, view_of
-from federation.harness.traffic import TrafficTally, lifetimes_seconds, sent_counts
+from federation.harness.traffic import TrafficTally, lifetimes_seconds
 from federation.scenario.loader import ScenarioError
 from federation.scenario.model import (
     Cut,
@@ -93,7 +86,7 @@ from federation.scenario.model import (
     Subscribe,
     Unsubscribe,
 )
-from federation.scenario.report import NodeRecord, PhaseRecord, PublicationRecord, build_report
+from federation.scenario.report import NodeRecord, build_report
 from federation.sim.truth import ConvergenceTracker, GroundTruth
 from federation.types import Address
 
@@ -102,53 +95,15 @@ LINK_EVENTS = (Cut, Heal, Loss)
 READY_SECONDS = 30.0
 """seconds every wrapper gets to become ready, plus READY_SECONDS_PER_NODE per node (2 CPUs are slow)"""
 READY_SECONDS_PER_NODE = 2.0
-POLL_FAST = 0.1
-"""seconds between status polls while a convergence phase is open"""
-POLL_SLOW = 1.0
-"""seconds between status polls once it has settled"""
-STATUS_TIMEOUT = 0.5
-"""seconds one round of status queries waits for the replies"""
 DRAIN_SECONDS = 3.0
 """seconds after `duration` to wait for expected deliveries still in flight"""
 LATE_SECONDS = 0.25
 """an action applied this much after its scheduled time is reported as `run_late`"""
-PUBLISHER_LEAD = 1.0
-"""seconds before a `publish` event's first message its mosquitto_pub is started, so it is connected"""
-PUBLISHER_EXIT_SECONDS = 5.0
-"""seconds a publisher gets to send what it read and exit after its stdin is closed"""
 RESTART_READY_SECONDS = 15.0
 """seconds a restarted wrapper gets to reach its restarted broker before the node's subscribers restart"""
 
 _RUN_LAYOUT = ("run.jsonl", "nodes", "clients")
 """what the driver writes into the events directory (and may replace there)"""
-
-
-@dataclass
-class _Publisher:
-    """The `mosquitto_pub -l` of one `publish` event (a new one if the last died with its broker)."""
-
-    event: Publish
-    process: subprocess.Popen[bytes] | None = None
-    used: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None and self.process.stdin is not None
-
-    def close(self) -> None:
-        """Close stdin: mosquitto_pub sends what it has read and exits with status 0."""
-        if self.process is not None and self.process.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()
-        self.process = None
-
-
-@dataclass
-class _Publication:
-    sent: SentPublication
-    in_bound: bool
-    expected: frozenset[str]
-    process: subprocess.Popen[bytes]
-    """the mosquitto_pub that took it: if that exits with an error, the publication is not judged"""
 
 
 class Driver:
@@ -172,20 +127,11 @@ class Driver:
         self.tracker: ConvergenceTracker | None = None
         self.alive: set[str] = set()
         self.lifetimes: dict[str, list[tuple[float, float | None]]] = {name: [] for name in self.names}
-        self.generation = 0
-        self.previous_poll_at = 0.0  # when the last round of status queries began
-        self.resolutions: dict[int, float] = {}  # phase index -> PhaseRecord.resolution
-        self.views: dict[str, StatusView] = {}
-        self.last_status: dict[str, StatusDocument] = {}
         self.tally = TrafficTally()
-        self.publishers: list[_Publisher] = []
-        self.publications: list[_Publication] = []
-        self.payload_counter = 0
+        self.publishers: Publishers | None = None  # made at run time 0, in _run
         self.violations: list[str] = []
         self.clients: SubscriberClients | None = None
-        self.poller: threading.Thread | None = None
-        self.poller_stop = threading.Event()
-        self.poller_error: BaseException | None = None
+        self.poller: StatusPoller | None = None  # made with the tracker, in _run
         self.late: list[tuple[str, float]] = []
 
     # ------------------------------------------------------------ time
@@ -197,8 +143,8 @@ class Driver:
     def _wait_until(self, at: float) -> None:
         while True:
             remaining = self.t0_monotonic + at - time.monotonic()
-            if self.poller_error is not None:
-                raise PlatformError(f"the status poller failed: {self.poller_error!r}") from self.poller_error
+            if self.poller is not None:
+                self.poller.check()
             if remaining <= 0:
                 return
             time.sleep(min(remaining, 0.2))
@@ -258,6 +204,8 @@ class Driver:
         addresses = {name: Address(platform.address(name), WRAPPER_PORT) for name in self.names}
         self.truth = GroundTruth(self.names, addresses, self.scenario.settle)
         self.tracker = ConvergenceTracker(self.truth)
+        self.poller = StatusPoller(platform, self.tracker, self.tally, lock=self.lock, alive=self.alive,
+                                   now=self.now, event=self._event)
         self.clients = SubscriberClients(platform, self.files / "clients", self.now)
         for name in self.names:
             filters = self.links.inbound(name)
@@ -268,10 +216,12 @@ class Driver:
         spawned = time.monotonic()
         for name in self.names:
             platform.start_wrapper(name)
-        self._wait_ready(self.names, READY_SECONDS + READY_SECONDS_PER_NODE * len(self.names))
+        wait_ready(self.platform, self.names, READY_SECONDS + READY_SECONDS_PER_NODE * len(self.names))
         self.t0_monotonic = time.monotonic()
         self.t0_unix = time.time()
         self.started = True
+        self.publishers = Publishers(platform, self.files / "clients" / "publishers.out", self.truth, lock=self.lock,
+                                     now=self.now, t0_unix=self.t0_unix, event=self._event)
         for name in self.names:
             self.alive.add(name)
             self.lifetimes[name].append((0.0, None))
@@ -283,42 +233,16 @@ class Driver:
             self.truth.set_topology(self.names, self.links.up_links())
             self.truth.loss_active = self.links.loss_active()
             self.tracker.begin_phase("start", 0.0)
-        self.poller = threading.Thread(target=self._poll_loop, name="status-poller", daemon=True)
         self.poller.start()
         self._execute_timeline()
         self._wait_until(self.scenario.duration)
         self._drain()
         return self._finish()
 
-    def _wait_ready(self, names: list[str], timeout: float) -> None:
-        platform = self.platform
-        problems: dict[str, str] = {}
-
-        def ready() -> bool:
-            for name in names:
-                if not platform.wrapper_running(name):
-                    raise PlatformError(f"the wrapper of {name} exited at start:\n"
-                                        f"{platform.wrapper_diagnostics(name)}")
-            documents = platform.statuses([name for name in names if name in problems], STATUS_TIMEOUT)
-            for name, document in documents.items():
-                problem = ready_problem(document)
-                if problem is None:
-                    problems.pop(name, None)
-                else:
-                    problems[name] = problem
-            return not problems
-
-        problems.update({name: "no status reply yet" for name in names})
-        try:
-            poll(ready, timeout, lambda: "every wrapper to be ready: " + "; ".join(
-                f"{name}: {problem}" for name, problem in sorted(problems.items())), interval=0.1)
-        except LaunchError as error:
-            details = "\n".join(platform.wrapper_diagnostics(name) for name in sorted(problems))
-            raise PlatformError(f"{error}\n{details}") from None
-
     # ------------------------------------------------------------ the timeline
 
     def _execute_timeline(self) -> None:
+        assert self.publishers is not None
         queue: list[tuple[float, int, Callable[[], None], str]] = []
         order = 0
         batch: list[Cut | Heal | Loss] | None = None
@@ -327,15 +251,9 @@ class Driver:
             if not isinstance(event, LINK_EVENTS):
                 batch = None  # only consecutive link events of one instant are applied together
             if isinstance(event, Publish):
-                publisher = _Publisher(event)
-                self.publishers.append(publisher)
-                order += 1
-                heapq.heappush(queue, (max(0.0, event.at - PUBLISHER_LEAD), order,
-                                       _bind(self._start_publisher, publisher), "publisher"))
-                for number in range(event.count):
+                for at, action, kind in self.publishers.schedule(event):
                     order += 1
-                    heapq.heappush(queue, (event.at + number * event.interval, order,
-                                           _bind(self._publish, (publisher, number)), "publish"))
+                    heapq.heappush(queue, (at, order, action, kind))
             elif isinstance(event, LINK_EVENTS):
                 # Link changes at one instant are applied together: one filter update per node.
                 if batch_at == event.at and batch is not None:
@@ -436,7 +354,8 @@ class Driver:
             self.truth.loss_active = self.links.loss_active()
             for label in parts:
                 self.tracker.begin_phase(label, at)
-            self.generation += 1
+            assert self.poller is not None
+            self.poller.disrupted()
 
     def _kill(self, name: str) -> None:
         assert self.tracker is not None
@@ -445,13 +364,12 @@ class Driver:
         self._event("run_killed", name, exit_status=status)
 
     def _node_down(self, name: str) -> None:
-        assert self.tracker is not None
+        assert self.poller is not None
         if name in self.alive:
             self.alive.discard(name)
             start, _ = self.lifetimes[name][-1]
             self.lifetimes[name][-1] = (start, self.now())
-        self.tracker.remove_view(name)
-        self.views.pop(name, None)
+        self.poller.forget(name)
 
     def _restart(self, name: str, broker: bool) -> None:
         crashed = self.platform.wrapper_running(name)
@@ -459,7 +377,8 @@ class Driver:
             self.platform.stop_wrapper(name, kill=True)
         self._node_down(name)
         if broker:
-            self._close_publishers(name)  # what they read is sent before the broker goes
+            assert self.publishers is not None
+            self.publishers.close(name)  # what they read is sent before the broker goes
             self.platform.stop_broker(name, kill=True)
             self.platform.start_broker(name)
         self.platform.start_wrapper(name)
@@ -472,127 +391,19 @@ class Driver:
         subscribe again: wait until the wrapper reads the new broker's log, then restart the clients."""
         assert self.clients is not None
         try:
-            self._wait_ready([name], RESTART_READY_SECONDS)
+            wait_ready(self.platform, [name], RESTART_READY_SECONDS)
         except PlatformError as error:
             self.violations.append(f"restart {name} with its broker: the wrapper did not come back: {error}")
             return
         self.clients.restart_node(name)
         self._event("run_resubscribed", name)
 
-    def _start_publisher(self, publisher: _Publisher) -> None:
-        assert self.files is not None
-        if publisher.running():
-            return
-        event = publisher.event
-        publisher.process = self.platform.start_client(
-            event.node, publisher_argv(event.topic, event.qos, event.retain),
-            self.files / "clients" / "publishers.out", stdin=True)
-        publisher.used.append(publisher.process)
-
-    def _publish(self, job: tuple[_Publisher, int]) -> None:
-        """One message of a `publish` event: a line to its mosquitto_pub, with the id and send time."""
-        assert self.truth is not None
-        publisher, number = job
-        event = publisher.event
-        if not publisher.running():
-            self._start_publisher(publisher)  # its broker was restarted, or it failed
-        process = publisher.process
-        assert process is not None and process.stdin is not None
-        self.payload_counter += 1
-        payload_id = f"{event.node}-{self.payload_counter}"
-        with self.lock:
-            now = self.now()
-            in_bound, expected = self.truth.expected(event.node, event.topic, now)
-        payload = json.dumps({"id": payload_id, "sent": round(self.t0_unix + now, 6),
-                              "fill": "x" * event.payload_size}, separators=(",", ":"))
-        try:
-            process.stdin.write(payload.encode() + b"\n")
-            process.stdin.flush()
-        except OSError as error:
-            self._event("run_publish_failed", event.node, payload_id=payload_id, reason=str(error))
-            publisher.close()
-            return
-        self.publications.append(_Publication(SentPublication(payload_id, event.node, event.topic, now),
-                                              in_bound, expected, process))
-        self._event("run_publish", event.node, payload_id=payload_id, topic=event.topic, qos=event.qos,
-                    retain=event.retain, size=len(payload), in_bound=in_bound, expected=sorted(expected))
-        if number == event.count - 1:
-            publisher.close()
-
-    def _close_publishers(self, node: str | None = None) -> None:
-        """Close the stdin of the (node's) publishers and wait until they have sent everything and exited."""
-        chosen = [p for p in self.publishers if node is None or p.event.node == node]
-        processes = [process for publisher in chosen for process in publisher.used]
-        for publisher in chosen:
-            publisher.close()
-        deadline = time.monotonic() + PUBLISHER_EXIT_SECONDS
-        for process in processes:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-    # ------------------------------------------------------------ status polling
-
-    def _poll_loop(self) -> None:
-        try:
-            while not self.poller_stop.is_set():
-                self.poll_once()
-                assert self.tracker is not None
-                with self.lock:
-                    open_phase = bool(self.tracker.phases) and self.tracker.phases[-1].settled_at is None
-                self.poller_stop.wait(POLL_FAST if open_phase else POLL_SLOW)
-        except BaseException as error:  # noqa: BLE001 - handed to the main thread, which raises it
-            self.poller_error = error
-
-    def poll_once(self) -> None:
-        """One round of status queries; update the views, and settle the open phase if they agree."""
-        assert self.tracker is not None
-        with self.lock:
-            names = sorted(self.alive)
-            generation = self.generation
-            asked_at = self.now()
-        documents = self.platform.statuses(names, STATUS_TIMEOUT)
-        with self.lock:
-            for name, document in sorted(documents.items()):
-                if name not in self.alive or document is None:
-                    continue  # killed meanwhile, or no answer this time: keep the last view
-                self.last_status[name] = document
-                epoch = document.get("epoch")
-                if isinstance(epoch, int):
-                    self.tally.observe(name, epoch, sent_counts(document.get("sent")))
-                view = view_of(document)
-                if view is None:
-                    if name in self.views:
-                        self.tracker.remove_view(name)
-                        del self.views[name]
-                    continue
-                old = self.views.get(name)
-                if old is None or (old.broker_id, old.members, old.management_core, dict(old.topic_cores)) != (
-                        view.broker_id, view.members, view.management_core, dict(view.topic_cores)):
-                    self.views[name] = view
-                    self.tracker.update_view(name, view.broker_id, view.members, view.management_core,
-                                             view.topic_cores)
-            if generation == self.generation:
-                before = self.tracker.phases[-1].settled_at if self.tracker.phases else None
-                self.tracker.check(asked_at)
-                phase = self.tracker.phases[-1] if self.tracker.phases else None
-                if phase is not None and before is None and phase.settled_at is not None:
-                    # The views came to agree after the previous round began (it still saw them differ)
-                    # and before this one's last answer: how well a poll can place the moment.
-                    resolution = self.now() - max(self.previous_poll_at, phase.at)
-                    self.resolutions[len(self.tracker.phases) - 1] = resolution
-                    self._event("run_converged", None, phase=phase.label, seconds=round(asked_at - phase.at, 6),
-                                resolution=round(resolution, 6))
-            self.previous_poll_at = asked_at
-
     # ------------------------------------------------------------ the end
 
     def _drain(self) -> None:
         """Wait until every expected delivery has been printed, or DRAIN_SECONDS."""
-        assert self.clients is not None
-        wanted = {(p.sent.payload_id, node) for p in self.publications for node in p.expected}
+        assert self.clients is not None and self.publishers is not None
+        wanted = self.publishers.expected_deliveries()
 
         def all_printed() -> bool:
             receipts = read_receipts(self.clients.runs if self.clients else [], 0.0, final=False)
@@ -604,18 +415,17 @@ class Driver:
             poll(all_printed, DRAIN_SECONDS, "expected deliveries", interval=0.1)
 
     def _finish(self) -> dict[str, Any]:
-        assert self.truth is not None and self.tracker is not None and self.clients is not None
-        self.poller_stop.set()
-        if self.poller is not None:
-            self.poller.join()
-        self.poll_once()
+        assert self.truth is not None and self.clients is not None and self.poller is not None
+        assert self.publishers is not None
+        self.poller.stop()
+        self.poller.poll_once()
         end = self.now()
         for text in self._final_violations(end):
             self.violations.append(text)
             self._event("run_violation", None, text=text)
         node_records = self._node_records()
         self.clients.stop_all()
-        self._close_publishers()
+        self.publishers.close()
         self.platform.stop_all()
         node_seconds = sum(lifetimes_seconds(spans, end) for spans in self.lifetimes.values())
         assert self.files is not None
@@ -623,11 +433,10 @@ class Driver:
         for name in self.names:
             event_log = self.platform.collect(name, self.files / "nodes" / name)
             bad_lines += self.tally.read_event_log(name, event_log)
-        publications, sent = self._publication_records()
+        publications, sent = self.publishers.records()
         receipts: Receipts = read_receipts(self.clients.runs, self.t0_unix, final=True)
         delivered = deliveries(receipts, self.clients.runs, sent, self.clients.history)
-        phases = [PhaseRecord(phase.label, phase.at, phase.settled_at, self.resolutions.get(index, 0.0))
-                  for index, phase in enumerate(self.tracker.phases)]
+        phases = self.poller.phase_records()
         report = build_report(
             scenario=self.scenario.name, seed=self.seed, backend=self.platform.backend,
             duration=self.scenario.duration, publications=publications, deliveries=delivered, phases=phases,
@@ -638,23 +447,6 @@ class Driver:
                     unexpected=report["publications"]["unexpected"], foreign_lines=receipts.foreign,
                     unreadable_event_lines=bad_lines, late_actions=len(self.late))
         return report
-
-    def _publication_records(self) -> tuple[list[PublicationRecord], dict[str, SentPublication]]:
-        records = []
-        sent = {}
-        for publication in self.publications:
-            in_bound, expected = publication.in_bound, publication.expected
-            status = publication.process.poll()
-            if status != 0:
-                # Its mosquitto_pub failed: the message may never have reached the broker; count, don't judge.
-                self._event("run_publish_unconfirmed", publication.sent.origin,
-                            payload_id=publication.sent.payload_id, exit_status=status)
-                in_bound, expected = False, frozenset()
-            sent[publication.sent.payload_id] = publication.sent
-            records.append(PublicationRecord(publication.sent.payload_id, publication.sent.origin,
-                                             publication.sent.topic, publication.sent.sent_at,
-                                             in_bound, expected))
-        return records, sent
 
     def _final_violations(self, end: float) -> list[str]:
         """As the simulator: every component quiet for `settle` seconds must have converged."""
@@ -671,9 +463,10 @@ class Driver:
         return problems
 
     def _node_records(self) -> list[NodeRecord]:
+        assert self.poller is not None
         records = []
         for name in self.names:
-            document = self.last_status.get(name)
+            document = self.poller.last_status.get(name)
             if name not in self.alive:
                 records.append(NodeRecord(name, False))
                 continue
@@ -686,14 +479,14 @@ class Driver:
         return records
 
     def _cleanup(self) -> None:
-        self.poller_stop.set()
-        if self.poller is not None and self.poller.is_alive():
-            self.poller.join(timeout=5)
+        if self.poller is not None:
+            self.poller.stop(timeout=5)
         if self.clients is not None:
             with contextlib.suppress(Exception):
                 self.clients.stop_all()
-        with contextlib.suppress(Exception):
-            end_all([process for publisher in self.publishers for process in publisher.used], timeout=2)
+        if self.publishers is not None:
+            with contextlib.suppress(Exception):
+                end_all(self.publishers.processes(), timeout=2)
         if self.events_dir is not None and self.files is not None:
             # A failed run still leaves its node files for diagnosis.
             for name in self.names:
