@@ -158,8 +158,15 @@ def start_cli_run(tmp_path: Path, duration: float) -> tuple[subprocess.Popen[byt
     process = subprocess.Popen(
         [sys.executable, "-m", "federation.scenario", "run", str(scenario), "--backend", "netns",
          "--events", str(events), "--quiet"],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     return process, events
+
+
+def default_sigint() -> None:
+    """In the child: SIGINT as a terminal delivers it. A test session started in the background by a
+    non-interactive shell (`cmd &`) ignores SIGINT, the child would inherit that, and Python keeps an
+    ignored SIGINT ignored, so the Ctrl-C test would see a run that never stops."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_cut(process: subprocess.Popen[bytes], events: Path) -> None:
