@@ -38,7 +38,7 @@ ALL = (NODE_STARTED, NODE_STOPPED, NEIGHBOUR_UP, NEIGHBOUR_DOWN, TABLE_CHANGED, 
 
 PER_PUBLICATION = frozenset({PUBLICATION_ORIGINATED, PUBLICATION_FORWARDED, PUBLICATION_DELIVERED, DUPLICATE_DROPPED})
 """the events made for every publication at every hop (`Node.publication_events`); drops and retransmissions,
-which are rare, are always made, except the drops of overload shedding, which follow the same switch
+which are rare, are always made, except the QoS 0 drops of overload shedding, which follow the same switch
 (federation.daemon.flow_control)"""
 
 

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import socket
 from typing import Any
 
 import pytest
 
 from federation import wire
-from federation.backpressure import PacketBacklog, shed_qos0
+from federation.backpressure import InjectionQueue, PacketBacklog, shed_qos0
 from federation.daemon.config import DaemonConfig
-from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG_HIGH
+from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG_HIGH, FlowControl
 from federation.daemon.runtime import DATA_SLICE, Runtime
 from federation.daemon.udp import kernel_receive_drops
 from federation.envelope import Envelope
+from federation.node import Node
 from federation.types import Address, BrokerId, Injection
 
 ORIGIN = Address("127.0.0.9", 10500)
@@ -338,3 +340,24 @@ def test_a_backed_up_broker_stops_the_wrapper_taking_new_qos1_copies() -> None:
             runtime._close_resources()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("publication_events", [True, False])
+def test_publications_dropped_toward_a_slow_broker_are_counted_and_qos12_always_reported(
+        publication_events: bool) -> None:
+    """The injection queue full: a dropped QoS 0 publication is an event only with the per-publication events;
+    a dropped QoS 1/2 one, acknowledged hop by hop already, is always reported."""
+    class BusyBroker(FakeBroker):
+        def backlog(self) -> int:
+            return BROKER_BACKLOG  # takes nothing now: everything waits in the queue
+
+    node = Node(ORIGIN, [], 1, random.Random(1))
+    node.publication_events = publication_events
+    flow = FlowControl()
+    flow.injection_queue = InjectionQueue(2)
+    made = [Injection("t/x", b"p", qos, False, None, (ORIGIN, 1, seq)) for seq, qos in enumerate((1, 0, 1, 1), 1)]
+    node._injections.extend(made)
+    flow.inject(node, BusyBroker(), 0.0)  # type: ignore[arg-type]
+    assert node.drops["inject_backlog_qos0"] == 1 and node.drops["inject_backlog_qos12"] == 1
+    reported = [e.fields["pub"] for e in node.events_emitted() if e.type == "publication_dropped"]
+    assert reported == ([f"{ORIGIN}/1/2", f"{ORIGIN}/1/1"] if publication_events else [f"{ORIGIN}/1/1"])

@@ -20,8 +20,8 @@ of the node's outputs:
 
 Every drop is counted on the node; the counts here (`send_shed`,
 `backpressure_pauses`, the queue's `dropped`) are what the status document
-shows. A drop is also emitted as `publication_dropped` with its reason, but
-only when the node makes the per-publication events
+shows. A drop is also emitted as `publication_dropped` with its reason; a
+QoS 0 one only when the node makes the per-publication events
 (`Node.publication_events`, for an event log that keeps them): under a
 sustained flood the drops are as many as the publications, and decoding
 each dropped packet and writing a line for it made an overloaded wrapper
@@ -78,7 +78,7 @@ class FlowControl:
             dropped = queue.push(injection, injection.qos)
             if dropped is not None:
                 node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
-                if node.publication_events:
+                if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
                     node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
                               filter=None, reason="broker_backlog")
         if len(queue):
