@@ -30,6 +30,8 @@ spend most of its time on what it could not deliver, and so drop more.
 
 from __future__ import annotations
 
+from typing import Any
+
 from federation import events
 from federation.backpressure import InjectionQueue, qos0_publication, shed_qos0
 from federation.daemon.broker import BrokerAdapter
@@ -119,9 +121,8 @@ def report_shed(node: Node, counter: str, reason: str, packet: bytes, now: float
     message = qos0_publication(packet)
     if message is None:
         return
-    if to is None:
-        node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(message.publication),
-                  filter=message.filter, reason=reason)
-    else:
-        node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(message.publication),
-                  filter=message.filter, reason=reason, to=[str(to)])
+    fields: dict[str, Any] = {"pub": events.publication_text(message.publication), "filter": message.filter,
+                              "reason": reason}
+    if to is not None:
+        fields["to"] = [str(to)]
+    node.emit(events.PUBLICATION_DROPPED, now, **fields)

@@ -97,6 +97,11 @@ def end_all(processes: Sequence[subprocess.Popen[bytes]], timeout: float = STOP_
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
+    wait_all(processes, timeout)
+
+
+def wait_all(processes: Sequence[subprocess.Popen[bytes]], timeout: float) -> None:
+    """Wait for every process within one shared `timeout`; kill those still running after it."""
     deadline = time.monotonic() + timeout
     for process in processes:
         try:

@@ -31,7 +31,6 @@ import contextlib
 import json
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +39,7 @@ from pathlib import Path
 from federation.harness.clients import SentPublication, publisher_argv
 from federation.harness.platform import Platform
 from federation.harness.poller import EventSink
+from federation.harness.processes import wait_all
 from federation.scenario.model import Publish
 from federation.scenario.report import PublicationRecord
 from federation.sim.truth import GroundTruth
@@ -147,13 +147,7 @@ class Publishers:
         processes = [process for publisher in chosen for process in publisher.used]
         for publisher in chosen:
             publisher.close()
-        deadline = time.monotonic() + PUBLISHER_EXIT_SECONDS
-        for process in processes:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        wait_all(processes, PUBLISHER_EXIT_SECONDS)
 
     def processes(self) -> list[subprocess.Popen[bytes]]:
         """Every mosquitto_pub started so far (for the cleanup after a failed run)."""
