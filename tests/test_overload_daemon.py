@@ -7,15 +7,17 @@ import asyncio
 import dataclasses
 import random
 import socket
+import time
 from typing import Any
 
 import pytest
 
 from federation import wire
 from federation.backpressure import InjectionQueue, PacketBacklog, shed_qos0
+from federation.daemon import runtime as runtime_module
 from federation.daemon.config import DaemonConfig
 from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG_HIGH, FlowControl
-from federation.daemon.runtime import DATA_SLICE, Runtime
+from federation.daemon.runtime import DATA_SLICE, Clock, Runtime
 from federation.daemon.udp import kernel_receive_drops
 from federation.envelope import Envelope
 from federation.node import Node
@@ -241,7 +243,7 @@ def test_a_full_receive_backlog_counts_every_drop_and_reports_them_with_the_publ
             for seq in range(1, 9):
                 envelope.send(tm(seq), runtime.config.bind)
             datagrams = [(data, ORIGIN) for data, _ in envelope.datagrams_to_send()]
-            runtime._receive(node, datagrams, runtime.clock.now())
+            runtime._receive(node, datagrams)
             assert len(runtime.receive_backlog) == 3
             assert node.drops["receive_backlog_qos0"] == 5
             dropped = [e for e in node.events_emitted() if e.type == "publication_dropped"]
@@ -361,3 +363,85 @@ def test_publications_dropped_toward_a_slow_broker_are_counted_and_qos12_always_
     assert node.drops["inject_backlog_qos0"] == 1 and node.drops["inject_backlog_qos12"] == 1
     reported = [e.fields["pub"] for e in node.events_emitted() if e.type == "publication_dropped"]
     assert reported == ([f"{ORIGIN}/1/2", f"{ORIGIN}/1/1"] if publication_events else [f"{ORIGIN}/1/1"])
+
+
+# ------------------------------------------------------------ clock stamps (the hello exchange's bound)
+
+def test_the_clock_anchors_on_its_tightest_bracketed_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preemption between the wall and monotonic reads would offset this wrapper's clock from its
+    neighbours' on one host; the anchor comes from the try whose monotonic reads are closest."""
+    monotonic = iter([10.0, 10.005,  # preempted for 5 ms: not this one
+                      20.0, 20.000002, 30.0, 30.001, 40.0, 40.001, 50.0, 50.001])
+    walls = iter([1000.0, 2000.0, 3000.0, 4000.0, 5000.0])
+    monkeypatch.setattr(runtime_module.time, "monotonic", lambda: next(monotonic))
+    monkeypatch.setattr(runtime_module.time, "time", lambda: next(walls))
+    clock = Clock()
+    monkeypatch.setattr(runtime_module.time, "monotonic", lambda: 20.5)
+    assert clock.now() == pytest.approx(2000.0 + 20.5 - 20.000001, abs=1e-9)
+
+
+class TickingClock:
+    """1 ms per reading: shows which reading stamped what."""
+
+    def __init__(self) -> None:
+        self.value = 1000.0
+
+    def now(self) -> float:
+        self.value += 0.001
+        return self.value
+
+
+def test_a_hello_drained_from_the_socket_is_answered_with_a_time_after_it_was_read() -> None:
+    """A hello read from the socket behind another datagram is stamped by a clock reading taken after the
+    read; stamped before, a neighbour on the same clock would measure an offset beyond its error bound."""
+
+    async def scenario() -> None:
+        runtime = await started_runtime()
+        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            peer.bind(("127.0.0.1", 0))
+            peer.settimeout(5)
+            peer_address = Address("127.0.0.1", peer.getsockname()[1])
+            clock = TickingClock()
+            runtime.clock = clock  # type: ignore[assignment]
+            protocol = runtime.protocol
+            assert protocol is not None
+            read_at: list[float] = []
+            read_waiting = protocol.read_waiting
+
+            def recorded_read_waiting(limit: int) -> list[tuple[bytes, Address]]:
+                read_at.append(clock.value)  # no clock reading: the time the socket was read
+                return read_waiting(limit)
+
+            protocol.read_waiting = recorded_read_waiting  # type: ignore[method-assign]
+            envelope = Envelope(peer_address, 1)
+            envelope.send(hello(peer_address, seq=7), runtime.config.bind)
+            for data, _ in envelope.datagrams_to_send():
+                peer.sendto(data, (runtime.config.bind.host, runtime.config.bind.port))
+            deadline = time.monotonic() + 5
+            while not _readable(runtime) and time.monotonic() < deadline:
+                pass  # no await: the loop must not read the hello itself
+            assert _readable(runtime)
+            runtime._on_datagram(b"not a packet", peer_address)  # the hello waits in the socket behind it
+            assert read_at
+            data, _ = peer.recvfrom(65535)
+            packets = Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, runtime.config.bind, 0.0)
+            [answer] = [p for p in packets if wire.packet_type(p) == wire.HELLO_BACK]
+            body = wire.decode(answer, len(answer), 1 << 16).body
+            assert isinstance(body, wire.HelloBack) and body.echo_seq == 7
+            assert body.replied_at > read_at[0]
+        finally:
+            peer.close()
+            runtime._close_resources()
+
+    asyncio.run(scenario())
+
+
+def _readable(runtime: Runtime) -> bool:
+    """a datagram waits in the runtime's socket (peeked, not taken)"""
+    sock = runtime._sock
+    assert sock is not None
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return False

@@ -102,12 +102,26 @@ class StartupError(Exception):
     """Something a person must fix before the wrapper can run (exit status 2)."""
 
 
+CLOCK_ANCHOR_TRIES = 5
+
+
 class Clock:
-    """Unix time that never steps backwards: wall time at start plus monotonic time elapsed."""
+    """Unix time that never steps backwards: wall time at start plus monotonic time elapsed.
+
+    The wall reading is paired with the monotonic midpoint of the tightest of a few bracketed reads: a
+    preemption between two plain reads would shift this wrapper's clock from its neighbours' on the same
+    host by the time it was off the CPU, and the event-log clock correction would see a real offset."""
 
     def __init__(self) -> None:
-        self._wall_start = time.time()
-        self._monotonic_start = time.monotonic()
+        best: tuple[float, float, float] | None = None
+        for _ in range(CLOCK_ANCHOR_TRIES):
+            before = time.monotonic()
+            wall = time.time()
+            after = time.monotonic()
+            if best is None or after - before < best[0]:
+                best = (after - before, wall, (before + after) / 2)
+        assert best is not None
+        _, self._wall_start, self._monotonic_start = best
 
     def now(self) -> float:
         return self._wall_start + (time.monotonic() - self._monotonic_start)
@@ -344,16 +358,19 @@ class Runtime:
         node = self.node
         if node is None:
             return
-        now = self.clock.now()
-        self._receive(node, [(data, source)], now)
-        self._data_pass(now)
+        self._data_pass(self._receive(node, [(data, source)]))
 
-    def _receive(self, node: Node, datagrams: list[tuple[bytes, Address]], now: float) -> None:
-        """`datagrams`, and every one waiting in the socket: control packets to the node now, `tm` queued."""
+    def _receive(self, node: Node, datagrams: list[tuple[bytes, Address]]) -> float:
+        """`datagrams`, and every one waiting in the socket: control packets to the node now, `tm` queued.
+
+        Returns the time they were handled at, read after the socket: every one of them arrived before it,
+        which the hello exchange's clock bound relies on (an echo stamped before it arrived would make a
+        shared clock look offset)."""
         envelope = self.envelope
         assert envelope is not None
         if self.protocol is not None:
             datagrams += self.protocol.read_waiting(RECEIVE_BATCH)
+        now = self.clock.now()
         backlog = self.receive_backlog
         for data, source in datagrams:
             for packet in envelope.receive_datagram(data, source, now):
@@ -365,15 +382,14 @@ class Runtime:
                         node.count_drop("receive_backlog_qos12")
                     else:
                         report_shed(node, "receive_backlog_qos0", "receive_backlog", dropped, now)
+        return now
 
     def _scheduled_data_pass(self) -> None:
         self._data_pass_scheduled = False
         node = self.node
         if node is None:
             return
-        now = self.clock.now()
-        self._receive(node, [], now)  # what arrived meanwhile: its hellos go before the next slice
-        self._data_pass(now)
+        self._data_pass(self._receive(node, []))  # what arrived meanwhile: its hellos go before the next slice
 
     def _data_pass(self, now: float) -> None:
         """Handle one slice of queued `tm`; the rest in later loop passes, each reading the socket first."""
