@@ -36,6 +36,7 @@ from federation.events import addresses_text, id_text, publication_text
 from federation.linkstate import LinkStateDatabase, Routes, StoredRecord
 from federation.mesh import MeshEngine
 from federation.neighbours import Neighbour, NeighbourTable
+from federation.pacing import Pacing
 from federation.reliable import ReliableForwarding
 from federation.settings import Settings
 from federation.table import VID_RANGE, FederationTable
@@ -55,6 +56,7 @@ from federation.wire import (
     HelloBack,
     LinkStateRecord,
     Packet,
+    ReceiverBusy,
     Reconsider,
     Sender,
     TopicAck,
@@ -128,6 +130,9 @@ class Node:
         """set by the embedder while the publications waiting for the local broker are nearly too many to
         keep: new QoS 1/2 copies are then left unacknowledged (their senders send them again) instead of
         being acknowledged and then dropped on the way into the broker"""
+        self.pacing = Pacing(self._send_receiver_busy)
+        """QoS 0 pacing with the neighbours (`rb`): the embedder reports its receive backlog to it and reads
+        no publications from its broker while `pacing.paced(now)`"""
         self._datagrams: list[tuple[bytes, Address]] = []
         self._injections: list[Injection] = []
         self._events: list[Event] = []
@@ -197,8 +202,14 @@ class Node:
         data = wire.encode(kind, sender, body)
         for transport in transports:
             self._datagrams.append((data, transport))
+        paced_until = self.pacing.paced_until
+        if paced_until and kind == wire.TOPIC_MESSAGE and not paced_until.keys().isdisjoint(transports):
+            self.pacing.forwarded_to_paced = True  # `_dispatch` relays the pace to where the copy came from
         self.sent_by_type[kind] += len(transports)
         self.sent_bytes_by_type[kind] += len(data) * len(transports)
+
+    def _send_receiver_busy(self, neighbour: Address, hold: float) -> None:
+        self.send(wire.RECEIVER_BUSY, ReceiverBusy(hold), [neighbour])
 
     def send_up(self, kind: str, body: Body, exclude: Address | None) -> None:
         """Send to every up neighbour except `exclude` (a transport address)."""
@@ -404,6 +415,8 @@ class Node:
                     return
                 self.reliable.on_message(body, sender, now)  # acknowledged hop by hop, duplicates too
             self._on_topic_message(body, announced, now)
+            if self.pacing.forwarded_to_paced:
+                self.pacing.relay(sender, now)
         elif isinstance(body, Hello):
             self.send(wire.HELLO_BACK, HelloBack(body.seq, body.sent_at, now), [sender])
             if not neighbour.up:
@@ -418,6 +431,8 @@ class Node:
             self.table.on_core_announcement(body, sender, now)
         elif isinstance(body, Reconsider):
             self.table.on_reconsider(body, now)
+        elif isinstance(body, ReceiverBusy):
+            self.pacing.on_receiver_busy(sender, body.hold, now)
         elif isinstance(body, TopicCore):
             # Whether a core is alive (reachable) decides adoption: judge claims on current routes.
             self.table.compute_pending_routes(now)
@@ -476,6 +491,7 @@ class Node:
             self.neighbours.remove(neighbour.transport)
         self.reliable.neighbour_down(neighbour.transport, now)
         self.sync.neighbour_down(neighbour.transport)
+        self.pacing.forget(neighbour.transport)
         self.table.trigger_origination(now)
 
     # ------------------------------------------------------------ settling after an input
@@ -563,6 +579,9 @@ class Node:
             "topics": self.mesh.describe(now),
             "ownership": self.mesh.ownership.status(),
             "reliable": self.reliable.status(),
+            "pacing": {"busy": self.pacing.busy, "paced_by": sorted(str(n) for n in self.pacing.paced_until),
+                       "told": sorted(str(n) for n in self.pacing.told), "sent": self.pacing.sent,
+                       "received": self.pacing.received},
             "local_subscriptions": {client: dict(sorted(filters.items()))
                                     for client, filters in sorted(self.clients.items())},
             **self._counter_snapshot(),

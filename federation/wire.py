@@ -39,10 +39,11 @@ DATABASE_DIGEST = "dd"
 DATABASE_SUMMARY = "ds"
 DATABASE_REQUEST = "dr"
 TOPIC_ACK = "ta"
+RECEIVER_BUSY = "rb"
 
 MESSAGE_TYPES = (HELLO, HELLO_BACK, FEDERATE, RECONSIDER, CORE_ANNOUNCEMENT, TOPIC_CORE,
                  RECONSIDER_TOPIC_CORE, TOPIC_SUBSCRIBE, TOPIC_MESSAGE, TOPOLOGY_UPDATE,
-                 DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK)
+                 DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK, RECEIVER_BUSY)
 
 # One packer for every `encode`: `msgpack.packb` builds a new Packer per call, a third of its cost.
 # Safe to share: packing plain values runs in C without releasing the GIL or calling back into Python.
@@ -60,6 +61,7 @@ MODE_TOWARD_CORE = 0  # tm: still climbing toward the topic core
 MODE_IN_MESH = 1      # tm: spreading through the mesh
 
 MAX_U64 = 2**64 - 1
+MAX_HOLD = 3600.0     # rb: a longer hold is no pacing but an error (a receiver cuts it further)
 MAX_TEXT = 65535
 
 
@@ -227,8 +229,16 @@ class TopicAck:
         return (self.origin, self.epoch, self.seq)
 
 
+@dataclass(frozen=True)
+class ReceiverBusy:
+    """`rb`: the sender's receive backlog is long; read no publications from your broker for `hold`
+    seconds (0: ready again). Pacing for QoS 0, which has no acknowledgement (federation.pacing)."""
+
+    hold: float
+
+
 Body = (Hello | HelloBack | Federate | TopologyUpdate | Reconsider | CoreAnnouncement | TopicCore | TopicSubscribe
-        | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck)
+        | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck | ReceiverBusy)
 
 
 @dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender
@@ -297,6 +307,8 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
         fields = [[[a.host, a.port] for a in body.origins]]
     elif isinstance(body, TopicAck):
         fields = [body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq]
+    elif isinstance(body, ReceiverBusy):
+        fields = [body.hold]
     else:  # pragma: no cover - a programming error, not a peer's
         raise TypeError(f"cannot encode {body!r}")
     packed: bytes = _pack(_header(kind, sender) + fields)
@@ -570,6 +582,12 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         need(4)
         return TopicAck(_filter(fields[0], "ta.filter"), _address(fields[1], "ta.origin"),
                         _int(fields[2], "ta.epoch"), _int(fields[3], "ta.seq"))
+    if kind == RECEIVER_BUSY:
+        need(1)
+        hold = _float(fields[0], "rb.hold")
+        if not 0 <= hold <= MAX_HOLD:
+            raise DecodeError("wrong_type", f"rb.hold: expected seconds in [0, {MAX_HOLD:g}]")
+        return ReceiverBusy(hold)
     raise DecodeError("unknown_type", repr(kind)[:40])
 
 

@@ -445,3 +445,74 @@ def _readable(runtime: Runtime) -> bool:
         return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
     except BlockingIOError:
         return False
+
+
+# ------------------------------------------------------------ QoS 0 pacing (`rb`, federation.pacing)
+
+def test_a_long_receive_backlog_tells_its_source_rb_and_ready_once_worked_off() -> None:
+    async def scenario() -> None:
+        runtime = await started_runtime()
+        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            peer.bind(("127.0.0.1", 0))
+            peer.settimeout(5)
+            peer_address = Address("127.0.0.1", peer.getsockname()[1])
+            node = runtime.node
+            assert node is not None
+            node.neighbours.add_dynamic(peer_address)  # known, as a configured neighbour would be
+            envelope = Envelope(peer_address, 1)
+            for seq in range(1, node.pacing.high + 1):
+                envelope.send(tm(seq, origin=peer_address), runtime.config.bind)
+            runtime._receive(node, [(data, peer_address) for data, _ in envelope.datagrams_to_send()])
+            runtime._drain_outputs(runtime.clock.now())
+            assert node.pacing.busy and len(runtime.receive_backlog) == node.pacing.high
+            assert kinds_received(peer) == [(wire.RECEIVER_BUSY, node.pacing.hold)]
+            while len(runtime.receive_backlog) > 0:  # worked off a slice at a time
+                runtime._data_pass(runtime.clock.now())
+            assert not node.pacing.busy
+            assert kinds_received(peer) == [(wire.RECEIVER_BUSY, 0.0)]
+            assert node.drops["receive_backlog_qos0"] == 0
+        finally:
+            peer.close()
+            runtime._close_resources()
+
+    asyncio.run(scenario())
+
+
+def kinds_received(peer: socket.socket) -> list[tuple[str, float | None]]:
+    """the `rb` (type, hold) in the next datagram the peer receives, other packets by type alone"""
+    data, _ = peer.recvfrom(65535)
+    out: list[tuple[str, float | None]] = []
+    for packet in Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, Address("127.0.0.1", 2), 0.0):
+        body = wire.decode(packet, len(packet), 1 << 16).body
+        out.append((wire.packet_type(packet) or "?", body.hold if isinstance(body, wire.ReceiverBusy) else None))
+    return out
+
+
+def test_a_paced_wrapper_stops_reading_its_broker_until_the_hold_ends() -> None:
+    async def scenario() -> None:
+        runtime = await started_runtime()
+        try:
+            node = runtime.node
+            assert node is not None
+            broker = FakeBroker()
+            runtime.broker = broker  # type: ignore[assignment]
+            neighbour = Address("127.0.0.1", free_port())
+            node.pacing.on_receiver_busy(neighbour, 0.05, runtime.clock.now())
+            runtime._drain_outputs(runtime.clock.now())
+            assert broker.reading_paused and broker.pauses == 1
+            deadline = time.monotonic() + 5
+            while broker.reading_paused and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # nothing arrives: the hold's end alone wakes the wrapper
+            assert not broker.reading_paused and node.pacing.paced(runtime.clock.now()) is None
+            node.pacing.on_receiver_busy(neighbour, 5.0, runtime.clock.now())
+            runtime._drain_outputs(runtime.clock.now())
+            assert broker.reading_paused and broker.pauses == 2
+            node.pacing.on_receiver_busy(neighbour, 0.0, runtime.clock.now())  # ready: read again at once
+            runtime._drain_outputs(runtime.clock.now())
+            assert not broker.reading_paused
+        finally:
+            runtime.broker = None
+            runtime._close_resources()
+
+    asyncio.run(scenario())

@@ -31,6 +31,8 @@ SAMPLES: list[tuple[str, wire.Body]] = [
     (wire.TOPIC_CORE, wire.TopicCore("kitchen/#", CORE, 1, 2, 3, wire.FLAG_OWNER)),  # an ownership announcement
     (wire.TOPIC_SUBSCRIBE, wire.TopicSubscribe("a/#", CORE, wire.FLAG_PRUNE)),
     (wire.TOPIC_ACK, wire.TopicAck("a/#", Address("10.0.0.1", 10500), 7, 9)),
+    (wire.RECEIVER_BUSY, wire.ReceiverBusy(0.2)),
+    (wire.RECEIVER_BUSY, wire.ReceiverBusy(0.0)),
     (wire.TOPIC_MESSAGE, wire.TopicMessage("a/#", Address("10.0.0.1", 10500), 7, 9, wire.MODE_IN_MESH, 2,
                                            "a/b c", b"\x00\xff" * 10, 1, True,
                                            {"user_property": [["k", "v"]], "content_type": "text/plain"})),
@@ -186,6 +188,18 @@ def test_topic_ack_is_strict() -> None:
     for fields, reason in [(["a/#", ["h", 1], 7], "wrong_length"), (["a/#", ["h", 1], -1, 9], "wrong_type"),
                            (["a/#/b", ["h", 1], 7, 9], "bad_filter"), (["$SYS/#", ["h", 1], 7, 9], "bad_filter"),
                            (["a/#", ["h", 70000], 7, 9], "wrong_type")]:
+        with pytest.raises(wire.DecodeError) as caught:
+            wire.decode(msgpack.packb(header + fields))
+        assert caught.value.reason == reason, fields
+
+
+def test_receiver_busy_is_strict() -> None:
+    """`rb` = [hold seconds], 0 to 3600 (docs/protocol.md); anything else is dropped with a reason."""
+    header = ["rb", 1, [1, "h", 1, 1]]
+    assert wire.decode(msgpack.packb(header + [1])).body == wire.ReceiverBusy(1.0)
+    for fields, reason in [([], "wrong_length"), ([0.2, 1], "wrong_length"), ([-0.1], "wrong_type"),
+                           ([3601.0], "wrong_type"), ([float("nan")], "wrong_type"), ([float("inf")], "wrong_type"),
+                           (["0.2"], "wrong_type"), ([True], "wrong_type")]:
         with pytest.raises(wire.DecodeError) as caught:
             wire.decode(msgpack.packb(header + fields))
         assert caught.value.reason == reason, fields

@@ -16,7 +16,10 @@ of the node's outputs:
   acknowledgement, or while the socket's send side is backed up, and
   starts again at half the window (or after `BACKPRESSURE_MAX_PAUSE`);
 - onto the socket (`shed`): while the send side is backed up, QoS 0 `tm`
-  are dropped before the envelope, never control packets nor QoS 1/2.
+  are dropped before the envelope, never control packets nor QoS 1/2;
+- paced (`apply_backpressure`, `paced`): while a neighbour says its receive
+  backlog is long (`rb`, federation.pacing), reading stops as well: QoS 0
+  has no acknowledgement to hold the wrapper back otherwise.
 
 Every drop is counted on the node; the counts here (`send_shed`,
 `backpressure_pauses`, the queue's `dropped`) are what the status document
@@ -89,7 +92,8 @@ class FlowControl:
         # queue must drop them (it drops QoS 0 first, but a flood of QoS 1 alone would lose some).
         node.delivery_backlogged = len(queue) >= INJECTION_BACKLOG_HIGH
 
-    def apply_backpressure(self, node: Node, broker: BrokerAdapter, send_paused: bool, now: float) -> None:
+    def apply_backpressure(self, node: Node, broker: BrokerAdapter, send_paused: bool, now: float,
+                           paced: bool = False) -> None:
         """Stop reading publications from the broker while too many QoS 1/2 copies wait for the next hop's
         acknowledgement, and read again once most are acknowledged (or after BACKPRESSURE_MAX_PAUSE).
 
@@ -100,13 +104,17 @@ class FlowControl:
         `send_paused`: the socket's send side is backed up (the kernel said EAGAIN, asyncio buffers), so
         whatever we read now would only be shed (QoS 0) or queue behind the buffer: do not read until it
         drains.
+
+        `paced`: a neighbour's receive backlog is long (its `rb`, federation.pacing): what we read now
+        would wait there or be dropped there; do not read until its hold ends or it says it is ready.
         """
         outstanding = len(node.reliable.unacked)
         window = min(BACKPRESSURE_WINDOW, node.settings.max_unacked // 2)
         if broker.reading_paused:
-            if (outstanding <= window // 2 and not send_paused) or now - self._paused_at >= BACKPRESSURE_MAX_PAUSE:
+            if (outstanding <= window // 2 and not send_paused and not paced) \
+                    or now - self._paused_at >= BACKPRESSURE_MAX_PAUSE:
                 broker.resume_reading()
-        elif outstanding >= window or send_paused:
+        elif outstanding >= window or send_paused or paced:
             broker.pause_reading()
             self._paused_at = now
             self.backpressure_pauses += 1

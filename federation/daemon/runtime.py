@@ -94,6 +94,8 @@ broker; 256 against 64 measured 0.096 against 0.106 wrapper CPU s per 1,000 publ
 RECEIVE_BACKLOG = 20000
 """received `tm` waiting to be handled; beyond it (or RECEIVE_BACKLOG_BYTES) the oldest QoS 0 one is dropped"""
 RECEIVE_BACKLOG_BYTES = 32 * 1024 * 1024
+PACE_RECHECK_SLACK = 0.001
+"""seconds after a neighbour's hold ends at which a paced wrapper looks again (the hold has then expired)"""
 REFUSAL_LOG_INTERVAL = 60.0
 """seconds between log lines about publications refused for their size (every one is counted)"""
 
@@ -150,6 +152,7 @@ class Runtime:
         self.kernel_receive_drops = 0
         """datagrams the kernel dropped for this wrapper's full UDP receive buffer, as of the last check"""
         self._drops_handle: asyncio.TimerHandle | None = None
+        self._pace_handle: asyncio.TimerHandle | None = None
         self._refused_logged_at = float("-inf")
         self.transport: asyncio.DatagramTransport | None = None
         self.metrics_server: Any = None
@@ -335,7 +338,7 @@ class Runtime:
         return kernel_receive_drops(self._sock) if self._sock is not None else None
 
     def _close_resources(self) -> None:
-        for handle in (self._save_handle, self._flush_handle, self._drops_handle, self._timer):
+        for handle in (self._save_handle, self._flush_handle, self._drops_handle, self._pace_handle, self._timer):
             if handle is not None:
                 handle.cancel()
         self.broker_health.close()
@@ -372,17 +375,29 @@ class Runtime:
             datagrams += self.protocol.read_waiting(RECEIVE_BATCH)
         now = self.clock.now()
         backlog = self.receive_backlog
+        queued_from: set[Address] = set()
         for data, source in datagrams:
+            queued = False
             for packet in envelope.receive_datagram(data, source, now):
                 if wire.packet_type(packet) != wire.TOPIC_MESSAGE:
                     node.receive_datagram(packet, source, now)
                     continue
+                queued = True
                 for dropped in backlog.push(packet, source):
                     if dropped is None:  # QoS 1/2: never acknowledged, so its sender sends it again
                         node.count_drop("receive_backlog_qos12")
                     else:
                         report_shed(node, "receive_backlog_qos0", "receive_backlog", dropped, now)
+            if queued:
+                queued_from.add(source)
+        if queued_from:
+            node.pacing.on_receive_backlog(self._backlog_level(), queued_from, now)
         return now
+
+    def _backlog_level(self) -> int:
+        """The receive backlog in packets, or its bytes scaled to its packet bound if they fill it faster."""
+        backlog = self.receive_backlog
+        return max(len(backlog), backlog.bytes * backlog.max_packets // backlog.max_bytes)
 
     def _scheduled_data_pass(self) -> None:
         self._data_pass_scheduled = False
@@ -397,6 +412,8 @@ class Runtime:
         assert node is not None
         for packet, source in self.receive_backlog.take(DATA_SLICE):
             node.receive_datagram(packet, source, now)
+        if node.pacing.busy:
+            node.pacing.on_receive_backlog(self._backlog_level(), (), now)
         if len(self.receive_backlog) and not self._data_pass_scheduled and self._loop is not None:
             self._data_pass_scheduled = True
             self._loop.call_soon(self._scheduled_data_pass)
@@ -475,6 +492,7 @@ class Runtime:
         assert node is not None
         self._schedule_rearm()  # first: whatever fails below, the timer keeps running
         transport = self.transport
+        node.pacing.paced(now)  # first: a hold that ended makes the ready we owe upstream
         datagrams = node.datagrams_to_send()
         if datagrams and self.protocol is not None and self.protocol.writing_paused:
             datagrams = self.flow.shed(node, datagrams, now)
@@ -518,9 +536,18 @@ class Runtime:
             self.flow.inject(self.node, self.broker, self.clock.now())
 
     def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float) -> None:
-        """Pause or resume reading from the broker (`FlowControl.apply_backpressure`)."""
+        """Pause or resume reading from the broker (`FlowControl.apply_backpressure`); while a neighbour
+        paces us, look again when its hold ends (nothing else may wake us: we read nothing meanwhile)."""
         send_paused = self.protocol is not None and self.protocol.writing_paused
-        self.flow.apply_backpressure(node, broker, send_paused, now)
+        paced_until = node.pacing.paced(now)
+        self.flow.apply_backpressure(node, broker, send_paused, now, paced=paced_until is not None)
+        if paced_until is not None and self._pace_handle is None and self._loop is not None:
+            self._pace_handle = self._loop.call_later(paced_until - now + PACE_RECHECK_SLACK, self._pace_ended)
+
+    def _pace_ended(self) -> None:
+        self._pace_handle = None
+        if self.node is not None:
+            self._drain_outputs(self.clock.now())  # sends the ready its end may make, then reads again
 
     def _schedule_rearm(self) -> None:
         """Re-arm the node timer once per loop iteration, however many inputs it had."""
