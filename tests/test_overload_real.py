@@ -116,3 +116,46 @@ def test_qos0_flood_keeps_the_link_up_and_counts_every_loss(make_federation: Any
     assert not silent, f"{len(silent)} publications neither delivered nor reported; {summary}"
     assert downs == [], f"neighbour declared down under load: {[(e['node'], e['neighbour']) for e in downs]}; {summary}"
     assert subscriber.wait_for_count(len(delivered), timeout=30)
+
+
+PACED_FLOOD = 50000
+"""QoS 0 publications per sending broker in the paced flood: several seconds of work for the middle wrapper"""
+
+
+@pytest.mark.slow
+def test_a_sustained_qos0_flood_is_paced_not_dropped(make_federation: Any, clients: Clients, tmp_path: Path) -> None:
+    """n0 - n1 - n2, floods from n0 and n2 into a subscriber on n1, far longer than n1's receive backlog:
+    n1 tells n0 and n2 `rb`, they stop reading their brokers meanwhile, and the subscriber receives every
+    publication once (federation.pacing)."""
+    federation: LocalFederation = make_federation(3, "line", settings=SETTINGS)
+    prefix = f"paced/{uuid.uuid4().hex[:8]}"
+    subscriber = clients.subscribe(federation, "n1", f"{prefix}/#")
+    federation.wait_mesh(subscriber.topic_filter)
+    payload = tmp_path / "payload"
+    payload.write_bytes(b"p" * 64)
+    floods = [clients.processes.start(mosquitto_pub(BROKER_PORT, "-t", f"{prefix}/{name}", "-q", "0", "-f",
+                                                     str(payload), "--repeat", str(PACED_FLOOD),
+                                                     host=federation.node(name).host))
+              for name in SENDERS]
+    expected = PACED_FLOOD * len(floods)
+    wait_for(lambda: all(flood.poll() is not None for flood in floods), 120, interval=0.2,
+             message="the publishers to finish")
+
+    def lines() -> int:  # counted, not parsed: parsing 100,000 lines at every poll would load the machine
+        return subscriber.output.read_bytes().count(b"\n") if subscriber.output.exists() else 0
+
+    def status_summary() -> str:
+        statuses = {name: federation.status(name) for name in federation.nodes}
+        return "; ".join(f"{name}: pacing {status.get('pacing')}, drops {status.get('drops')}"
+                         for name, status in statuses.items())
+
+    wait_for(lambda: lines() >= expected, 180, interval=0.5,
+             message=lambda: f"{expected} messages at n1, got {lines()}; {status_summary()}")
+    statuses = {name: federation.status(name) for name in federation.nodes}
+    summary = f"{lines()} of {expected} arrived; {status_summary()}"
+    print(summary)
+    assert not any(status.get("drops") for status in statuses.values()), summary
+    assert statuses["n1"]["pacing"]["sent"] > 0, summary
+    assert all(statuses[name]["pacing"]["received"] > 0 for name in SENDERS), summary
+    messages = subscriber.wait_for_count(expected)
+    assert Counter(message.topic for message in messages) == {f"{prefix}/{name}": PACED_FLOOD for name in SENDERS}
