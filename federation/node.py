@@ -414,9 +414,11 @@ class Node:
                     self.drops[refusal] += 1  # unacknowledged: its sender sends it again
                     return
                 self.reliable.on_message(body, sender, now)  # acknowledged hop by hop, duplicates too
+            pacing = self.pacing
+            pacing.forwarded_to_paced = False  # set by `send` (a local publication may have left it set)
             self._on_topic_message(body, announced, now)
-            if self.pacing.forwarded_to_paced:
-                self.pacing.relay(sender, now)
+            if pacing.forwarded_to_paced:
+                pacing.relay(sender, now)
         elif isinstance(body, Hello):
             self.send(wire.HELLO_BACK, HelloBack(body.seq, body.sent_at, now), [sender])
             if not neighbour.up:

@@ -46,8 +46,8 @@ start sending again"""
 PACE_HOLD = 0.2
 """seconds a paced neighbour waits before reading its broker again, unless told ready sooner"""
 MAX_PACE_HOLD = 5.0
-"""longest hold taken from a neighbour's `rb` (a larger one is cut to this): a broken or hostile peer
-cannot stop a wrapper reading its broker for long"""
+"""longest hold taken from a neighbour's `rb` (a larger one is cut to this): a peer that stops sending
+`rb` (it crashed, or the link broke) releases the wrapper within it"""
 
 
 class Pacing:
@@ -124,8 +124,9 @@ class Pacing:
 
     def forget(self, neighbour: Address) -> None:
         """The neighbour went down: its hold on us ends, and it needs no ready."""
-        self.paced_until.pop(neighbour, None)
         self.told.pop(neighbour, None)
+        if self.paced_until.pop(neighbour, None) is not None:
+            self._maybe_ready()
 
     # ------------------------------------------------------------ both
 

@@ -70,7 +70,7 @@ def random_record(rng: random.Random) -> wire.LinkStateRecord:
 
 
 def random_body(rng: random.Random, node: Node) -> tuple[str, wire.Body]:
-    choice = rng.randrange(12)
+    choice = rng.randrange(13)
     if choice == 0:
         return wire.FEDERATE, wire.Federate(random_record(rng))
     if choice == 1:
@@ -101,6 +101,8 @@ def random_body(rng: random.Random, node: Node) -> tuple[str, wire.Body]:
     if choice == 10:
         return wire.DATABASE_SUMMARY, wire.DatabaseSummary(tuple(
             wire.SummaryEntry(random_address(rng), rng.randrange(3), rng.randrange(100)) for _ in range(5)))
+    if choice == 12:
+        return wire.RECEIVER_BUSY, wire.ReceiverBusy(rng.choice((0.0, 0.2, rng.uniform(0, wire.MAX_HOLD))))
     return wire.DATABASE_REQUEST, wire.DatabaseRequest(tuple(random_address(rng) for _ in range(3)))
 
 
@@ -194,6 +196,7 @@ def check_bounds(node: Node) -> None:
     """Every table within its bound (the rows of docs/security.md, "Bounds")."""
     s = node.settings
     assert len(node.neighbours.all()) <= s.max_neighbours
+    assert len(node.pacing.paced_until) <= s.max_neighbours and len(node.pacing.told) <= s.max_neighbours
     assert len(node.lsdb.records) <= s.max_nodes
     assert sum(len(a) for a in node.lsdb.by_vid.values()) <= len(node.lsdb.records)
     assert len(node.table.flood_queue) <= s.max_nodes

@@ -65,6 +65,14 @@ def test_relayed_pace_is_released_with_a_ready_when_the_last_hold_ends() -> None
     assert sent[1:] == [(A, 0.0)]
 
 
+def test_the_pacing_neighbour_going_down_releases_those_we_relayed_to() -> None:
+    pacing, sent = recorder()
+    pacing.on_receiver_busy(B, 0.2, 0.0)
+    pacing.relay(A, 0.0)
+    pacing.forget(B)
+    assert sent == [(A, 0.2), (A, 0.0)] and pacing.paced(0.0) is None
+
+
 def test_not_ready_while_still_busy_or_paced() -> None:
     pacing, sent = recorder()
     pacing.on_receive_backlog(100, [A], 0.0)
@@ -124,3 +132,18 @@ def test_a_copy_forwarded_elsewhere_does_not_relay_the_pace() -> None:
     assert [(i, injection.topic) for i, injection in harness.delivered] == [(2, "a/b")]
     assert harness.nodes[1].pacing.paced(harness.now) is not None
     assert harness.nodes[0].pacing.paced(harness.now) is None and harness.nodes[0].pacing.received == 0
+
+
+def test_a_local_publication_to_the_pacing_neighbour_does_not_make_the_next_transit_copy_relay() -> None:
+    """Star 1 - {0, 2, 3}, `a/#` subscribed at 2, `b/#` at 3; 3 paces 1. 1's own publication on `b/x` goes
+    to 3; the copy 1 then forwards from 0 goes to 2 only, so 0 is not paced."""
+    harness = Harness([(0, 1), (1, 2), (1, 3)])
+    harness.do(2, "local_subscribe", "sub", "a/#", 0)
+    harness.do(3, "local_subscribe", "sub", "b/#", 0)
+    harness.run(8.0)
+    tell(harness, 3, 1, 0.2)
+    harness.do(1, "local_publish", "b/x", b"own", 0, False, None)
+    harness.do(0, "local_publish", "a/y", b"transit", 0, False, None)
+    harness.run(harness.now + 0.05)
+    assert sorted((i, injection.topic) for i, injection in harness.delivered) == [(2, "a/y"), (3, "b/x")]
+    assert harness.nodes[0].pacing.received == 0

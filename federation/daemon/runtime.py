@@ -390,8 +390,9 @@ class Runtime:
                         report_shed(node, "receive_backlog_qos0", "receive_backlog", dropped, now)
             if queued:
                 queued_from.add(source)
-        if queued_from:
-            node.pacing.on_receive_backlog(self._backlog_level(), queued_from, now)
+        if queued_from:  # only neighbours are told: a datagram's source address may be forged
+            node.pacing.on_receive_backlog(self._backlog_level(),
+                                           (source for source in queued_from if node.neighbours.get(source)), now)
         return now
 
     def _backlog_level(self) -> int:
