@@ -64,8 +64,8 @@ PROC_UDP_TABLES = (Path("/proc/net/udp"), Path("/proc/net/udp6"))
 def kernel_receive_drops(sock: socket.socket) -> int | None:
     """Datagrams the kernel dropped because this socket's receive buffer was full: the `drops` column of
     /proc/net/udp (or udp6) for the socket's inode. They are publications a neighbour sent faster than
-    this wrapper reads (QoS 0 has no flow control between wrappers, and the loss happens before the
-    wrapper sees them), so this is the only way to count them. None if the socket is closed or the
+    this wrapper reads (QoS 0 pacing acts on the backlog the wrapper has read, and this loss happens before
+    the wrapper sees them), so this is the only way to count them. None if the socket is closed or the
     table cannot be read (not Linux)."""
     try:
         inode = str(os.fstat(sock.fileno()).st_ino)
