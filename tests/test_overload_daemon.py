@@ -4,10 +4,12 @@ on a backed-up send side, broker reading paused meanwhile (docs/daemon.md "Overl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -126,52 +128,65 @@ async def started_runtime() -> Runtime:
     return runtime
 
 
+@contextlib.contextmanager
+def peer_socket() -> Iterator[tuple[socket.socket, Address]]:
+    """A loopback UDP socket standing for a neighbouring wrapper (blocking, 5 s timeout), closed after."""
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        peer.bind(("127.0.0.1", 0))
+        peer.settimeout(5)
+        yield peer, Address("127.0.0.1", peer.getsockname()[1])
+    finally:
+        peer.close()
+
+
+def packets_in(data: bytes) -> list[bytes]:
+    """the protocol packets of one datagram a runtime sent (unsigned envelope)"""
+    return Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, Address("127.0.0.1", 2), 0.0)
+
+
 def test_hello_is_answered_before_the_queued_data() -> None:
     """More datagrams of `tm` than one slice wait in the socket ahead of a hello: the hello is handled (and
     answered) in the first pass, the data a slice per pass after it."""
 
     async def scenario() -> None:
         runtime = await started_runtime()
-        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            peer.bind(("127.0.0.1", 0))
-            peer.setblocking(False)
-            peer_address = Address("127.0.0.1", peer.getsockname()[1])
-            envelope = Envelope(peer_address, 1)
-            target = runtime.config.bind
-            count = DATA_SLICE + 200
-            for seq in range(1, count + 1):
-                envelope.send(tm(seq, origin=peer_address), target)
+            with peer_socket() as (peer, peer_address):
+                peer.setblocking(False)
+                envelope = Envelope(peer_address, 1)
+                target = runtime.config.bind
+                count = DATA_SLICE + 200
+                for seq in range(1, count + 1):
+                    envelope.send(tm(seq, origin=peer_address), target)
+                    for data, _ in envelope.datagrams_to_send():
+                        peer.sendto(data, (target.host, target.port))
+                envelope.send(hello(peer_address), target)
                 for data, _ in envelope.datagrams_to_send():
                     peer.sendto(data, (target.host, target.port))
-            envelope.send(hello(peer_address), target)
-            for data, _ in envelope.datagrams_to_send():
-                peer.sendto(data, (target.host, target.port))
-            node = runtime.node
-            assert node is not None
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 5
-            while node.received_by_type[wire.HELLO] == 0 and loop.time() < deadline:
-                await asyncio.sleep(0)
-            assert node.received_by_type[wire.HELLO] == 1
-            assert node.received_by_type[wire.TOPIC_MESSAGE] <= DATA_SLICE  # the hello did not wait for them
-            assert len(runtime.receive_backlog) > 0
-            answered = False
-            while not answered and loop.time() < deadline:
-                await asyncio.sleep(0.001)
-                try:
-                    data, _ = peer.recvfrom(65535)
-                except BlockingIOError:
-                    continue
-                packets = Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, target, 0.0)
-                answered = any(wire.packet_type(p) == wire.HELLO_BACK for p in packets)
-            assert answered
-            while node.received_by_type[wire.TOPIC_MESSAGE] < count and loop.time() < deadline:
-                await asyncio.sleep(0.001)
-            assert node.received_by_type[wire.TOPIC_MESSAGE] == count  # nothing lost, only reordered
-            assert len(runtime.receive_backlog) == 0
+                node = runtime.node
+                assert node is not None
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 5
+                while node.received_by_type[wire.HELLO] == 0 and loop.time() < deadline:
+                    await asyncio.sleep(0)
+                assert node.received_by_type[wire.HELLO] == 1
+                assert node.received_by_type[wire.TOPIC_MESSAGE] <= DATA_SLICE  # the hello did not wait for them
+                assert len(runtime.receive_backlog) > 0
+                answered = False
+                while not answered and loop.time() < deadline:
+                    await asyncio.sleep(0.001)
+                    try:
+                        data, _ = peer.recvfrom(65535)
+                    except BlockingIOError:
+                        continue
+                    answered = any(wire.packet_type(p) == wire.HELLO_BACK for p in packets_in(data))
+                assert answered
+                while node.received_by_type[wire.TOPIC_MESSAGE] < count and loop.time() < deadline:
+                    await asyncio.sleep(0.001)
+                assert node.received_by_type[wire.TOPIC_MESSAGE] == count  # nothing lost, only reordered
+                assert len(runtime.receive_backlog) == 0
         finally:
-            peer.close()
             runtime._close_resources()
 
     asyncio.run(scenario())
@@ -184,41 +199,38 @@ def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publi
 
     async def scenario() -> None:
         runtime = await started_runtime()
-        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            peer.bind(("127.0.0.1", 0))
-            peer.settimeout(5)
-            node = runtime.node
-            protocol = runtime.protocol
-            assert node is not None and protocol is not None
-            node.publication_events = publication_events
-            broker = FakeBroker()
-            runtime.broker = broker  # type: ignore[assignment]
-            neighbour = Address("127.0.0.1", peer.getsockname()[1])
-            protocol.pause_writing()  # as asyncio does above the write-buffer high-water mark
-            message = wire.TopicMessage("t/#", node.address, node.epoch, 1, 1, 0, "t/x", b"p", 0, False, None)
-            reliable = dataclasses.replace(message, seq=2, qos=1)
-            node.send(wire.TOPIC_MESSAGE, message, [neighbour])
-            node.send(wire.TOPIC_MESSAGE, reliable, [neighbour])
-            node.send(wire.HELLO, wire.Hello(99, 0.0), [neighbour])
-            runtime._drain_outputs(runtime.clock.now())
-            assert node.drops["send_backlog_qos0"] == 1
-            assert runtime.event_counts["publication_dropped"] == (1 if publication_events else 0)
-            assert broker.reading_paused and broker.pauses == 1
-            overload = runtime.status_document()["daemon"]["overload"]
-            assert overload["send_shed_qos0"] == 1 and overload["kernel_receive_drops"] == 0
-            data, _ = peer.recvfrom(65535)  # the hello and the QoS 1 copy went out, batched
-            packets = Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, runtime.config.bind, 0.0)
-            assert [wire.packet_type(p) for p in packets] == [wire.TOPIC_MESSAGE, wire.HELLO]
-            assert wire.decode(packets[0], len(packets[0]), 1 << 16).body.qos == 1  # type: ignore[union-attr]
-            protocol.resume_writing()  # the buffer drained: read from the broker again
-            assert not broker.reading_paused
-            node.send(wire.TOPIC_MESSAGE, dataclasses.replace(message, seq=3), [neighbour])
-            runtime._drain_outputs(runtime.clock.now())
-            assert node.drops["send_backlog_qos0"] == 1  # not paused: sent
-            data, _ = peer.recvfrom(65535)
+            with peer_socket() as (peer, peer_address):
+                node = runtime.node
+                protocol = runtime.protocol
+                assert node is not None and protocol is not None
+                node.publication_events = publication_events
+                broker = FakeBroker()
+                runtime.broker = broker  # type: ignore[assignment]
+                neighbour = peer_address
+                protocol.pause_writing()  # as asyncio does above the write-buffer high-water mark
+                message = wire.TopicMessage("t/#", node.address, node.epoch, 1, 1, 0, "t/x", b"p", 0, False, None)
+                reliable = dataclasses.replace(message, seq=2, qos=1)
+                node.send(wire.TOPIC_MESSAGE, message, [neighbour])
+                node.send(wire.TOPIC_MESSAGE, reliable, [neighbour])
+                node.send(wire.HELLO, wire.Hello(99, 0.0), [neighbour])
+                runtime._drain_outputs(runtime.clock.now())
+                assert node.drops["send_backlog_qos0"] == 1
+                assert runtime.event_counts["publication_dropped"] == (1 if publication_events else 0)
+                assert broker.reading_paused and broker.pauses == 1
+                overload = runtime.status_document()["daemon"]["overload"]
+                assert overload["send_shed_qos0"] == 1 and overload["kernel_receive_drops"] == 0
+                data, _ = peer.recvfrom(65535)  # the hello and the QoS 1 copy went out, batched
+                packets = packets_in(data)
+                assert [wire.packet_type(p) for p in packets] == [wire.TOPIC_MESSAGE, wire.HELLO]
+                assert wire.decode(packets[0], len(packets[0]), 1 << 16).body.qos == 1  # type: ignore[union-attr]
+                protocol.resume_writing()  # the buffer drained: read from the broker again
+                assert not broker.reading_paused
+                node.send(wire.TOPIC_MESSAGE, dataclasses.replace(message, seq=3), [neighbour])
+                runtime._drain_outputs(runtime.clock.now())
+                assert node.drops["send_backlog_qos0"] == 1  # not paused: sent
+                data, _ = peer.recvfrom(65535)
         finally:
-            peer.close()
             runtime.broker = None
             runtime._close_resources()
 
@@ -262,20 +274,19 @@ def test_a_full_receive_backlog_counts_every_drop_and_reports_them_with_the_publ
 def test_read_waiting_takes_at_most_limit(limit: int) -> None:
     async def scenario() -> None:
         runtime = await started_runtime()
-        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            protocol = runtime.protocol
-            assert protocol is not None
-            runtime.transport.pause_reading()  # type: ignore[union-attr]  # keep asyncio off the socket
-            for index in range(8):
-                peer.sendto(b"\xfe" + bytes([index]) * 40, ("127.0.0.1", runtime.config.bind.port))
-            await asyncio.sleep(0.05)
-            first = protocol.read_waiting(limit)
-            rest = protocol.read_waiting(100)
-            assert len(first) == limit and len(first) + len(rest) == 8
-            assert protocol.read_waiting(100) == []
+            with peer_socket() as (peer, peer_address):
+                protocol = runtime.protocol
+                assert protocol is not None
+                runtime.transport.pause_reading()  # type: ignore[union-attr]  # keep asyncio off the socket
+                for index in range(8):
+                    peer.sendto(b"\xfe" + bytes([index]) * 40, ("127.0.0.1", runtime.config.bind.port))
+                await asyncio.sleep(0.05)
+                first = protocol.read_waiting(limit)
+                rest = protocol.read_waiting(100)
+                assert len(first) == limit and len(first) + len(rest) == 8
+                assert protocol.read_waiting(100) == []
         finally:
-            peer.close()
             runtime._close_resources()
 
     asyncio.run(scenario())
@@ -397,41 +408,37 @@ def test_a_hello_drained_from_the_socket_is_answered_with_a_time_after_it_was_re
 
     async def scenario() -> None:
         runtime = await started_runtime()
-        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            peer.bind(("127.0.0.1", 0))
-            peer.settimeout(5)
-            peer_address = Address("127.0.0.1", peer.getsockname()[1])
-            clock = TickingClock()
-            runtime.clock = clock  # type: ignore[assignment]
-            protocol = runtime.protocol
-            assert protocol is not None
-            read_at: list[float] = []
-            read_waiting = protocol.read_waiting
+            with peer_socket() as (peer, peer_address):
+                clock = TickingClock()
+                runtime.clock = clock  # type: ignore[assignment]
+                protocol = runtime.protocol
+                assert protocol is not None
+                read_at: list[float] = []
+                read_waiting = protocol.read_waiting
 
-            def recorded_read_waiting(limit: int) -> list[tuple[bytes, Address]]:
-                read_at.append(clock.value)  # no clock reading: the time the socket was read
-                return read_waiting(limit)
+                def recorded_read_waiting(limit: int) -> list[tuple[bytes, Address]]:
+                    read_at.append(clock.value)  # no clock reading: the time the socket was read
+                    return read_waiting(limit)
 
-            protocol.read_waiting = recorded_read_waiting  # type: ignore[method-assign]
-            envelope = Envelope(peer_address, 1)
-            envelope.send(hello(peer_address, seq=7), runtime.config.bind)
-            for data, _ in envelope.datagrams_to_send():
-                peer.sendto(data, (runtime.config.bind.host, runtime.config.bind.port))
-            deadline = time.monotonic() + 5
-            while not _readable(runtime) and time.monotonic() < deadline:
-                pass  # no await: the loop must not read the hello itself
-            assert _readable(runtime)
-            runtime._on_datagram(b"not a packet", peer_address)  # the hello waits in the socket behind it
-            assert read_at
-            data, _ = peer.recvfrom(65535)
-            packets = Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, runtime.config.bind, 0.0)
-            [answer] = [p for p in packets if wire.packet_type(p) == wire.HELLO_BACK]
-            body = wire.decode(answer, len(answer), 1 << 16).body
-            assert isinstance(body, wire.HelloBack) and body.echo_seq == 7
-            assert body.replied_at > read_at[0]
+                protocol.read_waiting = recorded_read_waiting  # type: ignore[method-assign]
+                envelope = Envelope(peer_address, 1)
+                envelope.send(hello(peer_address, seq=7), runtime.config.bind)
+                for data, _ in envelope.datagrams_to_send():
+                    peer.sendto(data, (runtime.config.bind.host, runtime.config.bind.port))
+                deadline = time.monotonic() + 5
+                while not _readable(runtime) and time.monotonic() < deadline:
+                    pass  # no await: the loop must not read the hello itself
+                assert _readable(runtime)
+                runtime._on_datagram(b"not a packet", peer_address)  # the hello waits in the socket behind it
+                assert read_at
+                data, _ = peer.recvfrom(65535)
+                packets = packets_in(data)
+                [answer] = [p for p in packets if wire.packet_type(p) == wire.HELLO_BACK]
+                body = wire.decode(answer, len(answer), 1 << 16).body
+                assert isinstance(body, wire.HelloBack) and body.echo_seq == 7
+                assert body.replied_at > read_at[0]
         finally:
-            peer.close()
             runtime._close_resources()
 
     asyncio.run(scenario())
@@ -452,28 +459,24 @@ def _readable(runtime: Runtime) -> bool:
 def test_a_long_receive_backlog_tells_its_source_rb_and_ready_once_worked_off() -> None:
     async def scenario() -> None:
         runtime = await started_runtime()
-        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            peer.bind(("127.0.0.1", 0))
-            peer.settimeout(5)
-            peer_address = Address("127.0.0.1", peer.getsockname()[1])
-            node = runtime.node
-            assert node is not None
-            node.neighbours.add_dynamic(peer_address)  # known, as a configured neighbour would be
-            envelope = Envelope(peer_address, 1)
-            for seq in range(1, node.pacing.high + 1):
-                envelope.send(tm(seq, origin=peer_address), runtime.config.bind)
-            runtime._receive(node, [(data, peer_address) for data, _ in envelope.datagrams_to_send()])
-            runtime._drain_outputs(runtime.clock.now())
-            assert node.pacing.busy and len(runtime.receive_backlog) == node.pacing.high
-            assert kinds_received(peer) == [(wire.RECEIVER_BUSY, node.pacing.hold)]
-            while len(runtime.receive_backlog) > 0:  # worked off a slice at a time
-                runtime._data_pass(runtime.clock.now())
-            assert not node.pacing.busy
-            assert kinds_received(peer) == [(wire.RECEIVER_BUSY, 0.0)]
-            assert node.drops["receive_backlog_qos0"] == 0
+            with peer_socket() as (peer, peer_address):
+                node = runtime.node
+                assert node is not None
+                node.neighbours.add_dynamic(peer_address)  # known, as a configured neighbour would be
+                envelope = Envelope(peer_address, 1)
+                for seq in range(1, node.pacing.high + 1):
+                    envelope.send(tm(seq, origin=peer_address), runtime.config.bind)
+                runtime._receive(node, [(data, peer_address) for data, _ in envelope.datagrams_to_send()])
+                runtime._drain_outputs(runtime.clock.now())
+                assert node.pacing.busy and len(runtime.receive_backlog) == node.pacing.high
+                assert kinds_received(peer) == [(wire.RECEIVER_BUSY, node.pacing.hold)]
+                while len(runtime.receive_backlog) > 0:  # worked off a slice at a time
+                    runtime._data_pass(runtime.clock.now())
+                assert not node.pacing.busy
+                assert kinds_received(peer) == [(wire.RECEIVER_BUSY, 0.0)]
+                assert node.drops["receive_backlog_qos0"] == 0
         finally:
-            peer.close()
             runtime._close_resources()
 
     asyncio.run(scenario())
@@ -483,7 +486,7 @@ def kinds_received(peer: socket.socket) -> list[tuple[str, float | None]]:
     """the `rb` (type, hold) in the next datagram the peer receives, other packets by type alone"""
     data, _ = peer.recvfrom(65535)
     out: list[tuple[str, float | None]] = []
-    for packet in Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, Address("127.0.0.1", 2), 0.0):
+    for packet in packets_in(data):
         body = wire.decode(packet, len(packet), 1 << 16).body
         out.append((wire.packet_type(packet) or "?", body.hold if isinstance(body, wire.ReceiverBusy) else None))
     return out

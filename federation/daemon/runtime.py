@@ -493,7 +493,7 @@ class Runtime:
         assert node is not None
         self._schedule_rearm()  # first: whatever fails below, the timer keeps running
         transport = self.transport
-        node.pacing.paced(now)  # first: a hold that ended makes the ready we owe upstream
+        paced_until = node.pacing.paced(now)  # first: a hold that ended makes the ready we owe upstream
         datagrams = node.datagrams_to_send()
         if datagrams and self.protocol is not None and self.protocol.writing_paused:
             datagrams = self.flow.shed(node, datagrams, now)
@@ -509,7 +509,7 @@ class Runtime:
         if broker is not None:
             self.flow.inject(node, broker, now)
             if broker.on_loop:
-                self._apply_backpressure(node, broker, now)
+                self._apply_backpressure(node, broker, now, paced_until)
         emitted = node.events_emitted()
         if envelope is not None:
             dropped = envelope.events_emitted()
@@ -529,18 +529,19 @@ class Runtime:
     def _on_send_resumed(self) -> None:
         """The socket took the buffered datagrams: read from the broker again if only that held it."""
         if self.node is not None and self.broker is not None and self.broker.on_loop:
-            self._apply_backpressure(self.node, self.broker, self.clock.now())
+            now = self.clock.now()
+            self._apply_backpressure(self.node, self.broker, now, self.node.pacing.paced(now))
 
     def _on_broker_completed(self) -> None:
         """The broker completed some of our QoS 1/2 publications: hand it what waits for room at once."""
         if self.node is not None and self.broker is not None and len(self.flow.injection_queue):
             self.flow.inject(self.node, self.broker, self.clock.now())
 
-    def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float) -> None:
+    def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float, paced_until: float | None) -> None:
         """Pause or resume reading from the broker (`FlowControl.apply_backpressure`); while a neighbour
-        paces us, look again when its hold ends (nothing else may wake us: we read nothing meanwhile)."""
+        paces us, look again when its hold ends (nothing else may wake us: we read nothing meanwhile).
+        `paced_until`: `Pacing.paced(now)`, the end of the longest hold on us, None when nothing paces us."""
         send_paused = self.protocol is not None and self.protocol.writing_paused
-        paced_until = node.pacing.paced(now)
         self.flow.apply_backpressure(node, broker, send_paused, now, paced=paced_until is not None)
         if paced_until is not None and self._pace_handle is None and self._loop is not None:
             self._pace_handle = self._loop.call_later(paced_until - now + PACE_RECHECK_SLACK, self._pace_ended)
