@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 from federation import wire
+from federation.types import PublicationId
 
 Item = TypeVar("Item")
 
@@ -99,15 +100,20 @@ PEEK_LIMIT = 64
 _NONE_DROPPED: tuple[bytes | None, ...] = ()
 
 
-def qos0_publication(packet: bytes) -> wire.TopicMessage | None:
-    """The `tm` this encoded packet is, decoded, when it is a QoS 0 one (the first thing to shed), else None."""
-    if wire.packet_type(packet) != wire.TOPIC_MESSAGE:
-        return None
+def qos0_publications(packet: bytes) -> list[tuple[PublicationId, str]]:
+    """The (publication, filter) of each QoS 0 publication this encoded packet carries: a QoS 0 `tm`'s one, a
+    `tb`'s every one; none for anything else (the first thing to shed is what this lists)."""
+    if wire.packet_type(packet) not in wire.DATA_TYPES:
+        return []
     try:
         body = wire.decode(packet, len(packet), 1 << 16).body
     except wire.DecodeError:
-        return None
-    return body if isinstance(body, wire.TopicMessage) and body.qos == 0 else None
+        return []
+    if isinstance(body, wire.TopicMessage):
+        return [(body.publication, body.filter)] if body.qos == 0 else []
+    if isinstance(body, wire.TopicBatch):
+        return [((body.origin, body.epoch, seq), body.filter) for seq in body.items[::3]]
+    return []
 
 
 def is_qos0_publication(packet: bytes) -> bool:
@@ -117,7 +123,7 @@ def is_qos0_publication(packet: bytes) -> bool:
     qos = wire.plain_topic_message_qos(packet)
     if qos is not None:
         return qos == 0
-    return qos0_publication(packet) is not None
+    return bool(qos0_publications(packet))
 
 
 Target = TypeVar("Target")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from federation import events
 from federation.events import publication_text
-from federation.wire import MODE_IN_MESH, MODE_TOWARD_CORE, TOPIC_MESSAGE, TopicMessage
+from federation.wire import MODE_IN_MESH, MODE_TOWARD_CORE, TOPIC_BATCH, TOPIC_MESSAGE, TopicBatch, TopicMessage
 
 if TYPE_CHECKING:
     from federation.mesh import TopicState
@@ -194,6 +194,39 @@ class PublicationRouting:
         if node.publication_events:
             node.emit(events.PUBLICATION_FORWARDED, now, pub=pub_text or publication_text(message.publication),
                       filter=state.filter, to=texts, mode="mesh" if mode == MODE_IN_MESH else "toward_core")
+
+    def route_batch(self, state: TopicState, batch: TopicBatch, from_announced: Address | None, now: float) -> None:
+        """`route` for a run of publications (federation.publication_batch): one decision and one `tb` for the
+        run; where the run cannot go on whole (no core, no route), each publication is routed alone."""
+        node = self.node
+        decision = state.forwarding.lookup(self, state, from_announced) if state.core is not None else HOLD
+        if decision is LEAF:
+            return
+        if type(decision) is not Forward or (decision.mode == MODE_IN_MESH and not decision.transports):
+            for message in batch.messages():
+                self.route(state, message, from_announced, now)
+            return
+        count = len(batch)
+        mode = decision.mode
+        if mode == MODE_TOWARD_CORE:
+            assert decision.candidates is not None and decision.by_candidate is not None
+            transport, text = decision.by_candidate[node.rng.choice(decision.candidates)]
+            transports, texts = [transport], [text]
+        else:
+            transports, texts = decision.transports, decision.texts
+            if decision.lost:
+                node.drops["mesh_copy_neighbour_down"] += decision.lost * count
+        hops = batch.hops + 1 if from_announced is not None else batch.hops
+        if mode != batch.mode or hops != batch.hops:
+            batch = TopicBatch(batch.filter, batch.origin, batch.epoch, mode, hops, batch.items)
+        node.send(TOPIC_BATCH, batch, transports)
+        node.counters["publications_forwarded"] += count
+        if node.publication_events:
+            origin, epoch = batch.origin, batch.epoch
+            mode_text = "mesh" if mode == MODE_IN_MESH else "toward_core"
+            for seq in batch.items[::3]:
+                node.emit(events.PUBLICATION_FORWARDED, now, pub=publication_text((origin, epoch, seq)),
+                          filter=state.filter, to=texts, mode=mode_text)
 
     def _report_no_route(self, state: TopicState, message: TopicMessage, now: float, pub_text: str | None) -> None:
         self.node.emit(events.PUBLICATION_DROPPED, now, pub=pub_text or publication_text(message.publication),

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from federation import events, wire
+from federation import events, publication_batch, wire
 from federation.database_sync import DatabaseSync
 from federation.dedup import SeenCache
 from federation.events import addresses_text, id_text, publication_text
@@ -60,6 +60,7 @@ from federation.wire import (
     Reconsider,
     Sender,
     TopicAck,
+    TopicBatch,
     TopicCore,
     TopicMessage,
     TopicSubscribe,
@@ -203,7 +204,7 @@ class Node:
         for transport in transports:
             self._datagrams.append((data, transport))
         paced_until = self.pacing.paced_until
-        if paced_until and kind == wire.TOPIC_MESSAGE and not paced_until.keys().isdisjoint(transports):
+        if paced_until and kind in wire.DATA_TYPES and not paced_until.keys().isdisjoint(transports):
             self.pacing.forwarded_to_paced = True  # `_dispatch` relays the pace to where the copy came from
         self.sent_by_type[kind] += len(transports)
         self.sent_bytes_by_type[kind] += len(data) * len(transports)
@@ -365,6 +366,11 @@ class Node:
         self._settle(now)
         return publication
 
+    def local_publish_run(self, run: list[tuple[str, bytes]], now: float) -> list[PublicationId | None]:
+        """QoS 0 publications (topic, payload) read together from the local broker, neither retained nor with
+        properties: each as `local_publish` would handle it, sent as `tb` runs (federation.publication_batch)."""
+        return publication_batch.originate(self, run, now)
+
     # ------------------------------------------------------------ datagrams
 
     def receive_datagram(self, data: bytes, source: Address, now: float) -> None:
@@ -417,6 +423,12 @@ class Node:
             pacing = self.pacing
             pacing.forwarded_to_paced = False  # set by `send` (a local publication may have left it set)
             self._on_topic_message(body, announced, now)
+            if pacing.forwarded_to_paced:
+                pacing.relay(sender, now)
+        elif isinstance(body, TopicBatch):
+            pacing = self.pacing
+            pacing.forwarded_to_paced = False
+            publication_batch.receive(self, body, announced, now)
             if pacing.forwarded_to_paced:
                 pacing.relay(sender, now)
         elif isinstance(body, Hello):

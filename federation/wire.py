@@ -4,10 +4,10 @@
 
 `type` is the two-letter message type, `version` the protocol version
 (PROTOCOL_VERSION), `sender` the sending node as [vid, host, port, epoch].
-The body fields per type are listed in MESSAGE_FIELDS and in
-docs/protocol.md. Decoding is strict: anything that is not exactly one array
-of the documented shape raises DecodeError with a short machine-readable
-reason (`DecodeError.reason`) that the node counts and records as a
+The body fields per type are listed in docs/protocol.md (and in `encode`).
+Decoding is strict: anything that is not exactly one array of the
+documented shape raises DecodeError with a short machine-readable reason
+(`DecodeError.reason`) that the node counts and records as a
 `packet_dropped` event. Encoding trusts its inputs (they come from the node).
 """
 
@@ -40,10 +40,13 @@ DATABASE_SUMMARY = "ds"
 DATABASE_REQUEST = "dr"
 TOPIC_ACK = "ta"
 RECEIVER_BUSY = "rb"
+TOPIC_BATCH = "tb"
 
 MESSAGE_TYPES = (HELLO, HELLO_BACK, FEDERATE, RECONSIDER, CORE_ANNOUNCEMENT, TOPIC_CORE,
                  RECONSIDER_TOPIC_CORE, TOPIC_SUBSCRIBE, TOPIC_MESSAGE, TOPOLOGY_UPDATE,
-                 DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK, RECEIVER_BUSY)
+                 DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK, RECEIVER_BUSY, TOPIC_BATCH)
+DATA_TYPES = frozenset((TOPIC_MESSAGE, TOPIC_BATCH))
+"""the packets that carry publications (data traffic); every other type is control traffic"""
 
 # One packer for every `encode`: `msgpack.packb` builds a new Packer per call, a third of its cost.
 # Safe to share: packing plain values runs in C without releasing the GIL or calling back into Python.
@@ -229,6 +232,29 @@ class TopicAck:
         return (self.origin, self.epoch, self.seq)
 
 
+@dataclass(slots=True)  # a hot value type: see Sender (no hash: `items` is a list, as msgpack gives it)
+class TopicBatch:
+    """`tb`: a run of QoS 0 publications from one origin on one filter, neither retained nor with properties,
+    in one packet: what as many `tm` would carry, with the fields they share written once. `items` is flat,
+    three entries per publication: seq, topic, payload (docs/protocol.md rule 7c). Nothing mutates it."""
+
+    filter: str
+    origin: Address
+    epoch: int
+    mode: int
+    hops: int
+    items: list[Any]
+
+    def __len__(self) -> int:
+        return len(self.items) // 3
+
+    def messages(self) -> list[TopicMessage]:
+        """The same publications as `tm` bodies (for the rare paths that handle one publication at a time)."""
+        items = iter(self.items)
+        return [TopicMessage(self.filter, self.origin, self.epoch, seq, self.mode, self.hops, topic, payload, 0,
+                             False, None) for seq, topic, payload in zip(items, items, items, strict=True)]
+
+
 @dataclass(frozen=True)
 class ReceiverBusy:
     """`rb`: the sender's receive backlog is long; read no publications from your broker for `hold`
@@ -238,7 +264,7 @@ class ReceiverBusy:
 
 
 Body = (Hello | HelloBack | Federate | TopologyUpdate | Reconsider | CoreAnnouncement | TopicCore | TopicSubscribe
-        | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck | ReceiverBusy)
+        | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck | ReceiverBusy | TopicBatch)
 
 
 @dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender
@@ -278,6 +304,12 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
              body.filter, [origin.host, origin.port], body.epoch, body.seq, body.mode, body.hops, body.topic,
              body.payload, body.qos, body.retain, body.properties])
         return packed_tm
+    if type(body) is TopicBatch:
+        broker_id, origin = sender.broker_id, body.origin
+        packed_tb: bytes = _pack(
+            [kind, PROTOCOL_VERSION, [broker_id.vid, broker_id.address.host, broker_id.address.port, sender.epoch],
+             body.filter, [origin.host, origin.port], body.epoch, body.mode, body.hops, body.items])
+        return packed_tb
     if isinstance(body, Hello):
         fields = [body.seq, body.sent_at]
     elif isinstance(body, HelloBack):
@@ -582,6 +614,20 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         need(4)
         return TopicAck(_filter(fields[0], "ta.filter"), _address(fields[1], "ta.origin"),
                         _int(fields[2], "ta.epoch"), _int(fields[3], "ta.seq"))
+    if kind == TOPIC_BATCH:
+        need(6)
+        items = _list(fields[5], "tb.items")
+        if not items or len(items) % 3:
+            raise DecodeError("wrong_length", "tb.items: expected seq, topic, payload for each of 1 or more")
+        for index in range(0, len(items), 3):
+            what = f"tb.items[{index // 3}]"
+            _int(items[index], f"{what}.seq")
+            _topic(items[index + 1], f"{what}.topic")
+            if type(items[index + 2]) is not bytes:
+                raise DecodeError("wrong_type", f"{what}.payload: expected bytes")
+        return TopicBatch(_filter(fields[0], "tb.filter"), _address(fields[1], "tb.origin"),
+                          _int(fields[2], "tb.epoch"), _int(fields[3], "tb.mode", 0, 1),
+                          _int(fields[4], "tb.hops", 0, 255), items)
     if kind == RECEIVER_BUSY:
         need(1)
         hold = _float(fields[0], "rb.hold")
@@ -619,6 +665,32 @@ def _fast_topic_message(value: list[Any]) -> Packet | None:
                                payload, qos, retain, None))
 
 
+def _fast_topic_batch(value: list[Any]) -> Packet | None:
+    """The packet if `value` is a valid `tb` whose filter and every topic were validated lately, else None
+    (then the general path decodes it and names any fault); as `_fast_topic_message`, for a whole run."""
+    _kind, version, sender, filter_, origin, epoch, mode, hops, items = value
+    if not (type(version) is int and version == PROTOCOL_VERSION and type(sender) is list and len(sender) == 4
+            and type(filter_) is str and filter_ in _valid_filters and type(origin) is list and len(origin) == 2
+            and type(epoch) is int and 0 <= epoch <= MAX_U64 and type(mode) is int and 0 <= mode <= 1
+            and type(hops) is int and 0 <= hops <= 255 and type(items) is list and items and not len(items) % 3):
+        return None
+    vid, host, port, sender_epoch = sender
+    origin_host, origin_port = origin
+    if not (type(vid) is int and 0 <= vid <= MAX_U64 and type(host) is str and len(host) <= 255
+            and type(port) is int and 0 <= port <= 65535 and type(sender_epoch) is int and 0 <= sender_epoch <= MAX_U64
+            and type(origin_host) is str and len(origin_host) <= 255 and type(origin_port) is int
+            and 0 <= origin_port <= 65535):
+        return None
+    topics = _valid_topics
+    fields = iter(items)
+    for seq, topic, payload in zip(fields, fields, fields, strict=True):
+        if not (type(seq) is int and 0 <= seq <= MAX_U64 and type(topic) is str and topic in topics
+                and type(payload) is bytes):
+            return None
+    return Packet(TOPIC_BATCH, Sender(_tuple_new(BrokerId, (vid, _tuple_new(Address, (host, port)))), sender_epoch),
+                  TopicBatch(filter_, _tuple_new(Address, (origin_host, origin_port)), epoch, mode, hops, items))
+
+
 def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> Packet:
     """Decode one datagram or raise DecodeError; never raises anything else."""
     if len(data) > max_packet:
@@ -634,6 +706,10 @@ def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> 
     kind = value[0]
     if len(value) == 14 and type(kind) is str and kind == TOPIC_MESSAGE:
         packet = _fast_topic_message(value)
+        if packet is not None:
+            return packet
+    elif len(value) == 9 and type(kind) is str and kind == TOPIC_BATCH:
+        packet = _fast_topic_batch(value)
         if packet is not None:
             return packet
     if type(kind) is not str or kind not in MESSAGE_TYPES:
@@ -667,29 +743,37 @@ def packet_type(data: bytes) -> str | None:
 
 _TM_HEAD = bytes([0x9E, 0xA2]) + TOPIC_MESSAGE.encode("ascii")
 """how every `tm` starts: an array of 14, then its type as a 2-character string"""
+_TB_HEAD = bytes([0x99, 0xA2]) + TOPIC_BATCH.encode("ascii")
+"""how every `tb` starts: an array of 9, then its type"""
 
 
 def plain_topic_message_qos(data: bytes) -> int | None:
     """The QoS of an encoded `tm` read from its last three bytes, without decoding it: a `tm` ends with
     its QoS, retain flag and properties, which `encode` writes as 0-2, false/true and nil when it has no
-    properties. None for anything else (not a `tm`, properties, another encoding): decode to know.
-    For shedding under overload, where decoding what is about to be dropped costs as much as handling it."""
+    properties. None for anything else (not a `tm`, properties, another encoding): decode to know. A `tb`
+    is QoS 0 by definition: 0. For shedding under overload, where decoding what is about to be dropped
+    costs as much as handling it."""
+    if data.startswith(_TB_HEAD):
+        return 0
     if len(data) > 6 and data[-1] == 0xC0 and data[-3] <= 2 and (data[-2] == 0xC2 or data[-2] == 0xC3) \
             and data.startswith(_TM_HEAD):
         return data[-3]
     return None
 
 
-def publication_id_of(data: bytes) -> PublicationId | None:
-    """The publication id of an encoded `tm` packet, or None."""
-    if packet_type(data) != TOPIC_MESSAGE:
-        return None
+def publication_ids_of(data: bytes, max_packet: int = 65507) -> list[PublicationId]:
+    """The publication ids an encoded `tm` or `tb` packet carries (none for any other packet)."""
+    if packet_type(data) not in DATA_TYPES:
+        return []
     try:
-        packet = decode(data)
+        body = decode(data, max(max_packet, len(data))).body
     except DecodeError:
-        return None
-    assert isinstance(packet.body, TopicMessage)
-    return packet.body.publication
+        return []
+    if isinstance(body, TopicMessage):
+        return [body.publication]
+    assert isinstance(body, TopicBatch)
+    origin, epoch = body.origin, body.epoch
+    return [(origin, epoch, seq) for seq in body.items[::3]]
 
 
 Decoder = Callable[[bytes], Packet]

@@ -6,3 +6,6 @@ Run `python spark/convergence.py --events 'DIR/*.jsonl' --out REPORT_DIR`
 modules (`session`, `reader`, `analysis`) hold what scales with the number
 of events.
 """
+
+DATA_TYPES = ("tm", "tb")
+"""packet types that carry publications (federation.wire.DATA_TYPES): data traffic; every other is control"""

@@ -40,6 +40,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark import DATA_TYPES
 from spark.clocks import Sample
 from spark.reader import SNAPSHOT_SCHEMA
 from spark.replay import VIEW_EVENT_TYPES, SubscriptionInterval
@@ -257,8 +258,9 @@ def deliveries(spark: SparkSession, events: DataFrame, phases: Sequence[Phase], 
 
 # ---------------------------------------------------------------- control overhead
 
+
 def overhead(events: DataFrame, bucket: float) -> dict[str, Any]:
-    """Control traffic (every type but `tm`) per node per second, per time bucket and type; totals."""
+    """Control traffic (every type but `tm` and `tb`) per node per second, per time bucket and type; totals."""
     snapshots = (events.filter(F.col("type").isin("node_started", "counters", "node_stopped"))
                  .select("node", "t", "type", "file", "seq",
                          F.when(F.col("type") == "node_stopped",
@@ -299,7 +301,7 @@ def overhead(events: DataFrame, bucket: float) -> dict[str, Any]:
         total["bytes"] += item["bytes"]
     totals = dict(sorted(totals.items()))
     observed = sum(seconds for seconds, _ in node_seconds.values())
-    control = {kind: value for kind, value in totals.items() if kind != "tm"}
+    control = {kind: value for kind, value in totals.items() if kind not in DATA_TYPES}
     packets = sum(v["packets"] for v in control.values())
     size = sum(v["bytes"] for v in control.values())
     snapshots.unpersist()

@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: import the `spark` package fro
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from spark import DATA_TYPES  # noqa: E402
 from spark import clocks as clock_estimation  # noqa: E402
 from spark import timeline as timelines  # noqa: E402
 from spark.replay import Replay  # noqa: E402
@@ -229,8 +230,10 @@ def analyse(spark: Any, files: list[str], args: argparse.Namespace) -> tuple[dic
         "publications_dropped": summary.by_type.get("publication_dropped", 0),
         "duplicates_dropped": summary.by_type.get("duplicate_dropped", 0),
         "lost_examples": delivery["lost_examples"],
-        "control": {**traffic["control"], "by_type": {k: v for k, v in traffic["by_type"].items() if k != "tm"}},
-        "data": traffic["by_type"].get("tm", {"packets": 0, "bytes": 0}),
+        "control": {**traffic["control"],
+                    "by_type": {k: v for k, v in traffic["by_type"].items() if k not in DATA_TYPES}},
+        "data": {field: sum(traffic["by_type"].get(kind, {}).get(field, 0) for kind in DATA_TYPES)
+                 for field in ("packets", "bytes")},
         "cores": {"management_changes": sum(1 for c in result.core_changes if c["kind"] == "management"),
                   "topic_changes": sum(1 for c in result.core_changes if c["kind"] == "topic")},
         "mesh_sizes_final": dict(sorted(meshes_final.items())),

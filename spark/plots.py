@@ -33,6 +33,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 from matplotlib.lines import Line2D  # noqa: E402
 
+from spark import DATA_TYPES  # noqa: E402
+
 FILTER_COLOURS = ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:cyan", "tab:brown", "tab:pink",
                   "tab:olive")
 MAX_OVERLAY_PANELS = 12
@@ -106,7 +108,7 @@ def latency_cdf(path: Path, quantiles: Sequence[float], percentiles: Mapping[str
 def overhead(path: Path, series: Sequence[Mapping[str, Any]], phases: Sequence[Mapping[str, Any]],
              span: tuple[float, float]) -> None:
     figure, axis = plt.subplots(figsize=(11, 4.2))
-    rows = [row for row in series if row["type"] != "tm" and row["packets_per_node_s"] is not None]
+    rows = [row for row in series if row["type"] not in DATA_TYPES and row["packets_per_node_s"] is not None]
     buckets = sorted({row["t"] for row in rows})
     kinds = sorted({row["type"] for row in rows})
     if buckets:
@@ -131,7 +133,7 @@ def overhead(path: Path, series: Sequence[Mapping[str, Any]], phases: Sequence[M
     axis.set_xlim(*span)
     axis.set_xlabel("time (s)")
     axis.set_ylabel("control packets / node / s")
-    axis.set_title("Control overhead (all types but tm), from the nodes' counters")
+    axis.set_title("Control overhead (all types but tm and tb), from the nodes' counters")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -70,7 +70,7 @@ def random_record(rng: random.Random) -> wire.LinkStateRecord:
 
 
 def random_body(rng: random.Random, node: Node) -> tuple[str, wire.Body]:
-    choice = rng.randrange(13)
+    choice = rng.randrange(14)
     if choice == 0:
         return wire.FEDERATE, wire.Federate(random_record(rng))
     if choice == 1:
@@ -101,6 +101,13 @@ def random_body(rng: random.Random, node: Node) -> tuple[str, wire.Body]:
     if choice == 10:
         return wire.DATABASE_SUMMARY, wire.DatabaseSummary(tuple(
             wire.SummaryEntry(random_address(rng), rng.randrange(3), rng.randrange(100)) for _ in range(5)))
+    if choice == 13:
+        items: list[object] = []
+        for _ in range(rng.randint(1, 8)):
+            items += [rng.randrange(1, 2**20), random_topic(rng), os.urandom(rng.randrange(40))]
+        origin = random_address(rng) if rng.random() < 0.8 else HOME
+        return wire.TOPIC_BATCH, wire.TopicBatch(random_filter(rng), origin, rng.randrange(3), rng.randrange(2),
+                                                 rng.randrange(70), items)
     if choice == 12:
         return wire.RECEIVER_BUSY, wire.ReceiverBusy(rng.choice((0.0, 0.2, rng.uniform(0, wire.MAX_HOLD))))
     return wire.DATABASE_REQUEST, wire.DatabaseRequest(tuple(random_address(rng) for _ in range(3)))

@@ -4,20 +4,18 @@ on a backed-up send side, broker reading paused meanwhile (docs/daemon.md "Overl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import random
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from runtime_util import free_port, packets_in, peer_socket, started_runtime
 
 from federation import wire
 from federation.backpressure import InjectionQueue, PacketBacklog, shed_qos0
 from federation.daemon import runtime as runtime_module
-from federation.daemon.config import DaemonConfig
 from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG_HIGH, FlowControl
 from federation.daemon.runtime import DATA_SLICE, Clock, Runtime
 from federation.daemon.udp import kernel_receive_drops
@@ -84,12 +82,6 @@ def test_receive_backlog_bytes_bound() -> None:
 # ------------------------------------------------------------ the runtime with a real socket
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class FakeBroker:
     on_loop = True
     injected = 0
@@ -111,38 +103,6 @@ class FakeBroker:
 
     def publish_all(self, items: Any) -> None:
         pass
-
-
-async def started_runtime() -> Runtime:
-    port = free_port()
-    config = DaemonConfig(bind=Address("127.0.0.1", port), announced=Address("127.0.0.1", port), neighbours=(),
-                          broker=Address("127.0.0.1", 1), client_id="overload-test")
-    runtime = Runtime(dataclasses.replace(config))
-    loop = asyncio.get_running_loop()
-    runtime._loop = loop
-    runtime._open(loop)
-    node = runtime._start_node()
-    runtime.transport, _ = await loop.create_datagram_endpoint(runtime.protocol_factory, sock=runtime._sock)
-    node.start(runtime.clock.now())
-    runtime._drain_outputs(runtime.clock.now())
-    return runtime
-
-
-@contextlib.contextmanager
-def peer_socket() -> Iterator[tuple[socket.socket, Address]]:
-    """A loopback UDP socket standing for a neighbouring wrapper (blocking, 5 s timeout), closed after."""
-    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        peer.bind(("127.0.0.1", 0))
-        peer.settimeout(5)
-        yield peer, Address("127.0.0.1", peer.getsockname()[1])
-    finally:
-        peer.close()
-
-
-def packets_in(data: bytes) -> list[bytes]:
-    """the protocol packets of one datagram a runtime sent (unsigned envelope)"""
-    return Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, Address("127.0.0.1", 2), 0.0)
 
 
 def test_hello_is_answered_before_the_queued_data() -> None:

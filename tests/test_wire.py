@@ -37,6 +37,7 @@ SAMPLES: list[tuple[str, wire.Body]] = [
                                            "a/b c", b"\x00\xff" * 10, 1, True,
                                            {"user_property": [["k", "v"]], "content_type": "text/plain"})),
     (wire.TOPIC_MESSAGE, wire.TopicMessage("a/#", Address("h", 1), 0, 0, 0, 0, "a", b"", 0, False, None)),
+    (wire.TOPIC_BATCH, wire.TopicBatch("a/#", Address("h", 1), 0, 1, 3, [1, "a/b", b"x", 2, "a/c c", b""])),
 ]
 
 
@@ -46,13 +47,6 @@ def test_round_trip(kind: str, body: wire.Body) -> None:
     packet = wire.decode(data)
     assert packet.type == kind and packet.sender == SENDER and packet.body == body
     assert wire.packet_type(data) == kind
-
-
-def test_publication_id_of_tm_only() -> None:
-    kind, body = SAMPLES[-2]
-    assert isinstance(body, wire.TopicMessage)
-    assert wire.publication_id_of(wire.encode(kind, SENDER, body)) == (Address("10.0.0.1", 10500), 7, 9)
-    assert wire.publication_id_of(wire.encode(*SAMPLES[0][:1], SENDER, SAMPLES[0][1])) is None
 
 
 def reason(data: bytes, **limits: int) -> str:

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from federation import events
-from federation.backpressure import InjectionQueue, qos0_publication, shed_qos0
+from federation import events, wire
+from federation.backpressure import InjectionQueue, qos0_publications, shed_qos0
 from federation.daemon.broker import BrokerAdapter
 from federation.node import Node
 from federation.types import Address, Injection
@@ -121,16 +121,18 @@ class FlowControl:
 
 
 def report_shed(node: Node, counter: str, reason: str, packet: bytes, now: float, to: Address | None = None) -> None:
-    """A QoS 0 `tm` dropped under overload, still encoded: counted as drop `counter`, and reported as
-    `publication_dropped` (decoded only for that) when the node makes the per-publication events."""
-    node.count_drop(counter)
+    """A QoS 0 `tm` or `tb` dropped under overload, still encoded: each publication in it counted as drop
+    `counter` and reported as `publication_dropped` when the node makes the per-publication events (a `tm` is
+    decoded only for that; a `tb`, to count what it carried)."""
+    if not node.publication_events and wire.packet_type(packet) == wire.TOPIC_MESSAGE:
+        node.count_drop(counter)  # one publication: nothing to decode
+        return
+    publications = qos0_publications(packet)
+    node.drops[counter] += len(publications) or 1
     if not node.publication_events:
         return
-    message = qos0_publication(packet)
-    if message is None:
-        return
-    fields: dict[str, Any] = {"pub": events.publication_text(message.publication), "filter": message.filter,
-                              "reason": reason}
-    if to is not None:
-        fields["to"] = [str(to)]
-    node.emit(events.PUBLICATION_DROPPED, now, **fields)
+    for publication, filter_ in publications:
+        fields: dict[str, Any] = {"pub": events.publication_text(publication), "filter": filter_, "reason": reason}
+        if to is not None:
+            fields["to"] = [str(to)]
+        node.emit(events.PUBLICATION_DROPPED, now, **fields)

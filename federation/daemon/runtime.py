@@ -379,7 +379,7 @@ class Runtime:
         for data, source in datagrams:
             queued = False
             for packet in envelope.receive_datagram(data, source, now):
-                if wire.packet_type(packet) != wire.TOPIC_MESSAGE:
+                if wire.packet_type(packet) not in wire.DATA_TYPES:
                     node.receive_datagram(packet, source, now)
                     continue
                 queued = True
@@ -440,18 +440,31 @@ class Runtime:
             return
         now = self.clock.now()
         changed = False
+        limit = node.settings.max_publication_bytes
+        run: list[tuple[str, bytes]] = []  # QoS 0 publications in a row: one `tb` run (federation.publication_batch)
         for item in batch:
             if isinstance(item, Publication):
-                if len(item.payload) > node.settings.max_publication_bytes:
+                if len(item.payload) > limit:
                     self._refuse_publication(item, now)
-                    continue
-                node.local_publish(item.topic, item.payload, item.qos, item.retain, item.properties, now)
-            elif isinstance(item, LogLine):
+                elif not item.qos and not item.retain and item.properties is None:
+                    run.append((item.topic, item.payload))
+                else:
+                    if run:
+                        node.local_publish_run(run, now)
+                        run = []
+                    node.local_publish(item.topic, item.payload, item.qos, item.retain, item.properties, now)
+                continue
+            if run:  # kept in order with what follows
+                node.local_publish_run(run, now)
+                run = []
+            if isinstance(item, LogLine):
                 self.broker_health.log_line()
                 for event in self.tracker.feed(item.topic, item.payload):
                     changed = self.subscriptions.apply(event, node, now) or changed
             else:
                 self.broker_health.on_state(item, now)
+        if run:
+            node.local_publish_run(run, now)
         if changed:
             self._schedule_save()
         self._drain_outputs(now)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from federation.scenario.report import TrafficRecord
-from federation.wire import TOPIC_MESSAGE
+from federation.wire import DATA_TYPES
 
 SentCounts = dict[str, tuple[int, int]]
 """packet type -> (packets, bytes)"""
@@ -85,7 +85,7 @@ class TrafficTally:
         data_packets = data_bytes = 0
         for _, counts in sorted(self.best.items()):
             for kind, (packets, size) in counts.items():
-                if kind == TOPIC_MESSAGE:
+                if kind in DATA_TYPES:
                     data_packets += packets
                     data_bytes += size
                     continue

@@ -44,6 +44,7 @@ from federation.settings import Settings
 from federation.sim.collector import collector_paused
 from federation.sim.network import NetworkOverload, default_max_in_flight
 from federation.sim.runner import Simulation
+from federation.wire import DATA_TYPES
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ class Bench:
         node_seconds = options.nodes * options.window
         by_type = {kind: {"packets": traffic.packets_by_type[kind] - before[0].get(kind, 0),
                           "bytes": traffic.bytes_by_type[kind] - before[1].get(kind, 0)}
-                   for kind in sorted(traffic.packets_by_type) if kind != "tm"}
+                   for kind in sorted(traffic.packets_by_type) if kind not in DATA_TYPES}
         packets = sum(item["packets"] for item in by_type.values())
         size = sum(item["bytes"] for item in by_type.values())
         results["steady_window_seconds"] = options.window

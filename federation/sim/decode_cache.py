@@ -20,7 +20,7 @@ decoded objects are frozen, so sharing them between nodes is safe.
 from __future__ import annotations
 
 from federation import wire
-from federation.wire import TOPIC_MESSAGE, DecodeError, Packet, packet_type
+from federation.wire import DATA_TYPES, DecodeError, Packet, packet_type
 
 DEFAULT_CAPACITY = 4096
 
@@ -36,7 +36,7 @@ class DecodeCache:
 
     def __call__(self, data: bytes, max_packet: int, max_neighbours: int) -> Packet:
         """`wire.decode(data, max_packet, max_neighbours)`, from the cache when these bytes were seen."""
-        if packet_type(data) == TOPIC_MESSAGE:
+        if packet_type(data) in DATA_TYPES:
             return wire.decode(data, max_packet, max_neighbours)
         key = (data, max_packet, max_neighbours)
         result = self._results.get(key)

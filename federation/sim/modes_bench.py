@@ -42,6 +42,7 @@ from federation.settings import Settings
 from federation.sim.bench import build_overlay
 from federation.sim.network import default_max_in_flight
 from federation.sim.runner import Simulation
+from federation.wire import DATA_TYPES
 
 MODES: dict[str, dict[str, Any]] = {
     "interest": {},
@@ -104,7 +105,7 @@ def run_mode(mode: str, workload: Workload, options: ModesBenchOptions) -> dict[
     nodes = [host.node for host in simulation.network.hosts]
     received_before = [node.received_by_type["tm"] if node else 0 for node in nodes]
     traffic = simulation.network.traffic
-    control_before = sum(count for kind, count in traffic.packets_by_type.items() if kind != "tm")
+    control_before = sum(count for kind, count in traffic.packets_by_type.items() if kind not in DATA_TYPES)
     window_start = simulation.now
     first = len(simulation.publications)
     for number, (publisher, topic) in enumerate(workload.plan):
@@ -112,7 +113,7 @@ def run_mode(mode: str, workload: Workload, options: ModesBenchOptions) -> dict[
         simulation.publish(Publish(simulation.now, name_of(publisher), topic), 0)
     simulation.run_until(simulation.now + 3.0)
     window = simulation.now - window_start
-    control = sum(count for kind, count in traffic.packets_by_type.items() if kind != "tm") - control_before
+    control = sum(count for kind, count in traffic.packets_by_type.items() if kind not in DATA_TYPES) - control_before
 
     records = simulation.publications[first:]
     wanted = {record.publication for record in records}

@@ -37,7 +37,7 @@ from typing import Generic, Protocol, TypeVar
 
 from federation.settings import Settings
 from federation.types import Address, Event, Injection, PublicationId
-from federation.wire import TOPIC_MESSAGE, packet_type, publication_id_of
+from federation.wire import DATA_TYPES, packet_type, publication_ids_of
 
 DEFAULT_PORT = 10500
 UNKNOWN_TYPE = "??"
@@ -167,19 +167,20 @@ class Traffic:
     data_packets_by_host: Counter[int] = field(default_factory=Counter)
     data_bytes_by_host: Counter[int] = field(default_factory=Counter)
     copies: Counter[PublicationId] = field(default_factory=Counter)
-    """`tm` datagrams sent per publication"""
+    """copies sent per publication (in `tm` or `tb` packets)"""
     drops: Counter[str] = field(default_factory=Counter)
     """no_route, cut, loss, dead"""
     duplicated: int = 0
     delivered: int = 0
 
     def control_totals(self) -> tuple[int, int]:
-        packets = sum(count for kind, count in self.packets_by_type.items() if kind != TOPIC_MESSAGE)
-        size = sum(count for kind, count in self.bytes_by_type.items() if kind != TOPIC_MESSAGE)
+        packets = sum(count for kind, count in self.packets_by_type.items() if kind not in DATA_TYPES)
+        size = sum(count for kind, count in self.bytes_by_type.items() if kind not in DATA_TYPES)
         return packets, size
 
     def data_totals(self) -> tuple[int, int]:
-        return self.packets_by_type[TOPIC_MESSAGE], self.bytes_by_type[TOPIC_MESSAGE]
+        return (sum(self.packets_by_type[kind] for kind in DATA_TYPES),
+                sum(self.bytes_by_type[kind] for kind in DATA_TYPES))
 
 
 class Observer(Generic[NodeT]):
@@ -461,11 +462,10 @@ class Network(Generic[NodeT]):
         size = len(data)
         traffic.packets_by_type[kind] += 1
         traffic.bytes_by_type[kind] += size
-        if kind == TOPIC_MESSAGE:
+        if kind in DATA_TYPES:
             traffic.data_packets_by_host[host.index] += 1
             traffic.data_bytes_by_host[host.index] += size
-            publication = publication_id_of(data)
-            if publication is not None:
+            for publication in publication_ids_of(data, size):
                 traffic.copies[publication] += 1
                 self.observer.data_sent(host, publication, traffic.copies[publication], self.now)
         else:

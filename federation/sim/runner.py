@@ -12,7 +12,7 @@ things while time runs:
 * views: after each instant, the views of the nodes that received input are
   re-read (only when `view().version` moved) and the convergence tracker
   checks them against the ground truth;
-* safety: every `tm` datagram bumps its publication's copy count, which must
+* safety: every `tm` or `tb` datagram bumps its publications' copy counts, which must
   stay under a loop bound; timer storms are reported by the network.
 
 At the end the still-quiet components must have converged, and the plain
@@ -63,7 +63,7 @@ from federation.sim.decode_cache import DecodeCache
 from federation.sim.network import Host, LinkModel, Network, NetworkOverload, NodeSetup, Observer
 from federation.sim.truth import ConvergenceTracker, GroundTruth
 from federation.types import Event, Injection, PublicationId
-from federation.wire import TOPIC_MESSAGE, DecodeFunction
+from federation.wire import DATA_TYPES, DecodeFunction
 from federation.wire import decode as wire_decode
 
 BACKEND = "sim"
@@ -145,6 +145,11 @@ class Simulation(Observer[Node]):
             self.network.start(name)
         for event in self.scenario.events:
             if isinstance(event, Publish):
+                if event.count > 1 and not event.interval and not event.qos and not event.retain:
+                    # All at one instant: read from the broker together, as the daemon hands such a burst
+                    # to the node (federation.publication_batch: `tb` runs).
+                    self.network.schedule(event.at, functools.partial(self.publish_burst, event))
+                    continue
                 for number in range(event.count):
                     self.network.schedule(event.at + number * event.interval,
                                           functools.partial(self.publish, event, number))
@@ -233,21 +238,42 @@ class Simulation(Observer[Node]):
     def publish(self, event: Publish, number: int) -> None:
         host = self.network.host(event.node)
         node = host.node
-        now = self.now
         if node is None:
             self._sim_event("sim_publish_skipped", event.node, topic=event.topic, reason="node down")
             return
+        payload_id, payload = self._payload(event)
+        publication = node.local_publish(event.topic, payload, event.qos, event.retain, None, self.now)
+        self._record_publication(event, node, publication, payload_id, payload)
+        self.network.after_input(host)
+
+    def publish_burst(self, event: Publish) -> None:
+        """`event.count` QoS 0 publications at one instant, handed to the node as one run."""
+        host = self.network.host(event.node)
+        node = host.node
+        if node is None:
+            for _ in range(event.count):
+                self._sim_event("sim_publish_skipped", event.node, topic=event.topic, reason="node down")
+            return
+        made = [self._payload(event) for _ in range(event.count)]
+        publications = node.local_publish_run([(event.topic, payload) for _, payload in made], self.now)
+        for (payload_id, payload), publication in zip(made, publications, strict=True):
+            self._record_publication(event, node, publication, payload_id, payload)
+        self.network.after_input(host)
+
+    def _payload(self, event: Publish) -> tuple[str, bytes]:
         self.payload_counter += 1
         payload_id = f"{event.node}-{self.payload_counter}"
-        payload = json.dumps({"id": payload_id, "sent": round(now, 6), "fill": "x" * event.payload_size},
-                             separators=(",", ":")).encode()
-        in_bound, expected = self.truth.expected(event.node, event.topic, now)
-        publication = node.local_publish(event.topic, payload, event.qos, event.retain, None, now)
+        return payload_id, json.dumps({"id": payload_id, "sent": round(self.now, 6), "fill": "x" * event.payload_size},
+                                      separators=(",", ":")).encode()
+
+    def _record_publication(self, event: Publish, node: Node, publication: PublicationId | None, payload_id: str,
+                            payload: bytes) -> None:
+        now = self.now
         if publication is None:
             self._sim_event("sim_publish_skipped", event.node, topic=event.topic,
                             reason="the node does not federate this topic")
-            self.network.after_input(host)
             return
+        in_bound, expected = self.truth.expected(event.node, event.topic, now)
         text = publication_text(publication)
         self.topics[publication] = event.topic
         if event.qos:
@@ -256,7 +282,6 @@ class Simulation(Observer[Node]):
         self._sim_event("sim_publish", event.node, pub=text, payload_id=payload_id, topic=event.topic,
                         qos=event.qos, retain=event.retain, size=len(payload), in_bound=in_bound,
                         expected=sorted(expected))
-        self.network.after_input(host)
 
     def _to_node(self, name: str, action: Callable[[Node], None]) -> None:
         host = self.network.host(name)
@@ -420,7 +445,7 @@ class Simulation(Observer[Node]):
     def traffic_record(self) -> TrafficRecord:
         traffic = self.network.traffic
         control = {kind: (traffic.packets_by_type[kind], traffic.bytes_by_type[kind])
-                   for kind in sorted(traffic.packets_by_type) if kind != TOPIC_MESSAGE}
+                   for kind in sorted(traffic.packets_by_type) if kind not in DATA_TYPES}
         packets, size = traffic.data_totals()
         return TrafficRecord(control, packets, size, self.network.alive_seconds())
 
