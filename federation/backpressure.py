@@ -180,12 +180,15 @@ class PacketBacklog(Generic[Target]):
         self.dropped["qos12"] += 1
         return None
 
-    def take(self, count: int) -> list[tuple[bytes, Target]]:
-        """Up to `count` packets, oldest first."""
+    def take(self, count: int, max_bytes: int | None = None) -> list[tuple[bytes, Target]]:
+        """Up to `count` packets, oldest first, and (if given) no more once `max_bytes` are reached."""
         out: list[tuple[bytes, Target]] = []
         items = self._items
-        while items and len(out) < count:
+        budget = max_bytes if max_bytes is not None else self.max_bytes
+        while items and len(out) < count and budget > 0:
             item = items.popleft()
-            self.bytes -= len(item[0])
+            size = len(item[0])
+            self.bytes -= size
+            budget -= size
             out.append(item)
         return out

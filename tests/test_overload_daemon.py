@@ -16,7 +16,7 @@ from runtime_util import free_port, packets_in, peer_socket, started_runtime
 from federation import wire
 from federation.backpressure import InjectionQueue, PacketBacklog, shed_qos0
 from federation.daemon import runtime as runtime_module
-from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG_HIGH, FlowControl
+from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG, INJECTION_BACKLOG_HIGH, FlowControl
 from federation.daemon.runtime import DATA_SLICE, Clock, Runtime
 from federation.daemon.udp import kernel_receive_drops
 from federation.envelope import Envelope
@@ -79,6 +79,18 @@ def test_receive_backlog_bytes_bound() -> None:
     assert backlog.dropped["qos0"] == 7
 
 
+def test_a_data_slice_is_bounded_in_bytes_too() -> None:
+    """`tb` packets carry up to a datagram of publications each: a slice stops at its byte budget (at least
+    one packet), so one loop pass does not handle thousands of publications."""
+    one = len(tm(1, payload=b"y" * 1000))
+    backlog: PacketBacklog[str] = PacketBacklog(max_packets=1000, max_bytes=1 << 20)
+    for seq in range(10):
+        backlog.push(tm(seq, payload=b"y" * 1000), "s")
+    assert len(backlog.take(100, 3 * one)) == 3
+    assert len(backlog.take(100, 1)) == 1
+    assert len(backlog.take(100)) == 6 and backlog.bytes == 0
+
+
 # ------------------------------------------------------------ the runtime with a real socket
 
 
@@ -86,6 +98,7 @@ class FakeBroker:
     on_loop = True
     injected = 0
     inject_failed = 0
+    output_blocked = False
 
     def __init__(self) -> None:
         self.reading_paused = False
@@ -334,6 +347,43 @@ def test_publications_dropped_toward_a_slow_broker_are_counted_and_qos12_always_
     assert node.drops["inject_backlog_qos0"] == 1 and node.drops["inject_backlog_qos12"] == 1
     reported = [e.fields["pub"] for e in node.events_emitted() if e.type == "publication_dropped"]
     assert reported == ([f"{ORIGIN}/1/2", f"{ORIGIN}/1/1"] if publication_events else [f"{ORIGIN}/1/1"])
+
+
+def test_nothing_is_handed_to_a_broker_whose_socket_is_full_and_the_queue_paces() -> None:
+    """paho holds bytes the broker's socket refused: the injections wait in the bounded queue (not in paho's
+    unbounded one), where the pacing level sees them; all are handed over once the socket drains."""
+
+    async def scenario() -> None:
+        runtime = await started_runtime()
+        handed: list[Injection] = []
+
+        class BlockedBroker(FakeBroker):
+            output_blocked = True
+
+            def publish_all(self, items: Any) -> None:
+                handed.extend(items)
+
+        broker = BlockedBroker()
+        node = runtime.node
+        assert node is not None
+        try:
+            runtime.broker = broker  # type: ignore[assignment]
+            count = INJECTION_BACKLOG // 2
+            node._injections.extend(Injection("t/x", b"p", 0, False, None, (ORIGIN, 1, seq))
+                                    for seq in range(1, count + 1))
+            runtime._drain_outputs(runtime.clock.now())
+            assert not handed and len(runtime.flow.injection_queue) == count
+            assert runtime._backlog_level() == runtime.receive_backlog.max_packets // 2
+            broker.output_blocked = False
+            while len(runtime.flow.injection_queue):
+                before = len(handed)
+                runtime._on_broker_completed()  # what the adapter calls once its socket took the bytes
+                assert len(handed) > before
+            assert len(handed) == count and not node.drops
+        finally:
+            runtime._close_resources()
+
+    asyncio.run(scenario())
 
 
 # ------------------------------------------------------------ clock stamps (the hello exchange's bound)

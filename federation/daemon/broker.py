@@ -221,7 +221,8 @@ class BrokerAdapter:
         """mids of the QoS 1/2 publications handed to paho that the broker has not completed (`backlog`)"""
         self._completed = False
         self._on_completed = on_completed
-        """with `loop`: called after a read pass in which the broker completed some of our QoS 1/2 publications"""
+        """with `loop`: called after a read pass in which the broker completed some of our QoS 1/2 publications,
+        and when paho's bytes that the socket refused have all gone out (`output_blocked` ended): room for more"""
         # Driven by an asyncio loop: the watched socket and the pending timers.
         self._watched: socket.socket | None = None
         self._writing = False
@@ -285,6 +286,12 @@ class BrokerAdapter:
     def backlog(self) -> int:
         """QoS 1/2 publications handed to paho that the broker has not completed yet (in flight or queued)."""
         return len(self._unfinished)
+
+    @property
+    def output_blocked(self) -> bool:
+        """The socket to the broker refused bytes that paho now holds (written when it is writable): the broker
+        is slower than what we hand it, so more should wait in our bounded queue, not in paho's unbounded one."""
+        return self._writing
 
     def publish_all(self, injections: Sequence[Injection]) -> None:
         """Publish several; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as fit.
@@ -518,6 +525,8 @@ class BrokerAdapter:
             assert self._loop is not None
             self._loop.remove_writer(sock)
             self._writing = False
+            if self._on_completed is not None:
+                self._on_completed()
 
     def _misc(self) -> None:
         assert self._loop is not None

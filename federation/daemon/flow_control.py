@@ -52,7 +52,8 @@ INJECTION_BACKLOG = 10000
 INJECTION_BACKLOG_HIGH = INJECTION_BACKLOG * 7 // 8
 """waiting publications from which new QoS 1/2 copies are left unacknowledged (`Node.delivery_backlogged`)"""
 BROKER_BACKLOG = 2000
-"""publications handed to paho and not completed by the broker, above which the rest wait in our queue"""
+"""QoS 1/2 publications handed to paho and not completed by the broker, above which the rest wait in our queue;
+at most this many handed over at once, and none while paho holds bytes the socket refused"""
 
 
 class FlowControl:
@@ -86,7 +87,7 @@ class FlowControl:
                 if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
                     node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
                               filter=None, reason="broker_backlog")
-        if len(queue):
+        if len(queue) and not broker.output_blocked:  # blocked: the rest waits here, bounded, and is paced
             broker.publish_all(queue.take(max(0, BROKER_BACKLOG - broker.backlog())))
         # QoS 1/2 copies are acknowledged to the previous hop on arrival: stop taking new ones before the
         # queue must drop them (it drops QoS 0 first, but a flood of QoS 1 alone would lose some).
