@@ -1,9 +1,11 @@
 """`python -m federation.bench.hotpath`: CPU per message through each stage of a wrapper's data path.
 
 Theory of operation: a federated publication costs one wrapper (A) a paho
-receive, `Node.local_publish` and the envelope's batching, and the next
-wrapper (B) the envelope's checks, `Node.receive_datagram` and a paho
-publish; both write events to the event log. The end-to-end benchmark
+receive, `Node.local_publish_run` (QoS 0: a burst as one run, sent as `tb`,
+as the runtime hands it over; QoS 1: `Node.local_publish` each) and the
+envelope's batching, and the next wrapper (B) the envelope's checks,
+`Node.receive_datagram` and a paho publish; both write events to the
+event log. The end-to-end benchmark
 (`python -m federation.bench`) shows the sum, and a whole-process profile
 mixes in the event loop and the brokers. This command runs every stage in
 one process, on two real `Node`s joined in memory (converged first: B
