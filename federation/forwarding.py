@@ -171,18 +171,10 @@ class PublicationRouting:
                 self._report_no_route(state, message, now, pub_text)
             return  # LEAF: the publication ends here
         mode = decision.mode
-        if mode == MODE_TOWARD_CORE:
-            assert decision.candidates is not None and decision.by_candidate is not None
-            transport, text = decision.by_candidate[node.rng.choice(decision.candidates)]
-            transports, texts = [transport], [text]
-        else:
-            transports, texts = decision.transports, decision.texts
-            if decision.lost:
-                # Mesh neighbours that went down before the routes were recomputed: those copies are lost.
-                node.drops["mesh_copy_neighbour_down"] += decision.lost
-            if not transports:
-                self._report_no_route(state, message, now, pub_text)
-                return
+        transports, texts = self._next_hops(decision, 1)
+        if not transports:
+            self._report_no_route(state, message, now, pub_text)
+            return
         hops = message.hops + 1 if from_announced is not None else message.hops
         if mode == message.mode and hops == message.hops:
             outgoing = message  # a new local publication goes out as made
@@ -208,14 +200,7 @@ class PublicationRouting:
             return
         count = len(batch)
         mode = decision.mode
-        if mode == MODE_TOWARD_CORE:
-            assert decision.candidates is not None and decision.by_candidate is not None
-            transport, text = decision.by_candidate[node.rng.choice(decision.candidates)]
-            transports, texts = [transport], [text]
-        else:
-            transports, texts = decision.transports, decision.texts
-            if decision.lost:
-                node.drops["mesh_copy_neighbour_down"] += decision.lost * count
+        transports, texts = self._next_hops(decision, count)
         hops = batch.hops + 1 if from_announced is not None else batch.hops
         if mode != batch.mode or hops != batch.hops:
             batch = TopicBatch(batch.filter, batch.origin, batch.epoch, mode, hops, batch.items)
@@ -227,6 +212,18 @@ class PublicationRouting:
             for seq in batch.items[::3]:
                 node.emit(events.PUBLICATION_FORWARDED, now, pub=publication_text((origin, epoch, seq)),
                           filter=state.filter, to=texts, mode=mode_text)
+
+    def _next_hops(self, decision: Forward, publications: int) -> tuple[list[Address], list[str]]:
+        """The transports (and their texts) `decision` sends `publications` to now: one parent drawn with the
+        node's RNG toward the core, or every up mesh neighbour; empty when every mesh neighbour is down."""
+        if decision.mode == MODE_TOWARD_CORE:
+            assert decision.candidates is not None and decision.by_candidate is not None
+            transport, text = decision.by_candidate[self.node.rng.choice(decision.candidates)]
+            return [transport], [text]
+        if decision.lost:
+            # Mesh neighbours that went down before the routes were recomputed: those copies are lost.
+            self.node.drops["mesh_copy_neighbour_down"] += decision.lost * publications
+        return decision.transports, decision.texts
 
     def _report_no_route(self, state: TopicState, message: TopicMessage, now: float, pub_text: str | None) -> None:
         self.node.emit(events.PUBLICATION_DROPPED, now, pub=pub_text or publication_text(message.publication),

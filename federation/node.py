@@ -221,9 +221,10 @@ class Node:
         for bundle in self.split(records, _stored_size):
             self.send(wire.TOPOLOGY_UPDATE, TopologyUpdate(tuple(stored.record for stored in bundle)), transports)
 
-    def split(self, items: list[Any], size_of: Any) -> list[list[Any]]:
-        """Cut `items` into runs whose encoded sizes fit one datagram (with room for the header)."""
-        budget = self.settings.max_datagram - 64
+    def split(self, items: list[Any], size_of: Any, header: int = 0) -> list[list[Any]]:
+        """Cut `items` into runs whose encoded sizes fit one datagram (with room for the envelope's framing and
+        `header` more bytes); an item larger than that alone in its run."""
+        budget = self.settings.max_datagram - 64 - header
         runs: list[list[Any]] = []
         run: list[Any] = []
         size = 0

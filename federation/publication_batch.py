@@ -52,7 +52,7 @@ def originate(node: Node, run: list[tuple[str, bytes]], now: float) -> list[Publ
     matching, publication_filters = mesh.matching, mesh.publication_filters
     events_on = node.publication_events
     seq = node.publication_seq
-    runs: dict[str, list[Any]] = {}
+    runs: dict[str, list[tuple[int, str, bytes]]] = {}
     made: list[PublicationId | None] = []
     for topic, payload in run:
         if is_system(topic):
@@ -71,42 +71,29 @@ def originate(node: Node, run: list[tuple[str, bytes]], now: float) -> list[Publ
             items = runs.get(filter_)
             if items is None:
                 items = runs[filter_] = []
-            items.append(seq)
-            items.append(topic)
-            items.append(payload)
+            items.append((seq, topic, payload))
     node.counters["publications_originated"] += seq - node.publication_seq
     node.publication_seq = seq
     for filter_, items in runs.items():
         state = mesh.topics[filter_]
-        if len(items) == 3:  # alone on its filter: a plain `tm`
-            message = TopicMessage(filter_, address, epoch, items[0], MODE_TOWARD_CORE, 0, items[1], items[2], 0,
-                                   False, None)
+        if len(items) == 1:  # alone on its filter: a plain `tm`
+            seq, topic, payload = items[0]
+            message = TopicMessage(filter_, address, epoch, seq, MODE_TOWARD_CORE, 0, topic, payload, 0, False, None)
             mesh.route(state, message, None, now)
             continue
-        for part in _fitting(node, filter_, items):
-            mesh.route_batch(state, TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 0, part), None, now)
+        header = len(encode(TOPIC_BATCH, Sender(node.broker_id, epoch),
+                            TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 255, [])))
+        for part in node.split(items, _item_size, header):
+            flat = [field for item in part for field in item]
+            mesh.route_batch(state, TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 0, flat), None, now)
     node._settle(now)
     return made
 
 
-def _fitting(node: Node, filter_: str, items: list[Any]) -> list[list[Any]]:
-    """`items` cut into runs whose `tb` fits one datagram (a publication larger than that alone in its run)."""
-    header = len(encode(TOPIC_BATCH, Sender(node.broker_id, node.epoch),
-                        TopicBatch(filter_, node.address, node.epoch, MODE_TOWARD_CORE, 255, [])))
-    budget = node.settings.max_datagram - 64 - header  # 64: the envelope's framing, as `Node.split` allows
-    parts: list[list[Any]] = []
-    part: list[Any] = []
-    size = 0
-    for index in range(0, len(items), 3):
-        topic = items[index + 1]
-        item_size = ITEM_OVERHEAD + len(items[index + 2]) + (len(topic) if topic.isascii() else len(topic.encode()))
-        if part and size + item_size > budget:
-            parts.append(part)
-            part, size = [], 0
-        part += items[index:index + 3]
-        size += item_size
-    parts.append(part)
-    return parts
+def _item_size(item: tuple[int, str, bytes]) -> int:
+    """Bytes one publication adds to a `tb`, at most (for `Node.split`)."""
+    _seq, topic, payload = item
+    return ITEM_OVERHEAD + len(payload) + (len(topic) if topic.isascii() else len(topic.encode()))
 
 
 def receive(node: Node, batch: TopicBatch, from_announced: Address, now: float) -> None:

@@ -651,18 +651,27 @@ def _fast_topic_message(value: list[Any]) -> Packet | None:
             and type(mode) is int and 0 <= mode <= 1 and type(hops) is int and 0 <= hops <= 255
             and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2 and type(retain) is bool):
         return None
+    if not (type(epoch) is int and 0 <= epoch <= MAX_U64 and type(seq) is int and 0 <= seq <= MAX_U64):
+        return None
+    checked = _fast_sender_and_origin(sender, origin)
+    if checked is None:
+        return None
+    return Packet(TOPIC_MESSAGE, checked[0],
+                  TopicMessage(filter_, checked[1], epoch, seq, mode, hops, topic, payload, qos, retain, None))
+
+
+def _fast_sender_and_origin(sender: list[Any], origin: list[Any]) -> tuple[Sender, Address] | None:
+    """A data packet's sender [vid, host, port, epoch] and origin [host, port] (arrays of those lengths), if valid,
+    else None. `_u64_ok`, `_host_ok` and `_port_ok`, written out: eight calls fewer per packet."""
     vid, host, port, sender_epoch = sender
     origin_host, origin_port = origin
-    # `_u64_ok`, `_host_ok` and `_port_ok`, written out: eight calls fewer per publication.
     if not (type(vid) is int and 0 <= vid <= MAX_U64 and type(host) is str and len(host) <= 255
             and type(port) is int and 0 <= port <= 65535 and type(sender_epoch) is int and 0 <= sender_epoch <= MAX_U64
             and type(origin_host) is str and len(origin_host) <= 255 and type(origin_port) is int
-            and 0 <= origin_port <= 65535 and type(epoch) is int and 0 <= epoch <= MAX_U64
-            and type(seq) is int and 0 <= seq <= MAX_U64):
+            and 0 <= origin_port <= 65535):
         return None
-    return Packet(TOPIC_MESSAGE, Sender(_tuple_new(BrokerId, (vid, _tuple_new(Address, (host, port)))), sender_epoch),
-                  TopicMessage(filter_, _tuple_new(Address, (origin_host, origin_port)), epoch, seq, mode, hops, topic,
-                               payload, qos, retain, None))
+    return (Sender(_tuple_new(BrokerId, (vid, _tuple_new(Address, (host, port)))), sender_epoch),
+            _tuple_new(Address, (origin_host, origin_port)))
 
 
 def _fast_topic_batch(value: list[Any]) -> Packet | None:
@@ -674,12 +683,8 @@ def _fast_topic_batch(value: list[Any]) -> Packet | None:
             and type(epoch) is int and 0 <= epoch <= MAX_U64 and type(mode) is int and 0 <= mode <= 1
             and type(hops) is int and 0 <= hops <= 255 and type(items) is list and items and not len(items) % 3):
         return None
-    vid, host, port, sender_epoch = sender
-    origin_host, origin_port = origin
-    if not (type(vid) is int and 0 <= vid <= MAX_U64 and type(host) is str and len(host) <= 255
-            and type(port) is int and 0 <= port <= 65535 and type(sender_epoch) is int and 0 <= sender_epoch <= MAX_U64
-            and type(origin_host) is str and len(origin_host) <= 255 and type(origin_port) is int
-            and 0 <= origin_port <= 65535):
+    checked = _fast_sender_and_origin(sender, origin)
+    if checked is None:
         return None
     topics = _valid_topics
     fields = iter(items)
@@ -687,8 +692,7 @@ def _fast_topic_batch(value: list[Any]) -> Packet | None:
         if not (type(seq) is int and 0 <= seq <= MAX_U64 and type(topic) is str and topic in topics
                 and type(payload) is bytes):
             return None
-    return Packet(TOPIC_BATCH, Sender(_tuple_new(BrokerId, (vid, _tuple_new(Address, (host, port)))), sender_epoch),
-                  TopicBatch(filter_, _tuple_new(Address, (origin_host, origin_port)), epoch, mode, hops, items))
+    return Packet(TOPIC_BATCH, checked[0], TopicBatch(filter_, checked[1], epoch, mode, hops, items))
 
 
 def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> Packet:
