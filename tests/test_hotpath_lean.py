@@ -113,6 +113,34 @@ def test_lean_qos0_publish_builds_the_bytes_paho_builds(adapter) -> None:  # typ
     assert adapter_.injected == 3
 
 
+def test_qos0_runs_the_socket_takes_only_in_part_follow_in_order(adapter) -> None:  # type: ignore[no-untyped-def]
+    """`send_qos0` writes straight to the socket; what a full socket refuses waits in paho's queue, and a later
+    run goes behind it, written when the socket is writable again."""
+    adapter_, peer, _items = adapter
+    ours = adapter_.client._sock
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    source = (Address("h", 1), 1, 0)
+    first = [Injection(f"a/{i}", bytes([i]) * 500, 0, False, None, source) for i in range(200)]
+    second = [Injection(f"b/{i}", bytes([i]) * 500, 0, False, None, source) for i in range(50)]
+    expected = bytearray()
+    for injection in first + second:
+        assert lean_qos0_publish(expected, injection.topic, injection.payload, False)
+    adapter_.client._last_msg_out = 0.0
+    adapter_.publish_all(first)
+    assert adapter_.client._last_msg_out > 0  # the keepalive knows something was sent
+    assert adapter_.client.want_write() and adapter_.output_blocked  # the socket took part of the run
+    adapter_.publish_all(second)  # behind the rest of the first, not into the socket ahead of it
+    received = bytearray()
+    for _ in range(1000):
+        received += _read_all(peer)
+        if not adapter_.client.want_write():
+            break
+        adapter_._on_writable()
+    received += _read_all(peer)
+    assert bytes(received) == bytes(expected)
+    assert not adapter_.output_blocked and adapter_.injected == 250
+
+
 def test_backlog_counts_qos1_until_the_broker_acknowledges(adapter) -> None:  # type: ignore[no-untyped-def]
     adapter_, peer, _items = adapter
     completed: list[bool] = []

@@ -18,7 +18,7 @@ from federation.backpressure import InjectionQueue, PacketBacklog, shed_qos0
 from federation.daemon import runtime as runtime_module
 from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG, INJECTION_BACKLOG_HIGH, FlowControl
 from federation.daemon.runtime import DATA_SLICE, Clock, Runtime
-from federation.daemon.udp import kernel_receive_drops
+from federation.daemon.udp import MAX_DATAGRAM_READ, LocalAddresses, OverlayProtocol, kernel_receive_drops
 from federation.envelope import Envelope
 from federation.node import Node
 from federation.types import Address, BrokerId, Injection
@@ -261,6 +261,56 @@ def test_read_waiting_takes_at_most_limit(limit: int) -> None:
                 assert protocol.read_waiting(100) == []
         finally:
             runtime._close_resources()
+
+    asyncio.run(scenario())
+
+
+def test_an_empty_datagram_first_hides_none_behind_it() -> None:
+    """`read_waiting` asks FIONREAD first, which says 0 for an empty datagram as for none: it then reads
+    nothing, and what waits behind is read once the empty one is taken (asyncio's read does that)."""
+    async def scenario() -> None:
+        runtime = await started_runtime()
+        try:
+            with peer_socket() as (peer, _peer_address):
+                protocol = runtime.protocol
+                assert protocol is not None and protocol.sock is not None
+                runtime.transport.pause_reading()  # type: ignore[union-attr]  # keep asyncio off the socket
+                target = ("127.0.0.1", runtime.config.bind.port)
+                peer.sendto(b"", target)
+                for index in range(3):  # on loopback, queued at the receiver when sendto returns
+                    peer.sendto(b"\xfe" + bytes([index]) * 40, target)
+                assert protocol.read_waiting(100) == []
+                assert protocol.sock.recvfrom(MAX_DATAGRAM_READ)[0] == b""
+                assert [data[1] for data, _source in protocol.read_waiting(100)] == [0, 1, 2]
+        finally:
+            runtime._close_resources()
+
+    asyncio.run(scenario())
+
+
+def test_the_largest_datagram_arrives_whole_through_asyncio() -> None:
+    """asyncio's transport reads with `MAX_DATAGRAM_READ`, not its 256 KiB default; every datagram fits it."""
+    async def scenario() -> None:
+        received: list[bytes] = []
+        arrived = asyncio.Event()
+
+        def on_datagram(data: bytes, _source: Address) -> None:
+            received.append(data)
+            arrived.set()
+
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        protocol = OverlayProtocol(on_datagram, lambda _addr: None, LocalAddresses({"127.0.0.1"}), sock=sock)
+        transport, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=sock)
+        try:
+            assert getattr(transport, "max_size", MAX_DATAGRAM_READ) == MAX_DATAGRAM_READ
+            with peer_socket() as (peer, _peer_address):
+                peer.sendto(b"\xfe" * 65507, sock.getsockname())  # IPv4's largest UDP payload
+                await asyncio.wait_for(arrived.wait(), 5)
+            assert [len(data) for data in received] == [65507]
+        finally:
+            transport.close()
 
     asyncio.run(scenario())
 

@@ -31,12 +31,15 @@ start-up how the overlay is protected, and loudly when it is not.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import errno
+import fcntl
 import ipaddress
 import logging
 import os
 import socket
+import termios
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -53,6 +56,7 @@ SEND_BUFFER_HIGH = 256 * 1024
 SEND_BUFFER_LOW = 64 * 1024
 """bytes below which writing resumes"""
 MAX_DATAGRAM_READ = 65535
+"""bytes asked for per read: more than any UDP datagram holds"""
 SOCKET_BUFFER = 4 * 1024 * 1024
 """bytes requested for SO_RCVBUF and SO_SNDBUF (the kernel caps them at net.core.rmem_max/wmem_max)"""
 MAX_LOCAL_CACHE = 1024
@@ -188,9 +192,16 @@ class OverlayProtocol(asyncio.DatagramProtocol):
         self.status_refused = 0
         self.writing_paused = False
         self.write_pauses = 0
+        self._waiting = array.array("i", [0])
+        """FIONREAD's answer: the size of the next datagram waiting, 0 when none"""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)
+        if hasattr(transport, "max_size"):
+            # asyncio's selector transport reads each datagram into a fresh 256 KiB buffer, which the
+            # allocator maps and unmaps every time: 39 against 6 µs a read (with the send) here, per datagram
+            # at low rates. No datagram is larger than this.
+            cast(Any, transport).max_size = MAX_DATAGRAM_READ
         set_limits = getattr(transport, "set_write_buffer_limits", None)  # asyncio's; not in the typed ABC
         if set_limits is not None:
             set_limits(high=SEND_BUFFER_HIGH, low=SEND_BUFFER_LOW)
@@ -225,6 +236,12 @@ class OverlayProtocol(asyncio.DatagramProtocol):
         sock = self.sock
         if sock is None:
             return out
+        try:  # the usual case at low rates, nothing more: a cheap ioctl instead of a read that raises EAGAIN
+            fcntl.ioctl(sock.fileno(), termios.FIONREAD, self._waiting)
+        except OSError:
+            return out  # closed
+        if self._waiting[0] <= 0:
+            return out  # (an empty datagram shows as 0 too: asyncio's read takes it, the socket stays readable)
         for _attempt in range(limit):
             try:
                 data, addr = sock.recvfrom(MAX_DATAGRAM_READ)
