@@ -399,6 +399,32 @@ def test_publications_dropped_toward_a_slow_broker_are_counted_and_qos12_always_
     assert reported == ([f"{ORIGIN}/1/2", f"{ORIGIN}/1/1"] if publication_events else [f"{ORIGIN}/1/1"])
 
 
+def test_injections_skip_an_empty_queue_and_queue_behind_a_waiting_one() -> None:
+    """Nothing waiting and room at the broker: the injections go at once, in order; once some wait, new ones
+    go behind them, and the order the broker sees is still arrival order."""
+    handed: list[list[Injection]] = []
+
+    class RecordingBroker(FakeBroker):
+        def publish_all(self, items: Any) -> None:
+            handed.append(list(items))
+
+    broker = RecordingBroker()
+    node = Node(ORIGIN, [], 1, random.Random(1))
+    flow = FlowControl()
+    made = [Injection("t/x", b"p", seq % 2, False, None, (ORIGIN, 1, seq)) for seq in range(1, 7)]
+    node._injections.extend(made[:2])
+    flow.inject(node, broker, 0.0)  # type: ignore[arg-type]
+    assert handed == [made[:2]] and not len(flow.injection_queue) and not node.delivery_backlogged
+    broker.output_blocked = True
+    node._injections.extend(made[2:4])
+    flow.inject(node, broker, 0.0)  # type: ignore[arg-type]
+    assert len(handed) == 1 and len(flow.injection_queue) == 2
+    broker.output_blocked = False
+    node._injections.extend(made[4:])
+    flow.inject(node, broker, 0.0)  # type: ignore[arg-type]
+    assert handed[1:] == [made[2:]] and not len(flow.injection_queue)
+
+
 def test_nothing_is_handed_to_a_broker_whose_socket_is_full_and_the_queue_paces() -> None:
     """paho holds bytes the broker's socket refused: the injections wait in the bounded queue (not in paho's
     unbounded one), where the pacing level sees them; all are handed over once the socket drains."""

@@ -80,7 +80,14 @@ class FlowControl:
         """Hand remote publications to the broker while its backlog is small; the rest wait in a bounded
         queue that drops the oldest QoS 0 publication first (federation.backpressure), counted and reported."""
         queue = self.injection_queue
-        for injection in node.injections_to_make():
+        injections = node.injections_to_make()
+        if not len(queue) and not broker.output_blocked and len(injections) <= BROKER_BACKLOG - broker.backlog():
+            # Nothing waits and the broker has room for all: what the queue would hand over, at once.
+            if injections:
+                broker.publish_all(injections)
+            node.delivery_backlogged = False
+            return
+        for injection in injections:
             dropped = queue.push(injection, injection.qos)
             if dropped is not None:
                 node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")

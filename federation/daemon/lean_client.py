@@ -159,8 +159,9 @@ class LeanClient(mqtt.Client):
     def read_packets(self, limit: int) -> int:
         """Read up to `limit` packets from the connection (at least one if any is complete and not `paused`);
         how many were read, or -1 when the connection is gone (paho has closed it and called
-        `on_disconnect`). Fewer than `limit`: nothing more can be read now (the socket is empty, or holds
-        part of a packet), or `paused` was set meanwhile."""
+        `on_disconnect`). Fewer than `limit`: what one read from the socket brought is used up (the socket
+        may hold more: `BrokerAdapter._on_readable` asks FIONREAD), nothing more can be read now (the socket
+        is empty, or holds part of a packet), or `paused` was set meanwhile."""
         if self._sock is None:
             return -1
         lean = self.lean_publish is not None and self._protocol == MQTTProtocolVersion.MQTTv5
@@ -171,6 +172,8 @@ class LeanClient(mqtt.Client):
             in_packet = self._in_packet
             if lean and in_packet["command"] == 0 and not in_packet["remaining_count"]:  # between packets
                 if self._read_sock is not self._sock or self._read_pos >= len(self._read_data):
+                    if count:  # the buffer is used up: the caller asks FIONREAD, cheaper than a read raising EAGAIN
+                        return count
                     try:
                         data = super()._sock_recv(READ_CHUNK)
                     except BlockingIOError:
