@@ -114,7 +114,7 @@ def make_adapter(loop_thread: LoopThread) -> Iterator[Callable[[int], tuple[Brok
         def build() -> BrokerAdapter:
             hand_off = LoopHandOff(loop_thread.loop, batches)
             adapter = BrokerAdapter(Address("127.0.0.1", port), WRAPPER_ID, hand_off.put, loop=loop_thread.loop,
-                                    flush=hand_off.flush)
+                                    flush=hand_off.flush, hold=hand_off.hold)
             adapter.start()
             return adapter
 
@@ -125,6 +125,28 @@ def make_adapter(loop_thread: LoopThread) -> Iterator[Callable[[int], tuple[Brok
     yield make
     for adapter in adapters:
         loop_thread.call(adapter.stop)
+
+
+def test_items_put_during_a_hold_wait_for_the_flush() -> None:
+    """The adapter's read pass holds the hand-over: nothing is scheduled for what it puts, the flush at its end
+    hands all of it over; outside a hold, a put schedules a run of the consumer."""
+    loop = asyncio.new_event_loop()
+    try:
+        batches: list[list[BrokerItem]] = []
+        hand_off = LoopHandOff(loop, batches.append)
+        first, second, third = (Publication(f"t/{index}", b"p", 0, False, None) for index in range(3))
+        hand_off.hold()
+        hand_off.put(first)
+        hand_off.put(second)
+        loop.run_until_complete(asyncio.sleep(0))
+        assert batches == []
+        hand_off.flush()
+        assert batches == [[first, second]]
+        hand_off.put(third)
+        loop.run_until_complete(asyncio.sleep(0))
+        assert batches == [[first, second], [third]]
+    finally:
+        loop.close()
 
 
 def test_connects_subscribes_and_runs_without_a_network_thread(tmp_path: Path, make_adapter: Any,

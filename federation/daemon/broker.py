@@ -190,7 +190,8 @@ class BrokerAdapter:
 
     def __init__(self, broker: Address, client_id: str, deliver: Callable[[BrokerItem], None],
                  max_qos: int = 2, loop: asyncio.AbstractEventLoop | None = None,
-                 flush: Callable[[], None] | None = None, on_completed: Callable[[], None] | None = None) -> None:
+                 flush: Callable[[], None] | None = None, on_completed: Callable[[], None] | None = None,
+                 hold: Callable[[], None] | None = None) -> None:
         self.broker = broker
         self.client_id = client_id
         self.max_qos = max_qos
@@ -198,6 +199,8 @@ class BrokerAdapter:
         self._loop = loop
         self._flush = flush
         """with `loop`: called after each burst read from the broker, to hand its items over at once"""
+        self._hold = hold
+        """with `loop` and `flush`: called before each burst read (`flush` follows: nothing need be scheduled)"""
         self._stopping = False
         self.connected = False
         self.injected = 0
@@ -462,6 +465,15 @@ class BrokerAdapter:
     def _on_readable(self) -> None:
         """Read every complete packet waiting (at most MAX_PACKETS_PER_WAKEUP, and none once paused), then send
         what they caused."""
+        if self._hold is not None:
+            self._hold()
+        try:
+            self._read_pass()
+        finally:
+            if self._flush is not None:
+                self._flush()
+
+    def _read_pass(self) -> None:
         client = self.client
         sock = self._watched
         fileno = sock.fileno() if sock is not None else -1
@@ -486,8 +498,6 @@ class BrokerAdapter:
             self._completed = False
             if self._on_completed is not None:
                 self._on_completed()
-        if self._flush is not None:
-            self._flush()
 
     def _schedule_read_retry(self) -> None:
         """Read again soon: complete packets wait in our buffer. At most one retry is pending, or a flood

@@ -82,7 +82,8 @@ class LoopHandOff:
     of one per message. Called on the loop's own thread (the adapter driven
     by the loop), `put` skips the lock and the self-pipe write of
     `call_soon_threadsafe`, and `flush` (the adapter calls it after reading a
-    burst) runs the consumer at once instead of one loop iteration later.
+    burst) runs the consumer at once instead of one loop iteration later;
+    `hold` (before the read) spares `put` scheduling a run meanwhile.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, consumer: Callable[[list[BrokerItem]], None]) -> None:
@@ -93,13 +94,15 @@ class LoopHandOff:
         self._handle: asyncio.Handle | None = None
         self._lock = threading.Lock()
         """guards `_items` and `_scheduled` against other threads' `put`"""
+        self._held = False
+        """set by `hold` until the next `flush`"""
         self._loop_thread = threading.get_ident()
         """made on the loop's thread (the runtime builds it in a loop callback)"""
 
     def put(self, item: BrokerItem) -> None:
         if threading.get_ident() == self._loop_thread:
             self._items.append(item)  # only another thread's put competes, and it takes the lock
-            if not self._scheduled:
+            if not self._scheduled and not self._held:
                 self._scheduled = True
                 self._handle = self._loop.call_soon(self._drain)
             return
@@ -111,8 +114,15 @@ class LoopHandOff:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is exiting
             self._loop.call_soon_threadsafe(self._drain)
 
+    def hold(self) -> None:
+        """On the loop's thread: `flush` is called before the loop runs anything else, so `put` on this thread
+        need not schedule a run until then (the adapter's read pass: a scheduled run, cancelled at once, cost
+        a handle per pass)."""
+        self._held = True
+
     def flush(self) -> None:
-        """On the loop's thread: hand over what is queued now (and cancel the scheduled run)."""
+        """On the loop's thread: hand over what is queued now (and cancel the scheduled run); ends a `hold`."""
+        self._held = False
         handle = self._handle
         if handle is not None:
             handle.cancel()

@@ -217,7 +217,8 @@ class Runtime:
         hand_off = LoopHandOff(loop, self._on_broker_items)
         # paho driven by this loop (no network thread); a burst read from the broker reaches the node at once.
         self.broker = BrokerAdapter(self.config.broker, self.config.client_id, hand_off.put, self.config.max_qos,
-                                    loop=loop, flush=hand_off.flush, on_completed=self._on_broker_completed)
+                                    loop=loop, flush=hand_off.flush, on_completed=self._on_broker_completed,
+                                    hold=hand_off.hold)
         now = self.clock.now()
         node.start(now)
         replayed = self.subscriptions.replay(node, now)
@@ -508,9 +509,14 @@ class Runtime:
     # ------------------------------------------------------------ outputs
 
     def _drain_outputs(self, now: float) -> None:
+        try:
+            self._send_outputs(now)
+        finally:  # whatever fails, the timer keeps running; after the sends, which it does not delay
+            self._schedule_rearm()
+
+    def _send_outputs(self, now: float) -> None:
         node = self.node
         assert node is not None
-        self._schedule_rearm()  # first: whatever fails below, the timer keeps running
         transport = self.transport
         paced_until = node.pacing.paced(now)  # first: a hold that ended makes the ready we owe upstream
         datagrams = node.datagrams_to_send()
