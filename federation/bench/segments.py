@@ -39,7 +39,7 @@ from typing import Any
 
 from federation.bench.runner import Case, run_case
 from federation.bench.setups import Setup, SetupSpec
-from federation.bench.stats import SEQ_DIGITS, STAMP_DIGITS
+from federation.bench.stats import SEQ_DIGITS, STAMP_DIGITS, percentile
 from federation.launch import LaunchError
 
 ETH_P_ALL = 0x0003
@@ -172,10 +172,7 @@ def segments(crossings: Sequence[Crossing], label: dict[Endpoint, str]) -> list[
 
 def _segment(holder: str, to: str, gaps_ns: list[int]) -> Segment:
     gaps = sorted(gap / 1000 for gap in gaps_ns)
-    if not gaps:
-        return Segment(holder, to, float("nan"), float("nan"), float("nan"), 0)
-    return Segment(holder, to, gaps[len(gaps) // 2], gaps[int(len(gaps) * 0.9)], gaps[int(len(gaps) * 0.99)],
-                   len(gaps))
+    return Segment(holder, to, percentile(gaps, 0.50), percentile(gaps, 0.90), percentile(gaps, 0.99), len(gaps))
 
 
 def labels(owners: dict[Endpoint, tuple[str, int]], setup: Setup) -> dict[Endpoint, str]:

@@ -80,22 +80,22 @@ class FlowControl:
         """Hand remote publications to the broker while its backlog is small; the rest wait in a bounded
         queue that drops the oldest QoS 0 publication first (federation.backpressure), counted and reported."""
         queue = self.injection_queue
-        injections = node.injections_to_make()
-        if not len(queue) and not broker.output_blocked and len(injections) <= BROKER_BACKLOG - broker.backlog():
-            # Nothing waits and the broker has room for all: what the queue would hand over, at once.
-            if injections:
-                broker.publish_all(injections)
-            node.delivery_backlogged = False
-            return
-        for injection in injections:
-            dropped = queue.push(injection, injection.qos)
-            if dropped is not None:
-                node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
-                if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
-                    node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
-                              filter=None, reason="broker_backlog")
-        if len(queue) and not broker.output_blocked:  # blocked: the rest waits here, bounded, and is paced
-            broker.publish_all(queue.take(max(0, BROKER_BACKLOG - broker.backlog())))
+        handed = node.injections_to_make()
+        room = BROKER_BACKLOG - broker.backlog()
+        if len(queue) or broker.output_blocked or len(handed) > room:
+            # Some wait already, or the broker cannot take these now: they go behind, in the bounded queue.
+            for injection in handed:
+                dropped = queue.push(injection, injection.qos)
+                if dropped is not None:
+                    node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
+                    if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
+                        node.emit(events.PUBLICATION_DROPPED, now,
+                                  pub=events.publication_text(dropped.publication), filter=None,
+                                  reason="broker_backlog")
+            # blocked: the rest waits here, bounded, and is paced
+            handed = [] if broker.output_blocked else queue.take(max(0, room))
+        if handed:
+            broker.publish_all(handed)
         # QoS 1/2 copies are acknowledged to the previous hop on arrival: stop taking new ones before the
         # queue must drop them (it drops QoS 0 first, but a flood of QoS 1 alone would lose some).
         node.delivery_backlogged = len(queue) >= INJECTION_BACKLOG_HIGH
