@@ -166,6 +166,10 @@ class EnvelopeConfig:
     @classmethod
     def from_settings(cls, settings: Settings, keys: Sequence[bytes] = (),
                       encryption: str = ENCRYPTION_NONE) -> EnvelopeConfig:
+        """`settings` as a `Node` holds them: `max_datagram` 0 (choose) is made a size by the node."""
+        if not settings.max_datagram:
+            raise EnvelopeConfigError("max_datagram 0 (choose) is not a size yet: pass the settings the Node holds "
+                                      "(`Settings.with_datagram_for` made it one)")
         return cls(tuple(keys), encryption, settings.max_datagram, settings.max_packet,
                    settings.reassembly_timeout, settings.reassembly_memory, max(64, 4 * settings.max_neighbours))
 

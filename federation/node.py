@@ -87,7 +87,9 @@ class Node:
     def __init__(self, address: Address, neighbours: Iterable[Address], epoch: int, rng: random.Random,
                  settings: Settings | None = None, vid: int | None = None, name: str | None = None,
                  decode: wire.DecodeFunction = wire.decode) -> None:
-        settings = settings if settings is not None else Settings()
+        neighbours = [a for a in neighbours if a != address]
+        settings = (settings if settings is not None else Settings()).with_datagram_for(
+            [address.host, *(a.host for a in neighbours)])
         self._decode = decode
         """`wire.decode`; the simulator passes a cache that decodes each distinct datagram once"""
         self.address = address
@@ -104,7 +106,7 @@ class Node:
         self._broker_id: BrokerId | None = None
         self._sender: wire.Sender | None = None
         """the header of the packets we send, rebuilt when the id or the epoch changes"""
-        self.neighbours = NeighbourTable([a for a in neighbours if a != address], settings.max_neighbours)
+        self.neighbours = NeighbourTable(neighbours, settings.max_neighbours)
         self.lsdb = LinkStateDatabase(address, settings.max_nodes)
         self.routes = Routes(frozenset([address]), {address: 0}, {}, {})
         self.management_core = self.broker_id

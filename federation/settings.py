@@ -8,11 +8,19 @@ names a bad field and says how to fix it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import ipaddress
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from federation.modes import MODE_SETTINGS, RuleSetting, parse_mode_setting
+
+LOOPBACK_DATAGRAM = 65507
+"""bytes: `max_datagram` chosen when a node and all its neighbours are on loopback (the largest IPv4 UDP
+payload; loopback's MTU is 64 KiB, so nothing is fragmented)"""
+NETWORK_DATAGRAM = 1400
+"""bytes: `max_datagram` chosen otherwise (crosses a 1500-byte Ethernet path, with room for a tunnel's
+headers, without IP fragmentation)"""
 
 
 class SettingsError(ValueError):
@@ -64,8 +72,9 @@ class Settings:
     # Caches and limits.
     duplicate_cache_size: int = 65536
     """remembered publication ids per node (LRU) for duplicate suppression"""
-    max_datagram: int = 1400
-    """bytes: largest UDP datagram sent (the envelope batches and fragments to fit it); control bundles fit it"""
+    max_datagram: int = 0
+    """bytes: largest UDP datagram sent (batched, fragmented to fit); 0: 65507 if all neighbours are on loopback,
+    else 1400"""
     max_packet: int = 327680
     """bytes: largest protocol packet, reassembled included (`oversized` above): a publication with its topic"""
     max_publication_bytes: int = 262144
@@ -158,8 +167,9 @@ class Settings:
                                 f"({self.retransmit_timeout}), got {self.retransmit_timeout_max!r}")
         if not 0 < self.rtt_smoothing <= 1:
             raise SettingsError(f"{where}.rtt_smoothing: must be in (0, 1], got {self.rtt_smoothing!r}")
-        if self.max_datagram < 512:
-            raise SettingsError(f"{where}.max_datagram: must be at least 512 bytes, got {self.max_datagram!r}")
+        if self.max_datagram != 0 and not 512 <= self.max_datagram <= LOOPBACK_DATAGRAM:
+            raise SettingsError(f"{where}.max_datagram: must be 512 to {LOOPBACK_DATAGRAM} bytes, or 0 to let the "
+                                f"wrapper choose, got {self.max_datagram!r}")
         if self.max_packet < self.max_datagram:
             raise SettingsError(f"{where}.max_packet: must be at least max_datagram ({self.max_datagram})")
         if self.max_publication_bytes <= 0 or self.max_packet < self.max_publication_bytes + 1024:
@@ -171,6 +181,16 @@ class Settings:
         if self.reassembly_memory < 2 * self.max_packet:
             raise SettingsError(f"{where}.reassembly_memory: must hold two packets of max_packet "
                                 f"(at least {2 * self.max_packet}), got {self.reassembly_memory!r}")
+
+    def with_datagram_for(self, hosts: Iterable[str]) -> Settings:
+        """These settings with `max_datagram` 0 (choose) made a size for a node whose own and neighbours'
+        addresses are `hosts`: loopback only, nothing leaves the host and the whole 64 KiB fit one datagram
+        (runs of publications then travel in a few large datagrams instead of many small ones); any other
+        address, one datagram must cross an Ethernet path whole."""
+        if self.max_datagram:
+            return self
+        size = LOOPBACK_DATAGRAM if all(_is_loopback(host) for host in hosts) else NETWORK_DATAGRAM
+        return dataclasses.replace(self, max_datagram=min(size, self.max_packet))
 
     @property
     def neighbour_dead_after(self) -> float:
@@ -194,5 +214,12 @@ class Settings:
             if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
                 following = body[index + 1] if index + 1 < len(body) else None
                 if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-                    docs[statement.target.id] = str(following.value.value)
+                    docs[statement.target.id] = " ".join(str(following.value.value).split())
         return [(f.name, f.default, docs.get(f.name, "")) for f in fields(cls)]
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: resolved by the daemon before this, so not a loopback address we know of
+        return False

@@ -159,6 +159,8 @@ def test_flag_errors_name_the_field_and_the_fix(flags: dict[str, Any], expected:
     ("settings:\n  hello_interval: -1\n", "settings.hello_interval: must be greater than 0"),
     ("settings:\n  no_such: 1\n", "settings: unknown setting 'no_such'"),
     ("settings: 3\n", "settings: expected a mapping"),
+    ("settings:\n  max_datagram: 100\n", "settings.max_datagram: must be 512 to 65507 bytes, or 0 to let the "
+                                          "wrapper choose, got 100"),
     ("max_qos: 3\n", "max_qos: expected 0, 1 or 2"),
     ("event_types: [node_started, bogus]\n", "event_types: unknown event type 'bogus'"),
     ("neighbors: 5\n", "neighbors: expected a list of HOST[:PORT]"),
@@ -179,6 +181,21 @@ def test_missing_file_and_state_dir_that_is_a_file(tmp_path: Path) -> None:
     plain.write_text("x")
     assert "is not a directory" in error_of({"state_dir": str(plain)})
     assert "is a directory" in error_of({"event_log": str(tmp_path)})
+
+
+@pytest.mark.parametrize(("hosts", "chosen"), [
+    (["127.0.0.1", "127.0.40.11", "127.0.40.12"], 65507),
+    (["::1", "::1"], 65507),
+    (["127.0.0.1", "10.0.0.2"], 1400),  # one neighbour off the host: every datagram must cross Ethernet
+    (["10.0.0.1", "10.0.0.2"], 1400),
+    (["127.0.0.1", "broker.example"], 1400),  # a name (the daemon resolves them first): not known loopback
+])
+def test_max_datagram_0_is_chosen_from_the_addresses(hosts: list[str], chosen: int) -> None:
+    assert Settings().max_datagram == 0
+    assert Settings().with_datagram_for(hosts).max_datagram == chosen
+    assert Settings(max_datagram=9000).with_datagram_for(hosts).max_datagram == 9000  # a size given stays
+    small = Settings(max_packet=40000, max_publication_bytes=30000)
+    assert small.with_datagram_for(hosts).max_datagram == min(chosen, 40000)  # never above max_packet
 
 
 def test_sample_file_is_generated_and_documents_every_setting() -> None:

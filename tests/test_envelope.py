@@ -410,8 +410,9 @@ def test_two_nodes_federate_a_200k_publication_through_their_envelopes(mode: str
     settings = Settings(hello_interval=0.2)
     nodes = {address: Node(address, [other], 1, random.Random(str(address)), settings, vid=index)
              for index, (address, other) in enumerate(((A, B), (B, A)), start=1)}
-    envelopes = {address: Envelope(address, 1, EnvelopeConfig.from_settings(settings, (KEY,), MODES[mode].encryption))
-                 for address in nodes}
+    envelopes = {address: Envelope(address, 1, EnvelopeConfig.from_settings(node.settings, (KEY,),
+                                                                            MODES[mode].encryption))
+                 for address, node in nodes.items()}
     sizes: list[int] = []
 
     def pump(now: float) -> None:
@@ -442,7 +443,7 @@ def test_two_nodes_federate_a_200k_publication_through_their_envelopes(mode: str
     pump(now)
     injected = nodes[B].injections_to_make()
     assert [(i.topic, i.payload) for i in injected] == [("big/blob", payload)]
-    assert max(sizes) <= settings.max_datagram
+    assert max(sizes) <= nodes[A].settings.max_datagram
     assert all(envelope.drops == {} for envelope in envelopes.values())
     assert envelopes[B].counters["packets_reassembled"] == 1
 

@@ -18,7 +18,7 @@ import msgpack
 import pytest
 from runtime_util import started_runtime
 
-from federation import events, wire
+from federation import events, publication_batch, wire
 from federation.backpressure import is_qos0_publication, qos0_publications
 from federation.daemon.broker_items import LogLine, Publication
 from federation.daemon.flow_control import report_shed
@@ -225,6 +225,21 @@ def test_runs_are_cut_to_fit_a_datagram_and_a_single_publication_goes_as_tm() ->
     assert sum(len(wire.publication_ids_of(d, 1 << 20)) for d in out) == 51
     first.local_publish_run([("f/one", b"1")], harness.now)
     assert [wire.packet_type(d) for d, _ in first.datagrams_to_send()] == [wire.TOPIC_MESSAGE]
+
+
+def test_on_loopback_a_run_of_hundreds_travels_in_one_datagram() -> None:
+    """max_datagram 0: nodes whose addresses are all loopback cut runs to 64 KiB, not to 1400 bytes."""
+    here, there = Address("127.0.0.1", 10500), Address("127.0.0.2", 10500)
+    node = Node(here, [there], 1, random.Random(1), vid=1)
+    assert node.settings.max_datagram == 65507
+    run = [(f"f/{i % 4}", bytes(64)) for i in range(600)]
+    budget = node.settings.max_datagram - 64
+    parts = node.split([(i, topic, payload) for i, (topic, payload) in enumerate(run)],
+                       publication_batch._item_size, 100)
+    assert len(parts) == 1 and sum(map(publication_batch._item_size, parts[0])) <= budget
+    elsewhere = Node(here, [Address("10.0.0.2", 10500)], 1, random.Random(1), vid=1)
+    assert elsewhere.settings.max_datagram == 1400
+    assert len(elsewhere.split([(i, t, p) for i, (t, p) in enumerate(run)], publication_batch._item_size, 100)) > 30
 
 
 def test_the_runtime_hands_plain_qos0_runs_over_in_order() -> None:

@@ -303,7 +303,7 @@ class Runtime:
         self.node.publication_events = config.publication_events
         try:
             self.envelope = Envelope(config.announced, envelope_epoch(epoch, wall),
-                                     EnvelopeConfig.from_settings(config.settings, config.keys, config.encryption),
+                                     EnvelopeConfig.from_settings(self.node.settings, config.keys, config.encryption),
                                      drop_sink=self.node.count_drop)
         except EnvelopeConfigError as error:
             raise StartupError(str(error)) from None
