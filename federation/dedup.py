@@ -11,6 +11,28 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from federation.types import Address
+
+SeenKey = tuple[str, int, int, int, str]
+"""(origin host, origin port, epoch, seq, filter): a publication seen on one filter's mesh"""
+InjectedKey = tuple[str, int, int, int]
+"""(origin host, origin port, epoch, seq): a publication the local broker has"""
+
+
+def seen_key(origin: Address, epoch: int, seq: int, filter_: str) -> SeenKey:
+    """The duplicate cache's key. Flat, of strings and ints only, so the garbage collector stops tracking it
+    at its first look: a key holding the `Address` (a named tuple, always tracked) stays tracked, and the
+    2 x `duplicate_cache_size` remembered keys of a node, replaced at the publication rate, then made a
+    full collection walk them every few thousand publications (40 ms each; 2-3 µs per publication)."""
+    return (origin.host, origin.port, epoch, seq, filter_)
+
+
+def injected_key(origin: Address, epoch: int, seq: int) -> InjectedKey:
+    """The injection cache's key; flat, as `seen_key`."""
+    return (origin.host, origin.port, epoch, seq)
 
 
 class SeenCache:

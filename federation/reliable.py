@@ -57,6 +57,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from federation import events, wire
+from federation.dedup import seen_key
 from federation.events import publication_text
 from federation.types import Address, PublicationId
 from federation.wire import MODE_IN_MESH, TopicAck, TopicMessage
@@ -241,7 +242,9 @@ class ReliableForwarding:
         pauses (the runtime's backpressure window)."""
         unacked = self.settings.max_unacked
         full = len(self.unacked) >= unacked - max(1, unacked // 8)  # room kept for a copy to each mesh neighbour
-        if not (full or self.node.delivery_backlogged) or (message.publication, message.filter) in self.node.seen:
+        if not (full or self.node.delivery_backlogged):
+            return None
+        if seen_key(message.origin, message.epoch, message.seq, message.filter) in self.node.seen:
             return None
         return "reliable_table_full" if full else "delivery_backlogged"
 

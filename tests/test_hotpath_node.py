@@ -9,6 +9,7 @@ and the wire format are contracts, so "the same" means byte for byte.
 from __future__ import annotations
 
 import enum
+import gc
 import json
 import random
 import socket
@@ -219,6 +220,23 @@ def test_without_publication_events_every_publication_still_arrives_once(qos: in
     assert counters[0] == counters[1]
     assert kinds[0] | {events.DUPLICATE_DROPPED} >= events.PER_PUBLICATION
     assert not kinds[1] & events.PER_PUBLICATION
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+def test_remembered_publication_ids_are_not_tracked_by_the_garbage_collector(qos: int) -> None:
+    """The duplicate and injection caches hold a node's largest set of long-lived objects; tracked, they would
+    make every full collection walk 2 x duplicate_cache_size keys (dedup.seen_key)."""
+    pipeline = Pipeline(qos, b"x" * 16)
+    try:
+        for burst in (1, 8):
+            pipeline.run_burst(burst, {stage: 0.0 for stage in STAGES})
+    finally:
+        pipeline.close()
+    gc.collect()
+    for node in (pipeline.a, pipeline.b):
+        keys = [*node.seen._entries, *node.injected._entries]
+        assert len(keys) >= 2 * 9
+        assert not [key for key in keys if gc.is_tracked(key)]
 
 
 
