@@ -31,7 +31,7 @@ from typing import Any
 
 from federation import events, publication_batch, wire
 from federation.database_sync import DatabaseSync
-from federation.dedup import SeenCache, injected_key, seen_key
+from federation.dedup import SeenCache, StreamNumbers, injected_key, seen_key
 from federation.events import addresses_text, id_text, publication_text
 from federation.linkstate import LinkStateDatabase, Routes, StoredRecord
 from federation.mesh import MeshEngine
@@ -125,6 +125,8 @@ class Node:
         self.clients: dict[str, dict[str, int]] = {}
         self.filter_refs: Counter[str] = Counter()
         self.local_index = FilterIndex()
+        self.streams = StreamNumbers(settings.duplicate_cache_size)
+        """the numbers that make the keys of `seen` and `injected` ints (dedup.seen_key, dedup.injected_key)"""
         self.seen = SeenCache(settings.duplicate_cache_size)
         self.reliable = ReliableForwarding(self)
         """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
@@ -352,7 +354,7 @@ class Node:
             return None
         self.publication_seq += 1
         publication: PublicationId = (self.address, self.epoch, self.publication_seq)
-        self.injected.add(injected_key(*publication))  # the local broker has it already
+        self.injected.add(injected_key(self.streams, *publication))  # the local broker has it already
         filters = self.mesh.matching(topic)
         self.counters["publications_originated"] += 1
         pub_text = None
@@ -362,7 +364,7 @@ class Node:
                       retain=retain, size=len(payload), filters=filters)
         for filter_ in self.mesh.publication_filters(filters):
             state = self.mesh.topics[filter_]
-            self.seen.add(seen_key(*publication, filter_))
+            self.seen.add(seen_key(self.streams, *publication, filter_))
             message = TopicMessage(filter_, self.address, self.epoch, self.publication_seq, MODE_TOWARD_CORE, 0,
                                    topic, payload, qos, retain, properties)
             self.mesh.route(state, message, None, now, pub_text)
@@ -538,7 +540,7 @@ class Node:
 
     def _on_topic_message(self, message: TopicMessage, from_announced: Address, now: float) -> None:
         publication = message.publication
-        if not self.seen.add(seen_key(*publication, message.filter)):
+        if not self.seen.add(seen_key(self.streams, *publication, message.filter)):
             self.counters["duplicates_dropped"] += 1
             if self.publication_events:
                 self.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(publication), filter=message.filter,
@@ -548,7 +550,7 @@ class Node:
             self._drop_packet("system_topic", message.topic[:64], from_announced, 0, now)
             return
         pub_text = None
-        if self.local_index.matching(message.topic) and self.injected.add(injected_key(*publication)):
+        if self.local_index.matching(message.topic) and self.injected.add(injected_key(self.streams, *publication)):
             self._injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
                                               message.properties, publication))
             self.counters["publications_delivered"] += 1

@@ -48,7 +48,9 @@ def originate(node: Node, run: list[tuple[str, bytes]], now: float) -> list[Publ
         return [node.local_publish(topic, payload, 0, False, None, now)]
     mesh = node.mesh
     address, epoch = node.address, node.epoch
-    host, port = address  # the cache keys are `dedup.seen_key` and `injected_key`, made inline
+    streams = node.streams  # the cache keys are `dedup.seen_key` and `injected_key`, made a run at a time
+    injected_base = streams.base(address.host, address.port, epoch, None)
+    seen_bases: dict[str, int] = {}
     injected_add, seen_add = node.injected.add, node.seen.add
     matching, publication_filters = mesh.matching, mesh.publication_filters
     events_on = node.publication_events
@@ -62,13 +64,16 @@ def originate(node: Node, run: list[tuple[str, bytes]], now: float) -> list[Publ
         seq += 1
         publication: PublicationId = (address, epoch, seq)
         made.append(publication)
-        injected_add((host, port, epoch, seq))  # the local broker has it already
+        injected_add(injected_base | seq)  # the local broker has it already
         filters = matching(topic)
         if events_on:
             node.emit(events.PUBLICATION_ORIGINATED, now, pub=publication_text(publication), topic=topic, qos=0,
                       retain=False, size=len(payload), filters=filters)
         for filter_ in publication_filters(filters):
-            seen_add((host, port, epoch, seq, filter_))
+            base = seen_bases.get(filter_)
+            if base is None:
+                base = seen_bases[filter_] = streams.base(address.host, address.port, epoch, filter_)
+            seen_add(base | seq)
             items = runs.get(filter_)
             if items is None:
                 items = runs[filter_] = []
@@ -100,7 +105,9 @@ def _item_size(item: tuple[int, str, bytes]) -> int:
 def receive(node: Node, batch: TopicBatch, from_announced: Address, now: float) -> None:
     """A `tb` from a neighbour: each publication as `Node._on_topic_message` would handle its `tm`."""
     filter_, origin, epoch = batch.filter, batch.origin, batch.epoch
-    host, port = origin  # the cache keys are `dedup.seen_key` and `injected_key`, made inline
+    streams = node.streams  # the cache keys are `dedup.seen_key` and `injected_key`, made a run at a time
+    seen_base = streams.base(origin.host, origin.port, epoch, filter_)
+    injected_base = streams.base(origin.host, origin.port, epoch, None)
     seen_add, injected_add = node.seen.add, node.injected.add
     local_matching = node.local_index.matching
     injections = node._injections
@@ -109,7 +116,7 @@ def receive(node: Node, batch: TopicBatch, from_announced: Address, now: float) 
     kept: list[Any] = []
     items = iter(batch.items)
     for seq, topic, payload in zip(items, items, items, strict=True):
-        if not seen_add((host, port, epoch, seq, filter_)):
+        if not seen_add(seen_base | seq):
             duplicates += 1
             if events_on:
                 publication: PublicationId = (origin, epoch, seq)
@@ -119,7 +126,7 @@ def receive(node: Node, batch: TopicBatch, from_announced: Address, now: float) 
         if is_system(topic):
             node._drop_packet("system_topic", topic[:64], from_announced, 0, now)
             continue
-        if local_matching(topic) and injected_add((host, port, epoch, seq)):
+        if local_matching(topic) and injected_add(injected_base | seq):
             publication = (origin, epoch, seq)
             injections.append(Injection(topic, payload, 0, False, None, publication))
             delivered += 1

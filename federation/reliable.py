@@ -244,7 +244,7 @@ class ReliableForwarding:
         full = len(self.unacked) >= unacked - max(1, unacked // 8)  # room kept for a copy to each mesh neighbour
         if not (full or self.node.delivery_backlogged):
             return None
-        if seen_key(message.origin, message.epoch, message.seq, message.filter) in self.node.seen:
+        if seen_key(self.node.streams, message.origin, message.epoch, message.seq, message.filter) in self.node.seen:
             return None
         return "reliable_table_full" if full else "delivery_backlogged"
 
