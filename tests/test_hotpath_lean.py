@@ -23,6 +23,7 @@ from paho.mqtt.properties import Properties
 
 from federation.bench.hotpath import main as hotpath_main
 from federation.bench.hotpath import publish_packet
+from federation.daemon import lean_client
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem, LogLine, Publication
 from federation.daemon.lean_client import lean_qos0_publish
@@ -111,6 +112,20 @@ def test_lean_qos0_publish_builds_the_bytes_paho_builds(adapter) -> None:  # typ
     adapter_.publish_all([Injection(t, p, 0, r, None, (Address("h", 1), 1, i)) for i, (t, p, r) in enumerate(cases)])
     assert _read_all(peer) == expected
     assert adapter_.injected == 3
+
+
+def test_remembered_topic_fields_stay_exact_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lean_qos0_publish` remembers each topic's field: the same bytes the second time, refusals too, and the
+    memory is emptied when full."""
+    monkeypatch.setattr(lean_client, "TOPIC_FIELD_CACHE", 3)
+    monkeypatch.setattr(lean_client, "_topic_fields", {})
+    for _ in range(2):
+        first, again = bytearray(), bytearray()
+        assert lean_qos0_publish(first, "é/x", b"p", False) and lean_qos0_publish(again, "é/x", b"p", False)
+        assert first == again == b"\x30" + bytes([2 + 4 + 1 + 1]) + b"\x00\x04" + "é/x".encode() + b"\x00p"
+        for refused in ("a/+", "a/#", ""):
+            assert not lean_qos0_publish(first, refused, b"p", False)
+    assert len(lean_client._topic_fields) <= 3
 
 
 def test_qos0_runs_the_socket_takes_only_in_part_follow_in_order(adapter) -> None:  # type: ignore[no-untyped-def]

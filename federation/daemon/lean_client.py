@@ -87,28 +87,41 @@ MAX_PACKET_LENGTH = 268435455
 """MQTT's largest remaining length (four length bytes)"""
 
 
+TOPIC_FIELD_CACHE = 4096
+"""topics whose PUBLISH topic field `_topic_field` remembers (all forgotten when more are seen)"""
+_topic_fields: dict[str, bytes] = {}
+
+
 def lean_qos0_publish(out: bytearray, topic: str, payload: bytes, retain: bool) -> bool:
     """Append an MQTT v5 QoS 0 PUBLISH without properties to `out`, as paho's `_send_publish` builds it;
     False (nothing appended) for what paho itself must judge (a topic paho refuses or the broker would: empty,
     too long, with a wildcard; a packet beyond MQTT's limits)."""
-    topic_bytes = topic.encode("utf-8")
-    if not _publishable(topic_bytes, payload):
+    field = _topic_fields.get(topic)
+    if field is None:
+        field = _topic_field(topic)
+    if not field or len(field) + len(payload) + 3 > MAX_PACKET_LENGTH:  # as paho's check, for QoS 1 too
         return False
-    _append_publish(out, topic_bytes, payload, retain, 0)
+    _append_publish(out, field, payload, retain, 0)
     return True
 
 
-def _publishable(topic_bytes: bytes, payload: bytes) -> bool:
-    """Whether a PUBLISH without properties may be built here (else paho judges it: it raises for a wildcard or a
-    topic too long, and a broker disconnects a client that publishes on an empty topic without an alias)."""
-    return 0 < len(topic_bytes) <= 0xFFFF and len(topic_bytes) + len(payload) + 5 <= MAX_PACKET_LENGTH \
-        and b"+" not in topic_bytes and b"#" not in topic_bytes
+def _topic_field(topic: str) -> bytes:
+    """The topic field of a PUBLISH (length, UTF-8) for a topic that may be published here, else b"" (paho
+    raises for a wildcard or a topic too long, and a broker disconnects a client that publishes on an empty
+    topic without an alias). Remembered: injections repeat topics, and this is per publication."""
+    topic_bytes = topic.encode("utf-8")
+    valid = 0 < len(topic_bytes) <= 0xFFFF and b"+" not in topic_bytes and b"#" not in topic_bytes
+    field = len(topic_bytes).to_bytes(2, "big") + topic_bytes if valid else b""
+    if len(_topic_fields) >= TOPIC_FIELD_CACHE:
+        _topic_fields.clear()
+    _topic_fields[topic] = field
+    return field
 
 
-def _append_publish(out: bytearray, topic_bytes: bytes, payload: bytes, retain: bool, mid: int) -> None:
-    """Append a `_publishable` PUBLISH without properties, as paho's `_send_publish` builds it: QoS 1 with packet
-    id `mid`, QoS 0 when `mid` is 0."""
-    length = 3 + len(topic_bytes) + len(payload)  # topic length, topic, property length 0, payload
+def _append_publish(out: bytearray, field: bytes, payload: bytes, retain: bool, mid: int) -> None:
+    """Append a PUBLISH without properties, as paho's `_send_publish` builds it: QoS 1 with packet id `mid`, QoS 0
+    when `mid` is 0; `field` from `_topic_field`."""
+    length = 1 + len(field) + len(payload)  # topic field, property length 0, payload
     if mid:
         length += 2
     out.append((0x33 if retain else 0x32) if mid else (0x31 if retain else 0x30))
@@ -119,8 +132,7 @@ def _append_publish(out: bytearray, topic_bytes: bytes, payload: bytes, retain: 
         else:
             out.append(byte)
             break
-    out += len(topic_bytes).to_bytes(2, "big")
-    out += topic_bytes
+    out += field
     if mid:
         out += mid.to_bytes(2, "big")
     out.append(0)
@@ -348,16 +360,18 @@ class LeanClient(mqtt.Client):
             new_message = MQTTMessage.__new__
             for index in range(room):
                 topic, payload, retain = messages[index]
-                topic_bytes = topic.encode("utf-8")
-                if not _publishable(topic_bytes, payload):
+                field = _topic_fields.get(topic)
+                if field is None:
+                    field = _topic_field(topic)
+                if not field or len(field) + len(payload) + 3 > MAX_PACKET_LENGTH:
                     break  # paho's to judge: the caller's `publish`
                 mid = self._mid_generate()
                 if mid in out:
                     break  # still in use: paho would refuse it (and use up the mid) too
-                _append_publish(packets, topic_bytes, payload, retain, mid)
+                _append_publish(packets, field, payload, retain, mid)
                 message = new_message(MQTTMessage)  # `MQTTMessage()` without its own MQTTMessageInfo
                 message.mid = mid
-                message._topic = topic_bytes
+                message._topic = field[2:]
                 message.payload = payload
                 message.qos = 1
                 message.retain = retain
