@@ -44,7 +44,7 @@ SENDER = Address("10.0.0.1", 10500)
 RECEIVER = Address("10.0.0.2", 10500)
 KEY = bytes(range(32))
 SETTINGS = Settings(max_packet=100_000, max_publication_bytes=60_000, reassembly_memory=400_000,
-                    reassembly_timeout=0.5)
+                    reassembly_timeout=0.5).with_datagram_for([SENDER.host, RECEIVER.host])  # 1400: not loopback
 CONFIGS = {
     "open": EnvelopeConfig.from_settings(SETTINGS),
     "mac": EnvelopeConfig.from_settings(SETTINGS, (KEY,)),
