@@ -71,7 +71,7 @@ class Settings:
 
     # Caches and limits.
     duplicate_cache_size: int = 65536
-    """remembered publication ids per node (LRU) for duplicate suppression"""
+    """publication ids a node remembers for duplicate suppression, at most (the last half always)"""
     max_datagram: int = 0
     """bytes: largest UDP datagram sent (batched, fragmented to fit); 0: 65507 if all neighbours are on loopback,
     else 1400"""
