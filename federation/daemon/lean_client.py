@@ -96,13 +96,20 @@ def lean_qos0_publish(out: bytearray, topic: str, payload: bytes, retain: bool) 
     """Append an MQTT v5 QoS 0 PUBLISH without properties to `out`, as paho's `_send_publish` builds it;
     False (nothing appended) for what paho itself must judge (a topic paho refuses or the broker would: empty,
     too long, with a wildcard; a packet beyond MQTT's limits)."""
-    field = _topic_fields.get(topic)
-    if field is None:
-        field = _topic_field(topic)
-    if not field or len(field) + len(payload) + 3 > MAX_PACKET_LENGTH:  # as paho's check, for QoS 1 too
+    field = _publishable_field(topic, payload)
+    if not field:
         return False
     _append_publish(out, field, payload, retain, 0)
     return True
+
+
+def _publishable_field(topic: str, payload: bytes) -> bytes:
+    """`_topic_field`, remembered per topic, or b"" when the packet would pass MQTT's limits (paho's check,
+    with room for a packet id)."""
+    field = _topic_fields.get(topic)
+    if field is None:
+        field = _topic_field(topic)
+    return field if len(field) + len(payload) + 3 <= MAX_PACKET_LENGTH else b""
 
 
 def _topic_field(topic: str) -> bytes:
@@ -360,10 +367,8 @@ class LeanClient(mqtt.Client):
             new_message = MQTTMessage.__new__
             for index in range(room):
                 topic, payload, retain = messages[index]
-                field = _topic_fields.get(topic)
-                if field is None:
-                    field = _topic_field(topic)
-                if not field or len(field) + len(payload) + 3 > MAX_PACKET_LENGTH:
+                field = _publishable_field(topic, payload)
+                if not field:
                     break  # paho's to judge: the caller's `publish`
                 mid = self._mid_generate()
                 if mid in out:
