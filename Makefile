@@ -19,4 +19,4 @@ lint: install
 	$(PYTHON) -m mypy federation
 
 demo: install
-	$(PYTHON) -m federation.demo
+	$(PYTHON) -m federation.tools.demo

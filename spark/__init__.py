@@ -8,4 +8,4 @@ of events.
 """
 
 DATA_TYPES = ("tm", "tb")
-"""packet types that carry publications (federation.wire.DATA_TYPES): data traffic; every other is control"""
+"""packet types that carry publications (federation.protocol.wire.DATA_TYPES): data traffic; every other is control"""

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A node's *view* is what the convergence rule compares: its members, its
-management core and its topic cores (`federation.node.NodeView`). Every
+management core and its topic cores (`federation.protocol.node.NodeView`). Every
 change of it is an event (`table_changed`, `management_core_changed`,
 `topic_core_changed`, `id_changed`; `node_started` resets it), so replaying
 those events in order rebuilds every view at every instant. Two changes are
@@ -12,7 +12,7 @@ silent in the engine and are re-derived here: a node that changes its vid
 `min(management core, new id)` as management core (`FederationTable.change_vid`).
 
 The rule is the simulator's (docs/simulator.md, "Convergence";
-`federation.sim.truth.ConvergenceTracker`): a component has converged when
+`federation.scenario.truth.ConvergenceTracker`): a component has converged when
 all its nodes have the same view, whose members are the component's
 addresses, whose management core is the lowest current BrokerId among them
 and whose topic cores cover every federated filter subscribed in the
@@ -41,7 +41,7 @@ from typing import Any
 from spark.timeline import Phase
 
 BrokerKey = tuple[int, str, int]
-"""(vid, host, port): ordered as federation.types.BrokerId"""
+"""(vid, host, port): ordered as federation.protocol.types.BrokerId"""
 
 VIEW_EVENT_TYPES = (
     "node_started", "node_stopped", "table_changed", "management_core_changed", "topic_core_changed",

@@ -25,7 +25,7 @@ first, for detected disruptions) form one *phase*, labelled like the
 simulator's (`cut n1-n4, cut n2-n5 @12.0s`). `World` replays the
 disruptions and answers, after each phase, the connected components of the
 live nodes over links uncut in both directions, and whether loss is active:
-the same rules as `federation.sim.truth.GroundTruth`.
+the same rules as `federation.scenario.truth.GroundTruth`.
 """
 
 from __future__ import annotations

@@ -3,15 +3,15 @@
 Theory of operation
 -------------------
 The expected-delivery rule joins publications with the subscriptions whose
-filter matches the topic. Calling `federation.topic_filter.matches` per row
+filter matches the topic. Calling `federation.protocol.topic_filter.matches` per row
 would ship every row through a Python worker; a regular expression per
 filter lets Spark's JVM do it (`topic RLIKE regex`). The translation follows
-`federation.topic_filter.matches` (MQTT 5, section 4.7): `+` is one level
+`federation.protocol.topic_filter.matches` (MQTT 5, section 4.7): `+` is one level
 (possibly empty), a trailing `#` is the parent level and any number of
 levels below it (`a/#` matches `a`), and a filter that starts with a
 wildcard never matches a `$` topic. Literal characters are escaped for
 java.util.regex (a backslash before an ASCII non-alphanumeric character is
-always a literal there). tests/test_spark_units.py checks the translation
+always a literal there). tests/spark/test_spark_units.py checks the translation
 against `matches` on generated filters and topics.
 """
 

@@ -35,7 +35,7 @@ from typing import IO, Any, Self, TypeVar
 
 import pytest
 
-from federation.launch import LaunchError, poll
+from federation.tools.launch import LaunchError, poll
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 MOSQUITTO_SUB = shutil.which("mosquitto_sub") or "/usr/bin/mosquitto_sub"

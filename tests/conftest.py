@@ -1,11 +1,41 @@
-"""Fixtures any test may use. Keep this small: topic-specific helpers live beside their tests."""
+"""Fixtures any test may use, and the markers each test folder implies.
+
+Keep this small: topic-specific helpers live beside their tests. Tests are laid out by layer
+(`tests/protocol`, `tests/daemon`, ...); everything under `tests/real/` runs real processes and is
+marked by its folder (see `FOLDER_MARKERS`), so a test file never has to repeat it.
+"""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+FOLDER_MARKERS: dict[str, tuple[str, ...]] = {
+    "real": ("broker",),
+    "real/netns": ("broker", "netns"),
+    "real/lxd": ("lxd",),
+}
+"""folder under tests/ -> the markers of every test in it (the deepest matching folder wins)"""
+
+
+def markers_for(path: Path) -> tuple[str, ...]:
+    relative = path.resolve().relative_to(TESTS).parent.as_posix()
+    best = ""
+    for folder in FOLDER_MARKERS:
+        if (relative == folder or relative.startswith(folder + "/")) and len(folder) > len(best):
+            best = folder
+    return FOLDER_MARKERS.get(best, ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker in markers_for(item.path):
+            item.add_marker(marker)
 
 
 def find_free_port(kind: socket.SocketKind = socket.SOCK_STREAM, host: str = "127.0.0.1") -> int:

@@ -34,7 +34,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from federation.launch import BROKER_PORT, LocalFederation, line, node_names, ring
+from federation.tools.launch import BROKER_PORT, LocalFederation, line, node_names, ring
 
 from broker_util import Processes, mosquitto_pub, mosquitto_sub, wait_for
 

@@ -10,9 +10,9 @@ import heapq
 import random
 from collections.abc import Iterable
 
-from federation.node import Node
-from federation.settings import Settings
-from federation.types import Address, Injection
+from federation.protocol.node import Node
+from federation.protocol.settings import Settings
+from federation.protocol.types import Address, Injection
 
 
 def address(index: int) -> Address:

@@ -1,5 +1,6 @@
 """A wrapper runtime on a real loopback UDP socket, without a broker, and a socket standing for its neighbour:
-for unit tests of the runtime's data path (tests/test_overload_daemon.py, tests/test_publication_batch.py)."""
+for unit tests of the runtime's data path (tests/daemon/test_overload_daemon.py,
+tests/protocol/test_publication_batch.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from collections.abc import Iterator
 
 from federation.daemon.config import DaemonConfig
 from federation.daemon.runtime import Runtime
-from federation.envelope import Envelope
-from federation.types import Address
+from federation.envelope.datagrams import Envelope
+from federation.protocol.types import Address
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""The wrapper daemon: the I/O around `federation.node.Node` beside one Mosquitto broker.
+"""The wrapper daemon: the I/O around `federation.protocol.node.Node` beside one Mosquitto broker.
 
 Modules, one job each: `config` (YAML + flags -> a validated `DaemonConfig`),
 `broker` (the paho MQTT v5 connection),

@@ -70,7 +70,6 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from federation.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
 from federation.daemon.broker_items import (
     BrokerItem,
     Connected,
@@ -81,8 +80,9 @@ from federation.daemon.broker_items import (
     Publication,
     Subscribed,
 )
+from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
 from federation.daemon.lean_client import LeanClient, lean_qos0_publish
-from federation.types import Address, Injection
+from federation.protocol.types import Address, Injection
 
 log = logging.getLogger("federation.daemon.broker")
 

@@ -34,7 +34,7 @@ from federation.daemon.broker_items import (
     Disconnected,
     Subscribed,
 )
-from federation.types import Address
+from federation.protocol.types import Address
 
 log = logging.getLogger("federation.daemon")
 """the runtime's logger: these lines are the wrapper's own, filtered and captured under that name"""

@@ -31,7 +31,7 @@ from federation.daemon.runtime import Runtime, StartupError
 from federation.daemon.state import StateError
 from federation.daemon.status import StatusError, query, render
 from federation.daemon.udp import BindError
-from federation.types import Address
+from federation.protocol.types import Address
 
 EXIT_OK = 0
 EXIT_USAGE = 2

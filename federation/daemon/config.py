@@ -28,12 +28,12 @@ from typing import Any
 
 import yaml
 
-from federation import events
 from federation.daemon.keys import KeyFileError, read_key_file
-from federation.envelope import ENCRYPTION_NONE, ENCRYPTIONS
-from federation.placement import capability
-from federation.settings import Settings, SettingsError
-from federation.types import Address
+from federation.envelope.datagrams import ENCRYPTION_NONE, ENCRYPTIONS
+from federation.protocol import events
+from federation.protocol.placement import capability
+from federation.protocol.settings import Settings, SettingsError
+from federation.protocol.types import Address
 
 DEFAULT_PORT = 10500
 """UDP port of the overlay, for --bind and for neighbours given without a port."""
@@ -436,7 +436,7 @@ def sample_yaml() -> str:
         lines.append(f"{spec.key}: {_yaml_scalar(spec.default)}")
         lines.append("")
     lines += [
-        "# Protocol settings (federation/settings.py); every wrapper of a federation should use the same,",
+        "# Protocol settings (federation/protocol/settings.py); every wrapper of a federation should use the same,",
         "# except `owned` and `capability*`, which describe the node itself (docs/modes.md).",
         "settings:",
     ]

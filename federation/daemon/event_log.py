@@ -6,7 +6,7 @@ Theory of operation: a wrapper writes three lines per federated publication
 (about a fifth of a flooded wrapper's CPU in a profile). The schema is a
 contract (spark/ replays these files), so the fast path must give exactly
 the bytes of `json.JSONEncoder(separators=(",", ":"), default=str)
-.encode(event.to_json_dict())`; tests/test_hotpath_node.py compares them.
+.encode(event.to_json_dict())`; tests/protocol/test_hotpath_node.py compares them.
 
 It writes lines from a template instead of walking a dict. Every event of a
 kind comes from a few call sites with the same node and the same field names
@@ -31,7 +31,7 @@ from json.encoder import encode_basestring_ascii as _json_text
 from pathlib import Path
 from typing import IO, Any
 
-from federation.types import EVENT_SCHEMA_VERSION, Event
+from federation.protocol.types import EVENT_SCHEMA_VERSION, Event
 
 log = logging.getLogger("federation.daemon")
 

@@ -18,7 +18,7 @@ of the node's outputs:
 - onto the socket (`shed`): while the send side is backed up, QoS 0 `tm`
   are dropped before the envelope, never control packets nor QoS 1/2;
 - paced (`apply_backpressure`, `paced`): while a neighbour says its receive
-  backlog is long (`rb`, federation.pacing), reading stops as well: QoS 0
+  backlog is long (`rb`, federation.protocol.pacing), reading stops as well: QoS 0
   has no acknowledgement to hold the wrapper back otherwise.
 
 Every drop is counted on the node; the counts here (`send_shed`,
@@ -35,11 +35,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from federation import events, wire
-from federation.backpressure import InjectionQueue, qos0_publications, shed_qos0
+from federation.daemon.backpressure import InjectionQueue, qos0_publications, shed_qos0
 from federation.daemon.broker import BrokerAdapter
-from federation.node import Node
-from federation.types import Address, Injection
+from federation.protocol import events, wire
+from federation.protocol.node import Node
+from federation.protocol.types import Address, Injection
 
 BACKPRESSURE_WINDOW = 512
 """QoS 1/2 copies waiting for acknowledgements (at most half of `max_unacked`) at which the wrapper stops
@@ -78,7 +78,7 @@ class FlowControl:
 
     def inject(self, node: Node, broker: BrokerAdapter, now: float) -> None:
         """Hand remote publications to the broker while its backlog is small; the rest wait in a bounded
-        queue that drops the oldest QoS 0 publication first (federation.backpressure), counted and reported."""
+        queue that drops the oldest QoS 0 publication first (federation.daemon.backpressure), counted and reported."""
         queue = self.injection_queue
         handed = node.injections_to_make()
         room = BROKER_BACKLOG - broker.backlog()
@@ -113,7 +113,7 @@ class FlowControl:
         whatever we read now would only be shed (QoS 0) or queue behind the buffer: do not read until it
         drains.
 
-        `paced`: a neighbour's receive backlog is long (its `rb`, federation.pacing): what we read now
+        `paced`: a neighbour's receive backlog is long (its `rb`, federation.protocol.pacing): what we read now
         would wait there or be dropped there; do not read until its hold ends or it says it is ready.
         """
         outstanding = len(node.reliable.unacked)

@@ -54,7 +54,7 @@ the wrapper publishes) and shortens the data path:
   table of our own with PUBACKs intercepted in `read_packets` and a
   re-publish through paho after reconnecting, would duplicate paho's
   session logic, resend in an order of our choosing and hide the messages
-  from anything reading `_out_messages` (federation.bench.hotpath answers
+  from anything reading `_out_messages` (federation.tools.bench.hotpath answers
   them from there). `max_inflight` holds as paho applies it: a run takes
   at most the free in-flight slots, and nothing at all while paho holds a
   message not in flight (queued at the limit, or unsent since a
@@ -66,7 +66,7 @@ These override or call private paho methods and state (`_sock_recv`,
 `_last_bytes_received`, `_mid_generate`, `_out_messages`,
 `_inflight_messages`, `_out_message_mutex`, `_packet_queue`, `_out_packet`, `_thread`,
 `_last_msg_out`), checked against paho-mqtt 2.x (setup.cfg pins
-`<3`); tests/test_hotpath_lean.py feeds the same bytes to both paths and
+`<3`); tests/daemon/test_hotpath_lean.py feeds the same bytes to both paths and
 compares what comes out.
 """
 

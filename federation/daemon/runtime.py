@@ -50,12 +50,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from federation import events, wire
-from federation.backpressure import PacketBacklog
-from federation.broker_log import BrokerLogTracker
+from federation.daemon.backpressure import PacketBacklog
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_health import BrokerHealth
 from federation.daemon.broker_items import BrokerItem, LogLine, LoopHandOff, Publication
+from federation.daemon.broker_log import BrokerLogTracker
 from federation.daemon.config import DaemonConfig, is_wildcard
 from federation.daemon.event_log import EventLog, EventLogError
 from federation.daemon.flow_control import INJECTION_BACKLOG, FlowControl, report_shed
@@ -72,9 +71,10 @@ from federation.daemon.udp import (
     kernel_receive_drops,
     open_socket,
 )
-from federation.envelope import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
-from federation.node import Node
-from federation.types import Address, Event
+from federation.envelope.datagrams import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
+from federation.protocol import events, wire
+from federation.protocol.node import Node
+from federation.protocol.types import Address, Event
 
 log = logging.getLogger("federation.daemon")
 
@@ -448,7 +448,8 @@ class Runtime:
         now = self.clock.now()
         changed = False
         limit = node.settings.max_publication_bytes
-        run: list[tuple[str, bytes]] = []  # QoS 0 publications in a row: one `tb` run (federation.publication_batch)
+        # QoS 0 publications in a row: one `tb` run (federation.protocol.publication_batch)
+        run: list[tuple[str, bytes]] = []
         for item in batch:
             if isinstance(item, Publication):
                 if len(item.payload) > limit:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from federation.broker_log import (
+from federation.daemon.broker_log import (
     ClientConnected,
     ClientGone,
     ClientSubscribed,
@@ -65,7 +65,7 @@ class StateError(Exception):
 
 
 class SubscriptionSink(Protocol):
-    """What the table tells about subscription changes (`federation.node.Node` is one)."""
+    """What the table tells about subscription changes (`federation.protocol.node.Node` is one)."""
 
     def local_subscribe(self, client: str, filter_: str, qos: int, now: float) -> None: ...
 

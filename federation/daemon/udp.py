@@ -9,7 +9,7 @@ would each get half of the datagrams instead of the second failing to start.
 Datagrams that start with `STATUS_MAGIC` are status requests: they go to the
 status handler, and only when they come from this host (a loopback address
 or an address a socket can bind here); everything else goes to the node,
-through the envelope (federation.envelope: authentication, replay
+through the envelope (federation.envelope.datagrams: authentication, replay
 protection, reassembly), which the runtime drives.
 
 Reading and writing under load (docs/daemon.md "Overload"): asyncio hands
@@ -46,8 +46,8 @@ from typing import Any, cast
 
 from federation.daemon.keys import permission_warning
 from federation.daemon.status import STATUS_MAGIC
-from federation.envelope import Envelope
-from federation.types import Address, Event
+from federation.envelope.datagrams import Envelope
+from federation.protocol.types import Address, Event
 
 log = logging.getLogger("federation.daemon.udp")
 

@@ -14,6 +14,6 @@
 - `nodeconfig`: broker config, wrapper YAML and command line of a node.
 - `processes`: spawning children that die with us, `poll` with a deadline.
 
-This package imports nothing on its own, so `federation.launch` can use
+This package imports nothing on its own, so `federation.tools.launch` can use
 `processes` and `nodeconfig` without loading the driver.
 """

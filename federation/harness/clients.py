@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 
 from federation.harness.nodeconfig import BROKER_PORT
 from federation.harness.processes import end_all
+from federation.protocol.topic_filter import federated_filter, matches
 from federation.scenario.report import DeliveryRecord
-from federation.topic_filter import federated_filter, matches
 
 if TYPE_CHECKING:
     import subprocess

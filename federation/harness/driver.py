@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 The driver is the real-process twin of `federation.sim.runner`: it keeps the
-same ground truth (`federation.sim.truth.GroundTruth`: alive nodes, links
+same ground truth (`federation.scenario.truth.GroundTruth`: alive nodes, links
 up, subscriptions, the expected-delivery rule) and the same convergence
 tracker, but the nodes are real Mosquitto brokers and `wrapper.py` daemons
 on a `Platform` (docs/partitions.md; the interface is documented in
@@ -72,6 +72,7 @@ from federation.harness.processes import LaunchError, end_all, poll
 from federation.harness.publishers import Publishers
 from federation.harness.signals import RunInterrupted, interrupt_on_sigterm, signals_held
 from federation.harness.traffic import TrafficTally, lifetimes_seconds
+from federation.protocol.types import Address
 from federation.scenario.loader import ScenarioError
 from federation.scenario.model import (
     Cut,
@@ -87,8 +88,7 @@ from federation.scenario.model import (
     Unsubscribe,
 )
 from federation.scenario.report import NodeRecord, build_report
-from federation.sim.truth import ConvergenceTracker, GroundTruth
-from federation.types import Address
+from federation.scenario.truth import ConvergenceTracker, GroundTruth
 
 EVENT_SCHEMA_VERSION = 1
 LINK_EVENTS = (Cut, Heal, Loss)

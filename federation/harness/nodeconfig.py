@@ -1,7 +1,7 @@
 """What every node of a real federation is given: a broker config, a wrapper config and a command line.
 
 Theory of operation: a node is one Mosquitto broker plus one wrapper, whether
-it runs on a loopback address (`federation.launch`), in a network namespace
+it runs on a loopback address (`federation.tools.launch`), in a network namespace
 (`federation.netns`) or in a container. The files and flags are the same in
 all of them, only the addresses and directories differ, so they are written
 here once: the broker config is `configs/mosquitto.conf` with the lines that
@@ -66,11 +66,11 @@ def render_mosquitto_conf(template: str, host: str, port: int, node_dir: Path, r
     for raw in template.splitlines():
         words = raw.split()
         if words and (words[0] in _REPLACED_KEYS or (words[0] == "log_dest" and words[1:2] != ["topic"])):
-            kept.append(f"# (replaced below by federation.launch) {raw}")
+            kept.append(f"# (replaced below by federation.tools.launch) {raw}")
             continue
         kept.append(raw)
     present = {" ".join(raw.split()) for raw in kept if not raw.lstrip().startswith("#")}
-    lines = [f"# rendered by federation.launch for {host}:{port}", f"listener {port} {host}", *kept, ""]
+    lines = [f"# rendered by federation.tools.launch for {host}:{port}", f"listener {port} {host}", *kept, ""]
     if all(log_type in present for log_type in WRAPPER_LOG_TYPES):
         present.add("log_type all")  # what the wrapper reads, without debug
     lines += [required for required in REQUIRED_CONF_LINES if required not in present]
@@ -81,7 +81,7 @@ def render_mosquitto_conf(template: str, host: str, port: int, node_dir: Path, r
     return "\n".join(lines) + "\n"
 
 
-def wrapper_yaml(name: str, settings: Mapping[str, Any] | None, writer: str = "federation.launch") -> str:
+def wrapper_yaml(name: str, settings: Mapping[str, Any] | None, writer: str = "federation.tools.launch") -> str:
     """The wrapper's YAML file: the protocol settings (sorted), or an empty mapping for the defaults."""
     lines = [f"# written by {writer} for {name}"]
     if settings:

@@ -40,7 +40,7 @@ from federation.harness.processes import LaunchError, poll
 from federation.harness.statusview import StatusView, ready_problem, view_of
 from federation.harness.traffic import TrafficTally, sent_counts
 from federation.scenario.report import PhaseRecord
-from federation.sim.truth import ConvergenceTracker
+from federation.scenario.truth import ConvergenceTracker
 
 POLL_FAST = 0.1
 """seconds between status polls while a convergence phase is open"""

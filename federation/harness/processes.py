@@ -1,7 +1,7 @@
 """Child processes a launcher must never leave behind, and waiting for conditions with a deadline.
 
 Theory of operation: every launcher in this project (the loopback federation
-in `federation.launch`, the network-namespace backend, the demo) starts
+in `federation.tools.launch`, the network-namespace backend, the demo) starts
 brokers, wrappers and MQTT clients as children and must stop them however
 it ends. So every child is started the same way: in its own process group
 (a Ctrl-C on the terminal reaches only the launcher, which then stops its

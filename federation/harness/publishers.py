@@ -42,7 +42,7 @@ from federation.harness.poller import EventSink
 from federation.harness.processes import wait_all
 from federation.scenario.model import Publish
 from federation.scenario.report import PublicationRecord
-from federation.sim.truth import GroundTruth
+from federation.scenario.truth import GroundTruth
 
 PUBLISHER_LEAD = 1.0
 """seconds before a `publish` event's first message its mosquitto_pub is started, so it is connected"""

@@ -12,7 +12,7 @@ not depend on the path, so they live here as functions of plain documents:
   (agreement among the nodes it is given);
 * `view_of`: the (broker id, members, management core, topic cores) a node
   reports, as protocol values, for the scenario driver's comparison with the
-  ground truth (`federation.sim.truth.ConvergenceTracker`).
+  ground truth (`federation.scenario.truth.ConvergenceTracker`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from federation.types import Address, BrokerId
+from federation.protocol.types import Address, BrokerId
 
 StatusDocument = dict[str, Any]
 

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from federation.protocol.wire import DATA_TYPES
 from federation.scenario.report import TrafficRecord
-from federation.wire import DATA_TYPES
 
 SentCounts = dict[str, tuple[int, int]]
 """packet type -> (packets, bytes)"""

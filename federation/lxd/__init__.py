@@ -10,7 +10,7 @@ anything exists. The adapters then touch the world in one direction each:
 container image with Mosquitto and the Python dependencies baked in (the
 containers have no internet), and `cluster` drives the containers with
 pylxd. `lxc/provision.py` (`federation.lxd.cli`) is the command line and
-`federation.lxd_backend` runs scenarios on the containers.
+`federation.lxd.backend` runs scenarios on the containers.
 
 docs/lxc.md is the user's guide.
 """

@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from federation.launch import MOSQUITTO_CONF_TEMPLATE, REPO_ROOT
 from federation.lxd import host
 from federation.lxd.cluster import ClusterError, LxdCluster, delete_containers, ours
 from federation.lxd.image import DEFAULT_MIRROR, ImageError, default_recipe, ensure_image, image_exists
@@ -44,6 +43,7 @@ from federation.lxd.plan import (
     make_plan,
 )
 from federation.scenario.loader import ScenarioError, load_scenario
+from federation.tools.launch import MOSQUITTO_CONF_TEMPLATE, REPO_ROOT
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from federation.launch import REPO_ROOT, WRAPPER_PORT, LaunchError, poll
 from federation.lxd.plan import (
     BROKER_DROPIN,
     BROKER_SERVICE,
@@ -60,6 +59,7 @@ from federation.lxd.plan import (
     render_wrapper_unit,
     render_wrapper_yaml,
 )
+from federation.tools.launch import REPO_ROOT, WRAPPER_PORT, LaunchError, poll
 
 ADDRESS_TIMEOUT = 60.0
 READY_TIMEOUT = 60.0

@@ -38,7 +38,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from federation.launch import REPO_ROOT, poll
 from federation.lxd.plan import (
     BRIDGE,
     HOST_FIREWALL_TABLE,
@@ -47,6 +46,7 @@ from federation.lxd.plan import (
     render_host_firewall,
     render_preseed,
 )
+from federation.tools.launch import REPO_ROOT, poll
 
 HOST_PACKAGES = ("lxd", "lxd-client", "nftables", "debootstrap")
 LXD_DIR = Path("/var/lib/lxd")

@@ -37,7 +37,7 @@ EXIT_BACKEND_FAILED = 3
 BACKENDS: dict[str, str] = {
     "sim": "federation.sim:run_scenario",
     "netns": "federation.netns:run_scenario",
-    "lxd": "federation.lxd_backend:run_scenario",
+    "lxd": "federation.lxd.backend:run_scenario",
 }
 """backend name -> "module:attribute" of `run_scenario(scenario, *, seed, events_path) -> report dict`"""
 

@@ -27,6 +27,8 @@ from typing import Any, NoReturn
 
 import yaml
 
+from federation.protocol.settings import Settings, SettingsError
+from federation.protocol.topic_filter import validate_filter, validate_topic
 from federation.scenario.model import (
     Cut,
     Disconnect,
@@ -42,8 +44,6 @@ from federation.scenario.model import (
     Subscribe,
     Unsubscribe,
 )
-from federation.settings import Settings, SettingsError
-from federation.topic_filter import validate_filter, validate_topic
 
 
 class ScenarioError(Exception):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from federation.settings import Settings
+from federation.protocol.settings import Settings
 
 
 @dataclass(frozen=True)

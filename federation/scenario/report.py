@@ -36,7 +36,7 @@ MAX_LISTED = 20
 @dataclass(frozen=True)
 class PublicationRecord:
     publication: str
-    """"host:port/epoch/seq" (federation.events.publication_text)"""
+    """"host:port/epoch/seq" (federation.protocol.events.publication_text)"""
     origin: str
     """node name"""
     topic: str

@@ -19,8 +19,8 @@ decoded objects are frozen, so sharing them between nodes is safe.
 
 from __future__ import annotations
 
-from federation import wire
-from federation.wire import DATA_TYPES, DecodeError, Packet, packet_type
+from federation.protocol import wire
+from federation.protocol.wire import DATA_TYPES, DecodeError, Packet, packet_type
 
 DEFAULT_CAPACITY = 4096
 

@@ -35,9 +35,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from federation.settings import Settings
-from federation.types import Address, Event, Injection, PublicationId
-from federation.wire import DATA_TYPES, packet_type, publication_ids_of
+from federation.protocol.settings import Settings
+from federation.protocol.types import Address, Event, Injection, PublicationId
+from federation.protocol.wire import DATA_TYPES, packet_type, publication_ids_of
 
 DEFAULT_PORT = 10500
 UNKNOWN_TYPE = "??"

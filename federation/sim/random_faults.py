@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from federation.protocol.settings import Settings
 from federation.scenario.model import (
     Cut,
     Heal,
@@ -26,7 +27,6 @@ from federation.scenario.model import (
     Subscribe,
     Unsubscribe,
 )
-from federation.settings import Settings
 
 FAST_SETTINGS = Settings(hello_interval=0.2, dead_intervals=3, announce_interval=1.0, expire_intervals=3,
                          stats_interval=60.0)

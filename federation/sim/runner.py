@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-`Simulation` places one real `federation.node.Node` at every scenario node,
+`Simulation` places one real `federation.protocol.node.Node` at every scenario node,
 queues the scenario's events on the network's clock and watches three
 things while time runs:
 
@@ -35,8 +35,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from federation.events import id_text, publication_text
-from federation.node import Node
+from federation.protocol.events import id_text, publication_text
+from federation.protocol.node import Node
+from federation.protocol.types import Event, Injection, PublicationId
+from federation.protocol.wire import DATA_TYPES, DecodeFunction
+from federation.protocol.wire import decode as wire_decode
 from federation.scenario.model import (
     Cut,
     Disconnect,
@@ -58,13 +61,10 @@ from federation.scenario.report import (
     TrafficRecord,
     build_report,
 )
+from federation.scenario.truth import ConvergenceTracker, GroundTruth
 from federation.sim.collector import collector_paused
 from federation.sim.decode_cache import DecodeCache
 from federation.sim.network import Host, LinkModel, Network, NetworkOverload, NodeSetup, Observer
-from federation.sim.truth import ConvergenceTracker, GroundTruth
-from federation.types import Event, Injection, PublicationId
-from federation.wire import DATA_TYPES, DecodeFunction
-from federation.wire import decode as wire_decode
 
 BACKEND = "sim"
 EVENT_SCHEMA_VERSION = 1
@@ -147,7 +147,7 @@ class Simulation(Observer[Node]):
             if isinstance(event, Publish):
                 if event.count > 1 and not event.interval and not event.qos and not event.retain:
                     # All at one instant: read from the broker together, as the daemon hands such a burst
-                    # to the node (federation.publication_batch: `tb` runs).
+                    # to the node (federation.protocol.publication_batch: `tb` runs).
                     self.network.schedule(event.at, functools.partial(self.publish_burst, event))
                     continue
                 for number in range(event.count):

@@ -1,0 +1,1 @@
+"""The datagram envelope between protocol packets and UDP: framing, authentication, replay, reassembly."""

@@ -1,0 +1,494 @@
+"""The datagram envelope: framing, authentication, replay protection, encryption, batching, fragmentation.
+
+Theory of operation: the node speaks in protocol packets (federation.protocol.wire);
+the envelope sits between those packets and the UDP socket, sans-I/O like
+the node (bytes and time in, bytes out). Outbound, `send(packet, to)` queues
+the node's packets; `datagrams_to_send(now)` turns each destination's queue
+into as few datagrams as fit `max_datagram` bytes: several small packets are
+batched into one datagram, a packet too big for one datagram is split into
+fragments. Every datagram gets a header naming the sender (its announced
+address), the sender's *envelope epoch* (strictly greater at each restart)
+and a sequence number (+1 per datagram), and then, depending on the mode:
+
+- `open` (no key): nothing more. Anyone who can send UDP to a wrapper can
+  inject anything; meant for a lab, and the daemon says so loudly.
+- `mac` (a federation key): a 16-byte keyed BLAKE2b tag over the whole
+  datagram. A receiver with the key drops anything whose tag does not verify.
+- `aead` (a key and `encryption: chacha20-poly1305`): the items are
+  encrypted with ChaCha20-Poly1305 under a key derived per (sender, epoch);
+  the header is authenticated as associated data.
+
+Inbound, `receive_datagram` checks in order: the frame is well formed, its
+kind matches our configuration (a keyed wrapper refuses open frames, an
+unkeyed one cannot check keyed frames), the key id is one of ours, the tag
+verifies, and the (sender, epoch, sequence) is new (federation.envelope.replay); then
+it parses the items and reassembles fragments (federation.envelope.reassembly). Each
+refusal is counted by reason and reported as a `packet_dropped` event (at
+most EVENT_BURST per reason per second, the rest counted in `suppressed`:
+a flood of forgeries must not become a flood of log lines). Nothing a peer
+sends makes it raise.
+
+Keys: the configured list signs with its first key and accepts all of them,
+so a key is rotated without downtime (add the new key second everywhere,
+then first everywhere, then remove the old one). Each key is identified on
+the wire by a 4-byte id derived from it, so a receiver picks the key at
+once and tells an unknown key from a forgery. The exact format is in
+docs/protocol.md ("Envelope"), the threat model in docs/security.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import struct
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from federation.envelope.reassembly import Reassembler
+from federation.envelope.replay import SenderTable
+from federation.protocol import events
+from federation.protocol.settings import Settings
+from federation.protocol.types import Address, Event
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+MAGIC = 0xFE
+ENVELOPE_VERSION = 1
+KIND_OPEN = 0
+KIND_MAC = 1
+KIND_AEAD = 2
+MODES = {KIND_OPEN: "open", KIND_MAC: "mac", KIND_AEAD: "aead"}
+
+ENCRYPTION_NONE = "none"
+ENCRYPTION_CHACHA = "chacha20-poly1305"
+ENCRYPTIONS = (ENCRYPTION_NONE, ENCRYPTION_CHACHA)
+
+HEADER = struct.Struct(">BBBIQQB")
+"""magic, version, kind, key id, epoch, sequence, sender length; then the sender (UTF-8)"""
+ITEM_PACKET = 1
+ITEM_FRAGMENT = 2
+PACKET_ITEM = struct.Struct(">BH")
+"""item kind 1, packet length; then the packet"""
+FRAGMENT_ITEM = struct.Struct(">BIHHIH")
+"""item kind 2, message id, index, count, total length, fragment length; then the fragment"""
+TAG_SIZE = 16
+MAX_SENDER = 255
+MIN_KEY_BYTES = 16
+MAX_KEY_BYTES = 64
+KDF_PERSON = b"fed-envelope-kdf"
+MAC_PERSON = b"fed-envelope-mac"
+
+EVENT_BURST = 10
+"""`packet_dropped` events per drop reason per second; further drops are only counted"""
+
+# Drop reasons (counted in `drops`, written in `packet_dropped` events).
+NOT_ENVELOPE = "not_envelope"
+ENVELOPE_VERSION_MISMATCH = "envelope_version"
+ENVELOPE_MALFORMED = "envelope_malformed"
+UNAUTHENTICATED = "unauthenticated"
+NO_KEY = "no_key"
+UNKNOWN_KEY = "unknown_key"
+BAD_MAC = "bad_mac"
+TOO_LARGE_TO_SEND = "too_large_to_send"
+DATAGRAM_REASONS = (NOT_ENVELOPE, ENVELOPE_VERSION_MISMATCH, ENVELOPE_MALFORMED, UNAUTHENTICATED, NO_KEY,
+                    UNKNOWN_KEY, BAD_MAC, "stale_epoch", "replayed", "too_old")
+"""reasons that refuse a whole received datagram (each received datagram is accepted or gets one of these)"""
+MESSAGE_REASONS = ("fragment_invalid", "reassembly_timeout", "reassembly_evicted")
+"""reasons that give up a fragmented packet (counted once per packet)"""
+DROP_REASONS = (*DATAGRAM_REASONS, *MESSAGE_REASONS, TOO_LARGE_TO_SEND)
+
+
+class EnvelopeConfigError(ValueError):
+    """A bad envelope configuration (a key of the wrong size, encryption without a key...)."""
+
+
+def _derive(secret: bytes, label: bytes, size: int) -> bytes:
+    return hashlib.blake2b(label, key=secret, digest_size=size, person=KDF_PERSON).digest()
+
+
+class FederationKey:
+    """One federation key and what is derived from it: its wire id, its MAC key, its AEAD root key."""
+
+    __slots__ = ("key_id", "aead_root", "_mac_base")
+
+    def __init__(self, secret: bytes) -> None:
+        if not MIN_KEY_BYTES <= len(secret) <= MAX_KEY_BYTES:
+            raise EnvelopeConfigError(f"a federation key must have {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes, "
+                                      f"got {len(secret)}; make one with `python wrapper.py genkey`")
+        self.key_id = int.from_bytes(_derive(secret, b"key id v1", 4), "big")
+        self.aead_root = _derive(secret, b"aead v1", 32)
+        # The keyed state is made once and copied per datagram: cheaper than keying BLAKE2b each time.
+        self._mac_base = hashlib.blake2b(key=_derive(secret, b"mac v1", 32), digest_size=TAG_SIZE,
+                                         person=MAC_PERSON)
+
+    def mac(self, data: bytes) -> bytes:
+        hasher = self._mac_base.copy()
+        hasher.update(data)
+        return hasher.digest()
+
+    def cipher(self, sender: bytes, epoch: int) -> ChaCha20Poly1305:
+        """The AEAD of one sender's epoch: nonces are sequence numbers, unique under this key."""
+        # Imported here: `cryptography` costs start-up time that wrappers without encryption need not pay.
+        from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+        return ChaCha20Poly1305(_derive(self.aead_root, b"sender\x00" + sender + epoch.to_bytes(8, "big"), 32))
+
+
+def _nonce(seq: int) -> bytes:
+    return b"\x00\x00\x00\x00" + seq.to_bytes(8, "big")
+
+
+@dataclass(frozen=True)
+class EnvelopeConfig:
+    """Limits and keys of one envelope; `from_settings` builds it from the protocol settings."""
+
+    keys: tuple[bytes, ...] = ()
+    """federation keys: the first signs, all are accepted; empty: open mode"""
+    encryption: str = ENCRYPTION_NONE
+    """`none` or `chacha20-poly1305` (needs a key)"""
+    max_datagram: int = 1400
+    """bytes: largest datagram sent (batches and fragments stay under it)"""
+    max_packet: int = 327680
+    """bytes: largest protocol packet sent or reassembled"""
+    reassembly_timeout: float = 5.0
+    """seconds a partial message waits for its missing fragments"""
+    reassembly_memory: int = 8 * 1024 * 1024
+    """bytes held by partial messages at most, all senders together"""
+    max_senders: int = 256
+    """senders whose replay windows are kept (least recently heard evicted)"""
+    replay_window: int = 1024
+    """sequence numbers below the highest one still accepted once (reordering tolerance)"""
+
+    @classmethod
+    def from_settings(cls, settings: Settings, keys: Sequence[bytes] = (),
+                      encryption: str = ENCRYPTION_NONE) -> EnvelopeConfig:
+        """`settings` as a `Node` holds them: `max_datagram` 0 (choose) is made a size by the node."""
+        if not settings.max_datagram:
+            raise EnvelopeConfigError("max_datagram 0 (choose) is not a size yet: pass the settings the Node holds "
+                                      "(`Settings.with_datagram_for` made it one)")
+        return cls(tuple(keys), encryption, settings.max_datagram, settings.max_packet,
+                   settings.reassembly_timeout, settings.reassembly_memory, max(64, 4 * settings.max_neighbours))
+
+    def validate(self) -> None:
+        if self.encryption not in ENCRYPTIONS:
+            raise EnvelopeConfigError(f"encryption: expected one of {', '.join(ENCRYPTIONS)}, "
+                                      f"got {self.encryption!r}")
+        if self.encryption != ENCRYPTION_NONE and not self.keys:
+            raise EnvelopeConfigError(f"encryption {self.encryption} needs a federation key: give --key-file "
+                                      f"(make a key with `python wrapper.py genkey > federation.key`)")
+        if not 256 <= self.max_datagram <= 65507:
+            raise EnvelopeConfigError(f"max_datagram: expected 256 to 65507 bytes, got {self.max_datagram}")
+        if self.reassembly_timeout <= 0:
+            raise EnvelopeConfigError(f"reassembly_timeout: must be positive, got {self.reassembly_timeout}")
+        if self.reassembly_memory < 2 * self.max_packet:
+            raise EnvelopeConfigError(f"reassembly_memory ({self.reassembly_memory}) must hold two packets of "
+                                      f"max_packet ({self.max_packet})")
+
+
+class Envelope:
+    """One wrapper's envelope: `send` + `datagrams_to_send` outbound, `receive_datagram` inbound."""
+
+    def __init__(self, sender: Address, epoch: int, config: EnvelopeConfig | None = None,
+                 drop_sink: Callable[[str], None] | None = None) -> None:
+        """`sender`: our announced address; `epoch`: see `envelope_epoch`; `drop_sink(reason)` is called
+        for every drop too (the daemon passes `node.count_drop`, so drops show with the node's)."""
+        config = config if config is not None else EnvelopeConfig()
+        config.validate()
+        self.config = config
+        self.address = sender
+        self.sender = str(sender).encode("utf-8")
+        if not 0 < len(self.sender) <= MAX_SENDER:
+            raise EnvelopeConfigError(f"sender address {sender} is longer than {MAX_SENDER} bytes")
+        if not 0 <= epoch < 2**64:
+            raise EnvelopeConfigError(f"epoch must be an unsigned 64-bit integer, got {epoch}")
+        self.epoch = epoch
+        self.keys = [FederationKey(secret) for secret in config.keys]
+        self._keys_by_id: dict[int, FederationKey] = {}
+        for position, key in enumerate(self.keys):
+            if key.key_id in self._keys_by_id:
+                raise EnvelopeConfigError(f"key {position + 1} repeats an earlier key (or shares its id); "
+                                          f"remove the duplicate")
+            self._keys_by_id[key.key_id] = key
+        if not self.keys:
+            self.kind = KIND_OPEN
+        else:
+            self.kind = KIND_AEAD if config.encryption == ENCRYPTION_CHACHA else KIND_MAC
+        self.mode = MODES[self.kind]
+        self._signing = self.keys[0] if self.keys else None
+        self._cipher = self._signing.cipher(self.sender, epoch) if self._signing and self.kind == KIND_AEAD else None
+        overhead = HEADER.size + len(self.sender) + (TAG_SIZE if self.kind != KIND_OPEN else 0)
+        self.capacity = config.max_datagram - overhead
+        """bytes of items one datagram carries"""
+        self.fragment_size = self.capacity - FRAGMENT_ITEM.size
+        if self.fragment_size < 64:
+            raise EnvelopeConfigError(f"max_datagram {config.max_datagram} leaves no room for fragments")
+        if math.ceil(config.max_packet / self.fragment_size) > 0xFFFF:
+            raise EnvelopeConfigError(f"max_packet {config.max_packet} needs more than 65535 fragments of "
+                                      f"{self.fragment_size} bytes; lower it or raise max_datagram")
+        self.seq = 0
+        self.message_id = 0
+        self.senders = SenderTable(config.max_senders, config.replay_window)
+        self.reassembler = Reassembler(config.max_packet, config.reassembly_memory, config.reassembly_timeout)
+        self.counters: Counter[str] = Counter()
+        self.drops: Counter[str] = Counter()
+        self._drop_sink = drop_sink
+        self._queue: dict[Address, list[bytes]] = {}
+        self._events: list[Event] = []
+        self._event_slots: dict[str, list[float]] = {}  # reason -> [window start, emitted, suppressed]
+
+    # ------------------------------------------------------------ outbound
+
+    def send(self, packet: bytes, to: Address, now: float = 0.0) -> None:
+        """Queue one protocol packet for `to`; refused (counted) if above max_packet."""
+        if len(packet) > self.config.max_packet:
+            self._drop(TOO_LARGE_TO_SEND, f"{len(packet)} bytes to {to} > max_packet {self.config.max_packet}",
+                       self.address, len(packet), now)
+            return
+        queue = self._queue.get(to)
+        if queue is None:
+            self._queue[to] = [packet]
+        else:
+            queue.append(packet)
+
+    def datagrams_to_send(self, now: float = 0.0) -> list[tuple[bytes, Address]]:
+        """Every queued packet, batched and fragmented into sealed datagrams, in order per destination."""
+        out: list[tuple[bytes, Address]] = []
+        queue, self._queue = self._queue, {}
+        for to, packets in queue.items():
+            self._frame(packets, to, out)
+        return out
+
+    def _frame(self, packets: list[bytes], to: Address, out: list[tuple[bytes, Address]]) -> None:
+        capacity = self.capacity
+        items: list[bytes] = []
+        used = 0
+        count = 0
+        for packet in packets:
+            need = PACKET_ITEM.size + len(packet)
+            if need <= capacity:
+                if used + need > capacity:
+                    out.append((self._seal(items, count), to))
+                    items, used, count = [], 0, 0
+                items.append(PACKET_ITEM.pack(ITEM_PACKET, len(packet)))
+                items.append(packet)
+                used += need
+                count += 1
+                continue
+            if items:
+                out.append((self._seal(items, count), to))
+            self.message_id = (self.message_id + 1) & 0xFFFFFFFF
+            size = self.fragment_size
+            fragments = math.ceil(len(packet) / size)
+            for index in range(fragments):
+                piece = packet[index * size:(index + 1) * size]
+                items = [FRAGMENT_ITEM.pack(ITEM_FRAGMENT, self.message_id, index, fragments, len(packet), len(piece)),
+                         piece]
+                used = FRAGMENT_ITEM.size + len(piece)
+                count = 1
+                if index + 1 < fragments:
+                    out.append((self._seal(items, count), to))
+            self.counters["fragments_sent"] += fragments
+            self.counters["packets_fragmented"] += 1
+        if items:
+            out.append((self._seal(items, count), to))
+        self.counters["packets_sent"] += len(packets)
+
+    def seal_body(self, body: bytes) -> bytes:
+        """Seal an already-built item body as the next datagram (for tests and fuzzers that play a key holder)."""
+        return self._seal([body], 1)
+
+    def _seal(self, items: list[bytes], count: int) -> bytes:
+        self.seq += 1
+        key_id = self._signing.key_id if self._signing is not None else 0
+        header = HEADER.pack(MAGIC, ENVELOPE_VERSION, self.kind, key_id, self.epoch, self.seq,
+                             len(self.sender)) + self.sender
+        body = b"".join(items)
+        if self.kind == KIND_OPEN:
+            datagram = header + body
+        elif self.kind == KIND_MAC:
+            assert self._signing is not None
+            signed = header + body
+            datagram = signed + self._signing.mac(signed)
+        else:
+            assert self._cipher is not None
+            datagram = header + self._cipher.encrypt(_nonce(self.seq), body, header)
+        self.counters["datagrams_sent"] += 1
+        self.counters["bytes_sent"] += len(datagram)
+        if count > 1:
+            self.counters["datagrams_batched"] += 1
+        return datagram
+
+    # ------------------------------------------------------------ inbound
+
+    def receive_datagram(self, data: bytes, source: Address, now: float) -> list[bytes]:
+        """The protocol packets a datagram carries (after reassembly), or [] with the drop counted."""
+        size = len(data)
+        self.counters["datagrams_received"] += 1
+        self.counters["bytes_received"] += size
+        if size < HEADER.size + 1 or data[0] != MAGIC:
+            hint = ("an unframed protocol packet: the sender runs a wrapper without the envelope; upgrade it"
+                    if size and 0x90 <= data[0] <= 0x9F else f"{size} bytes, first byte {data[:1].hex() or '-'}")
+            return self._drop(NOT_ENVELOPE, hint, source, size, now)
+        _, version, kind, key_id, epoch, seq, sender_size = HEADER.unpack_from(data)
+        if version != ENVELOPE_VERSION:
+            return self._drop(ENVELOPE_VERSION_MISMATCH, f"envelope version {version}, this wrapper speaks "
+                                                         f"{ENVELOPE_VERSION}", source, size, now)
+        body_start = HEADER.size + sender_size
+        tag_size = 0 if kind == KIND_OPEN else TAG_SIZE
+        if kind not in MODES or sender_size == 0 or body_start + tag_size >= size:
+            return self._drop(ENVELOPE_MALFORMED, f"kind {kind}, sender of {sender_size} bytes, {size} bytes",
+                              source, size, now)
+        sender_bytes = data[HEADER.size:body_start]
+        try:
+            sender = sender_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            return self._drop(ENVELOPE_MALFORMED, "sender is not UTF-8", source, size, now)
+        cipher: Any = None
+        if kind == KIND_OPEN:
+            if self.keys:
+                return self._drop(UNAUTHENTICATED, f"an open (unsigned) frame from {sender}; this wrapper "
+                                                   f"requires the federation key", source, size, now)
+            body = data[body_start:]
+        else:
+            if not self.keys:
+                return self._drop(NO_KEY, f"a {MODES[kind]} frame from {sender}; this wrapper has no federation "
+                                          f"key to check it (give it --key-file)", source, size, now)
+            key = self._keys_by_id.get(key_id)
+            if key is None:
+                return self._drop(UNKNOWN_KEY, f"key id {key_id:08x} from {sender} is none of ours "
+                                               f"({', '.join(self.key_ids())})", source, size, now)
+            if kind == KIND_MAC:
+                if not hmac.compare_digest(key.mac(data[:-TAG_SIZE]), data[-TAG_SIZE:]):
+                    return self._drop(BAD_MAC, f"claims to be {sender}", source, size, now)
+                body = data[body_start:-TAG_SIZE]
+            else:
+                state = self.senders.get(sender)
+                if state is not None and state.cipher_epoch == epoch and state.cipher_key_id == key_id:
+                    cipher = state.cipher
+                else:
+                    cipher = key.cipher(sender_bytes, epoch)
+                from cryptography.exceptions import InvalidTag  # loaded with the cipher (see `cipher`)
+
+                try:
+                    body = cipher.decrypt(_nonce(seq), data[body_start:], data[:body_start])
+                except InvalidTag:
+                    return self._drop(BAD_MAC, f"claims to be {sender}", source, size, now)
+        refused = self.senders.check(sender, epoch, seq)
+        if refused is not None:
+            return self._drop(refused, f"{sender} epoch {epoch} seq {seq}", source, size, now)
+        evictions = self.senders.evictions
+        state = self.senders.commit(sender, epoch, seq)
+        if self.senders.evictions != evictions:
+            self.counters["senders_evicted"] += 1
+        if kind == KIND_AEAD and state.cipher_epoch != epoch:
+            state.cipher, state.cipher_epoch, state.cipher_key_id = cipher, epoch, key_id
+        return self._open_items(body, sender, epoch, source, size, now)
+
+    def _open_items(self, body: bytes, sender: str, epoch: int, source: Address, size: int,
+                    now: float) -> list[bytes]:
+        """Parse every item first (a malformed frame delivers nothing), then deliver in order."""
+        items: list[tuple[Any, ...]] = []
+        position, end = 0, len(body)
+        while position < end:
+            kind = body[position]
+            if kind == ITEM_PACKET and position + PACKET_ITEM.size <= end:
+                _, length = PACKET_ITEM.unpack_from(body, position)
+                start = position + PACKET_ITEM.size
+                position = start + length
+                if length == 0 or position > end:
+                    break
+                items.append((body[start:position],))
+            elif kind == ITEM_FRAGMENT and position + FRAGMENT_ITEM.size <= end:
+                _, message, index, count, total, length = FRAGMENT_ITEM.unpack_from(body, position)
+                start = position + FRAGMENT_ITEM.size
+                position = start + length
+                if length == 0 or position > end:
+                    break
+                items.append((body[start:position], message, index, count, total))
+            else:
+                break
+        else:
+            if items:
+                return self._deliver(items, sender, epoch, source, now)
+        return self._drop(ENVELOPE_MALFORMED, f"items of an authentic frame from {sender} do not parse at byte "
+                                              f"{position} of {end}", source, size, now)
+
+    def _deliver(self, items: list[tuple[Any, ...]], sender: str, epoch: int, source: Address,
+                 now: float) -> list[bytes]:
+        self.counters["datagrams_accepted"] += 1
+        packets: list[bytes] = []
+        for item in items:
+            if len(item) == 1:
+                packets.append(item[0])
+                continue
+            piece, message, index, count, total = item
+            self.counters["fragments_received"] += 1
+            whole, dropped = self.reassembler.add((sender, epoch, message), index, count, total, piece, source, now)
+            for gone in dropped:
+                self._drop(gone.reason, gone.detail, gone.source, gone.size, now)
+            if whole is not None:
+                self.counters["packets_reassembled"] += 1
+                packets.append(whole)
+        self.counters["packets_received"] += len(packets)
+        return packets
+
+    # ------------------------------------------------------------ timers, events, status
+
+    def get_timer(self) -> float | None:
+        """When the oldest partial message times out (call `handle_timer` then), or None."""
+        return self.reassembler.next_deadline()
+
+    def handle_timer(self, now: float) -> None:
+        for gone in self.reassembler.expire(now):
+            self._drop(gone.reason, gone.detail, gone.source, gone.size, now)
+
+    def events_emitted(self) -> list[Event]:
+        out, self._events = self._events, []
+        return out
+
+    def _drop(self, reason: str, detail: str, source: Address, size: int, now: float) -> list[bytes]:
+        self.drops[reason] += 1
+        if self._drop_sink is not None:
+            self._drop_sink(reason)
+        slot = self._event_slots.get(reason)
+        carried = 0
+        if slot is None or now - slot[0] >= 1.0 or now < slot[0]:
+            carried = int(slot[2]) if slot is not None else 0
+            slot = [now, 0, 0]
+            self._event_slots[reason] = slot
+        if slot[1] < EVENT_BURST:
+            slot[1] += 1
+            fields: dict[str, Any] = {"reason": reason, "detail": detail, "source": str(source), "size": size}
+            if carried:
+                fields["suppressed"] = carried
+            self._events.append(Event(now, str(self.address), events.PACKET_DROPPED, fields))
+        else:
+            slot[2] += 1
+        return []
+
+    def key_ids(self) -> list[str]:
+        return [f"{key.key_id:08x}" for key in self.keys]
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode, "encryption": self.config.encryption if self.keys else ENCRYPTION_NONE,
+            "key_ids": self.key_ids(), "epoch": self.epoch, "seq": self.seq,
+            "max_datagram": self.config.max_datagram, "max_packet": self.config.max_packet,
+            "senders": len(self.senders), "partial_messages": len(self.reassembler),
+            "reassembly_bytes": self.reassembler.used, "reassembly_memory": self.config.reassembly_memory,
+            "counters": dict(sorted(self.counters.items())), "drops": dict(sorted(self.drops.items())),
+        }
+
+
+def envelope_epoch(boot_epoch: int, unix_time: float) -> int:
+    """The envelope epoch of a wrapper: strictly greater at every restart.
+
+    `max(boot_epoch * 10^6, unix time in microseconds)`: the boot epoch (persisted,
+    never going backwards) makes it grow across restarts with a state directory;
+    the microseconds make two restarts in the same second differ without one.
+    """
+    return min(max(boot_epoch * 1_000_000, int(unix_time * 1_000_000)), 2**64 - 1)

@@ -1,0 +1,57 @@
+"""Names of the structured events the node emits (one JSON object per line).
+
+The full schema, with every field, is in docs/protocol.md ("Events"); the
+simulator, the daemon and the Spark job all read and write this one format.
+"""
+
+from __future__ import annotations
+
+from federation.protocol.types import Address, BrokerId, PublicationId
+
+NODE_STARTED = "node_started"
+NODE_STOPPED = "node_stopped"
+NEIGHBOUR_UP = "neighbour_up"
+NEIGHBOUR_DOWN = "neighbour_down"
+TABLE_CHANGED = "table_changed"
+MANAGEMENT_CORE_CHANGED = "management_core_changed"
+TOPIC_CORE_CHANGED = "topic_core_changed"
+MESH_JOINED = "mesh_joined"
+MESH_LEFT = "mesh_left"
+ID_CHANGED = "id_changed"
+EPOCH_CHANGED = "epoch_changed"
+SUBSCRIPTION_ADDED = "subscription_added"
+SUBSCRIPTION_REMOVED = "subscription_removed"
+PUBLICATION_ORIGINATED = "publication_originated"
+PUBLICATION_FORWARDED = "publication_forwarded"
+PUBLICATION_DELIVERED = "publication_delivered"
+PUBLICATION_DROPPED = "publication_dropped"
+DUPLICATE_DROPPED = "duplicate_dropped"
+PUBLICATION_RETRANSMITTED = "publication_retransmitted"
+PACKET_DROPPED = "packet_dropped"
+OWNERSHIP_CONFLICT = "ownership_conflict"
+COUNTERS = "counters"
+
+ALL = (NODE_STARTED, NODE_STOPPED, NEIGHBOUR_UP, NEIGHBOUR_DOWN, TABLE_CHANGED, MANAGEMENT_CORE_CHANGED,
+       TOPIC_CORE_CHANGED, MESH_JOINED, MESH_LEFT, ID_CHANGED, EPOCH_CHANGED, SUBSCRIPTION_ADDED,
+       SUBSCRIPTION_REMOVED, PUBLICATION_ORIGINATED, PUBLICATION_FORWARDED, PUBLICATION_DELIVERED,
+       PUBLICATION_DROPPED, DUPLICATE_DROPPED, PUBLICATION_RETRANSMITTED, PACKET_DROPPED, OWNERSHIP_CONFLICT, COUNTERS)
+
+PER_PUBLICATION = frozenset({PUBLICATION_ORIGINATED, PUBLICATION_FORWARDED, PUBLICATION_DELIVERED, DUPLICATE_DROPPED})
+"""the events made for every publication at every hop (`Node.publication_events`); drops and retransmissions,
+which are rare, are always made, except the QoS 0 drops of overload shedding, which follow the same switch
+(federation.daemon.flow_control)"""
+
+
+def id_text(broker_id: BrokerId | None) -> str | None:
+    """A BrokerId as it appears in events and status: "vid@host:port"."""
+    return None if broker_id is None else str(broker_id)
+
+
+def publication_text(publication: PublicationId) -> str:
+    """A publication id as a join key: "host:port/epoch/seq"."""
+    origin, epoch, seq = publication
+    return f"{origin}/{epoch}/{seq}"
+
+
+def addresses_text(addresses: list[Address] | tuple[Address, ...] | frozenset[Address]) -> list[str]:
+    return [str(address) for address in sorted(addresses)]

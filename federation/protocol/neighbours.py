@@ -1,0 +1,170 @@
+"""Neighbour liveness from the hello (`hl`) / hello back (`hb`) exchange.
+
+A neighbour is *up* while hello backs keep arriving: an `hb` echoes one of
+our own hellos, so it proves both directions work (a one-way cut takes the
+link down on both ends). It is *down* after `dead_intervals` hello intervals
+without one.
+
+Under load the hellos wait in the same queues as the data, so a busy but
+healthy link could miss three in a row. Any other packet that echoes one
+of ours proves the same two-way path, so it counts too: a `ta` that
+acknowledges a `tm` we sent and still wait for (`record_echo`; it keeps an
+up neighbour up, only a hello back brings one up, because only it measures
+the clocks). A `tm` or `hl` from the neighbour proves nothing of the
+direction toward it and does not count: a one-way cut must still take the
+link down at both ends.
+
+The echo also measures the clocks, NTP-style: our hello left at t1 (our
+clock), the peer stamped its answer t2 = t3 (its clock: it answers in the
+step that received the hello), the answer arrived at t4. Then
+rtt = t4 - t1 and offset = ((t2 - t1) + (t3 - t4)) / 2 = t3 - (t1 + rtt/2)
+is the peer's clock minus ours, wrong by at most rtt/2 whatever the two
+one-way delays are. Like NTP's clock filter, the estimate is the sample with
+the smallest round trip among the last CLOCK_SAMPLES: a queueing delay in
+one direction only skews a slow sample, and old samples age out, so a
+drifting clock is followed. The Spark job (spark/clocks.py) reads the
+estimates from `neighbour_up` and `counters` events.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from federation.protocol.types import Address, BrokerId
+
+CLOCK_SAMPLES = 8
+"""hello exchanges the clock estimate is chosen from (the one with the smallest round trip)"""
+
+
+@dataclass
+class Neighbour:
+    transport: Address
+    """where datagrams for this neighbour are sent (and come from)"""
+    configured: bool
+    announced: BrokerId | None = None
+    """the id the neighbour announces in its packets (may differ from transport, e.g. NAT)"""
+    up: bool = False
+    last_back: float = float("-inf")
+    rtt: float | None = None
+    clock_offset: float | None = None
+    """the peer's clock minus ours, from the fastest of the recent exchanges"""
+    clock_error: float | None = None
+    """bound on the error of `clock_offset`: half the round trip of its exchange"""
+    clock_samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=CLOCK_SAMPLES))
+    """(rtt, offset) of the last exchanges"""
+    up_since: float | None = None
+    flaps: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class NeighbourTable:
+    def __init__(self, configured: list[Address], max_neighbours: int) -> None:
+        self.max_neighbours = max_neighbours
+        self._by_transport: dict[Address, Neighbour] = {
+            address: Neighbour(address, configured=True) for address in sorted(set(configured))
+        }
+        self.refused = 0
+        """dynamic neighbours refused because the table was full"""
+        self.forgotten = 0
+        """dynamic neighbours forgotten because they never came up"""
+        self._up_by_announced: dict[Address, Address] = {}
+
+    def get(self, transport: Address) -> Neighbour | None:
+        return self._by_transport.get(transport)
+
+    def add_dynamic(self, transport: Address, now: float = 0.0) -> Neighbour | None:
+        """A peer that said hello first; None when the table is full. One that never comes up (never
+        answers our hello) is forgotten by `expire` after the dead interval, so fake sources cannot keep
+        the table full."""
+        if len(self._by_transport) >= self.max_neighbours:
+            self.refused += 1
+            return None
+        neighbour = Neighbour(transport, configured=False)
+        neighbour.extra["added_at"] = now
+        self._by_transport[transport] = neighbour
+        return neighbour
+
+    def remove(self, transport: Address) -> None:
+        self._by_transport.pop(transport, None)
+        self._reindex()
+
+    def all(self) -> list[Neighbour]:
+        return [self._by_transport[key] for key in sorted(self._by_transport)]
+
+    def up(self) -> list[Neighbour]:
+        return [n for n in self.all() if n.up and n.announced is not None]
+
+    def record_back(self, neighbour: Neighbour, rtt: float, peer_clock_offset: float, alpha: float,
+                    now: float) -> bool:
+        """Account for a valid hello back; return True when the neighbour just came up."""
+        neighbour.last_back = now
+        neighbour.rtt = rtt if neighbour.rtt is None else (1 - alpha) * neighbour.rtt + alpha * rtt
+        neighbour.clock_samples.append((rtt, peer_clock_offset))
+        fastest_rtt, neighbour.clock_offset = min(neighbour.clock_samples, key=lambda sample: sample[0])
+        neighbour.clock_error = fastest_rtt / 2
+        if not neighbour.up:
+            neighbour.up = True
+            neighbour.up_since = now
+            self._reindex()
+            return True
+        return False
+
+    def record_echo(self, neighbour: Neighbour, now: float) -> None:
+        """Another echo of our traffic (a matching `ta`): an up neighbour stays up, as after a hello back."""
+        if neighbour.up:
+            neighbour.last_back = max(neighbour.last_back, now)
+
+    def clock_report(self) -> dict[str, dict[str, Any]]:
+        """Per up neighbour (transport address): smoothed `rtt`, clock `offset` and its `error` bound, seconds."""
+        return {
+            str(n.transport): {"rtt": round(n.rtt, 6), "offset": round(n.clock_offset, 6),
+                               "error": round(n.clock_error, 6)}
+            for n in self.up() if n.rtt is not None and n.clock_offset is not None and n.clock_error is not None
+        }
+
+    def _reindex(self) -> None:
+        self._up_by_announced = {
+            n.announced.address: n.transport for n in self.all() if n.up and n.announced is not None
+        }
+
+    def expire(self, dead_after: float, now: float) -> list[Neighbour]:
+        """Mark neighbours down whose last hello back is too old; return them."""
+        gone = []
+        for neighbour in self.all():
+            if not neighbour.configured and not neighbour.up and neighbour.up_since is None and \
+                    neighbour.flaps == 0 and now >= neighbour.extra.get("added_at", now) + dead_after:
+                del self._by_transport[neighbour.transport]  # said hello, never answered ours
+                self.forgotten += 1
+                continue
+            if neighbour.up and now >= neighbour.last_back + dead_after:
+                neighbour.up = False
+                neighbour.up_since = None
+                neighbour.flaps += 1
+                gone.append(neighbour)
+        if gone:
+            self._reindex()
+        return gone
+
+    def next_deadline(self, dead_after: float) -> float | None:
+        deadlines = [n.last_back + dead_after for n in self._by_transport.values() if n.up]
+        return min(deadlines) if deadlines else None
+
+    def set_announced(self, neighbour: Neighbour, announced: BrokerId) -> bool:
+        """Record the id a neighbour announces; True when it changed (a restart or a new vid)."""
+        if neighbour.announced == announced:
+            return False
+        neighbour.announced = announced
+        self._reindex()
+        return True
+
+    @property
+    def up_index(self) -> dict[Address, Address]:
+        """Announced address -> transport of every up neighbour. Never changed in place, only replaced, so
+        a cache may keep it and compare identity (`federation.protocol.forwarding`)."""
+        return self._up_by_announced
+
+    def transport_for(self, announced: Address) -> Address | None:
+        """Where to send to the up neighbour that announces `announced`."""
+        return self._up_by_announced.get(announced)

@@ -1,0 +1,225 @@
+"""Every protocol setting, with its default and unit, in one validated object.
+
+The daemon's YAML file, the scenario files' `settings:` block and the
+simulator all build this object through `Settings.from_mapping`, so one place
+names a bad field and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from federation.protocol.modes import MODE_SETTINGS, RuleSetting, parse_mode_setting
+
+LOOPBACK_DATAGRAM = 65507
+"""bytes: `max_datagram` chosen when a node and all its neighbours are on loopback (the largest IPv4 UDP
+payload; loopback's MTU is 64 KiB, so nothing is fragmented)"""
+NETWORK_DATAGRAM = 1400
+"""bytes: `max_datagram` chosen otherwise (crosses a 1500-byte Ethernet path, with room for a tunnel's
+headers, without IP fragmentation)"""
+
+
+class SettingsError(ValueError):
+    """A setting is unknown or out of range; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Neighbour liveness.
+    hello_interval: float = 1.0
+    """seconds between hello (`hl`) packets to each neighbour"""
+    dead_intervals: int = 3
+    """a neighbour is down after this many hello intervals without a hello back"""
+
+    # Overlay (link-state announcements).
+    announce_interval: float = 5.0
+    """seconds between periodic digests (`dd`) and refreshes of `ca`, `tc` and `ts` (repair only)"""
+    expire_intervals: int = 3
+    """announcements not refreshed for this many announce intervals are dropped"""
+    min_announce_gap: float = 0.02
+    """seconds: triggered announcements of one origin are at least this far apart"""
+    spf_delay: float = 0.01
+    """seconds from a federation-table change to the route computation (changes in between share it)"""
+    spf_hold: float = 0.05
+    """seconds: route computations are at least this far apart (as OSPF's SPF hold time)"""
+    flood_delay: float = 0.005
+    """seconds a received record waits before it is forwarded, so records arriving together leave as one bundle"""
+
+    # Topic meshes.
+    redundancy: int = 2
+    """parents per mesh member toward the topic core (neighbours on shortest paths)"""
+    publication_hold: float = 2.0
+    """seconds a publication waits for a topic core being elected before it is dropped"""
+    max_held_publications: int = 1000
+    """publications held while cores are elected; the oldest is dropped beyond this"""
+    max_hops: int = 64
+    """a topic message is dropped after this many hops (a guard; meshes are loop-free by dedup)"""
+
+    # Reliable forwarding of QoS 1 and 2 publications (federation.protocol.reliable).
+    retransmit_timeout: float = 0.2
+    """seconds before a QoS 1/2 `tm` not acknowledged (`ta`) by the next hop is sent again (at least 2 x its RTT)"""
+    retransmit_timeout_max: float = 3.2
+    """seconds: the retransmission timeout doubles after every try (plus up to 25% jitter), up to this"""
+    retransmit_limit: int = 8
+    """retransmissions of one `tm` to one neighbour before it is given up (dropped, counted, reported)"""
+    max_unacked: int = 4096
+    """QoS 1/2 `tm` copies awaiting an acknowledgement, all neighbours together (beyond it the oldest goes)"""
+
+    # Caches and limits.
+    duplicate_cache_size: int = 65536
+    """publication ids a node remembers for duplicate suppression, at most (the last half always)"""
+    max_datagram: int = 0
+    """bytes: largest UDP datagram sent (batched, fragmented to fit); 0: 65507 if all neighbours are on loopback,
+    else 1400"""
+    max_packet: int = 327680
+    """bytes: largest protocol packet, reassembled included (`oversized` above): a publication with its topic"""
+    max_publication_bytes: int = 262144
+    """bytes: largest publication payload federated; a larger one is refused (logged, counted), never truncated"""
+    reassembly_timeout: float = 5.0
+    """seconds a fragmented packet waits for its missing fragments before it is dropped"""
+    reassembly_memory: int = 8388608
+    """bytes held at most by partly received fragmented packets, all senders together (oldest evicted)"""
+    max_neighbours: int = 64
+    """neighbours (configured plus those that said hello first)"""
+    max_nodes: int = 10000
+    """entries in the federation table"""
+    max_topics: int = 10000
+    """federated filters known at once"""
+
+    # Federation modes (docs/modes.md); the same on every node, except `owned` and `capability*`.
+    replication: RuleSetting = "interest"
+    """`interest` (to subscribers only), `full` (every broker, one tree: MQTT-ST) or {filter: full, ...}"""
+    replication_root: str = "lowest_id"
+    """root (core) of a replicated filter: `lowest_id`, or `capability` (highest C = a·L + b·M, ties by lowest id)"""
+    core_placement: RuleSetting = "election"
+    """`election` (lowest-id subscriber), `hash` (rendezvous over live members) or {filter: hash, ...}"""
+    owned: tuple[str, ...] = ()
+    """topic subtrees this node owns, e.g. ["kitchen/#"]: it is the core of every filter inside them"""
+    capability: int = 0
+    """this node's capability for `replication_root: capability`; 0: the daemon measures it at start-up"""
+    capability_cpu_weight: float = 1.0
+    """a in C = a·L + b·M: weight per MHz of CPU (summed over logical processors)"""
+    capability_memory_weight: float = 1.0
+    """b in C = a·L + b·M: weight per MiB of memory"""
+
+    # Observability.
+    stats_interval: float = 10.0
+    """seconds between `counters` events (packets and bytes by type)"""
+    rtt_smoothing: float = 0.125
+    """weight of a new RTT sample in the smoothed RTT (as TCP's alpha)"""
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None, where: str = "settings") -> Settings:
+        """Build from a YAML-like mapping; unknown keys and bad values raise SettingsError."""
+        values = dict(values or {})
+        known = {f.name: f for f in fields(cls)}
+        for key in values:
+            if key not in known:
+                raise SettingsError(
+                    f"{where}: unknown setting {key!r}; known settings are: {', '.join(sorted(known))}"
+                )
+        converted: dict[str, Any] = {}
+        for key, value in values.items():
+            if key in MODE_SETTINGS:
+                try:
+                    converted[key] = parse_mode_setting(key, value, f"{where}.{key}")
+                except ValueError as error:
+                    raise SettingsError(str(error)) from None
+                continue
+            default = known[key].default
+            if isinstance(default, bool) or not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise SettingsError(f"{where}.{key}: expected a number, got {value!r}")
+            if isinstance(default, int) and not isinstance(default, bool):
+                if isinstance(value, float) and not value.is_integer():
+                    raise SettingsError(f"{where}.{key}: expected a whole number, got {value!r}")
+                value = int(value)
+            else:
+                value = float(value)
+            converted[key] = value
+        settings = dataclasses.replace(cls(), **converted)
+        settings.validate(where)
+        return settings
+
+    def validate(self, where: str = "settings") -> None:
+        positive = [
+            "hello_interval", "announce_interval", "dead_intervals", "expire_intervals",
+            "redundancy", "max_hops", "duplicate_cache_size", "max_neighbours", "max_nodes",
+            "max_topics", "stats_interval", "max_held_publications", "retransmit_timeout", "retransmit_timeout_max",
+            "max_unacked",
+        ]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{where}.{name}: must be greater than 0, got {getattr(self, name)!r}")
+        for name in ("min_announce_gap", "publication_hold", "spf_delay", "spf_hold", "flood_delay"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{where}.{name}: must not be negative, got {getattr(self, name)!r}")
+        for name in ("capability", "capability_cpu_weight", "capability_memory_weight"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{where}.{name}: must not be negative, got {getattr(self, name)!r}")
+        if self.retransmit_limit < 0:
+            raise SettingsError(f"{where}.retransmit_limit: must not be negative, got {self.retransmit_limit!r}")
+        if self.retransmit_timeout_max < self.retransmit_timeout:
+            raise SettingsError(f"{where}.retransmit_timeout_max: must be at least retransmit_timeout "
+                                f"({self.retransmit_timeout}), got {self.retransmit_timeout_max!r}")
+        if not 0 < self.rtt_smoothing <= 1:
+            raise SettingsError(f"{where}.rtt_smoothing: must be in (0, 1], got {self.rtt_smoothing!r}")
+        if self.max_datagram != 0 and not 512 <= self.max_datagram <= LOOPBACK_DATAGRAM:
+            raise SettingsError(f"{where}.max_datagram: must be 512 to {LOOPBACK_DATAGRAM} bytes, or 0 to let the "
+                                f"wrapper choose, got {self.max_datagram!r}")
+        if self.max_packet < self.max_datagram:
+            raise SettingsError(f"{where}.max_packet: must be at least max_datagram ({self.max_datagram})")
+        if self.max_publication_bytes <= 0 or self.max_packet < self.max_publication_bytes + 1024:
+            raise SettingsError(f"{where}.max_publication_bytes: must be positive and at least 1024 bytes below "
+                                f"max_packet ({self.max_packet}), got {self.max_publication_bytes!r}; raise max_packet "
+                                f"with it (the default leaves 64 KiB for topic and properties)")
+        if self.reassembly_timeout <= 0:
+            raise SettingsError(f"{where}.reassembly_timeout: must be greater than 0, got {self.reassembly_timeout!r}")
+        if self.reassembly_memory < 2 * self.max_packet:
+            raise SettingsError(f"{where}.reassembly_memory: must hold two packets of max_packet "
+                                f"(at least {2 * self.max_packet}), got {self.reassembly_memory!r}")
+
+    def with_datagram_for(self, hosts: Iterable[str]) -> Settings:
+        """These settings with `max_datagram` 0 (choose) made a size for a node whose own and neighbours'
+        addresses are `hosts`: loopback only, nothing leaves the host and the whole 64 KiB fit one datagram
+        (runs of publications then travel in a few large datagrams instead of many small ones); any other
+        address, one datagram must cross an Ethernet path whole."""
+        if self.max_datagram:
+            return self
+        size = LOOPBACK_DATAGRAM if all(_is_loopback(host) for host in hosts) else NETWORK_DATAGRAM
+        return dataclasses.replace(self, max_datagram=min(size, self.max_packet))
+
+    @property
+    def neighbour_dead_after(self) -> float:
+        return self.hello_interval * self.dead_intervals
+
+    @property
+    def announcement_lifetime(self) -> float:
+        return self.announce_interval * self.expire_intervals
+
+    @classmethod
+    def documentation(cls) -> list[tuple[str, Any, str]]:
+        """(name, default, description) for every setting, read from the docstrings above."""
+        import ast
+        import inspect
+
+        source = inspect.getsource(cls)
+        tree = ast.parse(source)
+        docs: dict[str, str] = {}
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for index, statement in enumerate(body):
+            if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+                following = body[index + 1] if index + 1 < len(body) else None
+                if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+                    docs[statement.target.id] = " ".join(str(following.value.value).split())
+        return [(f.name, f.default, docs.get(f.name, "")) for f in fields(cls)]
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: resolved by the daemon before this, so not a loopback address we know of
+        return False

@@ -1,0 +1,1 @@
+"""Tools around the federation: the demo, the local launcher, benchmarks."""

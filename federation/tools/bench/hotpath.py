@@ -1,0 +1,328 @@
+"""`python -m federation.tools.bench.hotpath`: CPU per message through each stage of a wrapper's data path.
+
+Theory of operation: a federated publication costs one wrapper (A) a paho
+receive, `Node.local_publish_run` (QoS 0: a burst as one run, sent as `tb`,
+as the runtime hands it over; QoS 1: `Node.local_publish` each) and the
+envelope's batching, and the next wrapper (B) the envelope's checks,
+`Node.receive_datagram` and a paho publish; both write events to the
+event log. The end-to-end benchmark
+(`python -m federation.tools.bench`) shows the sum, and a whole-process profile
+mixes in the event loop and the brokers. This command runs every stage in
+one process, on two real `Node`s joined in memory (converged first: B
+subscribed to `bench/#`, A publishes `bench/...`) and a real
+`BrokerAdapter` whose paho client talks over a Unix socket pair instead of a
+broker (so the system calls paho makes per packet are counted too). Each
+stage is timed alone with process CPU time (`time.process_time`, so other
+processes competing for the CPU inflate it less than wall-clock time), on
+bursts of `--burst` messages as the runtime hands them over, repeated
+`--repeat` times; the median is printed in microseconds per message.
+`--profile STAGE` runs that stage under cProfile instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import os
+import pstats
+import random
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from federation.daemon.broker import BrokerAdapter
+from federation.daemon.broker_items import BrokerItem, Publication
+from federation.envelope.datagrams import Envelope
+from federation.protocol.node import Node
+from federation.protocol.types import Address, Event, Injection
+
+A = Address("127.0.0.10", 10500)
+B = Address("127.0.0.11", 10500)
+FILTER = "bench/#"
+STAGES = ("paho_receive", "node_originate", "envelope_send", "envelope_receive", "node_receive", "paho_publish",
+          "event_log")
+
+
+def publish_packet(topic: str, payload: bytes, qos: int, mid: int) -> bytes:
+    """An MQTT v5 PUBLISH as the broker sends it (no properties)."""
+    topic_bytes = topic.encode("utf-8")
+    body = len(topic_bytes).to_bytes(2, "big") + topic_bytes
+    if qos:
+        body += mid.to_bytes(2, "big")
+    body += b"\x00" + payload
+    length = len(body)
+    header = bytearray([0x30 | (qos << 1)])
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        header.append(byte | (0x80 if length else 0))
+        if not length:
+            break
+    return bytes(header) + body
+
+
+@dataclass
+class Pipeline:
+    """Two converged nodes, their envelopes, and a paho-backed adapter on a socket pair."""
+
+    qos: int
+    payload: bytes
+    publication_events: bool = True
+    now: float = 1000.0
+    items: list[BrokerItem] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.a = Node(A, [B], 1, random.Random(1), name="a")
+        self.b = Node(B, [A], 1, random.Random(2), name="b")
+        self.env_a = Envelope(A, 1)
+        self.env_b = Envelope(B, 1)
+        for node in (self.a, self.b):
+            node.start(self.now)
+        self.b.local_subscribe("bench-sub", FILTER, 2, self.now)
+        self._converge()
+        for node in (self.a, self.b):
+            node.publication_events = self.publication_events
+        self.loop = asyncio.new_event_loop()  # never run: the adapter only needs it to pick the loop-driven path
+        self.adapter = BrokerAdapter(Address("127.0.0.1", 1883), "hotpath", self.items.append, loop=self.loop)
+        self.mqtt_side, self.peer = socket.socketpair()
+        for sock in (self.mqtt_side, self.peer):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.mqtt_side.setblocking(False)
+        self.adapter.client._sock = self.mqtt_side  # type: ignore[assignment]  # what reconnect() would set
+        self.adapter._watched = self.mqtt_side
+        self.seq = 0
+
+    def _converge(self) -> None:
+        """Exchange datagrams with a simulated clock until a publication from A reaches B."""
+        for _ in range(200):
+            self.now += 0.05
+            for node in (self.a, self.b):
+                node.handle_timer(self.now)
+            self._exchange()
+            if self.a.mesh.topics.get(FILTER) is not None and self._probe():
+                self.a.events_emitted()
+                self.b.events_emitted()
+                return
+        raise RuntimeError("the two in-memory nodes did not converge; the benchmark cannot run")
+
+    def _exchange(self) -> None:
+        for _ in range(20):
+            moved = False
+            for node, env, other_node, other_env in ((self.a, self.env_a, self.b, self.env_b),
+                                                     (self.b, self.env_b, self.a, self.env_a)):
+                for data, to in node.datagrams_to_send():
+                    env.send(data, to, self.now)
+                for data, _to in env.datagrams_to_send(self.now):
+                    moved = True
+                    for packet in other_env.receive_datagram(data, node.address, self.now):
+                        other_node.receive_datagram(packet, node.address, self.now)
+            if not moved:
+                return
+
+    def _probe(self) -> bool:
+        self.a.local_publish("bench/probe", b"p", 0, False, None, self.now)
+        self._exchange()
+        return bool(self.b.injections_to_make())
+
+    # ------------------------------------------------------------ stages, one burst each
+
+    def run_burst(self, burst: int, timed: dict[str, float]) -> None:
+        clock = time.process_time
+        qos, payload = self.qos, self.payload
+        # Broker -> paho on A.
+        packets = b"".join(publish_packet(f"bench/t{i % 4}", payload, qos, (self.seq + i) % 65535 + 1)
+                           for i in range(burst))
+        self.seq += burst
+        self.peer.sendall(packets)
+        self.items.clear()
+        start = clock()
+        self.adapter._on_readable()
+        timed["paho_receive"] += clock() - start
+        self._drain_peer()
+        publications = [item for item in self.items if isinstance(item, Publication)]
+        if len(publications) != burst:
+            raise RuntimeError(f"paho delivered {len(publications)} of {burst} publications")
+        # Node A: originate.
+        now = self.now
+        a, b = self.a, self.b
+        start = clock()
+        if qos == 0:  # as the runtime hands a run of plain QoS 0 publications to the node
+            a.local_publish_run([(item.topic, item.payload) for item in publications], now)
+        else:
+            for item in publications:
+                a.local_publish(item.topic, item.payload, item.qos, item.retain, item.properties, now)
+        datagrams = a.datagrams_to_send()
+        events_a = a.events_emitted()
+        timed["node_originate"] += clock() - start
+        # Envelope A.
+        start = clock()
+        for data, to in datagrams:
+            self.env_a.send(data, to, now)
+        out = self.env_a.datagrams_to_send(now)
+        timed["envelope_send"] += clock() - start
+        # Envelope B, node B.
+        start = clock()
+        opened = [(packet, A) for data, _to in out for packet in self.env_b.receive_datagram(data, A, now)]
+        timed["envelope_receive"] += clock() - start
+        start = clock()
+        for packet, source in opened:
+            b.receive_datagram(packet, source, now)
+        injections = b.injections_to_make()
+        acks = b.datagrams_to_send()
+        events_b = b.events_emitted()
+        timed["node_receive"] += clock() - start
+        if len(injections) != burst:
+            raise RuntimeError(f"node B made {len(injections)} injections of {burst}")
+        # paho publish on B (into the socket pair).
+        start = clock()
+        self.adapter.publish_all(injections)
+        timed["paho_publish"] += clock() - start
+        self._drain_peer()
+        # Event log (JSON lines) on both wrappers.
+        start = clock()
+        self.event_sink(events_a)
+        self.event_sink(events_b)
+        timed["event_log"] += clock() - start
+        # Untimed: B's acknowledgements back to A, and completing paho's QoS 1/2 exchanges.
+        for data, to in acks:
+            self.env_b.send(data, to, now)
+        for data, _to in self.env_b.datagrams_to_send(now):
+            for packet in self.env_a.receive_datagram(data, B, now):
+                a.receive_datagram(packet, B, now)
+        a.datagrams_to_send()
+        a.events_emitted()
+        self._ack_paho(injections)
+        self.now += 0.001
+
+    event_sink: Callable[[list[Event]], None] = staticmethod(lambda batch: None)  # type: ignore[assignment]
+
+    def _drain_peer(self) -> None:
+        self.peer.setblocking(False)
+        try:
+            while self.peer.recv(1 << 20):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _ack_paho(self, injections: Sequence[Injection]) -> None:
+        """The broker's side of QoS 1/2: PUBACK / PUBREC+PUBCOMP for every message paho holds."""
+        client: Any = self.adapter.client
+        mids = list(client._out_messages)
+        if not mids:
+            return
+        acks = bytearray()
+        for mid in mids:
+            qos = client._out_messages[mid].qos
+            acks += bytes([0x40 if qos == 1 else 0x50, 2]) + mid.to_bytes(2, "big")
+        self.peer.sendall(bytes(acks))
+        self.adapter._on_readable()
+        self._drain_peer()
+        if any(client._out_messages[mid].qos == 2 for mid in mids if mid in client._out_messages):
+            self.peer.sendall(b"".join(bytes([0x70, 2]) + mid.to_bytes(2, "big")
+                                       for mid in list(client._out_messages)))
+            self.adapter._on_readable()
+            self._drain_peer()
+
+    def close(self) -> None:
+        self.adapter.client._sock = None
+        self.mqtt_side.close()
+        self.peer.close()
+        self.loop.close()
+
+
+def _event_log_sink(path: Path) -> tuple[Callable[[list[Event]], None], Callable[[], None]]:
+    from federation.daemon.event_log import EventLog
+    log = EventLog(path, None)
+    return log.write, log.close
+
+
+def measure(qos: int, size: int, burst: int, messages: int, repeat: int,
+            publication_events: bool = True) -> dict[str, float]:
+    """Median µs per message for every stage."""
+    per_stage: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    pipeline = Pipeline(qos, b"x" * size, publication_events)
+    write, close = _event_log_sink(Path(os.devnull))
+    pipeline.event_sink = write  # type: ignore[assignment]
+    try:
+        for _ in range(max(1, 2000 // burst)):  # warm-up: caches, allocator, paho's first packets
+            pipeline.run_burst(burst, {stage: 0.0 for stage in STAGES})
+        for _ in range(repeat):
+            timed = {stage: 0.0 for stage in STAGES}
+            for _ in range(max(1, messages // burst)):
+                pipeline.run_burst(burst, timed)
+            count = max(1, messages // burst) * burst
+            for stage in STAGES:
+                per_stage[stage].append(timed[stage] / count * 1e6)
+    finally:
+        close()
+        pipeline.close()
+    return {stage: statistics.median(values) for stage, values in per_stage.items()}
+
+
+def profile(stage: str, qos: int, size: int, burst: int, messages: int, lines: int,
+            publication_events: bool = True) -> str:
+    pipeline = Pipeline(qos, b"x" * size, publication_events)
+    write, close = _event_log_sink(Path(os.devnull))
+    pipeline.event_sink = write  # type: ignore[assignment]
+    profiler = cProfile.Profile()
+    timed = {s: 0.0 for s in STAGES}
+    try:
+        for _ in range(max(1, 2000 // burst)):
+            pipeline.run_burst(burst, timed)
+        profiler.enable()
+        for _ in range(max(1, messages // burst)):
+            pipeline.run_burst(burst, timed)
+        profiler.disable()
+    finally:
+        close()
+        pipeline.close()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(lines)
+    return out.getvalue()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m federation.tools.bench.hotpath",
+                                     description=__doc__.split("\n\n")[0])
+    # Not QoS 2: paho hands a received QoS 2 PUBLISH over only after the broker's PUBREL, which the
+    # stand-in broker here does not send.
+    parser.add_argument("--qos", type=int, nargs="+", default=[0, 1], choices=(0, 1))
+    parser.add_argument("--size", type=int, nargs="+", default=[64], help="payload bytes")
+    parser.add_argument("--burst", type=int, nargs="+", default=[1, 32],
+                        help="messages read from the broker in one pass (1: paced traffic; 32: a burst)")
+    parser.add_argument("--messages", type=int, default=5000, help="messages per repetition")
+    parser.add_argument("--repeat", type=int, default=5, help="repetitions; the median is printed")
+    parser.add_argument("--profile", choices=STAGES + ("all",), help="run under cProfile and print the top functions")
+    parser.add_argument("--publication-events", nargs="+", choices=("on", "off"), default=["on"],
+                        help="the per-publication events (off: as a wrapper whose event log does not keep them)")
+    args = parser.parse_args(argv)
+    if args.profile:
+        print(profile(args.profile, args.qos[0], args.size[0], args.burst[0], args.messages, 40,
+                      args.publication_events[0] == "on"))
+        return 0
+    header = ["events", "qos", "size", "burst", *STAGES, "total"]
+    print(" ".join(f"{h:>16}" if i >= 4 else f"{h:>6}" if i == 0 else f"{h:>5}" for i, h in enumerate(header)))
+    for events_wanted in args.publication_events:
+        for qos in args.qos:
+            for size in args.size:
+                for burst in args.burst:
+                    result = measure(qos, size, burst, args.messages, args.repeat, events_wanted == "on")
+                    cells = [f"{events_wanted:>6}", f"{qos:>5}", f"{size:>5}", f"{burst:>5}"]
+                    cells += [f"{result[stage]:>16.1f}" for stage in STAGES]
+                    cells.append(f"{sum(result.values()):>16.1f}")
+                    print(" ".join(cells), flush=True)
+    print(f"µs of process CPU per message, median of {args.repeat} x {args.messages} messages; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

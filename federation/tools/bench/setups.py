@@ -1,0 +1,199 @@
+"""The three things the benchmark compares, started on loopback: one broker, a bridge chain, a federation.
+
+Theory of operation: every setup is a `federation.tools.launch.LocalFederation`, so
+all brokers are rendered from the same template (configs/mosquitto.conf),
+started and stopped by the same code, and differ only in what joins them:
+
+* `single`: one broker; publisher and subscriber both on it. The clients'
+  own ceiling, and the latency floor.
+* `bridge-N`: N brokers in a line, broker i carrying a Mosquitto bridge to
+  broker i+1 (`topic bench/# out 1`: every bench message, QoS kept up to 1).
+  No wrappers run.
+* `federation-N`: the same N brokers in a line joined by our wrappers
+  (default protocol settings), nothing else.
+
+Publisher on the first broker, subscriber on the last. Two changes to the
+rendered configs apply to every setup alike:
+
+* `log_type all` becomes the list of log types the wrapper reads
+  (`WRAPPER_LOG_TYPES`). `log_type all` includes `debug`, which makes
+  Mosquitto write two lines per message to its log file ("Received PUBLISH
+  ...", "Sending PUBLISH ..."); the wrapper never sees debug lines (they are
+  not published on `$SYS/broker/log`), so they are pure cost, and they would
+  load the disk of a benchmark that moves millions of messages.
+* `set_tcp_nodelay true`: without it Mosquitto's sends to a QoS 0
+  subscriber wait for Nagle's algorithm, and a 1 KB message at 1,000/s takes
+  about 20 ms on one broker instead of 0.15 ms (measured; docs/benchmarks.md).
+
+Each setup gets its own /24 of loopback addresses (127.0.<subnet>.10 and up),
+away from the tests' 127.0.40+ and the demo's 127.0.0.10.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from federation.harness.nodeconfig import WRAPPER_LOG_TYPES
+from federation.protocol import events
+from federation.tools.launch import BROKER_PORT, FederationNode, LaunchError, LocalFederation, line, node_names
+
+BRIDGE_TOPIC = "bench/#"
+BRIDGE_RESTART_TIMEOUT = 1
+"""seconds a bridge waits before retrying its connection (the next broker may start after it)"""
+CONVERGE_TIMEOUT = 30.0
+"""seconds a federation gets to converge after its wrappers start"""
+SETUP_KINDS = ("single", "bridge", "federation")
+
+
+@dataclass(frozen=True)
+class SetupSpec:
+    """What to start: a kind and a number of brokers (`single` has 1)."""
+
+    kind: str
+    brokers: int
+
+    @property
+    def name(self) -> str:
+        return "single" if self.kind == "single" else f"{self.kind}-{self.brokers}"
+
+    @staticmethod
+    def parse(text: str) -> SetupSpec:
+        """'single', 'bridge-3', 'federation-2' -> SetupSpec; ValueError naming the accepted forms."""
+        if text == "single":
+            return SetupSpec("single", 1)
+        kind, _, count = text.partition("-")
+        if kind in ("bridge", "federation") and count.isdigit() and int(count) >= 2:
+            return SetupSpec(kind, int(count))
+        raise ValueError(f"setup {text!r}: expected single, bridge-N or federation-N with N >= 2")
+
+
+def bridge_lines(index: int, target_host: str, port: int = BROKER_PORT) -> list[str]:
+    """The mosquitto.conf bridge section that forwards every bench message from broker `index` to the next."""
+    return [
+        "",
+        "# bench: bridge to the next broker of the line",
+        f"connection bench-bridge-{index}",
+        f"address {target_host}:{port}",
+        f"topic {BRIDGE_TOPIC} out 1",
+        "cleansession true",
+        f"restart_timeout {BRIDGE_RESTART_TIMEOUT}",
+        "notifications false",
+    ]
+
+
+def bench_conf(rendered: str, bridge: list[str] | None) -> str:
+    """A config rendered by `federation.tools.launch` with the bench's log types and, optionally, a bridge."""
+    lines = [raw for raw in rendered.splitlines() if raw.split() != ["log_type", "all"]]
+    active = {" ".join(raw.split()) for raw in lines if not raw.lstrip().startswith("#")}
+    lines += [wanted for wanted in (*WRAPPER_LOG_TYPES, "set_tcp_nodelay true") if wanted not in active]
+    return "\n".join(lines + (bridge or [])) + "\n"
+
+
+class BenchBrokers(LocalFederation):
+    """A LocalFederation whose broker configs get the bench's log types and, with `bridges`, a bridge from
+    each broker to the next in name order; without `publication_events`, the wrappers' event logs keep every
+    event type but the per-publication ones (so the nodes do not make those: docs/daemon.md "Event log")."""
+
+    def __init__(self, names: Sequence[str], links: Sequence[tuple[str, str]], workdir: Path, first_address: str,
+                 bridges: bool, publication_events: bool = True) -> None:
+        super().__init__(list(names), links, workdir, first_address=first_address)
+        self.bridges = bridges
+        self.publication_events = publication_events
+
+    def _write_configs(self, node: FederationNode) -> None:  # extends LocalFederation's rendering
+        super()._write_configs(node)
+        order = list(self.nodes)
+        bridge = None
+        if self.bridges and node.index + 1 < len(order):
+            bridge = bridge_lines(node.index, self.nodes[order[node.index + 1]].host)
+        node.broker_conf.write_text(bench_conf(node.broker_conf.read_text(encoding="utf-8"), bridge),
+                                    encoding="utf-8")
+        if not self.publication_events:
+            config = yaml.safe_load(node.wrapper_config.read_text(encoding="utf-8")) or {}
+            config["event_types"] = [kind for kind in events.ALL if kind not in events.PER_PUBLICATION]
+            node.wrapper_config.write_text(yaml.safe_dump(config), encoding="utf-8")
+
+
+class Setup:
+    """One started setup: where to publish and subscribe, and which processes to charge CPU time to."""
+
+    def __init__(self, spec: SetupSpec, workdir: Path, subnet: int, publication_events: bool = True) -> None:
+        self.spec = spec
+        names = node_names(spec.brokers)
+        links = line(names) if spec.kind == "federation" else []
+        self.brokers = BenchBrokers(names, links, workdir / spec.name, f"127.0.{subnet}.10",
+                                    bridges=spec.kind == "bridge", publication_events=publication_events)
+
+    def start(self) -> None:
+        """Start the brokers (and the wrappers, for a federation, until they converge); LaunchError on failure."""
+        if self.spec.kind == "federation":
+            self.brokers.start()
+            try:
+                self.brokers.wait_converged(timeout=CONVERGE_TIMEOUT)
+            except LaunchError:
+                self.brokers.stop()
+                raise
+        else:
+            self.brokers.start_brokers()
+
+    def stop(self) -> None:
+        self.brokers.stop()
+
+    @property
+    def publish_host(self) -> str:
+        return next(iter(self.brokers.nodes.values())).host
+
+    @property
+    def subscribe_host(self) -> str:
+        return list(self.brokers.nodes.values())[-1].host
+
+    def broker_pids(self) -> list[int]:
+        return [node.broker_process.pid for node in self.brokers.nodes.values() if node.broker_process is not None]
+
+    def wrapper_pids(self) -> list[int]:
+        return [node.wrapper_process.pid for node in self.brokers.nodes.values()
+                if node.wrapper_process is not None]
+
+    def wrapper_drops(self) -> dict[str, int]:
+        """Every wrapper's drop counters summed by reason, with the kernel's count of datagrams dropped for
+        a full receive buffer as `kernel_receive`: where a federation run's losses happened. Empty for
+        bridges; a wrapper that does not answer is left out (the run still counts what arrived)."""
+        totals: dict[str, int] = {}
+        if self.spec.kind != "federation":
+            return totals
+        for status in self.brokers.statuses().values():
+            if status is None:
+                continue
+            counts = dict(status.get("drops", {}))
+            counts["kernel_receive"] = status.get("daemon", {}).get("overload", {}).get("kernel_receive_drops") or 0
+            for reason, count in counts.items():
+                totals[reason] = totals.get(reason, 0) + int(count)
+        return totals
+
+    def check_running(self) -> None:
+        """LaunchError if a broker or wrapper of this setup has exited."""
+        for node in self.brokers.nodes.values():
+            if not node.broker_running or (self.spec.kind == "federation" and not node.wrapper_running):
+                raise LaunchError(f"{self.spec.name}: a process of {node.name} exited:\n{node.diagnostics()}")
+
+    def diagnostics(self) -> str:
+        return self.brokers.diagnostics()
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of a running process (all its threads); 0.0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    fields = text[text.rindex(b")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
