@@ -115,7 +115,7 @@ def test_replay_does_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
         "import json, sys\n"
         "from federation.scenario.loader import parse_scenario\n"
         "from federation.sim import run_scenario\n"
-        "from tests.test_sim_scenarios import INLINE_RING\n"
+        "from test_sim_scenarios import INLINE_RING\n"
         "report = run_scenario(parse_scenario(INLINE_RING, 'inline-ring'), seed=1, events_path=sys.argv[1])\n"
         "report.pop('wall_seconds')\n"
         "print(json.dumps(report, sort_keys=True))\n"
@@ -123,7 +123,8 @@ def test_replay_does_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
     outputs = []
     for hash_seed in ("1", "2"):
         events = tmp_path / f"events-{hash_seed}.jsonl"
-        environment = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
+        search_path = os.pathsep.join([str(ROOT), str(Path(__file__).resolve().parent)])
+        environment = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=search_path)
         result = subprocess.run([sys.executable, "-c", script, str(events)], cwd=ROOT, env=environment,
                                 capture_output=True, text=True, check=True, timeout=120)
         outputs.append((result.stdout, events.read_bytes()))
