@@ -1,0 +1,181 @@
+"""The origin's custody spool: QoS 1/2 publications taken from the local broker and not yet delivered everywhere.
+
+Theory of operation
+-------------------
+The broker forgets a QoS 1/2 publication once the wrapper acknowledges it. So the wrapper acknowledges only
+what it can no longer lose: per read pass it gives the publications their ids, appends them to this spool in
+one write (`federation.daemon.record_log`: survives a killed process), and only then sends the PUBACKs
+(PUBREC/PUBCOMP for QoS 2). An entry stays until the node reports the publication's custody complete (every
+next hop acknowledged it, and every hop after them, docs/protocol.md "Custody"), or until a bound drops it
+(`due_to_drop`). A restarted wrapper replays the live entries into its node with their original ids, before it
+reads anything new from its broker, so receivers recognise what they already have and order is kept.
+
+Records (msgpack arrays): `["p", epoch, seq, topic, payload, qos, retain, properties, received_at]` for a
+publication taken into custody, `["d", epoch, seq]` for one released or dropped. `received_at` is wall-clock
+seconds: a publication's MQTT message expiry counts from it, and so does `max_age`. The file is compacted
+(`RecordLog.rewrite`) when dead records outweigh live ones by `COMPACT_RATIO` and it is over
+`COMPACT_MIN_BYTES`.
+
+Bounds, each a documented setting: `max_bytes` (payload bytes in custody) and `max_age` (seconds). Over
+`high_water` of `max_bytes` the runtime stops reading from its broker (it queues for the wrapper's
+persistent session) until the spool drains below `low_water`; a publication is dropped only when it is over
+`max_age` or its message expiry, and each drop is counted, logged and reported by the caller.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from federation.daemon.record_log import RecordLog
+
+COMPACT_RATIO = 4
+"""compact when the file holds more than this many times the bytes of the live entries"""
+COMPACT_MIN_BYTES = 1024 * 1024
+"""never compact a file smaller than this"""
+
+SpoolId = tuple[int, int]
+"""(epoch, seq) of a publication this wrapper originated"""
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledPublication:
+    epoch: int
+    seq: int
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    properties: dict[str, Any] | None
+    received_at: float
+    """wall-clock seconds when the broker handed it over"""
+
+    @property
+    def key(self) -> SpoolId:
+        return (self.epoch, self.seq)
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + len(self.topic) + 64
+
+    def expires_at(self) -> float | None:
+        """Wall-clock seconds at which its MQTT message expiry ends, if it has one."""
+        interval = (self.properties or {}).get("message_expiry_interval")
+        return None if interval is None else self.received_at + float(interval)
+
+    def encode(self) -> bytes:
+        data: bytes = msgpack.packb(["p", self.epoch, self.seq, self.topic, self.payload, self.qos, self.retain,
+                                     self.properties, self.received_at], use_bin_type=True)
+        return data
+
+
+@dataclass(frozen=True)
+class SpoolLimits:
+    max_bytes: int = 256 * 1024 * 1024
+    max_age: float = 24 * 3600.0
+    high_water: float = 0.75
+    low_water: float = 0.5
+
+
+class Spool:
+    def __init__(self, log: RecordLog, limits: SpoolLimits = SpoolLimits()) -> None:
+        self.log = log
+        self.limits = limits
+        self.entries: OrderedDict[SpoolId, SpooledPublication] = OrderedDict()
+        """live entries, oldest first"""
+        self.live_bytes = 0
+        self.undecodable = 0
+        """records found at open that could not be read (counted, skipped)"""
+        for record in log.loaded():
+            self._load(record)
+        self.recovered_count = len(self.entries)
+        self.paused = False
+        """over the high-water mark: the runtime does not read from its broker"""
+
+    def _load(self, record: bytes) -> None:
+        try:
+            fields = msgpack.unpackb(record, raw=False)
+            kind = fields[0]
+            if kind == "p":
+                entry = SpooledPublication(int(fields[1]), int(fields[2]), str(fields[3]), bytes(fields[4]),
+                                           int(fields[5]), bool(fields[6]), fields[7], float(fields[8]))
+                self._keep(entry)
+            elif kind == "d":
+                self._forget((int(fields[1]), int(fields[2])))
+            else:
+                self.undecodable += 1
+        except (ValueError, TypeError, IndexError, msgpack.UnpackException):
+            self.undecodable += 1
+
+    def _keep(self, entry: SpooledPublication) -> None:
+        if entry.key not in self.entries:
+            self.entries[entry.key] = entry
+            self.live_bytes += entry.size
+
+    def _forget(self, key: SpoolId) -> bool:
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            return False
+        self.live_bytes -= entry.size
+        return True
+
+    # ------------------------------------------------------------ use
+
+    def recovered(self) -> list[SpooledPublication]:
+        """The live entries, oldest first: at start, what a previous run left in custody."""
+        return list(self.entries.values())
+
+    def add(self, publications: list[SpooledPublication]) -> None:
+        """Take publications into custody: durable when this returns (then acknowledge them to the broker)."""
+        if not publications:
+            return
+        self.log.append([publication.encode() for publication in publications])
+        for publication in publications:
+            self._keep(publication)
+        self._update_pause()
+
+    def release(self, keys: Iterable[SpoolId]) -> int:
+        """Custody complete (or the publication dropped): forget these; returns how many were held."""
+        released = [key for key in keys if self._forget(key)]
+        if released:
+            self.log.append([msgpack.packb(["d", epoch, seq]) for epoch, seq in released])
+            self._update_pause()
+            self._maybe_compact()
+        return len(released)
+
+    def due_to_drop(self, now_wall: float) -> list[tuple[SpooledPublication, str]]:
+        """Entries over `max_age` or past their message expiry, with the reason (the caller drops and reports
+        them, then calls `release`)."""
+        found: list[tuple[SpooledPublication, str]] = []
+        horizon = now_wall - self.limits.max_age
+        for entry in self.entries.values():
+            if entry.received_at < horizon:
+                found.append((entry, "spool_age"))
+                continue
+            expires = entry.expires_at()
+            if expires is not None and expires <= now_wall:
+                found.append((entry, "expired"))
+        return found
+
+    def _update_pause(self) -> None:
+        limit = self.limits.max_bytes
+        if self.paused:
+            self.paused = self.live_bytes > limit * self.limits.low_water
+        else:
+            self.paused = self.live_bytes >= limit * self.limits.high_water
+
+    def _maybe_compact(self) -> None:
+        size = self.log.size_bytes
+        if size >= COMPACT_MIN_BYTES and size > COMPACT_RATIO * max(self.live_bytes, 1):
+            self.log.rewrite(entry.encode() for entry in self.entries.values())
+
+    def status(self) -> dict[str, Any]:
+        oldest = next(iter(self.entries.values()), None)
+        return {"publications": len(self.entries), "bytes": self.live_bytes, "max_bytes": self.limits.max_bytes,
+                "paused": self.paused, "file_bytes": self.log.size_bytes, "recovered": self.recovered_count,
+                "undecodable": self.undecodable,
+                "oldest_received_at": None if oldest is None else round(oldest.received_at, 3)}
