@@ -21,9 +21,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS_MODULE = "federation.protocol.events"
 
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
 
 @dataclass
 class Module:
+    """One parsed source file, with the names the resolver looks up in it."""
+
     name: str
     path: Path
     tree: ast.Module
@@ -33,7 +37,7 @@ class Module:
     """local name -> (module, name) for `from module import name`"""
     aliases: dict[str, str] = field(default_factory=dict)
     """local name -> module for `from package import module` and `import module as alias`"""
-    function_of: dict[int, ast.FunctionDef | ast.AsyncFunctionDef | None] = field(default_factory=dict)
+    function_of: dict[int, Function | None] = field(default_factory=dict)
     """id(node) -> the innermost function around it"""
 
 
@@ -47,9 +51,6 @@ class EmitSite:
     closed: bool
     """False when some fields come from an expression the scanner cannot follow (`**something`)"""
     where: str
-
-
-Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 class Source:
