@@ -79,3 +79,11 @@ def test_the_publication_drops_match_the_publication_dropped_reasons() -> None:
     documented = reported_as("publication_dropped")
     assert all(documented.values()), f"give the publication_dropped reason: {documented}"
     assert set(documented.values()) == whole_source().event_values("publication_dropped", "reason")
+
+
+def test_the_protocol_spec_names_no_reason_the_table_lacks() -> None:
+    """docs/protocol.md keeps the exact decoding and envelope checks (their order is the spec); their reasons
+    must be the ones docs/drops.md lists."""
+    named = {reason for heading in ("Strict decoding", "Receiving")
+             for row in table("protocol.md", heading) for reason in backticked(row["reason"])}
+    assert named <= set(rows()), f"docs/protocol.md names reasons docs/drops.md lacks: {sorted(named - set(rows()))}"
