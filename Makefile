@@ -1,6 +1,7 @@
 PYTHON ?= python3
 
-# `make test` runs the default selection; slow simulations, benchmarks and LXD are opt-in.
+# `make test` runs the linter and the type checker, then the default test selection (each step stops
+# the run when it fails); slow simulations, benchmarks and LXD are opt-in.
 DEFAULT_MARKERS = not lxd and not bench and not slow
 
 .PHONY: install test test-all lint demo
@@ -8,15 +9,15 @@ DEFAULT_MARKERS = not lxd and not bench and not slow
 install:
 	PYTHON=$(PYTHON) bash scripts/install-deps.sh
 
-test: install
-	$(PYTHON) -m pytest -q -m "$(DEFAULT_MARKERS)"
-
-test-all: install
-	$(PYTHON) -m pytest -q -m "not lxd and not bench"
-
 lint: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy federation
+
+test: lint
+	$(PYTHON) -m pytest -q -m "$(DEFAULT_MARKERS)"
+
+test-all: lint
+	$(PYTHON) -m pytest -q -m "not lxd and not bench"
 
 demo: install
 	$(PYTHON) -m federation.tools.demo
