@@ -232,7 +232,7 @@ class BrokerAdapter:
         self._retry_delay = RECONNECT_MIN_DELAY
         self._connect_handle: asyncio.Handle | None = None
         self._connecting: asyncio.Future[Any] | None = None
-        self._misc_handle: asyncio.TimerHandle | None = None
+        self._keepalive_handle: asyncio.TimerHandle | None = None
         self._available = array.array("i", [0])
         self._paused = False
         self._read_retry: asyncio.Handle | None = None
@@ -259,7 +259,7 @@ class BrokerAdapter:
             self.client.loop_start()
             return
         self._connect_handle = loop.call_soon(self._connect)
-        self._misc_handle = loop.call_later(MISC_INTERVAL, self._misc)
+        self._keepalive_handle = loop.call_later(MISC_INTERVAL, self._keepalive)
 
     def publish(self, injection: Injection) -> bool:
         """Publish a remote publication into the broker; False if paho refused it (not connected, QoS 0)."""
@@ -313,7 +313,7 @@ class BrokerAdapter:
                     qos = injection.qos if injection.qos < max_qos else max_qos
                     if qos == 1:
                         if count:
-                            self._send_run(client, run, count)
+                            self._send_qos0_run(client, run, count)
                             run, count = bytearray(), 0
                         qos1.append(injection)
                         continue
@@ -327,18 +327,19 @@ class BrokerAdapter:
                     self._send_qos1_run(client, qos1)
                     qos1 = []
                 if count:
-                    self._send_run(client, run, count)
+                    self._send_qos0_run(client, run, count)
                     run, count = bytearray(), 0
                 self.publish(injection)
             if count:
-                self._send_run(client, run, count)
+                self._send_qos0_run(client, run, count)
             if qos1:
                 self._send_qos1_run(client, qos1)
         finally:
             if corked and sock is self._watched:  # not if the connection dropped meanwhile
                 _set_cork(sock, False)
 
-    def _send_run(self, client: LeanClient, run: bytearray, count: int) -> None:
+    def _send_qos0_run(self, client: LeanClient, run: bytearray, count: int) -> None:
+        """`count` QoS 0 PUBLISH packets built in `run`, written with one `send`."""
         if client.send_qos0(run) != MQTTErrorCode.MQTT_ERR_SUCCESS:
             self.inject_failed += count  # not connected: paho refuses QoS 0 publications too
             return
@@ -392,10 +393,10 @@ class BrokerAdapter:
             finally:
                 self.client.loop_stop()
             return
-        for handle in (self._connect_handle, self._misc_handle):
+        for handle in (self._connect_handle, self._keepalive_handle):
             if handle is not None:
                 handle.cancel()
-        self._connect_handle = self._misc_handle = None
+        self._connect_handle = self._keepalive_handle = None
         self.client.disconnect()  # writes DISCONNECT at once and closes the socket (paho calls _on_socket_close)
 
     # Driving paho from the asyncio loop (loop thread, except `_blocking_connect`).
@@ -429,7 +430,7 @@ class BrokerAdapter:
             self._deliver(ConnectFailed())
             self._schedule_connect()
             return
-        self._after_io()  # CONNECT may still wait in paho's queue
+        self._write_pending()  # CONNECT may still wait in paho's queue
 
     def _schedule_connect(self) -> None:
         if self._stopping or self._connect_handle is not None or self._connecting is not None:
@@ -449,7 +450,7 @@ class BrokerAdapter:
         self._watched = sock
         if not self._paused:
             self._loop.add_reader(sock, self._on_readable)
-        self._after_io()
+        self._write_pending()
 
     def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         """paho is about to close `sock`: stop watching it first, so its descriptor number can be reused."""
@@ -493,7 +494,7 @@ class BrokerAdapter:
                 break
         if client.buffered() and client.socket() is sock:
             self._schedule_read_retry()  # the socket may not wake us for what we hold already
-        self._after_io()
+        self._write_pending()
         if self._completed:
             self._completed = False
             if self._on_completed is not None:
@@ -510,7 +511,7 @@ class BrokerAdapter:
         if not self._paused and self._watched is not None:
             self._on_readable()
 
-    def _after_io(self) -> None:
+    def _write_pending(self) -> None:
         """Packets queued inside paho's callbacks (SUBSCRIBE in on_connect) or refused by a full socket wait
         in paho's queue: write them now, and watch for writability if some remain."""
         client = self.client
@@ -538,12 +539,14 @@ class BrokerAdapter:
             if self._on_completed is not None:
                 self._on_completed()
 
-    def _misc(self) -> None:
+    def _keepalive(self) -> None:
+        """paho's `loop_misc` every MISC_INTERVAL: a PINGREQ when due, the connection closed when the broker's
+        answer is overdue."""
         assert self._loop is not None
-        self._misc_handle = self._loop.call_later(MISC_INTERVAL, self._misc)
+        self._keepalive_handle = self._loop.call_later(MISC_INTERVAL, self._keepalive)
         if self._watched is not None:
             self.client.loop_misc()
-            self._after_io()
+            self._write_pending()
 
     # paho's callbacks: paho's thread, or the loop's.
 

@@ -78,7 +78,7 @@ class BrokerHealth:
         """Connections made after the first."""
         return max(0, self.connections - 1)
 
-    def log_line(self) -> None:
+    def count_log_line(self) -> None:
         """Count one line read from `$SYS/broker/log/#`."""
         self.log_lines += 1
         self._log_lines_this_connection += 1

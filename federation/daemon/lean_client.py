@@ -200,7 +200,7 @@ class LeanClient(mqtt.Client):
                     except OSError:
                         data = b""  # paho's read below meets the error (or the end) again and handles it
                     self._read_sock, self._read_data, self._read_pos = self._sock, data, 0
-                parsed = self._parse_publishes(limit - count)
+                parsed = self._parse_publishes_and_acks(limit - count)
                 if parsed:
                     count += parsed
                     continue
@@ -213,7 +213,7 @@ class LeanClient(mqtt.Client):
             count += 1
         return count
 
-    def _parse_publishes(self, limit: int) -> int:
+    def _parse_publishes_and_acks(self, limit: int) -> int:
         """At most `limit` complete QoS 0/1 PUBLISH packets without properties from the front of the read
         buffer, to `lean_publish`, and successful PUBACKs (`_complete_lean`); how many. Stops at the first
         packet that is anything else."""

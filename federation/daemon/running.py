@@ -139,7 +139,7 @@ class Running:
         """the look at the broker again once a neighbour's hold on us ends, while one is pending"""
         self._flush_handle = loop.call_later(EVENT_LOG_FLUSH_INTERVAL, self._periodic_flush)
         self._drops_handle = loop.call_later(KERNEL_DROPS_CHECK_INTERVAL, self._check_kernel_drops)
-        protocol.attach(self._on_datagram, self._on_status, self._on_send_resumed)
+        protocol.attach(self._on_datagram, self._answer_status, self._on_send_resumed)
 
     @property
     def sock(self) -> socket.socket:
@@ -205,9 +205,9 @@ class Running:
     # ------------------------------------------------------------ inputs
 
     def _on_datagram(self, data: bytes, source: Address) -> None:
-        self._data_pass(self._receive(self.node, [(data, source)]))
+        self._data_pass(self._receive_datagrams(self.node, [(data, source)]))
 
-    def _receive(self, node: Node, datagrams: list[tuple[bytes, Address]]) -> float:
+    def _receive_datagrams(self, node: Node, datagrams: list[tuple[bytes, Address]]) -> float:
         """`datagrams`, and every one waiting in the socket: control packets to the node now, `tm` queued.
 
         Returns the time they were handled at, read after the socket: every one of them arrived before it,
@@ -246,7 +246,8 @@ class Running:
 
     def _scheduled_data_pass(self) -> None:
         self._data_pass_scheduled = False
-        self._data_pass(self._receive(self.node, []))  # what arrived meanwhile: its hellos go before the next slice
+        # what arrived meanwhile: its hellos go before the next slice
+        self._data_pass(self._receive_datagrams(self.node, []))
 
     def _data_pass(self, now: float) -> None:
         """Handle one slice of queued `tm`; the rest in later loop passes, each reading the socket first."""
@@ -293,7 +294,7 @@ class Running:
                 node.local_publish_run(run, now)
                 run = []
             if isinstance(item, LogLine):
-                self.broker_health.log_line()
+                self.broker_health.count_log_line()
                 for event in self.tracker.feed(item.topic, item.payload):
                     changed = self.subscriptions.apply(event, node, now) or changed
             else:
@@ -323,7 +324,8 @@ class Running:
                         "refusals are counted as drop publication_too_large and logged once a minute)",
                         item.topic, len(item.payload), limit)
 
-    def _on_status(self, addr: Any) -> None:
+    def _answer_status(self, addr: Any) -> None:
+        """A status request from this host (udp.py checked): the status document, to `addr`."""
         try:
             reply = encode_reply(self.status_document())
         except (TypeError, ValueError) as error:  # a bug, not a reason to stop the daemon
@@ -334,20 +336,25 @@ class Running:
     # ------------------------------------------------------------ outputs
 
     def _drain_outputs(self, now: float) -> None:
+        """Everything the node and the envelope have to give, to where it goes (`_route_outputs`); then the
+        timer is re-armed."""
         try:
-            self._send_outputs(now)
+            self._route_outputs(now)
         finally:  # whatever fails, the timer keeps running; after the sends, which it does not delay
             self._schedule_rearm()
 
-    def _send_outputs(self, now: float) -> None:
+    def _route_outputs(self, now: float) -> None:
+        """The node's packets through the envelope (batched, fragmented, signed) to the socket, its injections
+        to the broker (or the bounded queue), its events and the envelope's drops to the counters and the
+        event log; and the broker's reading paused or resumed."""
         node = self.node
         paced_until = node.pacing.paced(now)  # first: a hold that ended makes the ready we owe upstream
-        datagrams = node.datagrams_to_send()
-        if datagrams and self.protocol.writing_paused:
-            datagrams = self.flow.shed(node, datagrams, now)
-        envelope = self.envelope  # batch, fragment, sign
-        for data, target in datagrams:
-            envelope.send(data, target, now)
+        packets = node.datagrams_to_send()
+        if packets and self.protocol.writing_paused:
+            packets = self.flow.shed(node, packets, now)
+        envelope = self.envelope
+        for packet, target in packets:
+            envelope.send(packet, target, now)
         transport = self.transport
         for data, target in envelope.datagrams_to_send(now):
             transport.sendto(data, (target.host, target.port))

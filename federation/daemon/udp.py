@@ -237,10 +237,10 @@ class OverlayProtocol(asyncio.DatagramProtocol):
         self.on_resume_writing()
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        if self._overlay(data, addr):
+        if self._for_node(data, addr):
             self.on_datagram(data, source_address(addr))
 
-    def _overlay(self, data: bytes, addr: Any) -> bool:
+    def _for_node(self, data: bytes, addr: Any) -> bool:
         """False for a status request (handled here), True for a datagram for the node."""
         if data.startswith(STATUS_MAGIC):
             if addr[0] in self.local:
@@ -273,7 +273,7 @@ class OverlayProtocol(asyncio.DatagramProtocol):
                 if self.transport is None or self.transport.is_closing():
                     break
                 continue
-            if self._overlay(data, addr):
+            if self._for_node(data, addr):
                 out.append((data, source_address(addr)))
         return out
 

@@ -225,7 +225,7 @@ def test_a_full_receive_backlog_counts_every_drop_and_reports_them_with_the_publ
             for seq in range(1, 9):
                 envelope.send(tm(seq), wrapper.config.bind)
             datagrams = [(data, ORIGIN) for data, _ in envelope.datagrams_to_send()]
-            wrapper._receive(node, datagrams)
+            wrapper._receive_datagrams(node, datagrams)
             assert len(wrapper.receive_backlog) == 3
             assert node.drops["receive_backlog_qos0"] == 5
             dropped = [e for e in node.events_emitted() if e.type == "publication_dropped"]
@@ -545,7 +545,7 @@ def test_a_long_receive_backlog_tells_its_source_rb_and_ready_once_worked_off() 
                 envelope = Envelope(peer_address, 1)
                 for seq in range(1, node.pacing.high + 1):
                     envelope.send(tm(seq, origin=peer_address), wrapper.config.bind)
-                wrapper._receive(node, [(data, peer_address) for data, _ in envelope.datagrams_to_send()])
+                wrapper._receive_datagrams(node, [(data, peer_address) for data, _ in envelope.datagrams_to_send()])
                 wrapper._drain_outputs(wrapper.clock.now())
                 assert node.pacing.busy and len(wrapper.receive_backlog) == node.pacing.high
                 assert kinds_received(peer) == [(wire.RECEIVER_BUSY, node.pacing.hold)]
