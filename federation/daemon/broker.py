@@ -48,7 +48,8 @@ recovered then.
 Remote publications are injected with `publish` on this same connection:
 no_local then keeps the broker from echoing them back, which is what stops a
 federated publication from being federated again. MQTT v5 properties travel
-as a plain dict (keys as in docs/protocol.md, `tm.properties`).
+as a plain dict (keys as in docs/protocol.md, `tm.properties`; converted by
+mqtt_properties.py).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ from federation.daemon.broker_items import (
 )
 from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
 from federation.daemon.lean_client import LeanClient, lean_qos0_publish
+from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
 from federation.protocol.types import Address, Injection
 
 log = logging.getLogger("federation.daemon.broker")
@@ -104,65 +106,6 @@ MISC_INTERVAL = 1.0
 """seconds between calls of paho's `loop_misc` (keepalive, ping timeout) on an asyncio loop"""
 MAX_PACKETS_PER_WAKEUP = 256
 """packets read from the broker in one pass before the event loop gets to run other callbacks"""
-
-# tm.properties key -> paho Properties attribute, for single-valued properties.
-_SCALAR_PROPERTIES = (
-    ("content_type", "ContentType", str),
-    ("response_topic", "ResponseTopic", str),
-    ("correlation_data", "CorrelationData", bytes),
-    ("payload_format_indicator", "PayloadFormatIndicator", int),
-    ("message_expiry_interval", "MessageExpiryInterval", int),
-)
-_INTEGER_RANGES: dict[str, tuple[int, int]] = {
-    "payload_format_indicator": (0, 1),
-    "message_expiry_interval": (0, 2**32 - 1),
-}
-
-
-# ------------------------------------------------------------------ properties
-
-
-def properties_to_dict(properties: Properties | None) -> dict[str, Any] | None:
-    """The v5 properties worth carrying, as a plain dict (None when there are none)."""
-    if properties is None:
-        return None
-    carried: dict[str, Any] = {}
-    user = getattr(properties, "UserProperty", None)
-    if user:
-        carried["user_property"] = [[str(name), str(value)] for name, value in user]
-    for key, attribute, _kind in _SCALAR_PROPERTIES:
-        value = getattr(properties, attribute, None)
-        if value is not None:
-            carried[key] = bytes(value) if isinstance(value, (bytes, bytearray)) else value
-    return carried or None
-
-
-def dict_to_properties(carried: dict[str, Any] | None) -> tuple[Properties | None, list[str]]:
-    """paho Properties for a publication, and the keys that were skipped as invalid."""
-    if not carried:
-        return None, []
-    properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    skipped: list[str] = []
-    for key, value in carried.items():
-        try:
-            if key == "user_property":
-                pairs = [(str(pair[0]), str(pair[1])) for pair in value]
-                if pairs:
-                    properties.UserProperty = pairs
-                continue
-            spec = next((s for s in _SCALAR_PROPERTIES if s[0] == key), None)
-            if spec is None or not isinstance(value, spec[2]) or isinstance(value, bool):
-                skipped.append(key)
-                continue
-            bounds = _INTEGER_RANGES.get(key)
-            if bounds is not None and isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
-                skipped.append(key)
-                continue
-            setattr(properties, spec[1], value)
-        except (TypeError, ValueError, IndexError, MQTTException):
-            skipped.append(key)
-    return properties, skipped
-
 
 # ------------------------------------------------------------------ the adapter
 

@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 from federation.daemon import broker_health
-from federation.daemon.broker import BrokerAdapter, dict_to_properties, properties_to_dict
+from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem, Connected, Disconnected, LogLine, Publication, Subscribed
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon.config import DaemonConfig
+from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
 from federation.daemon.running import Running
 from federation.daemon.runtime import Runtime
 from federation.protocol.types import Address, Injection
