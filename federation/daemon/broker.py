@@ -11,7 +11,9 @@ Two ways to drive paho:
   publications costs one pass through the event loop, not one per message;
   the client (`LeanClient`, federation/daemon/lean_client.py) parses the
   plain QoS 0/1 publications of that burst itself, in one loop, instead of
-  paho's several reads and objects per packet.
+  paho's several reads and objects per packet. It relies on private names
+  of paho's; if the installed paho lacks one, the adapter says so at
+  construction and uses `PublicClient` (paho's documented API) instead.
   Publishing writes to the socket at once, in the caller's thread, which is
   the loop's. Only a connection attempt runs in the loop's default executor,
   because paho's connect blocks (up to its 5 s timeout for an unreachable
@@ -61,6 +63,7 @@ import logging
 import socket
 import termios
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -82,7 +85,7 @@ from federation.daemon.broker_items import (
     Subscribed,
 )
 from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
-from federation.daemon.lean_client import LeanClient, lean_qos0_publish
+from federation.daemon.lean_client import LeanClient, PublicClient, lean_qos0_publish, missing_paho_names
 from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
 from federation.protocol.types import Address, Injection
 
@@ -108,6 +111,14 @@ MAX_PACKETS_PER_WAKEUP = 256
 """packets read from the broker in one pass before the event loop gets to run other callbacks"""
 
 # ------------------------------------------------------------------ the adapter
+
+
+def paho_version() -> str:
+    """The installed paho-mqtt's version, for messages."""
+    try:
+        return metadata.version("paho-mqtt")
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 def _set_cork(sock: Any, on: bool) -> bool:
@@ -149,8 +160,15 @@ class BrokerAdapter:
         self.injected = 0
         self.inject_failed = 0
         self.properties_skipped = 0
-        client = LeanClient(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-        if loop is not None:
+        missing = missing_paho_names()
+        if missing:
+            log.warning("paho-mqtt %s lacks what the wrapper's short data path uses (%s; "
+                        "federation/daemon/lean_client.py is written for paho-mqtt 2.2.0, which setup.cfg pins): "
+                        "using paho's public API instead, which works but costs more CPU per message; install "
+                        "paho-mqtt==2.2.0 to get the short path back", paho_version(), ", ".join(missing))
+        client: LeanClient | PublicClient = (PublicClient if missing else LeanClient)(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        if loop is not None and isinstance(client, LeanClient):
             client.lean_publish = self._on_lean_publish  # the buffered reads need `_on_readable`'s draining
         client.max_inflight_messages_set(MAX_INFLIGHT)
         client.max_queued_messages_set(0)  # unlimited
@@ -242,7 +260,8 @@ class BrokerAdapter:
     def publish_all(self, injections: Sequence[Injection]) -> None:
         """Publish several; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as fit.
         A run of QoS 0 publications without properties is built here and written with one `send`; a run of
-        QoS 1 ones without properties goes to `LeanClient.send_qos1` (one write, paho still tracks each)."""
+        QoS 1 ones without properties goes to `LeanClient.send_qos1` (one write, paho still tracks each).
+        With paho's public path (`PublicClient`), `publish` each."""
         sock = self._watched if len(injections) > 1 and self._loop is not None else None
         corked = sock is not None and _set_cork(sock, True)
         client = self.client
@@ -251,6 +270,10 @@ class BrokerAdapter:
         count = 0
         qos1: list[Injection] = []
         try:
+            if not isinstance(client, LeanClient):
+                for injection in injections:
+                    self.publish(injection)
+                return
             for injection in injections:
                 if not injection.properties:
                     qos = injection.qos if injection.qos < max_qos else max_qos

@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
-from federation.daemon import broker_health
+from federation.daemon import broker_health, lean_client
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem, Connected, Disconnected, LogLine, Publication, Subscribed
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon.config import DaemonConfig
+from federation.daemon.lean_client import PAHO_PRIVATE_NAMES, PublicClient
 from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
 from federation.daemon.running import Running
 from federation.daemon.runtime import Runtime
@@ -372,6 +373,26 @@ def test_runtime_feeds_the_node(broker: Broker, processes: Processes, tmp_path: 
         assert thread.stop() == 0
     saved = store.path.read_text()
     assert '"kept-sub"' in saved and '"persistent": true' in saved
+
+
+def test_runtime_on_pahos_public_path_feeds_the_node(broker: Broker, processes: Processes,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed paho lacks a name the lean path relies on: the wrapper still learns subscriptions and
+    hands publications to its node, through paho's documented API."""
+    monkeypatch.setattr(lean_client, "PAHO_PRIVATE_NAMES", (*PAHO_PRIVATE_NAMES, "client._renamed_by_a_later_paho"))
+    runtime = RecordingRuntime(runtime_config(broker.port))
+    thread = RuntimeThread(runtime)
+    try:
+        assert type(thread.wrapper.broker.client) is PublicClient
+        processes.start(mosquitto_sub(broker.port, "-i", "public-sub", "-t", "p/#"))
+        node = thread.wrapper.node
+        wait_for(lambda: node.clients == {"public-sub": {"p/#": 0}}, timeout=5,
+                 message=lambda: f"the subscription in the node; it has {node.clients}")
+        subprocess.run(mosquitto_pub(broker.port, "-t", "p/1", "-m", "hello", "-q", "1"), check=True, timeout=10)
+        wait_for(lambda: runtime.published, timeout=5, message="node.local_publish")
+        assert runtime.published[0] == ("p/1", b"hello", 1, False, None)
+    finally:
+        assert thread.stop() == 0
 
 
 def test_runtime_warns_when_the_broker_sends_no_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
