@@ -1,16 +1,16 @@
-"""A wrapper runtime on a real loopback UDP socket, without a broker, and a socket standing for its neighbour:
-for unit tests of the runtime's data path (tests/daemon/test_overload_daemon.py,
+"""A started wrapper on a real loopback UDP socket, without a broker, and a socket standing for its neighbour:
+for unit tests of the wrapper's data path (tests/daemon/test_overload_daemon.py,
 tests/protocol/test_publication_batch.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import socket
 from collections.abc import Iterator
 
 from federation.daemon.config import DaemonConfig
+from federation.daemon.running import Running
 from federation.daemon.runtime import Runtime
 from federation.envelope.datagrams import Envelope
 from federation.protocol.types import Address
@@ -22,19 +22,17 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def started_runtime() -> Runtime:
+async def started_wrapper() -> Running:
+    """A wrapper on a free loopback port with its node started; its broker connection is built, never started
+    (a test may put a fake in `broker`). `close()` it at the end."""
     port = free_port()
     config = DaemonConfig(bind=Address("127.0.0.1", port), announced=Address("127.0.0.1", port), neighbours=(),
                           broker=Address("127.0.0.1", 1), client_id="overload-test")
-    runtime = Runtime(dataclasses.replace(config))
-    loop = asyncio.get_running_loop()
-    runtime._loop = loop
-    runtime._open(loop)
-    node = runtime._start_node()
-    runtime.transport, _ = await loop.create_datagram_endpoint(runtime.protocol_factory, sock=runtime._sock)
-    node.start(runtime.clock.now())
-    runtime._drain_outputs(runtime.clock.now())
-    return runtime
+    wrapper = await Runtime(dataclasses.replace(config)).build()
+    now = wrapper.clock.now()
+    wrapper.node.start(now)
+    wrapper._drain_outputs(now)
+    return wrapper
 
 
 @contextlib.contextmanager

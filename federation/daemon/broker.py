@@ -11,7 +11,9 @@ Two ways to drive paho:
   publications costs one pass through the event loop, not one per message;
   the client (`LeanClient`, federation/daemon/lean_client.py) parses the
   plain QoS 0/1 publications of that burst itself, in one loop, instead of
-  paho's several reads and objects per packet.
+  paho's several reads and objects per packet. It relies on private names
+  of paho's; if the installed paho lacks one, the adapter says so at
+  construction and uses `PublicClient` (paho's documented API) instead.
   Publishing writes to the socket at once, in the caller's thread, which is
   the loop's. Only a connection attempt runs in the loop's default executor,
   because paho's connect blocks (up to its 5 s timeout for an unreachable
@@ -48,7 +50,8 @@ recovered then.
 Remote publications are injected with `publish` on this same connection:
 no_local then keeps the broker from echoing them back, which is what stops a
 federated publication from being federated again. MQTT v5 properties travel
-as a plain dict (keys as in docs/protocol.md, `tm.properties`).
+as a plain dict (keys as in docs/protocol.md, `tm.properties`; converted by
+mqtt_properties.py).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ import logging
 import socket
 import termios
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -81,7 +85,8 @@ from federation.daemon.broker_items import (
     Subscribed,
 )
 from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
-from federation.daemon.lean_client import LeanClient, lean_qos0_publish
+from federation.daemon.lean_client import LeanClient, PublicClient, lean_qos0_publish, missing_paho_names
+from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
 from federation.protocol.types import Address, Injection
 
 log = logging.getLogger("federation.daemon.broker")
@@ -105,66 +110,15 @@ MISC_INTERVAL = 1.0
 MAX_PACKETS_PER_WAKEUP = 256
 """packets read from the broker in one pass before the event loop gets to run other callbacks"""
 
-# tm.properties key -> paho Properties attribute, for single-valued properties.
-_SCALAR_PROPERTIES = (
-    ("content_type", "ContentType", str),
-    ("response_topic", "ResponseTopic", str),
-    ("correlation_data", "CorrelationData", bytes),
-    ("payload_format_indicator", "PayloadFormatIndicator", int),
-    ("message_expiry_interval", "MessageExpiryInterval", int),
-)
-_INTEGER_RANGES: dict[str, tuple[int, int]] = {
-    "payload_format_indicator": (0, 1),
-    "message_expiry_interval": (0, 2**32 - 1),
-}
-
-
-# ------------------------------------------------------------------ properties
-
-
-def properties_to_dict(properties: Properties | None) -> dict[str, Any] | None:
-    """The v5 properties worth carrying, as a plain dict (None when there are none)."""
-    if properties is None:
-        return None
-    carried: dict[str, Any] = {}
-    user = getattr(properties, "UserProperty", None)
-    if user:
-        carried["user_property"] = [[str(name), str(value)] for name, value in user]
-    for key, attribute, _kind in _SCALAR_PROPERTIES:
-        value = getattr(properties, attribute, None)
-        if value is not None:
-            carried[key] = bytes(value) if isinstance(value, (bytes, bytearray)) else value
-    return carried or None
-
-
-def dict_to_properties(carried: dict[str, Any] | None) -> tuple[Properties | None, list[str]]:
-    """paho Properties for a publication, and the keys that were skipped as invalid."""
-    if not carried:
-        return None, []
-    properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    skipped: list[str] = []
-    for key, value in carried.items():
-        try:
-            if key == "user_property":
-                pairs = [(str(pair[0]), str(pair[1])) for pair in value]
-                if pairs:
-                    properties.UserProperty = pairs
-                continue
-            spec = next((s for s in _SCALAR_PROPERTIES if s[0] == key), None)
-            if spec is None or not isinstance(value, spec[2]) or isinstance(value, bool):
-                skipped.append(key)
-                continue
-            bounds = _INTEGER_RANGES.get(key)
-            if bounds is not None and isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
-                skipped.append(key)
-                continue
-            setattr(properties, spec[1], value)
-        except (TypeError, ValueError, IndexError, MQTTException):
-            skipped.append(key)
-    return properties, skipped
-
-
 # ------------------------------------------------------------------ the adapter
+
+
+def paho_version() -> str:
+    """The installed paho-mqtt's version, for messages."""
+    try:
+        return metadata.version("paho-mqtt")
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 def _set_cork(sock: Any, on: bool) -> bool:
@@ -206,8 +160,15 @@ class BrokerAdapter:
         self.injected = 0
         self.inject_failed = 0
         self.properties_skipped = 0
-        client = LeanClient(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-        if loop is not None:
+        missing = missing_paho_names()
+        if missing:
+            log.warning("paho-mqtt %s lacks what the wrapper's short data path uses (%s; "
+                        "federation/daemon/lean_client.py is written for paho-mqtt 2.2.0, which setup.cfg pins): "
+                        "using paho's public API instead, which works but costs more CPU per message; install "
+                        "paho-mqtt==2.2.0 to get the short path back", paho_version(), ", ".join(missing))
+        client: LeanClient | PublicClient = (PublicClient if missing else LeanClient)(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        if loop is not None and isinstance(client, LeanClient):
             client.lean_publish = self._on_lean_publish  # the buffered reads need `_on_readable`'s draining
         client.max_inflight_messages_set(MAX_INFLIGHT)
         client.max_queued_messages_set(0)  # unlimited
@@ -232,7 +193,7 @@ class BrokerAdapter:
         self._retry_delay = RECONNECT_MIN_DELAY
         self._connect_handle: asyncio.Handle | None = None
         self._connecting: asyncio.Future[Any] | None = None
-        self._misc_handle: asyncio.TimerHandle | None = None
+        self._keepalive_handle: asyncio.TimerHandle | None = None
         self._available = array.array("i", [0])
         self._paused = False
         self._read_retry: asyncio.Handle | None = None
@@ -259,7 +220,7 @@ class BrokerAdapter:
             self.client.loop_start()
             return
         self._connect_handle = loop.call_soon(self._connect)
-        self._misc_handle = loop.call_later(MISC_INTERVAL, self._misc)
+        self._keepalive_handle = loop.call_later(MISC_INTERVAL, self._keepalive)
 
     def publish(self, injection: Injection) -> bool:
         """Publish a remote publication into the broker; False if paho refused it (not connected, QoS 0)."""
@@ -299,7 +260,8 @@ class BrokerAdapter:
     def publish_all(self, injections: Sequence[Injection]) -> None:
         """Publish several; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as fit.
         A run of QoS 0 publications without properties is built here and written with one `send`; a run of
-        QoS 1 ones without properties goes to `LeanClient.send_qos1` (one write, paho still tracks each)."""
+        QoS 1 ones without properties goes to `LeanClient.send_qos1` (one write, paho still tracks each).
+        With paho's public path (`PublicClient`), `publish` each."""
         sock = self._watched if len(injections) > 1 and self._loop is not None else None
         corked = sock is not None and _set_cork(sock, True)
         client = self.client
@@ -308,12 +270,16 @@ class BrokerAdapter:
         count = 0
         qos1: list[Injection] = []
         try:
+            if not isinstance(client, LeanClient):
+                for injection in injections:
+                    self.publish(injection)
+                return
             for injection in injections:
                 if not injection.properties:
                     qos = injection.qos if injection.qos < max_qos else max_qos
                     if qos == 1:
                         if count:
-                            self._send_run(client, run, count)
+                            self._send_qos0_run(client, run, count)
                             run, count = bytearray(), 0
                         qos1.append(injection)
                         continue
@@ -327,18 +293,19 @@ class BrokerAdapter:
                     self._send_qos1_run(client, qos1)
                     qos1 = []
                 if count:
-                    self._send_run(client, run, count)
+                    self._send_qos0_run(client, run, count)
                     run, count = bytearray(), 0
                 self.publish(injection)
             if count:
-                self._send_run(client, run, count)
+                self._send_qos0_run(client, run, count)
             if qos1:
                 self._send_qos1_run(client, qos1)
         finally:
             if corked and sock is self._watched:  # not if the connection dropped meanwhile
                 _set_cork(sock, False)
 
-    def _send_run(self, client: LeanClient, run: bytearray, count: int) -> None:
+    def _send_qos0_run(self, client: LeanClient, run: bytearray, count: int) -> None:
+        """`count` QoS 0 PUBLISH packets built in `run`, written with one `send`."""
         if client.send_qos0(run) != MQTTErrorCode.MQTT_ERR_SUCCESS:
             self.inject_failed += count  # not connected: paho refuses QoS 0 publications too
             return
@@ -392,10 +359,10 @@ class BrokerAdapter:
             finally:
                 self.client.loop_stop()
             return
-        for handle in (self._connect_handle, self._misc_handle):
+        for handle in (self._connect_handle, self._keepalive_handle):
             if handle is not None:
                 handle.cancel()
-        self._connect_handle = self._misc_handle = None
+        self._connect_handle = self._keepalive_handle = None
         self.client.disconnect()  # writes DISCONNECT at once and closes the socket (paho calls _on_socket_close)
 
     # Driving paho from the asyncio loop (loop thread, except `_blocking_connect`).
@@ -429,7 +396,7 @@ class BrokerAdapter:
             self._deliver(ConnectFailed())
             self._schedule_connect()
             return
-        self._after_io()  # CONNECT may still wait in paho's queue
+        self._write_pending()  # CONNECT may still wait in paho's queue
 
     def _schedule_connect(self) -> None:
         if self._stopping or self._connect_handle is not None or self._connecting is not None:
@@ -449,7 +416,7 @@ class BrokerAdapter:
         self._watched = sock
         if not self._paused:
             self._loop.add_reader(sock, self._on_readable)
-        self._after_io()
+        self._write_pending()
 
     def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         """paho is about to close `sock`: stop watching it first, so its descriptor number can be reused."""
@@ -493,7 +460,7 @@ class BrokerAdapter:
                 break
         if client.buffered() and client.socket() is sock:
             self._schedule_read_retry()  # the socket may not wake us for what we hold already
-        self._after_io()
+        self._write_pending()
         if self._completed:
             self._completed = False
             if self._on_completed is not None:
@@ -510,7 +477,7 @@ class BrokerAdapter:
         if not self._paused and self._watched is not None:
             self._on_readable()
 
-    def _after_io(self) -> None:
+    def _write_pending(self) -> None:
         """Packets queued inside paho's callbacks (SUBSCRIBE in on_connect) or refused by a full socket wait
         in paho's queue: write them now, and watch for writability if some remain."""
         client = self.client
@@ -538,12 +505,14 @@ class BrokerAdapter:
             if self._on_completed is not None:
                 self._on_completed()
 
-    def _misc(self) -> None:
+    def _keepalive(self) -> None:
+        """paho's `loop_misc` every MISC_INTERVAL: a PINGREQ when due, the connection closed when the broker's
+        answer is overdue."""
         assert self._loop is not None
-        self._misc_handle = self._loop.call_later(MISC_INTERVAL, self._misc)
+        self._keepalive_handle = self._loop.call_later(MISC_INTERVAL, self._keepalive)
         if self._watched is not None:
             self.client.loop_misc()
-            self._after_io()
+            self._write_pending()
 
     # paho's callbacks: paho's thread, or the loop's.
 

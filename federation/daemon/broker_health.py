@@ -5,8 +5,9 @@ changes as broker items (`Connected`, `Subscribed`, `Disconnected`,
 `ConnectFailed`, `ConnectRefused`). `BrokerHealth` turns them into the
 numbers the status document and the metrics show (connected, connections
 made, log lines read) and into log lines a person can act on. None of it
-touches the protocol node, so it lives apart from the runtime, which owns
-one `BrokerHealth` and hands it every state item and every log line.
+touches the protocol node, so it lives apart from the running wrapper
+(running.py), which owns one `BrokerHealth` and hands it every state item
+and every log line.
 
 Two reports are timed on purpose. A broker that stays unreachable is
 reported once per `BROKER_DOWN_REMINDER` (paho retries every few seconds;
@@ -77,7 +78,7 @@ class BrokerHealth:
         """Connections made after the first."""
         return max(0, self.connections - 1)
 
-    def log_line(self) -> None:
+    def count_log_line(self) -> None:
         """Count one line read from `$SYS/broker/log/#`."""
         self.log_lines += 1
         self._log_lines_this_connection += 1

@@ -97,7 +97,7 @@ class LoopHandOff:
         self._held = False
         """set by `hold` until the next `flush`"""
         self._loop_thread = threading.get_ident()
-        """made on the loop's thread (the runtime builds it in a loop callback)"""
+        """made on the loop's thread (the running wrapper builds it there)"""
 
     def put(self, item: BrokerItem) -> None:
         if threading.get_ident() == self._loop_thread:

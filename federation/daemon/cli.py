@@ -27,7 +27,8 @@ from typing import NoReturn
 from federation import __version__
 from federation.daemon.config import DEFAULT_PORT, LOG_LEVELS, ConfigError, load_config
 from federation.daemon.keys import generate_key
-from federation.daemon.runtime import Runtime, StartupError
+from federation.daemon.runtime import Runtime
+from federation.daemon.startup import StartupError
 from federation.daemon.state import StateError
 from federation.daemon.status import StatusError, query, render
 from federation.daemon.udp import BindError

@@ -3,8 +3,8 @@
 Theory of operation: publications cross the wrapper in two directions, and
 each direction can outrun the other side. `FlowControl` holds the three
 decisions that keep the queues bounded (docs/daemon.md "Overload"), kept
-apart from the runtime, which owns the loop and calls them once per drain
-of the node's outputs:
+apart from the running wrapper (running.py), which owns the loop and calls
+them once per drain of the node's outputs:
 
 - into the broker (`inject`): remote publications are handed to paho only
   while fewer than `BROKER_BACKLOG` are unfinished; the rest wait in a

@@ -61,25 +61,72 @@ the wrapper publishes) and shortens the data path:
   reconnection), so new messages never overtake those; the rest go through
   paho's `publish`, in order. QoS 2 and properties are paho's.
 
-These override or call private paho methods and state (`_sock_recv`,
-`_packet_read`, `_in_packet`, `_handle_publish`, `_do_on_publish`,
-`_last_bytes_received`, `_mid_generate`, `_out_messages`,
-`_inflight_messages`, `_out_message_mutex`, `_packet_queue`, `_out_packet`, `_thread`,
-`_last_msg_out`), checked against paho-mqtt 2.x (setup.cfg pins
-`<3`); tests/daemon/test_hotpath_lean.py feeds the same bytes to both paths and
-compares what comes out.
+These override or call paho's private methods and state, every one of
+them named in `PAHO_PRIVATE_NAMES`; they were checked against paho-mqtt
+2.2.0, which setup.cfg pins, and tests/daemon/test_hotpath_lean.py feeds the
+same bytes to both paths and compares what comes out. Another paho may
+rename what they rely on, so the adapter asks `missing_paho_names` at
+start-up (tests/daemon/test_paho_names.py asks it too, and checks that the
+list names everything this module uses): when a name is missing, it says
+which in one warning and uses `PublicClient`, paho's documented API only
+(every PUBLISH through `on_message`, one `publish` per injection), slower
+but correct, instead of a `LeanClient` that would fail mid-run.
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.client import PUBACK, PUBLISH, MQTTMessage, MQTTMessageInfo, mqtt_ms_wait_for_puback
-from paho.mqtt.enums import MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+
+PAHO_PRIVATE_NAMES: tuple[str, ...] = (
+    # methods of paho's Client that LeanClient overrides or calls
+    "client._sock_recv", "client._packet_read", "client._handle_publish", "client._do_on_publish",
+    "client._send_puback", "client._loop_rc_handle", "client._mid_generate", "client._packet_queue",
+    # the state of a Client it reads or writes
+    "client._sock", "client._protocol", "client._thread", "client._in_packet", "client._manual_ack",
+    "client._on_publish", "client._out_packet", "client._out_messages", "client._out_message_mutex",
+    "client._inflight_messages", "client._max_inflight_messages", "client._max_queued_messages",
+    "client._msgtime_mutex", "client._last_msg_out", "client._last_bytes_received",
+    # the keys of paho's parse state (`_in_packet`) it reads
+    "in_packet.command", "in_packet.remaining_count", "in_packet.packet",
+    # every field of a message `send_qos1` registers (all of MQTTMessage's), and how one is completed
+    "message._topic", "message.mid", "message.payload", "message.qos", "message.retain", "message.dup",
+    "message.properties", "message.timestamp", "message.state", "message.info", "info._set_as_published",
+    # names of the paho.mqtt.client module outside its documented API
+    "module.time_func", "module.PUBLISH", "module.PUBACK", "module.mqtt_ms_wait_for_puback",
+)
+"""Every name of paho's that the lean path relies on and paho does not document, as `where.name`: `client`
+an `mqtt.Client`, `in_packet` the keys of its `_in_packet`, `message` an `MQTTMessage`, `info` an
+`MQTTMessageInfo`, `module` paho.mqtt.client. `missing_paho_names` checks them."""
+
+
+def missing_paho_names() -> list[str]:
+    """The entries of `PAHO_PRIVATE_NAMES` the installed paho lacks; empty when `LeanClient` may be used."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    owners: dict[str, object] = {"client": client, "message": mqtt.MQTTMessage(), "info": mqtt.MQTTMessageInfo(0),
+                                 "module": mqtt}
+    in_packet = getattr(client, "_in_packet", None)
+    missing = []
+    for entry in PAHO_PRIVATE_NAMES:
+        where, name = entry.split(".", 1)
+        if where == "in_packet":
+            found = isinstance(in_packet, dict) and name in in_packet
+        else:
+            found = hasattr(owners[where], name)
+        if not found:
+            missing.append(entry)
+    # `send_qos1` builds messages without `MQTTMessage.__init__`: a field it does not fill would be missing there
+    filled = {entry.split(".", 1)[1] for entry in PAHO_PRIVATE_NAMES if entry.startswith("message.")}
+    missing += [f"message.{name} (a field send_qos1 does not fill)"
+                for name in sorted(set(getattr(mqtt.MQTTMessage, "__slots__", ())) - filled)]
+    return missing
+
 
 READ_CHUNK = 1 << 16
 """bytes asked of the socket per read (paho asks for 1 byte, 1 byte, then the rest per packet)"""
@@ -146,7 +193,7 @@ def _append_publish(out: bytearray, field: bytes, payload: bytes, retain: bool, 
     out += payload
 
 
-class _SharedInfo(MQTTMessageInfo):
+class _SharedInfo(mqtt.MQTTMessageInfo):
     """The `info` of every message `send_qos1` registers: nobody waits on it (the adapter learns of completions
     from `publish_completed`), so completing one message need not take a `threading.Condition`."""
 
@@ -169,7 +216,7 @@ class LeanClient(mqtt.Client):
     _read_data = b""
     _read_pos = 0
     _read_sock: object = None
-    _lean_info: MQTTMessageInfo | None = None
+    _lean_info: mqtt.MQTTMessageInfo | None = None
 
     def buffered(self) -> int:
         """Bytes read from the socket that have not been consumed yet."""
@@ -200,7 +247,7 @@ class LeanClient(mqtt.Client):
                     except OSError:
                         data = b""  # paho's read below meets the error (or the end) again and handles it
                     self._read_sock, self._read_data, self._read_pos = self._sock, data, 0
-                parsed = self._parse_publishes(limit - count)
+                parsed = self._parse_publishes_and_acks(limit - count)
                 if parsed:
                     count += parsed
                     continue
@@ -213,7 +260,7 @@ class LeanClient(mqtt.Client):
             count += 1
         return count
 
-    def _parse_publishes(self, limit: int) -> int:
+    def _parse_publishes_and_acks(self, limit: int) -> int:
         """At most `limit` complete QoS 0/1 PUBLISH packets without properties from the front of the read
         buffer, to `lean_publish`, and successful PUBACKs (`_complete_lean`); how many. Stops at the first
         packet that is anything else."""
@@ -273,7 +320,7 @@ class LeanClient(mqtt.Client):
                 with self._msgtime_mutex:  # what `_packet_read` updates per packet: the keepalive's idea of "heard"
                     self._last_bytes_received = mqtt.time_func()
                 if acks and not self._manual_ack:
-                    self._packet_queue(PUBACK, acks, 0, 0)  # several PUBACK packets, one write
+                    self._packet_queue(mqtt.PUBACK, acks, 0, 0)  # several PUBACK packets, one write
         return count
 
     def _complete_lean(self, mid: int) -> bool:
@@ -337,7 +384,7 @@ class LeanClient(mqtt.Client):
                     return MQTTErrorCode.MQTT_ERR_SUCCESS
                 packets = packets[sent:]  # the socket is full: the rest waits in paho's queue, written in order
         # One MQTTMessageInfo for the whole run: paho marks it published once the buffer is written.
-        return self._packet_queue(PUBLISH, packets, 0, 0, mqtt.MQTTMessageInfo(0))
+        return self._packet_queue(mqtt.PUBLISH, packets, 0, 0, mqtt.MQTTMessageInfo(0))
 
     def send_qos1(self, messages: Sequence[tuple[str, bytes, bool]], pending: set[int]) -> list[int]:
         """Publish at QoS 1 without properties the leading `messages` (topic, payload, retain) that may go out
@@ -364,7 +411,8 @@ class LeanClient(mqtt.Client):
             if info is None:
                 info = self._lean_info = _SharedInfo(0)
             now = mqtt.time_func()
-            new_message = MQTTMessage.__new__
+            new_message = mqtt.MQTTMessage.__new__
+            waiting_for_puback = mqtt.mqtt_ms_wait_for_puback
             for index in range(room):
                 topic, payload, retain = messages[index]
                 field = _publishable_field(topic, payload)
@@ -374,7 +422,7 @@ class LeanClient(mqtt.Client):
                 if mid in out:
                     break  # still in use: paho would refuse it (and use up the mid) too
                 _append_publish(packets, field, payload, retain, mid)
-                message = new_message(MQTTMessage)  # `MQTTMessage()` without its own MQTTMessageInfo
+                message = new_message(mqtt.MQTTMessage)  # `MQTTMessage()` without its own MQTTMessageInfo
                 message.mid = mid
                 message._topic = field[2:]
                 message.payload = payload
@@ -383,7 +431,7 @@ class LeanClient(mqtt.Client):
                 message.dup = False
                 message.properties = None
                 message.timestamp = now
-                message.state = mqtt_ms_wait_for_puback
+                message.state = waiting_for_puback
                 message.info = info
                 out[mid] = message
                 mids.append(mid)
@@ -392,7 +440,7 @@ class LeanClient(mqtt.Client):
                 pending.update(mids)
                 # One queued packet for the run. A failed write closes the connection; the messages stay in
                 # `_out_messages` and paho sends them again (DUP) after reconnecting, as it would its own.
-                self._packet_queue(PUBLISH, packets, mids[-1], 1)
+                self._packet_queue(mqtt.PUBLISH, packets, mids[-1], 1)
         return mids
 
     def _do_on_publish(self, mid: int, reason_code: ReasonCode, properties: Properties) -> MQTTErrorCode:
@@ -419,3 +467,39 @@ class LeanClient(mqtt.Client):
         if qos == 1 and not self._manual_ack:
             return self._send_puback((data[topic_end] << 8) | data[topic_end + 1])
         return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+
+class PublicClient(mqtt.Client):
+    """paho's client through its documented API only: what the adapter uses instead of `LeanClient` when the
+    installed paho lacks one of `PAHO_PRIVATE_NAMES`. It offers the attributes and calls of `LeanClient` that
+    the adapter reads with, so the adapter drives either; every PUBLISH goes to `on_message`, and the adapter
+    publishes each injection with `publish` (it never calls `send_qos0` or `send_qos1` on this one)."""
+
+    lean_publish: Callable[[bytes, bytes, int, bool], None] | None = None
+    """never called: here every PUBLISH takes paho's path"""
+    publish_completed: Callable[[int], None] | None = None
+    """called with the mid of every publication paho reports published (`on_publish`; QoS 0 ones too)"""
+    paused = False
+    """set while the owner takes no publications; the adapter stops calling `read_packets` meanwhile"""
+
+    def __init__(self, *arguments: Any, **options: Any) -> None:
+        super().__init__(*arguments, **options)
+
+        def published(client: mqtt.Client, userdata: Any, mid: int, reason_code: ReasonCode,
+                      properties: Properties) -> None:
+            completed = self.publish_completed
+            if completed is not None:
+                completed(mid)
+
+        self.on_publish = published
+
+    def buffered(self) -> int:
+        """Nothing is read ahead: paho reads each packet from the socket as it parses it."""
+        return 0
+
+    def read_packets(self, limit: int) -> int:
+        """paho's `loop_read`: the packets it decides to read (at least the next one, if whole; `limit` is not
+        paho's to take). 1, or -1 when the connection is gone (paho has closed it and called `on_disconnect`)."""
+        if self.loop_read() != MQTTErrorCode.MQTT_ERR_SUCCESS or self.socket() is None:
+            return -1
+        return 1

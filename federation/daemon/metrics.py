@@ -62,7 +62,7 @@ def _gauge(name: str, labels: list[str] | None = None) -> GaugeMetricFamily:
 
 
 def metric_families(snap: Snapshot) -> list[Metric]:
-    """The metric families for one snapshot (see `Runtime.metrics_snapshot` for its keys)."""
+    """The metric families for one snapshot (see `snapshots.metrics_snapshot` for its keys)."""
     out: list[Metric] = []
     info = _gauge("federation_info", ["address", "broker_id", "name", "version"])
     info.add_metric([snap["address"], snap["broker_id"], snap.get("name") or "", snap["version"]], 1)

@@ -12,10 +12,12 @@ of numbers that `metrics.py` turns into Prometheus families at each scrape.
 They live here, not in `status.py` or `metrics.py`, because those two read
 documents and never see a running wrapper (`status.py` is also the client
 side of `wrapper.py status`): this module is the one place that knows which
-attributes of the `Runtime` each read-out shows. `Runtime.status_document`
-and `Runtime.metrics_snapshot` call these functions. A metrics scrape runs
-in prometheus-client's HTTP thread: `snapshot_from_thread` has the loop
-take the snapshot (`call_soon_threadsafe`) and waits for it, with a timeout.
+parts of a running wrapper each read-out shows. It reads them through
+`WrapperParts`, the read-only view it declares, which `Running`
+(running.py) provides; so it never imports the running wrapper, which calls
+these functions. A metrics scrape runs in prometheus-client's HTTP thread:
+`snapshot_from_thread` has the loop take the snapshot
+(`call_soon_threadsafe`) and waits for it, with a timeout.
 """
 
 from __future__ import annotations
@@ -24,78 +26,114 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from federation import __version__
+from federation.daemon.backpressure import PacketBacklog
+from federation.daemon.broker import BrokerAdapter
+from federation.daemon.broker_health import BrokerHealth
+from federation.daemon.broker_log import BrokerLogTracker
+from federation.daemon.config import DaemonConfig
+from federation.daemon.event_log import EventLog
+from federation.daemon.flow_control import FlowControl
 from federation.daemon.metrics import Snapshot
-
-if TYPE_CHECKING:
-    from federation.daemon.runtime import Runtime
+from federation.daemon.udp import OverlayProtocol
+from federation.envelope.datagrams import Envelope
+from federation.protocol.node import Node
+from federation.protocol.types import Address
 
 log = logging.getLogger("federation.daemon")
 
 
-def status_document(runtime: Runtime, now: float) -> dict[str, Any]:
+class WrapperParts(Protocol):
+    """What the read-outs read of a running wrapper (read-only)."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+    @property
+    def node(self) -> Node: ...
+    @property
+    def envelope(self) -> Envelope: ...
+    @property
+    def broker(self) -> BrokerAdapter: ...
+    @property
+    def broker_health(self) -> BrokerHealth: ...
+    @property
+    def tracker(self) -> BrokerLogTracker: ...
+    @property
+    def flow(self) -> FlowControl: ...
+    @property
+    def protocol(self) -> OverlayProtocol: ...
+    @property
+    def receive_backlog(self) -> PacketBacklog[Address]: ...
+    @property
+    def event_log(self) -> EventLog | None: ...
+    @property
+    def event_counts(self) -> Counter[str]: ...
+    @property
+    def started_at(self) -> float: ...
+    def unsent_bytes(self) -> int: ...
+    def read_kernel_receive_drops(self) -> int | None: ...
+
+
+def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
     """`Node.status(now)` plus the envelope's status and the wrapper's own `daemon` section."""
-    node = runtime.node
-    assert node is not None
-    config = runtime.config
-    document = node.status(now)
-    broker = runtime.broker
-    health = runtime.broker_health
-    flow = runtime.flow
-    protocol = runtime.protocol
-    if runtime.envelope is not None:
-        document["envelope"] = runtime.envelope.status()
+    config = wrapper.config
+    document = wrapper.node.status(now)
+    broker = wrapper.broker
+    health = wrapper.broker_health
+    flow = wrapper.flow
+    protocol = wrapper.protocol
+    document["envelope"] = wrapper.envelope.status()
     document["daemon"] = {
-        "version": __version__, "pid": os.getpid(), "uptime_s": round(now - runtime.started_at, 3),
+        "version": __version__, "pid": os.getpid(), "uptime_s": round(now - wrapper.started_at, 3),
         "bind": str(config.bind), "announced": str(config.announced),
         "broker": {
             "address": str(config.broker), "client_id": config.client_id,
             "connected": health.connected, "reconnects": health.reconnects,
-            "log_lines": health.log_lines, "log": runtime.tracker.counters.as_dict(),
-            "injected": broker.injected if broker else 0, "inject_failed": broker.inject_failed if broker else 0,
+            "log_lines": health.log_lines, "log": wrapper.tracker.counters.as_dict(),
+            "injected": broker.injected, "inject_failed": broker.inject_failed,
             "backpressure_pauses": flow.backpressure_pauses,
-            "reading_paused": broker.reading_paused if broker else False,
+            "reading_paused": broker.reading_paused,
             "injection_backlog": len(flow.injection_queue),
             "injection_dropped": dict(sorted(flow.injection_queue.dropped.items())),
         },
         "overload": {
-            "receive_backlog": len(runtime.receive_backlog),
-            "receive_dropped": dict(sorted(runtime.receive_backlog.dropped.items())),
-            "send_paused": protocol.writing_paused if protocol else False,
-            "send_pauses": protocol.write_pauses if protocol else 0,
-            "send_buffer_bytes": runtime.unsent_bytes(),
+            "receive_backlog": len(wrapper.receive_backlog),
+            "receive_dropped": dict(sorted(wrapper.receive_backlog.dropped.items())),
+            "send_paused": protocol.writing_paused,
+            "send_pauses": protocol.write_pauses,
+            "send_buffer_bytes": wrapper.unsent_bytes(),
             "send_shed_qos0": flow.send_shed,
-            "kernel_receive_drops": runtime.read_kernel_receive_drops(),
+            "kernel_receive_drops": wrapper.read_kernel_receive_drops(),
         },
         "event_log": str(config.event_log) if config.event_log else None,
-        "event_log_lines": runtime.event_log.lines if runtime.event_log else 0,
+        "event_log_lines": wrapper.event_log.lines if wrapper.event_log else 0,
         "state_dir": str(config.state_dir) if config.state_dir else None,
         "metrics": f"{config.metrics_bind}:{config.metrics_port}" if config.metrics_port is not None else None,
-        "events": dict(sorted(runtime.event_counts.items())),
-        "udp_send_errors": protocol.send_errors if protocol else 0,
+        "events": dict(sorted(wrapper.event_counts.items())),
+        "udp_send_errors": protocol.send_errors,
     }
     return document
 
 
-def metrics_snapshot(runtime: Runtime) -> Snapshot:
+def metrics_snapshot(wrapper: WrapperParts) -> Snapshot:
     """Copies of every number the metrics expose (on the loop thread); `metrics.metric_families` reads it."""
-    node = runtime.node
-    assert node is not None
+    node = wrapper.node
     view = node.view()
     neighbours = node.neighbours.all()
-    health = runtime.broker_health
-    log_counters = runtime.tracker.counters
-    broker = runtime.broker
-    protocol = runtime.protocol
+    health = wrapper.broker_health
+    log_counters = wrapper.tracker.counters
+    broker = wrapper.broker
+    protocol = wrapper.protocol
     return {
         "address": str(node.address), "broker_id": str(node.broker_id), "name": node.name,
         "version": __version__, "epoch": node.epoch,
         "sent": dict(node.sent_by_type), "sent_bytes": dict(node.sent_bytes_by_type),
         "received": dict(node.received_by_type), "received_bytes": dict(node.received_bytes_by_type),
-        "drops": dict(node.drops), "counters": dict(node.counters), "events": dict(runtime.event_counts),
+        "drops": dict(node.drops), "counters": dict(node.counters), "events": dict(wrapper.event_counts),
         "neighbours_up": sum(1 for n in neighbours if n.up), "neighbours_total": len(neighbours),
         "members": len(view.members), "topics": sum(1 for core in view.topic_cores.values() if core is not None),
         "is_management_core": view.management_core == view.broker_id,
@@ -104,11 +142,11 @@ def metrics_snapshot(runtime: Runtime) -> Snapshot:
         "log_outcomes": {"used": log_counters.used, "ignored": log_counters.ignored,
                          "refused": log_counters.refused, "truncated": log_counters.truncated,
                          "not_understood": log_counters.not_understood_total},
-        "injected": broker.injected if broker else 0,
-        "inject_failed": broker.inject_failed if broker else 0,
-        "udp_send_errors": protocol.send_errors if protocol else 0,
-        "receive_backlog": len(runtime.receive_backlog),
-        "send_paused": protocol.writing_paused if protocol else False,
+        "injected": broker.injected,
+        "inject_failed": broker.inject_failed,
+        "udp_send_errors": protocol.send_errors,
+        "receive_backlog": len(wrapper.receive_backlog),
+        "send_paused": protocol.writing_paused,
     }
 
 

@@ -49,11 +49,11 @@ def test_connections_and_log_lines_are_counted() -> None:
     health, _timers = make()
     assert (health.connected, health.connections, health.reconnects) == (False, 0, 0)
     health.on_state(Connected(), 1.0)
-    health.log_line()
+    health.count_log_line()
     health.on_state(Disconnected("keepalive", expected=False), 2.0)
     assert not health.connected
     health.on_state(Connected(), 3.0)
-    health.log_line()
+    health.count_log_line()
     assert (health.connected, health.connections, health.reconnects, health.log_lines) == (True, 2, 1, 2)
 
 
@@ -73,7 +73,7 @@ def test_no_warning_once_a_log_line_arrived(caplog: pytest.LogCaptureFixture) ->
     health, timers = make()
     health.on_state(Connected(), 0.0)
     health.on_state(Subscribed(refused=()), 0.1)
-    health.log_line()
+    health.count_log_line()
     timers.started[0].callback()
     assert "log_dest topic" not in caplog.text
 

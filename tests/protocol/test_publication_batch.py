@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from runtime_util import started_runtime
+from runtime_util import started_wrapper
 
 from federation.daemon.backpressure import is_qos0_publication, qos0_publications
 from federation.daemon.broker_items import LogLine, Publication
@@ -246,15 +246,14 @@ def test_the_runtime_hands_plain_qos0_runs_over_in_order() -> None:
     """QoS 1, retained and property-carrying publications and log lines end a run: order is kept."""
 
     async def scenario() -> list[tuple[str, Any]]:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper()
         calls: list[tuple[str, Any]] = []
-        node = runtime.node
-        assert node is not None
+        node = wrapper.node
         node.local_publish_run = lambda run, now: calls.append(("run", [t for t, _ in run])) or []  # type: ignore
         node.local_publish = (  # type: ignore[method-assign]
             lambda topic, payload, qos, retain, properties, now: calls.append(("one", topic)))
         try:
-            runtime._on_broker_items([
+            wrapper._on_broker_items([
                 Publication("a/1", b"", 0, False, None), Publication("a/2", b"", 0, False, None),
                 Publication("a/3", b"", 1, False, None), Publication("a/4", b"", 0, False, None),
                 Publication("a/5", b"", 0, True, None), Publication("a/6", b"", 0, False, {"content_type": "x"}),
@@ -262,7 +261,7 @@ def test_the_runtime_hands_plain_qos0_runs_over_in_order() -> None:
                 Publication("a/8", b"", 0, False, None), Publication("a/9", b"", 0, False, None),
             ])
         finally:
-            runtime._close_resources()
+            wrapper.close()
         return calls
 
     assert asyncio.run(scenario()) == [("run", ["a/1", "a/2"]), ("one", "a/3"), ("run", ["a/4"]), ("one", "a/5"),

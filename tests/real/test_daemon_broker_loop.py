@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from federation.daemon import lean_client
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import (
     BrokerItem,
@@ -29,6 +30,7 @@ from federation.daemon.broker_items import (
     Subscribed,
 )
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
+from federation.daemon.lean_client import PAHO_PRIVATE_NAMES, PublicClient
 from federation.protocol.types import Address, Injection
 
 from broker_util import (
@@ -247,3 +249,35 @@ def test_paused_reading_lets_the_broker_queue_until_resumed(tmp_path: Path, make
         loop_thread.call(adapter.resume_reading)
         wait_for(lambda: [p.topic for p in batches.of(Publication)] == ["held/x", "held/marker"], timeout=5,
                  message="both queued publications after resuming")
+
+
+def test_without_a_private_name_paho_s_public_path_carries_publications_both_ways(
+        tmp_path: Path, make_adapter: Any, loop_thread: LoopThread, processes: Processes,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed paho lacks a name the lean path relies on (as after a rename): the adapter reads and
+    injects through paho's documented API, in order, and the broker's acknowledgements complete the
+    QoS 1 injections."""
+    monkeypatch.setattr(lean_client, "PAHO_PRIVATE_NAMES", (*PAHO_PRIVATE_NAMES, "client._renamed_by_a_later_paho"))
+    with start_broker(tmp_path) as broker:
+        adapter, batches = make_adapter(broker.port)
+        assert type(adapter.client) is PublicClient
+        wait_for(lambda: batches.of(Subscribed) and batches.of(LogLine), timeout=5, message="subscriptions and logs")
+        lines = "".join(f"message {index}\n" for index in range(500))
+        subprocess.run(mosquitto_pub(broker.port, "-t", "burst/x", "-l", "-q", "1"), input=lines.encode(),
+                       check=True, timeout=20)
+        wait_for(lambda: len(batches.of(Publication)) >= 500, timeout=10, message="500 publications")
+        assert [p.payload for p in batches.of(Publication)] == [f"message {index}".encode() for index in range(500)]
+        reader = processes.start(mosquitto_sub(broker.port, "-i", "reader", "-t", "fed/#", "-q", "1", "-C", "20"),
+                                 stdout=subprocess.PIPE)
+        wait_for(lambda: ClientSubscribed("reader", "fed/#", 1) in batches.log_events(), timeout=5,
+                 message="the reader's subscription")
+        origin = Address("10.0.0.9", 10500)
+        injections = [Injection(f"fed/{index}", b"p%d" % index, index % 2, False, None, (origin, 1, index))
+                      for index in range(20)]
+        loop_thread.call(lambda: adapter.publish_all(injections))
+        output, _ = reader.communicate(timeout=10)
+        received = output.decode().split()
+        for qos in (0, 1):
+            assert [p for p in received if int(p[1:]) % 2 == qos] == [f"p{i}" for i in range(qos, 20, 2)]
+        assert adapter.injected == 20 and adapter.inject_failed == 0
+        wait_for(lambda: loop_thread.call(adapter.backlog) == 0, timeout=5, message="the QoS 1 injections completed")
