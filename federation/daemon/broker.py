@@ -38,20 +38,49 @@ Subscriptions are made in `on_connect`, so every reconnect subscribes again:
   each publication arrives with the QoS it was published with, with its
   live retain flag, and without the stored retained messages at subscribe
   time.
+* `$SYS/broker/subscriptions/count` (QoS 0, its retained value at once):
+  how many subscriptions the broker holds, to find those the wrapper never
+  saw (federation.daemon.broker_subscriptions).
 
-The session is kept for `SESSION_EXPIRY` seconds after a disconnection
-(clean start 0, session expiry 60 s): when the connection drops, or the
-wrapper restarts quickly, the broker queues the log lines (QoS 2, which it
+Acknowledgements of what the broker sends are manual (paho's `manual_ack`):
+each publication and log line carries its packet id, and the runtime
+acknowledges a pass's items in one place once its node has taken them
+(`acknowledge`), so the broker keeps a publication until then. The
+connection announces a Receive Maximum (`RECEIVE_MAXIMUM`): how many of them
+the broker may have unacknowledged toward us.
+
+The session is persistent (clean start 0, session expiry
+`broker_session_expiry`, 3600 s by default): when the connection drops, or
+the wrapper restarts, the broker queues the log lines (QoS 2, which it
 expires after 20 s) and the QoS 1/2 publications meanwhile and delivers them
-on reconnection, so a subscription made during the gap is not missed. A
-broker restart without persistence loses the session; nothing can be
-recovered then.
+on reconnection, and it keeps its half of our unfinished QoS 1/2 injections:
+paho sends those again with the same packet id and DUP (or the PUBREL of
+those past PUBREC), and the broker delivers each once. A CONNACK without the
+session (the broker restarted without persistence, or the session expired)
+means the broker has none of them: they are taken back from paho and handed
+to the runtime to publish anew (`Connected.reinjected`), and, when this run
+had a session before, the broker's clients lost their subscriptions too
+(`Connected.session_lost`; the runtime holds their publications until they
+subscribe again, federation.daemon.broker_subscriptions).
 
-Remote publications are injected with `publish` on this same connection:
-no_local then keeps the broker from echoing them back, which is what stops a
-federated publication from being federated again. MQTT v5 properties travel
-as a plain dict (keys as in docs/protocol.md, `tm.properties`; converted by
-mqtt_properties.py).
+Remote publications are injected with `publish_all` on this same
+connection: no_local then keeps the broker from echoing them back, which is
+what stops a federated publication from being federated again. QoS 1/2 ones
+go through `LeanClient.send_reliable`, which tells the injection journal
+(`recorder`, federation.daemon.injections) their packet ids before they are
+written, and the journal hears of each PUBREC and completion; a restarted
+wrapper gives the journal's unfinished ones back to paho (`restore`). The
+broker's Receive Maximum (read from the CONNACK, `receive_maximum`) bounds
+how many of ours may be unfinished: `FlowControl` hands over no more (the
+adapter does not check it). MQTT v5 properties travel as a plain dict (keys
+as in docs/protocol.md, `tm.properties`; converted by mqtt_properties.py).
+
+What it counts (`counts`): `acknowledged` (QoS 1/2 injections the broker
+completed), `refused` (completed with a reason code of 0x80 or more),
+`written_qos0` (QoS 0 injections written to the socket), `resent` (sent
+again in a kept session), `reinjected` (published anew into a new one) and
+`sessions_lost`; `injected` (handed to paho) and `inject_failed` (paho
+refused it) as before.
 """
 
 from __future__ import annotations
@@ -62,9 +91,11 @@ import fcntl
 import logging
 import socket
 import termios
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from importlib import metadata
-from typing import Any
+from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
@@ -83,28 +114,49 @@ from federation.daemon.broker_items import (
     LogLine,
     Publication,
     Subscribed,
+    SubscriptionCount,
 )
 from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
-from federation.daemon.lean_client import LeanClient, PublicClient, lean_qos0_publish, missing_paho_names
+from federation.daemon.config import DEFAULT_SESSION_EXPIRY
+from federation.daemon.lean_client import (
+    LeanClient,
+    PublicClient,
+    ReliableMessage,
+    RestoredMessage,
+    lean_qos0_publish,
+    missing_paho_names,
+)
 from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
 from federation.protocol.types import Address, Injection
 
 log = logging.getLogger("federation.daemon.broker")
 
 PUBLICATION_FILTER = "#"
+SUBSCRIPTION_COUNT_TOPIC = "$SYS/broker/subscriptions/count"
+OWN_SUBSCRIPTIONS = 3
+"""subscriptions the wrapper's own connection holds (the log, `#`, the count), all three in the broker's count"""
 RECONNECT_MIN_DELAY = 0.5
 """seconds before the first reconnection attempt; doubles per failed attempt"""
 RECONNECT_MAX_DELAY = 10.0
 """seconds: the cap of the reconnection backoff"""
 MAX_INFLIGHT = 0
 """QoS 1/2 messages paho keeps in flight to the broker at once: 0, no limit of paho's, because the runtime
-already hands paho at most `BROKER_BACKLOG` unfinished ones, and with a limit paho walks its whole table of
-messages on every PUBACK (`_update_inflight`). 1,000 against 0: 3,824-4,467 against 5,294-5,673 QoS 1
-msg/s through `federation-2` (2 alternating runs)"""
+hands paho at most the broker's Receive Maximum of unfinished ones (`FlowControl`), and with a limit paho
+walks its whole table of messages on every PUBACK (`_update_inflight`). 1,000 against 0: 3,824-4,467 against
+5,294-5,673 QoS 1 msg/s through `federation-2` (2 alternating runs)"""
 KEEPALIVE = 30
 """seconds"""
-SESSION_EXPIRY = 60
-"""seconds the broker keeps the wrapper's session (and queues its QoS 1/2 messages) after a disconnection"""
+RECEIVE_MAXIMUM = 1024
+"""QoS 1/2 publications the broker may send us unacknowledged (our CONNECT's Receive Maximum). The runtime
+acknowledges a read pass's publications once its node has taken them, so this bounds what the wrapper has
+read and not yet taken into custody; a few read passes' worth (`MAX_PACKETS_PER_WAKEUP`), so the broker never
+waits for an acknowledgement while the wrapper keeps up"""
+DEFAULT_RECEIVE_MAXIMUM = 65535
+"""the broker's Receive Maximum when its CONNACK names none (MQTT 5 section 3.2.2.3.3)"""
+REFUSED = 0x80
+"""reason codes from this one up say the broker refused a publication (MQTT 5 section 2.4)"""
+REFUSAL_LOG_INTERVAL = 60.0
+"""seconds between log lines about injections the broker refused (every one is counted)"""
 MISC_INTERVAL = 1.0
 """seconds between calls of paho's `loop_misc` (keepalive, ping timeout) on an asyncio loop"""
 MAX_PACKETS_PER_WAKEUP = 256
@@ -131,6 +183,20 @@ def _set_cork(sock: Any, on: bool) -> bool:
     return True
 
 
+class InjectionRecorder(Protocol):
+    """Where the adapter tells how its QoS 1/2 injections progress (`federation.daemon.injections.InjectionJournal`
+    is one): before they are written, at the first PUBREC (before the PUBREL), when the broker completed them,
+    and when they are published anew under other packet ids."""
+
+    def started(self, injections: Sequence[tuple[int, Injection]]) -> None: ...
+
+    def released(self, mid: int) -> None: ...
+
+    def finished(self, mids: Sequence[int]) -> None: ...
+
+    def abandoned(self, mids: Sequence[int]) -> None: ...
+
+
 class BrokerAdapter:
     """One paho client: connect, subscribe, hand items over, inject publications.
 
@@ -145,21 +211,34 @@ class BrokerAdapter:
     def __init__(self, broker: Address, client_id: str, deliver: Callable[[BrokerItem], None],
                  max_qos: int = 2, loop: asyncio.AbstractEventLoop | None = None,
                  flush: Callable[[], None] | None = None, on_completed: Callable[[], None] | None = None,
-                 hold: Callable[[], None] | None = None) -> None:
+                 hold: Callable[[], None] | None = None, session_expiry: int = DEFAULT_SESSION_EXPIRY,
+                 recorder: InjectionRecorder | None = None) -> None:
+        if recorder is not None and loop is None:
+            raise ValueError("an injection recorder needs the loop-driven adapter (it is told on the loop's thread)")
         self.broker = broker
         self.client_id = client_id
         self.max_qos = max_qos
+        self.session_expiry = session_expiry
         self._deliver = deliver
         self._loop = loop
         self._flush = flush
         """with `loop`: called after each burst read from the broker, to hand its items over at once"""
         self._hold = hold
         """with `loop` and `flush`: called before each burst read (`flush` follows: nothing need be scheduled)"""
+        self._recorder = recorder
         self._stopping = False
         self.connected = False
+        self.session_present: bool | None = None
+        """the last CONNACK's session present flag (None before the first)"""
+        self.receive_maximum = 0
+        """the broker's Receive Maximum from the last CONNACK (0 before the first)"""
+        self._had_session = False
         self.injected = 0
+        """QoS 0/1/2 publications handed to paho (written or queued)"""
         self.inject_failed = 0
         self.properties_skipped = 0
+        self.counts: Counter[str] = Counter()
+        """what became of the injections (see the module docstring)"""
         missing = missing_paho_names()
         if missing:
             log.warning("paho-mqtt %s lacks what the wrapper's short data path uses (%s; "
@@ -167,7 +246,7 @@ class BrokerAdapter:
                         "using paho's public API instead, which works but costs more CPU per message; install "
                         "paho-mqtt==2.2.0 to get the short path back", paho_version(), ", ".join(missing))
         client: LeanClient | PublicClient = (PublicClient if missing else LeanClient)(
-            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=True)
         if loop is not None and isinstance(client, LeanClient):
             client.lean_publish = self._on_lean_publish  # the buffered reads need `_on_readable`'s draining
         client.max_inflight_messages_set(MAX_INFLIGHT)
@@ -180,9 +259,18 @@ class BrokerAdapter:
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
         client.publish_completed = self._on_publish_completed
+        client.pubrec_received = self._on_pubrec
         self.client = client
-        self._unfinished: set[int] = set()
-        """mids of the QoS 1/2 publications handed to paho that the broker has not completed (`backlog`)"""
+        self._unfinished: dict[int, Injection] = {}
+        """mid -> the QoS 1/2 injection handed to paho that the broker has not completed (`backlog`), oldest first"""
+        self._finished: list[int] = []
+        """mids completed in the current read pass, for the recorder (one write per pass)"""
+        self._refused_pubrec: dict[int, int] = {}
+        """mid -> the reason code of a PUBREC that refused it (paho completes it anyway)"""
+        self._refusal_logged_at = float("-inf")
+        self._orphans: list[Injection] = []
+        """unfinished injections of a previous run that paho's public API cannot send again under their old
+        packet ids (`PublicClient`): published anew at the first connection"""
         self._completed = False
         self._on_completed = on_completed
         """with `loop`: called after a read pass in which the broker completed some of our QoS 1/2 publications,
@@ -209,10 +297,31 @@ class BrokerAdapter:
 
     # The asyncio side.
 
+    def restore(self, unfinished: Sequence[tuple[int, Injection, bool]]) -> None:
+        """Before `start`: the QoS 1/2 injections a previous run left unfinished (mid, injection, past PUBREC), from
+        the injection journal. paho holds them under their packet ids and sends them again, as its own, when the
+        session is present; else (and always with paho's public API) they are published anew."""
+        if not unfinished:
+            return
+        client = self.client
+        if not isinstance(client, LeanClient):
+            self._orphans += [injection for _mid, injection, _released in unfinished]
+            if self._recorder is not None:
+                self._recorder.abandoned([mid for mid, _injection, _released in unfinished])
+            return
+        messages: list[RestoredMessage] = []
+        for mid, injection, released in unfinished:
+            properties, _skipped = dict_to_properties(injection.properties)
+            messages.append((mid, injection.topic, injection.payload, min(injection.qos, self.max_qos) or 1,
+                             injection.retain, properties, released))
+            self._unfinished[mid] = injection
+        client.restore(messages)
+
     def start(self) -> None:
         """Start connecting; never blocks and never fails on a broker that is down."""
         connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        connect_properties.SessionExpiryInterval = SESSION_EXPIRY
+        connect_properties.SessionExpiryInterval = self.session_expiry
+        connect_properties.ReceiveMaximum = RECEIVE_MAXIMUM
         self.client.connect_async(self.broker.host, self.broker.port, keepalive=KEEPALIVE, clean_start=False,
                                   properties=connect_properties)
         loop = self._loop
@@ -223,7 +332,9 @@ class BrokerAdapter:
         self._keepalive_handle = loop.call_later(MISC_INTERVAL, self._keepalive)
 
     def publish(self, injection: Injection) -> bool:
-        """Publish a remote publication into the broker; False if paho refused it (not connected, QoS 0)."""
+        """Publish a remote publication into the broker with paho's `publish`; False if paho refused it (not
+        connected, QoS 0). A QoS 1/2 one is told to the recorder after paho has written it (paho's public API
+        gives the packet id only then); `publish_all` tells it before."""
         properties, skipped = dict_to_properties(injection.properties) if injection.properties else (None, ())
         if skipped:
             self.properties_skipped += len(skipped)
@@ -243,13 +354,24 @@ class BrokerAdapter:
             self.inject_failed += 1
             return False
         if qos:
-            self._unfinished.add(info.mid)  # stored by paho until PUBACK / PUBCOMP, also while disconnected
+            self._unfinished[info.mid] = injection  # stored by paho until PUBACK / PUBCOMP, also while disconnected
+            if self._recorder is not None:
+                self._recorder.started([(info.mid, injection)])
+        else:
+            self.counts["written_qos0"] += 1
         self.injected += 1
         return True
 
     def backlog(self) -> int:
         """QoS 1/2 publications handed to paho that the broker has not completed yet (in flight or queued)."""
         return len(self._unfinished)
+
+    def injection_window(self) -> int:
+        """How many more QoS 1/2 injections the broker takes now: its Receive Maximum less those unfinished
+        (0 while not connected: what is handed over then waits for the next connection in our queue)."""
+        if not self.connected:
+            return 0
+        return max(0, self.receive_maximum - len(self._unfinished))
 
     @property
     def output_blocked(self) -> bool:
@@ -258,72 +380,102 @@ class BrokerAdapter:
         return self._writing
 
     def publish_all(self, injections: Sequence[Injection]) -> None:
-        """Publish several; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as fit.
-        A run of QoS 0 publications without properties is built here and written with one `send`; a run of
-        QoS 1 ones without properties goes to `LeanClient.send_qos1` (one write, paho still tracks each).
-        With paho's public path (`PublicClient`), `publish` each."""
+        """Publish several, in order; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as
+        fit. A run of QoS 0 publications without properties is built here and written with one `send`; a run of
+        QoS 1/2 ones goes to `LeanClient.send_reliable` (one write, the recorder told first, paho still tracks
+        each). With paho's public path (`PublicClient`), `publish` each."""
         sock = self._watched if len(injections) > 1 and self._loop is not None else None
         corked = sock is not None and _set_cork(sock, True)
         client = self.client
         max_qos = self.max_qos
         run = bytearray()
         count = 0
-        qos1: list[Injection] = []
+        reliable: list[Injection] = []
         try:
             if not isinstance(client, LeanClient):
                 for injection in injections:
                     self.publish(injection)
                 return
             for injection in injections:
-                if not injection.properties:
-                    qos = injection.qos if injection.qos < max_qos else max_qos
-                    if qos == 1:
-                        if count:
-                            self._send_qos0_run(client, run, count)
-                            run, count = bytearray(), 0
-                        qos1.append(injection)
-                        continue
-                    if qos1:
-                        self._send_qos1_run(client, qos1)
-                        qos1 = []
-                    if qos == 0 and lean_qos0_publish(run, injection.topic, injection.payload, injection.retain):
-                        count += 1
-                        continue
-                elif qos1:
-                    self._send_qos1_run(client, qos1)
-                    qos1 = []
+                qos = injection.qos if injection.qos < max_qos else max_qos
+                if qos:
+                    if count:
+                        self._send_qos0_run(client, run, count)
+                        run, count = bytearray(), 0
+                    reliable.append(injection)
+                    continue
+                if reliable:
+                    self._send_reliable_run(client, reliable)
+                    reliable = []
+                if not injection.properties and lean_qos0_publish(run, injection.topic, injection.payload,
+                                                                  injection.retain):
+                    count += 1
+                    continue
                 if count:
                     self._send_qos0_run(client, run, count)
                     run, count = bytearray(), 0
                 self.publish(injection)
             if count:
                 self._send_qos0_run(client, run, count)
-            if qos1:
-                self._send_qos1_run(client, qos1)
+            if reliable:
+                self._send_reliable_run(client, reliable)
         finally:
             if corked and sock is self._watched:  # not if the connection dropped meanwhile
                 _set_cork(sock, False)
 
     def _send_qos0_run(self, client: LeanClient, run: bytearray, count: int) -> None:
         """`count` QoS 0 PUBLISH packets built in `run`, written with one `send`."""
-        if client.send_qos0(run) != MQTTErrorCode.MQTT_ERR_SUCCESS:
+        if client.send_qos0(run, count, self._written_qos0) != MQTTErrorCode.MQTT_ERR_SUCCESS:
             self.inject_failed += count  # not connected: paho refuses QoS 0 publications too
             return
         self.injected += count
         if self._loop is not None and not self._writing and client.want_write():
             self._watch_writes()
 
-    def _send_qos1_run(self, client: LeanClient, injections: Sequence[Injection]) -> None:
-        """QoS 1 publications without properties: what `send_qos1` takes, then the rest through `publish`."""
-        # Taken ones join `_unfinished`: in paho's `_out_messages` until PUBACK, also across a reconnection.
-        mids = client.send_qos1([(injection.topic, injection.payload, injection.retain) for injection in injections],
-                                self._unfinished)
+    def _written_qos0(self, count: int) -> None:
+        self.counts["written_qos0"] += count
+
+    def _send_reliable_run(self, client: LeanClient, injections: Sequence[Injection]) -> None:
+        """QoS 1/2 publications: what `send_reliable` takes, then the rest through `publish`."""
+        max_qos = self.max_qos
+        messages: list[ReliableMessage] = []
+        for injection in injections:
+            properties = None
+            if injection.properties:
+                properties, skipped = dict_to_properties(injection.properties)
+                if skipped:
+                    self.properties_skipped += len(skipped)
+                    log.debug("publication %s: skipped invalid properties %s", injection.publication, skipped)
+            qos = injection.qos if injection.qos < max_qos else max_qos
+            messages.append((injection.topic, injection.payload, qos, injection.retain, properties))
+        unfinished = self._unfinished
+        recorder = self._recorder
+
+        def taken(mids: list[int]) -> None:
+            # They join `_unfinished`: in paho's `_out_messages` until PUBACK / PUBCOMP, also across a
+            # reconnection; the recorder has them before the bytes are queued.
+            pairs = list(zip(mids, injections, strict=False))
+            for mid, injection in pairs:
+                unfinished[mid] = injection
+            if recorder is not None:
+                recorder.started(pairs)
+
+        mids = client.send_reliable(messages, taken)
         if mids:
             self.injected += len(mids)
             if self._loop is not None and not self._writing and client.want_write():
                 self._watch_writes()
         for injection in injections[len(mids):]:
             self.publish(injection)
+
+    def acknowledge(self, acks: Sequence[tuple[int, int]]) -> None:
+        """Acknowledge received QoS 1/2 publications and log lines (mid, qos): the runtime calls it once its node
+        has taken them, for a whole pass at once (one write)."""
+        if not acks:
+            return
+        self.client.send_acks(acks)
+        if self._loop is not None and not self._writing and self.client.want_write():
+            self._watch_writes()
 
     @property
     def reading_paused(self) -> bool:
@@ -461,6 +613,10 @@ class BrokerAdapter:
         if client.buffered() and client.socket() is sock:
             self._schedule_read_retry()  # the socket may not wake us for what we hold already
         self._write_pending()
+        if self._finished:
+            finished, self._finished = self._finished, []
+            if self._recorder is not None:
+                self._recorder.finished(finished)
         if self._completed:
             self._completed = False
             if self._on_completed is not None:
@@ -518,6 +674,9 @@ class BrokerAdapter:
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: ReasonCode,
                     properties: Properties | None) -> None:
+        """CONNACK. Called before paho sends the unfinished messages again: without the session, they are taken
+        back from paho here (they would be new messages to the broker, and a PUBREL of one past PUBREC would be
+        answered as done while the broker never delivered it) and handed over to be published anew."""
         if reason_code.is_failure:
             self._deliver(ConnectRefused(str(reason_code)))
             return
@@ -527,12 +686,37 @@ class BrokerAdapter:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError as error:
                 log.debug("cannot set TCP_NODELAY: %s", error)
+        session_present = bool(flags.session_present)
+        receive_maximum = int(getattr(properties, "ReceiveMaximum", 0) or DEFAULT_RECEIVE_MAXIMUM)
+        session_lost = not session_present and self._had_session
+        self._had_session = True
+        resent = 0
+        reinjected: list[Injection] = self._orphans
+        self._orphans = []
+        if session_present:
+            resent = len(self._unfinished)  # paho sends them again right after this callback
+        elif self._unfinished:
+            self._refused_pubrec.clear()
+            client.drop_out_messages()
+            mids = list(self._unfinished)
+            reinjected += self._unfinished.values()
+            self._unfinished.clear()
+            if self._recorder is not None:
+                self._recorder.abandoned(mids)
+        counts = self.counts
+        counts["resent"] += resent
+        counts["reinjected"] += len(reinjected)
+        if session_lost:
+            counts["sessions_lost"] += 1
         self.connected = True
+        self.session_present = session_present
+        self.receive_maximum = receive_maximum
         self._retry_delay = RECONNECT_MIN_DELAY
-        self._deliver(Connected())
+        self._deliver(Connected(session_present, session_lost, receive_maximum, resent, tuple(reinjected)))
         client.subscribe([
             (LOG_TOPIC_FILTER, SubscribeOptions(qos=2)),
             (PUBLICATION_FILTER, SubscribeOptions(qos=2, noLocal=True, retainAsPublished=True, retainHandling=2)),
+            (SUBSCRIPTION_COUNT_TOPIC, SubscribeOptions(qos=0)),
         ])
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
@@ -541,13 +725,13 @@ class BrokerAdapter:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: ReasonCode,
                        properties: Properties | None) -> None:
         self.connected = False
-        self._deliver(Disconnected(str(reason_code), self._stopping))
+        self._deliver(Disconnected(str(reason_code), self._stopping, len(self._unfinished)))
         if self._loop is not None:
             self._schedule_connect()
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: list[ReasonCode],
                       properties: Properties | None) -> None:
-        filters = (LOG_TOPIC_FILTER, PUBLICATION_FILTER)
+        filters = (LOG_TOPIC_FILTER, PUBLICATION_FILTER, SUBSCRIPTION_COUNT_TOPIC)
         refused = tuple(f"{topic_filter}: {code}" for topic_filter, code in zip(filters, reason_codes, strict=False)
                         if code.is_failure)
         self._deliver(Subscribed(refused))
@@ -556,27 +740,71 @@ class BrokerAdapter:
         try:
             topic = message.topic
         except UnicodeDecodeError:
-            return  # the broker checks UTF-8; nothing valid to federate
+            self._acknowledge_now(message.mid, message.qos)  # the broker checks UTF-8; nothing valid to federate
+            return
         if topic.startswith("$"):
-            if topic.startswith(LOG_TOPIC_PREFIX):
-                self._deliver(LogLine(topic, bytes(message.payload)))
+            self._system_message(topic, bytes(message.payload), message.qos, message.mid)
             return
         self._deliver(Publication(topic, bytes(message.payload), message.qos, bool(message.retain),
-                                  properties_to_dict(message.properties)))
+                                  properties_to_dict(message.properties), message.mid))
 
-    def _on_lean_publish(self, topic_bytes: bytes, payload: bytes, qos: int, retain: bool) -> None:
+    def _on_lean_publish(self, topic_bytes: bytes, payload: bytes, qos: int, retain: bool, mid: int) -> None:
         """`LeanClient`'s short path: a PUBLISH without properties, as `_on_message` would see it."""
         try:
             topic = topic_bytes.decode("utf-8")
         except UnicodeDecodeError:
+            self._acknowledge_now(mid, qos)
             return
         if topic.startswith("$"):
-            if topic.startswith(LOG_TOPIC_PREFIX):
-                self._deliver(LogLine(topic, payload))
+            self._system_message(topic, payload, qos, mid)
             return
-        self._deliver(Publication(topic, payload, qos, retain, None))
+        self._deliver(Publication(topic, payload, qos, retain, None, mid))
 
-    def _on_publish_completed(self, mid: int) -> None:
-        if mid in self._unfinished:
-            self._unfinished.discard(mid)
-            self._completed = True
+    def _system_message(self, topic: str, payload: bytes, qos: int, mid: int) -> None:
+        """A `$` topic: a log line (acknowledged by the runtime with the publications), the subscription count,
+        or something not asked for (acknowledged at once)."""
+        if topic.startswith(LOG_TOPIC_PREFIX):
+            self._deliver(LogLine(topic, payload, mid, qos))
+            return
+        self._acknowledge_now(mid, qos)
+        if topic == SUBSCRIPTION_COUNT_TOPIC:
+            try:
+                count = int(payload)
+            except ValueError:
+                log.debug("%s: not a number: %r", topic, payload[:40])
+                return
+            self._deliver(SubscriptionCount(count))
+
+    def _acknowledge_now(self, mid: int, qos: int) -> None:
+        if qos:
+            self.client.send_acks([(mid, qos)])
+
+    def _on_pubrec(self, mid: int, reason: int) -> None:
+        """The first PUBREC of one of our QoS 2 injections; the PUBREL follows when this returns (paho sends it
+        also after a refusal, and the broker completes it: the refusal is remembered for the completion)."""
+        if mid not in self._unfinished:
+            return
+        if reason >= REFUSED:
+            self._refused_pubrec[mid] = reason
+        if self._recorder is not None:
+            self._recorder.released(mid)
+
+    def _on_publish_completed(self, mid: int, reason: int) -> None:
+        injection = self._unfinished.pop(mid, None)
+        if injection is None:
+            return
+        reason = self._refused_pubrec.pop(mid, reason) if self._refused_pubrec else reason
+        if reason >= REFUSED:
+            self.counts["refused"] += 1
+            now = time.monotonic()
+            if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL:
+                self._refusal_logged_at = now
+                log.warning("broker %s refused an injected publication on %r (reason code 0x%02x): it is not "
+                            "delivered there; check the wrapper's ACL (it must be allowed to publish on every "
+                            "federated topic). Further refusals are counted (status daemon.broker.injections."
+                            "refused) and logged once a minute", self.broker, injection.topic, reason)
+        else:
+            self.counts["acknowledged"] += 1
+        if self._recorder is not None:
+            self._finished.append(mid)
+        self._completed = True

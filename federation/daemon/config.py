@@ -17,6 +17,7 @@ checks they agree).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import socket
@@ -28,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from federation.daemon import wrapper_events
 from federation.daemon.keys import KeyFileError, read_key_file
 from federation.envelope.datagrams import ENCRYPTION_NONE, ENCRYPTIONS
 from federation.protocol import events
@@ -35,6 +37,14 @@ from federation.protocol.placement import capability
 from federation.protocol.settings import Settings, SettingsError
 from federation.protocol.types import Address
 
+DEFAULT_SESSION_EXPIRY = 3600
+"""seconds the broker keeps the wrapper's session (queues its QoS 1/2 messages and log lines, keeps its half of
+the unfinished injections) after a disconnection"""
+MIN_SESSION_EXPIRY = 60
+MAX_SESSION_EXPIRY = 2**32 - 1
+"""MQTT's largest session expiry interval: the session never expires"""
+DEFAULT_RESUBSCRIBE_GRACE = 30.0
+MAX_RESUBSCRIBE_GRACE = 86400.0
 DEFAULT_PORT = 10500
 """UDP port of the overlay, for --bind and for neighbours given without a port."""
 DEFAULT_BIND = "0.0.0.0:10500"
@@ -77,7 +87,7 @@ FIELDS: tuple[Field, ...] = (
           "directory for the boot epoch and the local subscription table (null: no persistence)"),
     Field("event_log", "--event-log", None, "JSON-lines event trace file, appended to (null: none)"),
     Field("event_types", None, None,
-          "event types written to event_log (null: all); one of: " + ", ".join(events.ALL)),
+          "event types written to event_log (null: all); one of: " + ", ".join(events.ALL + wrapper_events.ALL)),
     Field("metrics_port", "--metrics-port", None, "Prometheus metrics TCP port (null: no metrics server)"),
     Field("metrics_bind", None, None,
           "address of the metrics server (null: the bind host, or 0.0.0.0 when bound to 0.0.0.0)"),
@@ -90,6 +100,15 @@ FIELDS: tuple[Field, ...] = (
           "the first signs, all are accepted. null: the overlay is OPEN (no authentication: lab use only)"),
     Field("encryption", "--encryption", ENCRYPTION_NONE,
           "payload encryption between wrappers: " + " or ".join(ENCRYPTIONS) + " (encryption needs key_file)"),
+    Field("broker_session_expiry", None, DEFAULT_SESSION_EXPIRY,
+          f"seconds the broker keeps the wrapper's MQTT session after a disconnection ({MIN_SESSION_EXPIRY} to "
+          f"{MAX_SESSION_EXPIRY}): meanwhile it queues the local publications and log lines for the wrapper and "
+          f"keeps its half of the unfinished injections, so a wrapper or connection that is down for less loses "
+          f"nothing"),
+    Field("resubscribe_grace", None, DEFAULT_RESUBSCRIBE_GRACE,
+          "seconds, after the broker restarted (it lost the wrapper's session, and its clients' subscriptions), "
+          "during which the wrapper keeps the filters it knew as interest and holds their publications until a "
+          "matching subscription is logged again; then they are dropped (no_subscriber_after_broker_restart)"),
 )
 KNOWN_KEYS = frozenset(f.key for f in FIELDS) | {"neighbours", "settings"}
 
@@ -121,6 +140,10 @@ class DaemonConfig:
     keys: tuple[bytes, ...] = field(default=(), repr=False)
     """federation keys read from key_file (the first signs); empty: open overlay"""
     encryption: str = ENCRYPTION_NONE
+    broker_session_expiry: int = DEFAULT_SESSION_EXPIRY
+    """seconds the broker keeps the wrapper's session after a disconnection"""
+    resubscribe_grace: float = DEFAULT_RESUBSCRIBE_GRACE
+    """seconds to hold publications for the filters known before a broker restart"""
 
     @property
     def family(self) -> socket.AddressFamily:
@@ -233,6 +256,14 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
     client_id = _optional_text(value("client_id"), origin("client_id"))
     key_file = _optional_path(value("key_file"), origin("key_file"))
     encryption = _encryption(value("encryption"), origin("encryption"))
+    session_expiry = _optional_int(value("broker_session_expiry"), origin("broker_session_expiry"),
+                                   MIN_SESSION_EXPIRY, MAX_SESSION_EXPIRY,
+                                   f"whole seconds from {MIN_SESSION_EXPIRY} to {MAX_SESSION_EXPIRY} (how long the "
+                                   f"broker keeps the wrapper's session; the default {DEFAULT_SESSION_EXPIRY} rides "
+                                   f"out a wrapper restart)")
+    resubscribe_grace = _seconds(value("resubscribe_grace"), origin("resubscribe_grace"), MAX_RESUBSCRIBE_GRACE,
+                                 f"seconds above 0 and at most {MAX_RESUBSCRIBE_GRACE:g} (how long clients of a "
+                                 f"restarted broker get to subscribe again; default {DEFAULT_RESUBSCRIBE_GRACE:g})")
     keys: tuple[bytes, ...] = ()
     if key_file is not None:
         try:
@@ -283,6 +314,8 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
         metrics_port=metrics_port, metrics_bind=metrics_host, log_level=log_level,
         max_qos=2 if max_qos is None else max_qos, settings=settings, config_file=config_path,
         key_file=key_file, keys=keys, encryption=encryption,
+        broker_session_expiry=DEFAULT_SESSION_EXPIRY if session_expiry is None else session_expiry,
+        resubscribe_grace=resubscribe_grace,
     )
 
 
@@ -353,6 +386,15 @@ def _optional_int(value: Any, where: str, low: int, high: int, expected: str) ->
     return value
 
 
+def _seconds(value: Any, where: str, high: float, expected: str) -> float:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = float(value.strip())
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= high:
+        raise ConfigError(f"{where}: expected {expected}, got {value!r}")
+    return float(value)
+
+
 def _optional_text(value: Any, where: str) -> str | None:
     if value is None:
         return None
@@ -371,9 +413,10 @@ def _event_types(value: Any, where: str) -> frozenset[str] | None:
         return None
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ConfigError(f"{where}: expected a list of event types, got {value!r}")
+    known = events.ALL + wrapper_events.ALL
     for item in value:
-        if item not in events.ALL:
-            raise ConfigError(f"{where}: unknown event type {item!r}; known types are: {', '.join(events.ALL)}")
+        if item not in known:
+            raise ConfigError(f"{where}: unknown event type {item!r}; known types are: {', '.join(known)}")
     return frozenset(value)
 
 

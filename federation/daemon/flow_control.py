@@ -6,9 +6,14 @@ decisions that keep the queues bounded (docs/daemon.md "Overload"), kept
 apart from the running wrapper (running.py), which owns the loop and calls
 them once per drain of the node's outputs:
 
-- into the broker (`inject`): remote publications are handed to paho only
-  while fewer than `BROKER_BACKLOG` are unfinished; the rest wait in a
-  bounded `InjectionQueue` that drops the oldest QoS 0 one first, and above
+- into the broker (`inject`): remote QoS 1/2 publications are handed to
+  paho only while fewer than the broker's Receive Maximum (from its
+  CONNACK; Mosquitto announces `max_inflight_messages`, 20 by default, and
+  drops a client that sends more QoS 2 ones) are unfinished, and at most
+  `BROKER_BACKLOG`; nothing is handed over while the broker is not
+  connected or its socket refuses bytes. The rest wait, in order (a QoS 0
+  publication behind a waiting QoS 1/2 one waits too), in a bounded
+  `InjectionQueue` that drops the oldest QoS 0 one first, and above
   `INJECTION_BACKLOG_HIGH` the node stops acknowledging new QoS 1/2 copies
   (`Node.delivery_backlogged`), so their senders keep them instead;
 - out of the broker (`apply_backpressure`): reading stops while
@@ -33,6 +38,7 @@ spend most of its time on what it could not deliver, and so drop more.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from federation.daemon.backpressure import InjectionQueue, qos0_publications, shed_qos0
@@ -52,8 +58,9 @@ INJECTION_BACKLOG = 10000
 INJECTION_BACKLOG_HIGH = INJECTION_BACKLOG * 7 // 8
 """waiting publications from which new QoS 1/2 copies are left unacknowledged (`Node.delivery_backlogged`)"""
 BROKER_BACKLOG = 2000
-"""QoS 1/2 publications handed to paho and not completed by the broker, above which the rest wait in our queue;
-at most this many handed over at once, and none while paho holds bytes the socket refused"""
+"""QoS 1/2 publications handed to paho and not completed by the broker, above which the rest wait in our queue
+even when the broker's Receive Maximum is larger (MQTT's default, 65535, when it names none); at most this many
+injections handed over at once, and none while paho holds bytes the socket refused"""
 
 
 class FlowControl:
@@ -76,29 +83,42 @@ class FlowControl:
             report_shed(node, "send_backlog_qos0", "send_backlog", packet, now, target)
         return kept
 
-    def inject(self, node: Node, broker: BrokerAdapter, now: float) -> None:
-        """Hand remote publications to the broker while its backlog is small; the rest wait in a bounded
-        queue that drops the oldest QoS 0 publication first (federation.daemon.backpressure), counted and reported."""
+    def inject(self, node: Node, broker: BrokerAdapter, now: float, handed: Sequence[Injection] = ()) -> None:
+        """Hand remote publications (`handed`, then what waits) to the broker within its Receive Maximum; the
+        rest wait in a bounded queue that drops the oldest QoS 0 publication first (federation.daemon.backpressure),
+        counted and reported."""
         queue = self.injection_queue
-        handed = node.injections_to_make()
-        room = BROKER_BACKLOG - broker.backlog()
-        if len(queue) or broker.output_blocked or len(handed) > room:
-            # Some wait already, or the broker cannot take these now: they go behind, in the bounded queue.
-            for injection in handed:
-                dropped = queue.push(injection, injection.qos)
-                if dropped is not None:
-                    node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
-                    if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
-                        node.emit(events.PUBLICATION_DROPPED, now,
-                                  pub=events.publication_text(dropped.publication), filter=None,
-                                  reason="broker_backlog")
-            # blocked: the rest waits here, bounded, and is paced
-            handed = [] if broker.output_blocked else queue.take(max(0, room))
+        window = min(broker.injection_window(), BROKER_BACKLOG - broker.backlog()) if broker.max_qos else BROKER_BACKLOG
+        blocked = broker.output_blocked or not broker.connected
+        if handed and not len(queue) and not blocked:
+            cut = _within(handed, window)  # the common case: nothing waits, and the window takes them all
+            if cut < len(handed):
+                self._queue(node, handed[cut:], now)
+                handed = handed[:cut]
+        else:
+            if handed:  # some wait already, or the broker cannot take these now: they go behind, in the queue
+                self._queue(node, handed, now)
+            handed = [] if blocked else queue.take_within(window, BROKER_BACKLOG)
         if handed:
             broker.publish_all(handed)
         # QoS 1/2 copies are acknowledged to the previous hop on arrival: stop taking new ones before the
         # queue must drop them (it drops QoS 0 first, but a flood of QoS 1 alone would lose some).
         node.delivery_backlogged = len(queue) >= INJECTION_BACKLOG_HIGH
+
+    def requeue(self, node: Node, injections: Sequence[Injection], now: float) -> None:
+        """Injections that wait for `inject` again, behind what waits (held ones released, or those the broker
+        lost with its session: the caller puts them before what waits with `InjectionQueue.drain`)."""
+        self._queue(node, injections, now)
+
+    def _queue(self, node: Node, injections: Sequence[Injection], now: float) -> None:
+        queue = self.injection_queue
+        for injection in injections:
+            dropped = queue.push(injection, injection.qos)
+            if dropped is not None:
+                node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
+                if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
+                    node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
+                              filter=None, reason="broker_backlog")
 
     def apply_backpressure(self, node: Node, broker: BrokerAdapter, send_paused: bool, now: float,
                            paced: bool = False) -> None:
@@ -126,6 +146,19 @@ class FlowControl:
             broker.pause_reading()
             self._paused_at = now
             self.backpressure_pauses += 1
+
+
+def _within(injections: Sequence[Injection], window: int) -> int:
+    """How many of `injections`, from the first, hold at most `window` QoS 1/2 ones."""
+    if window >= len(injections):
+        return len(injections)
+    reliable = 0
+    for index, injection in enumerate(injections):
+        if injection.qos:
+            if reliable == window:
+                return index
+            reliable += 1
+    return len(injections)
 
 
 def report_shed(node: Node, counter: str, reason: str, packet: bytes, now: float, to: Address | None = None) -> None:

@@ -36,7 +36,23 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("federation_publications", "counter",
      "publications by stage: originated (local, sent into the federation), forwarded (copies sent on), "
      "delivered (remote, matched a local subscription)"),
-    ("federation_injections", "counter", "remote publications published into the local broker, by result"),
+    ("federation_injections", "counter",
+     "remote publications handed to the local broker, by result: acknowledged (QoS 1/2, the broker completed "
+     "it), written (QoS 0, on its socket), refused (the broker said no), failed (paho refused it), "
+     "duplicate_suppressed (the journal says the broker completed it before)"),
+    ("federation_injection_retries", "counter",
+     "QoS 1/2 injections sent again: resent (same packet id, the session was kept), reinjected (anew, the broker "
+     "lost the session)"),
+    ("federation_injections_pending", "gauge",
+     "remote publications not delivered yet, by state: unfinished (handed over, not acknowledged), waiting (in "
+     "the queue toward the broker), held (since the broker restarted, for a subscriber to come back)"),
+    ("federation_broker_sessions_lost", "counter",
+     "times the broker came back without the wrapper's session (it restarted): its subscriptions were gone"),
+    ("federation_broker_receive_maximum", "gauge", "the broker's Receive Maximum from its last CONNACK"),
+    ("federation_unaccounted_subscriptions", "gauge",
+     "subscriptions the broker holds beyond those the wrapper saw ($SYS/broker/subscriptions/count)"),
+    ("federation_over_delivery", "gauge",
+     "1 while the wrapper delivers every publication to its broker because of unaccounted subscriptions"),
     ("federation_neighbours", "gauge", "neighbours by state (up, down)"),
     ("federation_members", "gauge", "members of the federation table, this node included"),
     ("federation_topics", "gauge", "federated filters with a known topic core"),
@@ -88,10 +104,23 @@ def metric_families(snap: Snapshot) -> list[Metric]:
     for stage in ("originated", "forwarded", "delivered"):
         publications.add_metric([stage], counters.get(f"publications_{stage}", 0))
     out.append(publications)
+    counts = snap["injections"]
     injections = _counter("federation_injections", ["result"])
-    injections.add_metric(["ok"], snap["injected"])
-    injections.add_metric(["failed"], snap["inject_failed"])
+    for result, key in (("acknowledged", "acknowledged"), ("written", "written_qos0"), ("refused", "refused"),
+                        ("failed", "failed"), ("duplicate_suppressed", "duplicate_suppressed")):
+        injections.add_metric([result], counts[key])
     out.append(injections)
+    retries = _counter("federation_injection_retries", ["kind"])
+    for kind in ("resent", "reinjected"):
+        retries.add_metric([kind], counts[kind])
+    out.append(retries)
+    pending = _gauge("federation_injections_pending", ["state"])
+    for state in ("unfinished", "waiting", "held"):
+        pending.add_metric([state], counts[state])
+    out.append(pending)
+    sessions_lost = _counter("federation_broker_sessions_lost")
+    sessions_lost.add_metric([], snap["broker_sessions_lost"])
+    out.append(sessions_lost)
     neighbours = _gauge("federation_neighbours", ["state"])
     neighbours.add_metric(["up"], snap["neighbours_up"])
     neighbours.add_metric(["down"], snap["neighbours_total"] - snap["neighbours_up"])
@@ -100,7 +129,10 @@ def metric_families(snap: Snapshot) -> list[Metric]:
                       ("federation_is_management_core", "is_management_core"),
                       ("federation_local_clients", "local_clients"),
                       ("federation_local_subscriptions", "local_subscriptions"),
-                      ("federation_broker_connected", "broker_connected")):
+                      ("federation_broker_connected", "broker_connected"),
+                      ("federation_broker_receive_maximum", "broker_receive_maximum"),
+                      ("federation_unaccounted_subscriptions", "unaccounted_subscriptions"),
+                      ("federation_over_delivery", "over_delivery")):
         gauge = _gauge(name)
         gauge.add_metric([], float(snap[key]))
         out.append(gauge)

@@ -44,14 +44,25 @@ import time
 from collections import Counter
 from typing import Any
 
+from federation.daemon import wrapper_events
 from federation.daemon.backpressure import PacketBacklog
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_health import BrokerHealth
-from federation.daemon.broker_items import BrokerItem, LogLine, LoopHandOff, Publication
-from federation.daemon.broker_log import BrokerLogTracker
+from federation.daemon.broker_items import (
+    BrokerItem,
+    Connected,
+    Disconnected,
+    LogLine,
+    LoopHandOff,
+    Publication,
+    SubscriptionCount,
+)
+from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
+from federation.daemon.broker_subscriptions import BrokerSubscriptions
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig
 from federation.daemon.flow_control import INJECTION_BACKLOG, FlowControl, report_shed
+from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
 from federation.daemon.snapshots import metrics_snapshot, snapshot_from_thread, status_document
 from federation.daemon.startup import Resources
@@ -67,7 +78,7 @@ from federation.daemon.udp import (
 from federation.envelope.datagrams import Envelope
 from federation.protocol import events, wire
 from federation.protocol.node import Node
-from federation.protocol.types import Address, Event
+from federation.protocol.types import Address, Event, Injection
 
 log = logging.getLogger("federation.daemon")
 
@@ -93,6 +104,8 @@ PACE_RECHECK_SLACK = 0.001
 """seconds after a neighbour's hold ends at which a paced wrapper looks again (the hold has then expired)"""
 REFUSAL_LOG_INTERVAL = 60.0
 """seconds between log lines about publications refused for their size (every one is counted)"""
+HOUSEKEEPING_INTERVAL = 1.0
+"""seconds between looks at what ends with time in the broker's subscriptions (a resubscribe grace, over-delivery)"""
 
 
 class Running:
@@ -117,11 +130,23 @@ class Running:
         """writes the subscription table and the epoch; None without a state directory"""
         self.tracker = BrokerLogTracker(config.client_id)
         self.broker_health = BrokerHealth(config.broker, config.client_id, loop.call_later)
+        self.journal: InjectionJournal | None = resources.journal
+        """the injection journal (with a state directory)"""
+        self.outbox = wrapper_events.WrapperEvents(str(node.address))
+        """the daemon's own events, written with the node's"""
         hand_off = LoopHandOff(loop, self._on_broker_items)
         # paho driven by this loop (no network thread); a burst read from the broker reaches the node at once.
         self.broker = BrokerAdapter(config.broker, config.client_id, hand_off.put, config.max_qos, loop=loop,
                                     flush=hand_off.flush, on_completed=self._on_broker_completed,
-                                    hold=hand_off.hold)
+                                    hold=hand_off.hold, session_expiry=config.broker_session_expiry,
+                                    recorder=self.journal)
+        if self.journal is not None:
+            self.broker.restore([(entry.mid, entry.injection, entry.released) for entry in self.journal.in_flight()])
+        self.broker_subscriptions = BrokerSubscriptions(node, node.count_drop, self.outbox, self.subscriptions,
+                                                        config.resubscribe_grace)
+        """a broker that lost its subscriptions, and subscriptions it holds that the wrapper did not see"""
+        self.duplicates_suppressed = 0
+        """remote QoS 1/2 publications not injected because the journal says the broker completed them"""
         self.flow = FlowControl()
         self.receive_backlog: PacketBacklog[Address] = PacketBacklog(RECEIVE_BACKLOG, RECEIVE_BACKLOG_BYTES)
         self.drop_reporter = DropReporter()
@@ -139,6 +164,7 @@ class Running:
         """the look at the broker again once a neighbour's hold on us ends, while one is pending"""
         self._flush_handle = loop.call_later(EVENT_LOG_FLUSH_INTERVAL, self._periodic_flush)
         self._drops_handle = loop.call_later(KERNEL_DROPS_CHECK_INTERVAL, self._check_kernel_drops)
+        self._housekeeping_handle = loop.call_later(HOUSEKEEPING_INTERVAL, self._housekeeping)
         protocol.attach(self._on_datagram, self._answer_status, self._on_send_resumed)
 
     @property
@@ -157,6 +183,7 @@ class Running:
         if replayed:
             log.info("replayed %d saved subscriptions of %d clients into the node", replayed,
                      len(self.subscriptions.clients))
+        self.broker_subscriptions.table_changed(now)
         self._drain_outputs(now)
         self.broker.start()
         config = self.config
@@ -185,7 +212,8 @@ class Running:
 
     def close(self) -> None:
         """Cancel every timer and release the resources (the socket through its transport)."""
-        for handle in (self._flush_handle, self._drops_handle, self._pace_handle, self._timer):
+        for handle in (self._flush_handle, self._drops_handle, self._housekeeping_handle, self._pace_handle,
+                       self._timer):
             if handle is not None:
                 handle.cancel()
         if self.saver is not None:
@@ -276,34 +304,76 @@ class Running:
         now = self.clock.now()
         changed = False
         limit = node.settings.max_publication_bytes
+        acks: list[tuple[int, int]] = []
         # QoS 0 publications in a row: one `tb` run (federation.protocol.publication_batch)
         run: list[tuple[str, bytes]] = []
-        for item in batch:
-            if isinstance(item, Publication):
-                if len(item.payload) > limit:
-                    self._refuse_publication(item, now)
-                elif not item.qos and not item.retain and item.properties is None:
-                    run.append((item.topic, item.payload))
+        try:
+            for item in batch:
+                if isinstance(item, Publication):
+                    qos = item.qos
+                    if qos:
+                        acks.append((item.mid, qos))
+                    if len(item.payload) > limit:
+                        self._refuse_publication(item, now)
+                    elif not qos and not item.retain and item.properties is None:
+                        run.append((item.topic, item.payload))
+                    else:
+                        if run:
+                            node.local_publish_run(run, now)
+                            run = []
+                        node.local_publish(item.topic, item.payload, qos, item.retain, item.properties, now)
+                    continue
+                if run:  # kept in order with what follows
+                    node.local_publish_run(run, now)
+                    run = []
+                if isinstance(item, LogLine):
+                    if item.qos:
+                        acks.append((item.mid, item.qos))
+                    self.broker_health.count_log_line()
+                    for event in self.tracker.feed(item.topic, item.payload):
+                        changed = self.subscriptions.apply(event, node, now) or changed
+                        if isinstance(event, ClientSubscribed):
+                            released = self.broker_subscriptions.subscribed(event.filter, now)
+                            if released:  # held since the broker restarted: now, in their order
+                                self.flow.requeue(node, released, now)
+                elif isinstance(item, SubscriptionCount):
+                    self.broker_subscriptions.counted(item.count, now)
                 else:
-                    if run:
-                        node.local_publish_run(run, now)
-                        run = []
-                    node.local_publish(item.topic, item.payload, item.qos, item.retain, item.properties, now)
-                continue
-            if run:  # kept in order with what follows
+                    self._on_broker_state(item, now)
+            if run:
                 node.local_publish_run(run, now)
-                run = []
-            if isinstance(item, LogLine):
-                self.broker_health.count_log_line()
-                for event in self.tracker.feed(item.topic, item.payload):
-                    changed = self.subscriptions.apply(event, node, now) or changed
-            else:
-                self.broker_health.on_state(item, now)
-        if run:
-            node.local_publish_run(run, now)
-        if changed and self.saver is not None:
-            self.saver.schedule()
+        finally:
+            # The one place the broker's publications (and log lines) are acknowledged: after the node took them.
+            self.broker.acknowledge(acks)
+        if changed:
+            self.broker_subscriptions.table_changed(now)
+            if self.saver is not None:
+                self.saver.schedule()
         self._drain_outputs(now)
+
+    def _on_broker_state(self, item: BrokerItem, now: float) -> None:
+        """A change of the broker connection: health and warnings, events, and what a new session means."""
+        self.broker_health.on_state(item, now)
+        if isinstance(item, Connected):
+            reinjected = list(item.reinjected)
+            self.outbox.emit(wrapper_events.BROKER_CONNECTED, now, session_present=item.session_present,
+                             session_lost=item.session_lost, receive_maximum=item.receive_maximum,
+                             resent=item.resent, reinjected=len(reinjected))
+            if item.resent:
+                log.info("broker session kept: sending %d unfinished injections again (same packet ids)",
+                         item.resent)
+            if reinjected:
+                log.warning("the broker did not keep the wrapper's session: publishing %d unfinished injections "
+                            "anew", len(reinjected))
+            if item.session_lost:
+                self.broker_subscriptions.broker_restarted(now)
+            if reinjected or item.session_lost:
+                # Those the broker lost were handed over before what waits now; all of it now passes the hold.
+                waiting = [*reinjected, *self.flow.injection_queue.drain()]
+                self.flow.requeue(self.node, self.broker_subscriptions.admit(waiting, now), now)
+        elif isinstance(item, Disconnected):
+            self.outbox.emit(wrapper_events.BROKER_DISCONNECTED, now, reason=item.reason,
+                             unfinished=item.unfinished)
 
     def _refuse_publication(self, item: Publication, now: float) -> None:
         """A local publication above max_publication_bytes: not federated (never truncated), counted, logged."""
@@ -359,13 +429,17 @@ class Running:
         for data, target in envelope.datagrams_to_send(now):
             transport.sendto(data, (target.host, target.port))
         broker = self.broker
-        self.flow.inject(node, broker, now)
+        injections = node.injections_to_make()
+        self.flow.inject(node, broker, now, self._admit(injections, now) if injections else injections)
         self._apply_backpressure(node, broker, now, paced_until)
         emitted = node.events_emitted()
         dropped = envelope.events_emitted()
         if dropped:
             self.drop_reporter.report(dropped, now)
             emitted += dropped
+        own = self.outbox.drain()
+        if own:
+            emitted += own
         if emitted:
             counts = self.event_counts
             for event in emitted:
@@ -374,6 +448,18 @@ class Running:
                     self.saver.schedule()
             if self.event_log is not None:
                 self.event_log.write(emitted)
+
+    def _admit(self, injections: list[Injection], now: float) -> list[Injection]:
+        """The node's injections that go to the broker: not those the journal says the broker completed (a copy
+        sent again by an upstream wrapper after we restarted), and not yet those held since it restarted."""
+        journal = self.journal
+        if journal is not None and journal.has_completed:
+            kept = [injection for injection in injections
+                    if not (injection.qos and journal.is_completed(injection.publication))]
+            if len(kept) != len(injections):
+                self.duplicates_suppressed += len(injections) - len(kept)
+                injections = kept
+        return self.broker_subscriptions.admit(injections, now)
 
     def _on_send_resumed(self) -> None:
         """The socket took the buffered datagrams: read from the broker again if only that held it."""
@@ -423,6 +509,12 @@ class Running:
         if self.event_log is not None:
             self.event_log.flush()
         self._flush_handle = self.loop.call_later(EVENT_LOG_FLUSH_INTERVAL, self._periodic_flush)
+
+    def _housekeeping(self) -> None:
+        self._housekeeping_handle = self.loop.call_later(HOUSEKEEPING_INTERVAL, self._housekeeping)
+        now = self.clock.now()
+        self.broker_subscriptions.tick(now)
+        self._drain_outputs(now)
 
     def _check_kernel_drops(self) -> None:
         """Warn when the kernel dropped datagrams meant for us: losses nothing else in the wrapper can see."""

@@ -32,12 +32,14 @@ from typing import Any, Protocol
 
 from federation import __version__
 from federation.daemon.backpressure import PacketBacklog
-from federation.daemon.broker import BrokerAdapter
+from federation.daemon.broker import RECEIVE_MAXIMUM, BrokerAdapter
 from federation.daemon.broker_health import BrokerHealth
 from federation.daemon.broker_log import BrokerLogTracker
+from federation.daemon.broker_subscriptions import BrokerSubscriptions
 from federation.daemon.config import DaemonConfig
 from federation.daemon.event_log import EventLog
 from federation.daemon.flow_control import FlowControl
+from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
 from federation.daemon.udp import OverlayProtocol
 from federation.envelope.datagrams import Envelope
@@ -64,6 +66,12 @@ class WrapperParts(Protocol):
     def tracker(self) -> BrokerLogTracker: ...
     @property
     def flow(self) -> FlowControl: ...
+    @property
+    def journal(self) -> InjectionJournal | None: ...
+    @property
+    def broker_subscriptions(self) -> BrokerSubscriptions: ...
+    @property
+    def duplicates_suppressed(self) -> int: ...
     @property
     def protocol(self) -> OverlayProtocol: ...
     @property
@@ -99,6 +107,12 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
             "reading_paused": broker.reading_paused,
             "injection_backlog": len(flow.injection_queue),
             "injection_dropped": dict(sorted(flow.injection_queue.dropped.items())),
+            "session": {"present": broker.session_present, "expiry_s": config.broker_session_expiry,
+                        "lost": broker.counts["sessions_lost"], "receive_maximum": broker.receive_maximum,
+                        "announced_receive_maximum": RECEIVE_MAXIMUM},
+            "injections": injection_counts(wrapper),
+            "journal": wrapper.journal.status() if wrapper.journal is not None else None,
+            **wrapper.broker_subscriptions.status(),
         },
         "overload": {
             "receive_backlog": len(wrapper.receive_backlog),
@@ -117,6 +131,21 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
         "udp_send_errors": protocol.send_errors,
     }
     return document
+
+
+def injection_counts(wrapper: WrapperParts) -> dict[str, int]:
+    """What became of the remote publications handed to the broker (docs/daemon.md "Honest counters"):
+    `delivered` is what the broker acknowledged (QoS 1/2) plus what was written to its socket (QoS 0)."""
+    broker = wrapper.broker
+    counts = broker.counts
+    return {
+        "delivered": counts["acknowledged"] + counts["written_qos0"],
+        "acknowledged": counts["acknowledged"], "written_qos0": counts["written_qos0"],
+        "refused": counts["refused"], "failed": broker.inject_failed, "unfinished": broker.backlog(),
+        "waiting": len(wrapper.flow.injection_queue), "held": len(wrapper.broker_subscriptions.hold.held),
+        "resent": counts["resent"], "reinjected": counts["reinjected"],
+        "duplicate_suppressed": wrapper.duplicates_suppressed,
+    }
 
 
 def metrics_snapshot(wrapper: WrapperParts) -> Snapshot:
@@ -144,6 +173,11 @@ def metrics_snapshot(wrapper: WrapperParts) -> Snapshot:
                          "not_understood": log_counters.not_understood_total},
         "injected": broker.injected,
         "inject_failed": broker.inject_failed,
+        "injections": injection_counts(wrapper),
+        "broker_sessions_lost": broker.counts["sessions_lost"],
+        "broker_receive_maximum": broker.receive_maximum,
+        "unaccounted_subscriptions": wrapper.broker_subscriptions.audit.unaccounted,
+        "over_delivery": wrapper.broker_subscriptions.audit.over_delivery,
         "udp_send_errors": protocol.send_errors,
         "receive_backlog": len(wrapper.receive_backlog),
         "send_paused": protocol.writing_paused,

@@ -26,11 +26,14 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from federation.daemon.config import DaemonConfig
 from federation.daemon.event_log import EventLog, EventLogError
+from federation.daemon.injections import JOURNAL_FILE, InjectionJournal
 from federation.daemon.metrics import Snapshot, start_metrics_server
+from federation.daemon.record_log import RecordLog, RecordLogError
 from federation.daemon.state import LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.udp import open_socket
 from federation.envelope.datagrams import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
@@ -54,12 +57,17 @@ class Resources:
     """the state directory, locked"""
     event_log: EventLog | None
     metrics_server: Any | None
+    journal: InjectionJournal | None = None
+    """the injection journal in the state directory (federation.daemon.injections)"""
 
     def close(self, transport: asyncio.BaseTransport | None = None) -> None:
         """Release everything. The socket is closed by `transport` when there is one: it sends what it still
         buffers first."""
         if self.event_log is not None:
             self.event_log.close()
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
         if transport is not None:
             transport.close()
         else:
@@ -100,10 +108,33 @@ def open_resources(config: DaemonConfig, metrics_snapshot: Callable[[], Snapshot
                 resources.event_log = EventLog(config.event_log, config.event_types)
             except EventLogError as error:
                 raise StartupError(str(error)) from None
+        if store is not None:
+            resources.journal = open_journal(config, store.directory)
     except BaseException:
         resources.close()
         raise
     return resources
+
+
+def open_journal(config: DaemonConfig, directory: Path) -> InjectionJournal:
+    """The injection journal in the state directory, as a previous run left it; StartupError if unusable."""
+    path = directory / JOURNAL_FILE
+    try:
+        record_log = RecordLog(path)
+    except (RecordLogError, OSError) as error:
+        raise StartupError(f"--state-dir: cannot use the injection journal {path}: {error}; give a writable "
+                           f"directory") from None
+    if record_log.torn_bytes:
+        log.warning("the injection journal %s ended in a record cut short (%d bytes, a crash while it was "
+                    "written): cut off", path, record_log.torn_bytes)
+    journal = InjectionJournal(record_log, config.settings.duplicate_cache_size)
+    if journal.undecodable:
+        log.warning("the injection journal %s held %d records that could not be read: skipped", path,
+                    journal.undecodable)
+    if journal.recovered:
+        log.info("the injection journal holds %d injections a previous run left unfinished: sending them again",
+                 journal.recovered)
+    return journal
 
 
 def boot(config: DaemonConfig, store: StateStore | None) -> tuple[Node, Envelope, PersistedState]:

@@ -167,12 +167,27 @@ def test_flag_errors_name_the_field_and_the_fix(flags: dict[str, Any], expected:
     ("neighbors: [10.0.0.2, 7]\n", "neighbors[1]: expected HOST[:PORT]"),
     ("bind: [\n", "not valid YAML"),
     ("- a\n- b\n", "expected a mapping of settings"),
+    ("broker_session_expiry: 0\n", "broker_session_expiry: expected whole seconds from 60 to 4294967295 (how long "
+                                    "the broker keeps the wrapper's session; the default 3600 rides out a wrapper "
+                                    "restart), got 0"),
+    ("broker_session_expiry: 1.5\n", "broker_session_expiry: expected whole seconds from 60"),
+    ("resubscribe_grace: -1\n", "resubscribe_grace: expected seconds above 0 and at most 86400"),
+    ("resubscribe_grace: soon\n", "resubscribe_grace: expected seconds above 0"),
 ])
 def test_yaml_errors_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
     message = error_of(yaml_text=text, tmp_path=tmp_path)
     assert expected in message
     if "YAML" not in expected and "mapping of settings" not in expected:
         assert str(tmp_path / "wrapper.yaml") in message  # which file
+
+
+def test_the_broker_session_settings(tmp_path: Path) -> None:
+    config = load()
+    assert config.broker_session_expiry == 3600 and config.resubscribe_grace == 30.0
+    config = load(yaml_text="broker_session_expiry: 86400\nresubscribe_grace: 2.5\n", tmp_path=tmp_path)
+    assert config.broker_session_expiry == 86400 and config.resubscribe_grace == 2.5
+    assert load(yaml_text="event_types: [broker_connected, unaccounted_subscriptions]\n",
+                tmp_path=tmp_path).event_types == {"broker_connected", "unaccounted_subscriptions"}
 
 
 def test_missing_file_and_state_dir_that_is_a_file(tmp_path: Path) -> None:

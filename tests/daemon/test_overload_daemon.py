@@ -8,6 +8,7 @@ import dataclasses
 import random
 import socket
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -100,10 +101,15 @@ class FakeBroker:
     injected = 0
     inject_failed = 0
     output_blocked = False
+    max_qos = 2
+    connected = True
+    receive_maximum = 65535
+    session_present = True
 
     def __init__(self) -> None:
         self.reading_paused = False
         self.pauses = 0
+        self.counts: Counter[str] = Counter()
 
     def pause_reading(self) -> None:
         self.reading_paused = True
@@ -114,6 +120,9 @@ class FakeBroker:
 
     def backlog(self) -> int:
         return 0
+
+    def injection_window(self) -> int:
+        return max(0, self.receive_maximum - self.backlog()) if self.connected else 0
 
     def publish_all(self, items: Any) -> None:
         pass
@@ -389,7 +398,7 @@ def test_publications_dropped_toward_a_slow_broker_are_counted_and_qos12_always_
     flow.injection_queue = InjectionQueue(2)
     made = [Injection("t/x", b"p", qos, False, None, (ORIGIN, 1, seq)) for seq, qos in enumerate((1, 0, 1, 1), 1)]
     node._injections.extend(made)
-    flow.inject(node, BusyBroker(), 0.0)  # type: ignore[arg-type]
+    flow.inject(node, BusyBroker(), 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert node.drops["inject_backlog_qos0"] == 1 and node.drops["inject_backlog_qos12"] == 1
     reported = [e.fields["pub"] for e in node.events_emitted() if e.type == "publication_dropped"]
     assert reported == ([f"{ORIGIN}/1/2", f"{ORIGIN}/1/1"] if publication_events else [f"{ORIGIN}/1/1"])
@@ -409,15 +418,15 @@ def test_injections_skip_an_empty_queue_and_queue_behind_a_waiting_one() -> None
     flow = FlowControl()
     made = [Injection("t/x", b"p", seq % 2, False, None, (ORIGIN, 1, seq)) for seq in range(1, 7)]
     node._injections.extend(made[:2])
-    flow.inject(node, broker, 0.0)  # type: ignore[arg-type]
+    flow.inject(node, broker, 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert handed == [made[:2]] and not len(flow.injection_queue) and not node.delivery_backlogged
     broker.output_blocked = True
     node._injections.extend(made[2:4])
-    flow.inject(node, broker, 0.0)  # type: ignore[arg-type]
+    flow.inject(node, broker, 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert len(handed) == 1 and len(flow.injection_queue) == 2
     broker.output_blocked = False
     node._injections.extend(made[4:])
-    flow.inject(node, broker, 0.0)  # type: ignore[arg-type]
+    flow.inject(node, broker, 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert handed[1:] == [made[2:]] and not len(flow.injection_queue)
 
 

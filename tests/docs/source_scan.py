@@ -20,6 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS_MODULE = "federation.protocol.events"
+WRAPPER_EVENTS_MODULE = "federation.daemon.wrapper_events"
+"""the kinds only a wrapper makes (its broker connection)"""
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -285,14 +287,14 @@ class Source:
             return given, later, closed and assigned
         return set(), set(), False
 
-    def event_sites(self, kinds: Iterable[str]) -> list[EmitSite]:
-        """Every call that makes a node event: a positional argument names a constant of the events module."""
+    def event_sites(self, kinds: Iterable[str], declared_in: str = EVENTS_MODULE) -> list[EmitSite]:
+        """Every call that makes an event of `kinds`: a positional argument names a constant of `declared_in`."""
         known = set(kinds)
         sites: list[EmitSite] = []
         for module, call in self.calls():
             for position, argument in enumerate(call.args):
                 named = self.constant(module, argument)
-                if named is None or named[0] != EVENTS_MODULE or named[1] not in known:
+                if named is None or named[0] != declared_in or named[1] not in known:
                     continue
                 fields = {k.arg for k in call.keywords if k.arg is not None}
                 optional: set[str] = set()

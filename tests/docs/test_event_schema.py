@@ -1,6 +1,7 @@
 """docs/events.md against the code: the kinds, the fields every call gives, the fixed values, Spark's schema.
 
-The node's kinds come from `federation.protocol.events.ALL`; everything else is read from the source
+The node's kinds come from `federation.protocol.events.ALL`, the wrapper's own from
+`federation.daemon.wrapper_events.ALL`; everything else is read from the source
 (tests/docs/source_scan.py), so a new event, field or value that the docs do not describe fails here.
 """
 
@@ -13,12 +14,14 @@ from pathlib import Path
 
 import pytest
 from doc_tables import backticked, names, table
-from source_scan import ROOT, EmitSite, Source
+from source_scan import ROOT, WRAPPER_EVENTS_MODULE, EmitSite, Source
 
+from federation.daemon import wrapper_events
 from federation.protocol import events
 
 DOC = "events.md"
-SECTIONS = {"node": "Node events", "sim": "Simulator records", "run": "Scenario driver records"}
+SECTIONS = {"node": "Node events", "wrapper": "Wrapper events", "sim": "Simulator records",
+            "run": "Scenario driver records"}
 HEADER = {"v", "t", "node", "type", "name"}
 
 KNOWN_SPARK_MISMATCHES = {"to"}
@@ -56,7 +59,12 @@ def source() -> Source:
 
 
 def _sites(section: str) -> dict[str, list[EmitSite]]:
-    found = source().event_sites(events.ALL) if section == "node" else source().record_sites(f"{section}_")
+    if section == "node":
+        found = source().event_sites(events.ALL)
+    elif section == "wrapper":
+        found = source().event_sites(wrapper_events.ALL, WRAPPER_EVENTS_MODULE)
+    else:
+        found = source().record_sites(f"{section}_")
     by_kind: dict[str, list[EmitSite]] = defaultdict(list)
     for site in found:
         by_kind[site.kind].append(site)
@@ -66,6 +74,12 @@ def _sites(section: str) -> dict[str, list[EmitSite]]:
 def test_the_node_event_kinds_are_the_declared_ones() -> None:
     assert set(documented("node")) == set(events.ALL), \
         "docs/events.md 'Node events' and federation/protocol/events.py ALL differ"
+
+
+def test_the_wrapper_event_kinds_are_the_declared_ones() -> None:
+    assert set(documented("wrapper")) == set(wrapper_events.ALL), \
+        "docs/events.md 'Wrapper events' and federation/daemon/wrapper_events.py ALL differ"
+    assert not set(events.ALL) & set(wrapper_events.ALL)
 
 
 @pytest.mark.parametrize("section", sorted(SECTIONS))

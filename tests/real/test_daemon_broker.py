@@ -42,6 +42,7 @@ from broker_util import (
     start_broker,
     wait_for,
 )
+from mqtt_bytes import acknowledgements
 
 pytestmark = requires_mosquitto
 
@@ -64,15 +65,19 @@ PUB_PROPERTY_ARGS = [
 
 
 class Collector:
-    """Items handed over by the adapter (from paho's thread)."""
+    """Items handed over by the adapter (from paho's thread), each acknowledged once taken, as the runtime does
+    (`adapter`, set once it is built)."""
 
     def __init__(self) -> None:
         self.items: list[BrokerItem] = []
         self.lock = threading.Lock()
+        self.adapter: BrokerAdapter | None = None
 
     def __call__(self, item: BrokerItem) -> None:
         with self.lock:
             self.items.append(item)
+        if self.adapter is not None:
+            self.adapter.acknowledge(acknowledgements([item]))
 
     def of(self, kind: type) -> list[Any]:
         with self.lock:
@@ -103,6 +108,7 @@ def adapter_factory() -> Iterator[Callable[..., tuple[BrokerAdapter, Collector]]
     def make(broker: Broker, max_qos: int = 2) -> tuple[BrokerAdapter, Collector]:
         collected = Collector()
         adapter = BrokerAdapter(Address("127.0.0.1", broker.port), WRAPPER_ID, collected, max_qos)
+        collected.adapter = adapter
         adapters.append(adapter)
         adapter.start()
         wait_for(lambda: collected.of(Subscribed), timeout=5, message="the adapter to subscribe")
@@ -384,6 +390,8 @@ def test_runtime_on_pahos_public_path_feeds_the_node(broker: Broker, processes: 
     thread = RuntimeThread(runtime)
     try:
         assert type(thread.wrapper.broker.client) is PublicClient
+        # The subscribe line must come after the wrapper's subscription to the log (or it is never seen).
+        wait_for(lambda: thread.wrapper.broker_health.log_lines > 0, timeout=5, message="log lines reaching it")
         processes.start(mosquitto_sub(broker.port, "-i", "public-sub", "-t", "p/#"))
         node = thread.wrapper.node
         wait_for(lambda: node.clients == {"public-sub": {"p/#": 0}}, timeout=5,

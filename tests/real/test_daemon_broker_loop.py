@@ -13,7 +13,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -35,53 +35,37 @@ from federation.protocol.types import Address, Injection
 
 from broker_util import (
     Broker,
+    LoopThread,
     Processes,
     free_port,
+    loop_thread_fixture,  # noqa: F401 - the `loop_thread` fixture
     mosquitto_pub,
     mosquitto_sub,
     requires_mosquitto,
     start_broker,
     wait_for,
 )
+from mqtt_bytes import acknowledgements
 
 pytestmark = requires_mosquitto
 
 WRAPPER_ID = "federation-wrapper-loop-test"
-T = TypeVar("T")
-
-
-class LoopThread:
-    """An asyncio loop in a daemon thread; `call` runs a function on it and returns its result."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
-        self.thread.start()
-
-    def call(self, function: Callable[[], T], timeout: float = 5.0) -> T:
-        async def run() -> T:
-            return function()
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
-
-
 class Batches:
-    """What the hand-off gives the consumer: batches of items (on the loop thread)."""
+    """What the hand-off gives the consumer: batches of items (on the loop thread), each acknowledged once taken,
+    as the runtime does (`adapter`, set once it is built)."""
 
     def __init__(self) -> None:
         self.batches: list[list[BrokerItem]] = []
         self.threads: set[str] = set()
         self.lock = threading.Lock()
+        self.adapter: BrokerAdapter | None = None
 
     def __call__(self, batch: list[BrokerItem]) -> None:
         with self.lock:
             self.batches.append(batch)
             self.threads.add(threading.current_thread().name)
+        if self.adapter is not None:
+            self.adapter.acknowledge(acknowledgements(batch))
 
     def of(self, kind: type) -> list[Any]:
         with self.lock:
@@ -90,13 +74,6 @@ class Batches:
     def log_events(self) -> list[Any]:
         tracker = BrokerLogTracker(WRAPPER_ID)
         return [event for line in self.of(LogLine) for event in tracker.feed(line.topic, line.payload)]
-
-
-@pytest.fixture
-def loop_thread() -> Iterator[LoopThread]:
-    running = LoopThread()
-    yield running
-    running.close()
 
 
 @pytest.fixture
@@ -117,6 +94,7 @@ def make_adapter(loop_thread: LoopThread) -> Iterator[Callable[[int], tuple[Brok
             hand_off = LoopHandOff(loop_thread.loop, batches)
             adapter = BrokerAdapter(Address("127.0.0.1", port), WRAPPER_ID, hand_off.put, loop=loop_thread.loop,
                                     flush=hand_off.flush, hold=hand_off.hold)
+            batches.adapter = adapter
             adapter.start()
             return adapter
 
