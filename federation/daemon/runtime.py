@@ -385,7 +385,7 @@ class Runtime:
             queued = False
             for packet in envelope.receive_datagram(data, source, now):
                 if wire.packet_type(packet) not in wire.DATA_TYPES:
-                    node.receive_datagram(packet, source, now)
+                    node.receive_packet(packet, source, now)
                     continue
                 queued = True
                 for dropped in backlog.push(packet, source):
@@ -419,7 +419,7 @@ class Runtime:
         node = self.node
         assert node is not None
         for packet, source in self.receive_backlog.take(DATA_SLICE, DATA_SLICE_BYTES):
-            node.receive_datagram(packet, source, now)
+            node.receive_packet(packet, source, now)
         if node.pacing.busy:
             node.pacing.on_receive_backlog(self._backlog_level(), (), now)
         if len(self.receive_backlog) and not self._data_pass_scheduled and self._loop is not None:
@@ -520,7 +520,7 @@ class Runtime:
         assert node is not None
         transport = self.transport
         paced_until = node.pacing.paced(now)  # first: a hold that ended makes the ready we owe upstream
-        datagrams = node.datagrams_to_send()
+        datagrams = node.packets_to_send()
         if datagrams and self.protocol is not None and self.protocol.writing_paused:
             datagrams = self.flow.shed(node, datagrams, now)
         envelope = self.envelope

@@ -1,11 +1,13 @@
 """The protocol node: one wrapper's brain, with no I/O of its own.
 
-Inputs: datagrams (`receive_datagram`), timer ticks (`handle_timer`), local
-client activity (`local_subscribe`, `local_unsubscribe`, `local_disconnect`)
-and local publications (`local_publish`). Outputs are drained by the caller:
-`datagrams_to_send`, `injections_to_make`, `events_emitted`. Time is always
-passed in and randomness comes from the RNG given at construction, so a run
-replays exactly (the simulator relies on it).
+Inputs: protocol packets (`receive_packet`; the envelope, federation.envelope,
+makes and opens the datagrams that carry them), timer ticks (`handle_timer`),
+local client activity (`local_subscribe`, `local_unsubscribe`,
+`local_disconnect`) and local publications (`local_publish`). Outputs are
+drained by the caller: `packets_to_send`, `injections_to_make`,
+`events_emitted`. Time is always passed in and randomness comes from the
+RNG given at construction, so a run replays exactly (the simulator relies
+on it).
 
 This module is the node's boundary and its small parts: decoding and
 dispatching packets, neighbour liveness (hellos), node identity, local
@@ -177,7 +179,7 @@ class Node:
 
     # ------------------------------------------------------------ outputs
 
-    def datagrams_to_send(self) -> list[tuple[bytes, Address]]:
+    def packets_to_send(self) -> list[tuple[bytes, Address]]:
         out, self._datagrams = self._datagrams, []
         return out
 
@@ -377,9 +379,9 @@ class Node:
         (federation.protocol.publication_batch)."""
         return publication_batch.originate(self, run, now)
 
-    # ------------------------------------------------------------ datagrams
+    # ------------------------------------------------------------ packets
 
-    def receive_datagram(self, data: bytes, source: Address, now: float) -> None:
+    def receive_packet(self, data: bytes, source: Address, now: float) -> None:
         if self.started_at is None or self.stopped:
             return
         try:

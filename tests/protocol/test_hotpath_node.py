@@ -333,14 +333,14 @@ def test_sent_header_follows_id_and_epoch_changes() -> None:
     node.start(0.0)
     first = node.broker_id
     assert first == BrokerId(5, a) and node.broker_id is first
-    node.datagrams_to_send()
+    node.packets_to_send()
     message = TopicMessage("x/#", a, 1, 1, 0, 0, "x/y", b"p", 0, False, None)
     node.send(wire.TOPIC_MESSAGE, message, [b])
-    assert wire.decode(node.datagrams_to_send()[0][0]).sender == Sender(BrokerId(5, a), 1)
+    assert wire.decode(node.packets_to_send()[0][0]).sender == Sender(BrokerId(5, a), 1)
     node.vid, node.epoch = 9, 3
     assert node.broker_id == BrokerId(9, a)
     node.send(wire.TOPIC_MESSAGE, message, [b])
-    assert wire.decode(node.datagrams_to_send()[0][0]).sender == Sender(BrokerId(9, a), 3)
+    assert wire.decode(node.packets_to_send()[0][0]).sender == Sender(BrokerId(9, a), 3)
     assert node.view().broker_id == BrokerId(9, a)
 
 
@@ -349,7 +349,7 @@ def test_originated_and_forwarded_tm_carry_mode_and_hops() -> None:
     pipeline = Pipeline(0, b"x" * 8)
     try:
         pipeline.a.local_publish("bench/one", b"payload", 0, False, None, pipeline.now)
-        sent = pipeline.a.datagrams_to_send()
+        sent = pipeline.a.packets_to_send()
         emitted = pipeline.a.events_emitted()
     finally:
         pipeline.close()

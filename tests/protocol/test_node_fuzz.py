@@ -145,13 +145,13 @@ class Rig:
 
     def answer_hellos(self) -> None:
         """Play the two friends' part of the hello exchange (they stay up for the whole run)."""
-        for data, target in self.node.datagrams_to_send():
+        for data, target in self.node.packets_to_send():
             if target in FRIENDS and wire.packet_type(data) == wire.HELLO:
                 hello = wire.decode(data).body
                 assert isinstance(hello, wire.Hello)
                 back = wire.encode(wire.HELLO_BACK, wire.Sender(BrokerId(1 + FRIENDS.index(target), target), 1),
                                    wire.HelloBack(hello.seq, hello.sent_at, self.now))
-                self.node.receive_datagram(back, target, self.now)
+                self.node.receive_packet(back, target, self.now)
         self.node.injections_to_make()
         self.node.events_emitted()
 
@@ -174,7 +174,7 @@ class Rig:
             data = mutate(rng, data)
         elif roll < 0.12:
             data = os.urandom(rng.randrange(60))
-        node.receive_datagram(data, source, self.now)
+        node.receive_packet(data, source, self.now)
         if rng.random() < 0.02:  # local activity too: subscriptions and QoS 1 publications
             node.local_subscribe(f"c{rng.randrange(50)}", random_filter(rng), 1, self.now)
         if rng.random() < 0.02:
@@ -223,7 +223,7 @@ def check_bounds(node: Node) -> None:
     reliable = node.reliable
     assert len(reliable.unacked) <= s.max_unacked and len(reliable.recent) <= s.max_unacked
     assert len(reliable._heap) <= 4 * len(reliable.unacked) + 65
-    assert len(node.datagrams_to_send()) < 100_000  # the caller drains outputs; nothing piles up unseen
+    assert len(node.packets_to_send()) < 100_000  # the caller drains outputs; nothing piles up unseen
 
 
 def run_fuzz(count: int, seed: int) -> Counter[str]:
@@ -267,7 +267,7 @@ RIG = Rig(3)
 @given(data=st.binary(max_size=600), source=st.sampled_from(FRIENDS))
 def test_arbitrary_bytes_from_a_neighbour(data: bytes, source: Address) -> None:
     RIG.now += 0.01
-    RIG.node.receive_datagram(data, source, RIG.now)
+    RIG.node.receive_packet(data, source, RIG.now)
     RIG.tick()
     check_bounds(RIG.node)
 

@@ -205,7 +205,7 @@ def test_a_repeated_tb_is_all_duplicates() -> None:
     before = end.counters["duplicates_dropped"]
     harness.delivered.clear()
     harness.events.clear()
-    end.receive_datagram(data, source, harness.now)
+    end.receive_packet(data, source, harness.now)
     harness.flush(3)
     assert not harness.delivered
     assert end.counters["duplicates_dropped"] - before == carried > 1
@@ -217,14 +217,14 @@ def test_runs_are_cut_to_fit_a_datagram_and_a_single_publication_goes_as_tm() ->
     first = harness.nodes[1]
     run = [("f/big", bytes([i]) * 200) for i in range(50)] + [("f/huge", b"h" * 5000)]
     first.local_publish_run(run, harness.now)
-    out = [data for data, _ in first.datagrams_to_send()]
+    out = [data for data, _ in first.packets_to_send()]
     assert {wire.packet_type(d) for d in out} == {wire.TOPIC_BATCH}
     budget = first.settings.max_datagram - 64
     assert all(len(d) <= budget for d in out[:-1]) and len(out) >= 8
     assert wire.decode(out[-1], 1 << 20).body.items == [first.publication_seq, "f/huge", b"h" * 5000]  # alone
     assert sum(len(wire.publication_ids_of(d, 1 << 20)) for d in out) == 51
     first.local_publish_run([("f/one", b"1")], harness.now)
-    assert [wire.packet_type(d) for d, _ in first.datagrams_to_send()] == [wire.TOPIC_MESSAGE]
+    assert [wire.packet_type(d) for d, _ in first.packets_to_send()] == [wire.TOPIC_MESSAGE]
 
 
 def test_on_loopback_a_run_of_hundreds_travels_in_one_datagram() -> None:

@@ -31,7 +31,7 @@ class LossyHarness(Harness):
         if node is None:
             return
         kept = []
-        for data, target in node.datagrams_to_send():
+        for data, target in node.packets_to_send():
             if self.drop(data, node.address, int(target.host.rsplit(".", 1)[1])):
                 self.lost.append(wire.packet_type(data) or "?")
             else:

@@ -4,7 +4,7 @@ Theory of operation: a federated publication costs one wrapper (A) a paho
 receive, `Node.local_publish_run` (QoS 0: a burst as one run, sent as `tb`,
 as the runtime hands it over; QoS 1: `Node.local_publish` each) and the
 envelope's batching, and the next wrapper (B) the envelope's checks,
-`Node.receive_datagram` and a paho publish; both write events to the
+`Node.receive_packet` and a paho publish; both write events to the
 event log. The end-to-end benchmark
 (`python -m federation.tools.bench`) shows the sum, and a whole-process profile
 mixes in the event loop and the brokers. This command runs every stage in
@@ -117,12 +117,12 @@ class Pipeline:
             moved = False
             for node, env, other_node, other_env in ((self.a, self.env_a, self.b, self.env_b),
                                                      (self.b, self.env_b, self.a, self.env_a)):
-                for data, to in node.datagrams_to_send():
+                for data, to in node.packets_to_send():
                     env.send(data, to, self.now)
                 for data, _to in env.datagrams_to_send(self.now):
                     moved = True
                     for packet in other_env.receive_datagram(data, node.address, self.now):
-                        other_node.receive_datagram(packet, node.address, self.now)
+                        other_node.receive_packet(packet, node.address, self.now)
             if not moved:
                 return
 
@@ -158,7 +158,7 @@ class Pipeline:
         else:
             for item in publications:
                 a.local_publish(item.topic, item.payload, item.qos, item.retain, item.properties, now)
-        datagrams = a.datagrams_to_send()
+        datagrams = a.packets_to_send()
         events_a = a.events_emitted()
         timed["node_originate"] += clock() - start
         # Envelope A.
@@ -173,9 +173,9 @@ class Pipeline:
         timed["envelope_receive"] += clock() - start
         start = clock()
         for packet, source in opened:
-            b.receive_datagram(packet, source, now)
+            b.receive_packet(packet, source, now)
         injections = b.injections_to_make()
-        acks = b.datagrams_to_send()
+        acks = b.packets_to_send()
         events_b = b.events_emitted()
         timed["node_receive"] += clock() - start
         if len(injections) != burst:
@@ -195,8 +195,8 @@ class Pipeline:
             self.env_b.send(data, to, now)
         for data, _to in self.env_b.datagrams_to_send(now):
             for packet in self.env_a.receive_datagram(data, B, now):
-                a.receive_datagram(packet, B, now)
-        a.datagrams_to_send()
+                a.receive_packet(packet, B, now)
+        a.packets_to_send()
         a.events_emitted()
         self._ack_paho(injections)
         self.now += 0.001
