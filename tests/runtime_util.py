@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 from federation.daemon.config import DaemonConfig
 from federation.daemon.runtime import Runtime
@@ -22,10 +23,12 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def started_runtime() -> Runtime:
+async def started_runtime(event_log: Path | None = None) -> Runtime:
+    """A started runtime; its node makes the per-publication events only with an `event_log` (that keeps them),
+    as a wrapper's does (`DaemonConfig.publication_events`)."""
     port = free_port()
     config = DaemonConfig(bind=Address("127.0.0.1", port), announced=Address("127.0.0.1", port), neighbours=(),
-                          broker=Address("127.0.0.1", 1), client_id="overload-test")
+                          broker=Address("127.0.0.1", 1), client_id="overload-test", event_log=event_log)
     runtime = Runtime(dataclasses.replace(config))
     loop = asyncio.get_running_loop()
     runtime._loop = loop

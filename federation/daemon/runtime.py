@@ -299,12 +299,11 @@ class Runtime:
                 raise StartupError(f"--state-dir: cannot write {self.store.path}: {error.strerror or error}; "
                                    f"give a writable directory") from None
         self.node = Node(config.announced, config.neighbours, epoch, random.Random(), config.settings,
-                         vid=config.vid, name=config.name)
-        self.node.publication_events = config.publication_events
+                         vid=config.vid, name=config.name, publication_events=config.publication_events)
         try:
             self.envelope = Envelope(config.announced, envelope_epoch(epoch, wall),
                                      EnvelopeConfig.from_settings(self.node.settings, config.keys, config.encryption),
-                                     drop_sink=self.node.count_drop)
+                                     drop_sink=self.node.drop)
         except EnvelopeConfigError as error:
             raise StartupError(str(error)) from None
         self.started_at = self.clock.now()
@@ -390,14 +389,13 @@ class Runtime:
                 queued = True
                 for dropped in backlog.push(packet, source):
                     if dropped is None:  # QoS 1/2: never acknowledged, so its sender sends it again
-                        node.count_drop("receive_backlog_qos12")
+                        node.drop("receive_backlog_qos12")
                     else:
                         report_shed(node, "receive_backlog_qos0", "receive_backlog", dropped, now)
             if queued:
                 queued_from.add(source)
-        if queued_from:  # only neighbours are told: a datagram's source address may be forged
-            node.pacing.on_receive_backlog(self._backlog_level(),
-                                           (source for source in queued_from if node.neighbours.get(source)), now)
+        if queued_from:  # only neighbours are told (the node checks): a datagram's source address may be forged
+            node.on_receive_backlog(self._backlog_level(), queued_from, now)
         return now
 
     def _backlog_level(self) -> int:
@@ -420,8 +418,8 @@ class Runtime:
         assert node is not None
         for packet, source in self.receive_backlog.take(DATA_SLICE, DATA_SLICE_BYTES):
             node.receive_packet(packet, source, now)
-        if node.pacing.busy:
-            node.pacing.on_receive_backlog(self._backlog_level(), (), now)
+        if node.receive_busy:
+            node.on_receive_backlog(self._backlog_level(), (), now)
         if len(self.receive_backlog) and not self._data_pass_scheduled and self._loop is not None:
             self._data_pass_scheduled = True
             self._loop.call_soon(self._scheduled_data_pass)
@@ -448,7 +446,7 @@ class Runtime:
         now = self.clock.now()
         changed = False
         limit = node.settings.max_publication_bytes
-        # QoS 0 publications in a row: one `tb` run (federation.protocol.publication_batch)
+        # QoS 0 publications in a row: one `tb` run (federation.protocol.publications)
         run: list[tuple[str, bytes]] = []
         for item in batch:
             if isinstance(item, Publication):
@@ -482,7 +480,7 @@ class Runtime:
         node = self.node
         assert node is not None
         limit = node.settings.max_publication_bytes
-        node.count_drop("publication_too_large")
+        node.drop("publication_too_large")
         event = Event(now, str(node.address), events.PUBLICATION_DROPPED,
                       {"pub": None, "filter": None, "reason": "too_large", "topic": item.topic,
                        "size": len(item.payload)})
@@ -519,7 +517,7 @@ class Runtime:
         node = self.node
         assert node is not None
         transport = self.transport
-        paced_until = node.pacing.paced(now)  # first: a hold that ended makes the ready we owe upstream
+        paced_until = node.paced_until(now)  # first: a hold that ended makes the ready we owe upstream
         datagrams = node.packets_to_send()
         if datagrams and self.protocol is not None and self.protocol.writing_paused:
             datagrams = self.flow.shed(node, datagrams, now)
@@ -556,7 +554,7 @@ class Runtime:
         """The socket took the buffered datagrams: read from the broker again if only that held it."""
         if self.node is not None and self.broker is not None and self.broker.on_loop:
             now = self.clock.now()
-            self._apply_backpressure(self.node, self.broker, now, self.node.pacing.paced(now))
+            self._apply_backpressure(self.node, self.broker, now, self.node.paced_until(now))
 
     def _on_broker_completed(self) -> None:
         """The broker completed some of our QoS 1/2 publications, or took the bytes its socket had refused: hand
@@ -567,7 +565,7 @@ class Runtime:
     def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float, paced_until: float | None) -> None:
         """Pause or resume reading from the broker (`FlowControl.apply_backpressure`); while a neighbour
         paces us, look again when its hold ends (nothing else may wake us: we read nothing meanwhile).
-        `paced_until`: `Pacing.paced(now)`, the end of the longest hold on us, None when nothing paces us."""
+        `paced_until`: `Node.paced_until(now)`, the end of the longest hold on us, None when nothing paces us."""
         send_paused = self.protocol is not None and self.protocol.writing_paused
         self.flow.apply_backpressure(node, broker, send_paused, now, paced=paced_until is not None)
         if paced_until is not None and self._pace_handle is None and self._loop is not None:

@@ -33,7 +33,7 @@ class LossyHarness(Harness):
                 if (index, target_index) in self.lossy and wire.packet_type(data) in self.drop_types:
                     continue
                 kept.append((data, target))
-            node._datagrams = kept
+            node.outbox.packets = kept
         super().flush(index)
 
 

@@ -335,11 +335,12 @@ def test_sent_header_follows_id_and_epoch_changes() -> None:
     assert first == BrokerId(5, a) and node.broker_id is first
     node.packets_to_send()
     message = TopicMessage("x/#", a, 1, 1, 0, 0, "x/y", b"p", 0, False, None)
-    node.send(wire.TOPIC_MESSAGE, message, [b])
+    node.outbox.send(wire.TOPIC_MESSAGE, message, [b])
     assert wire.decode(node.packets_to_send()[0][0]).sender == Sender(BrokerId(5, a), 1)
-    node.vid, node.epoch = 9, 3
+    node.identity.renumber(9)  # as the table does after an id collision
+    node.identity.jump_epoch(3)  # and when an older life announced a newer epoch
     assert node.broker_id == BrokerId(9, a)
-    node.send(wire.TOPIC_MESSAGE, message, [b])
+    node.outbox.send(wire.TOPIC_MESSAGE, message, [b])
     assert wire.decode(node.packets_to_send()[0][0]).sender == Sender(BrokerId(9, a), 3)
     assert node.view().broker_id == BrokerId(9, a)
 

@@ -8,7 +8,7 @@ import random
 from federation.protocol import wire
 from federation.protocol.node import Node
 from federation.protocol.settings import Settings
-from federation.protocol.table import FederationTable
+from federation.protocol.table import FederationTable, RouteChange
 from federation.protocol.types import Address, BrokerId
 
 from node_harness import Harness, address
@@ -30,7 +30,7 @@ class LossyHarness(Harness):
                 if target_index in self.deaf and wire.packet_type(data) in (wire.FEDERATE, wire.TOPOLOGY_UPDATE):
                     continue
                 kept.append((data, target))
-            node._datagrams = kept
+            node.outbox.packets = kept
         super().flush(index)
 
 
@@ -81,10 +81,12 @@ def test_route_computation_is_debounced_and_convergence_stays_fast() -> None:
     computations: dict[int, int] = {}
     original = FederationTable.recompute_routes
 
-    def counting(self: FederationTable, now: float) -> None:
-        index = int(self.node.address.host.rsplit(".", 1)[1])
-        computations[index] = computations.get(index, 0) + 1
-        original(self, now)
+    def counting(self: FederationTable, now: float, pending: bool = False) -> RouteChange | None:
+        change = original(self, now, pending)
+        if change is not None:  # None: nothing was due, nothing computed
+            index = int(self.lsdb.own.host.rsplit(".", 1)[1])
+            computations[index] = computations.get(index, 0) + 1
+        return change
 
     FederationTable.recompute_routes = counting  # type: ignore[method-assign]
     try:

@@ -1,4 +1,4 @@
-"""`tb`, a run of QoS 0 publications in one packet (federation.protocol.publication_batch, docs/protocol.md rule 7c).
+"""`tb`, a run of QoS 0 publications in one packet (federation.protocol.publications, docs/protocol.md rule 7c).
 
 The wire format is strict and its shortcut decodes what the general path decodes; a run handed to the node
 gives the same deliveries, counters and per-publication events as the same publications one at a time; runs
@@ -21,8 +21,9 @@ from runtime_util import started_runtime
 from federation.daemon.backpressure import is_qos0_publication, qos0_publications
 from federation.daemon.broker_items import LogLine, Publication
 from federation.daemon.flow_control import report_shed
-from federation.protocol import events, publication_batch, wire
+from federation.protocol import events, wire
 from federation.protocol.node import Node
+from federation.protocol.publications import batch_item_size
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import DecodeError, Sender, TopicBatch
 
@@ -125,9 +126,11 @@ def test_a_tb_is_shed_as_qos0_and_every_publication_in_it_is_counted() -> None:
     assert node.drops["send_buffer_qos0"] == 3
     dropped = [e for e in node.events_emitted() if e.type == events.PUBLICATION_DROPPED]
     assert [e.fields["pub"] for e in dropped] == [events.publication_text(m.publication) for m in BATCH.messages()]
-    node.publication_events = False
-    report_shed(node, "send_buffer_qos0", "send_buffer", data, 1.0)
-    assert node.drops["send_buffer_qos0"] == 6 and not node.events_emitted()
+    quiet = Node(ORIGIN, [], 1, random.Random(1), publication_events=False)
+    quiet.start(0.0)
+    quiet.events_emitted()
+    report_shed(quiet, "send_buffer_qos0", "send_buffer", data, 1.0)
+    assert quiet.drops["send_buffer_qos0"] == 3 and not quiet.events_emitted()
 
 
 # ------------------------------------------------------------ the node
@@ -234,12 +237,11 @@ def test_on_loopback_a_run_of_hundreds_travels_in_one_datagram() -> None:
     assert node.settings.max_datagram == 65507
     run = [(f"f/{i % 4}", bytes(64)) for i in range(600)]
     budget = node.settings.max_datagram - 64
-    parts = node.split([(i, topic, payload) for i, (topic, payload) in enumerate(run)],
-                       publication_batch._item_size, 100)
-    assert len(parts) == 1 and sum(map(publication_batch._item_size, parts[0])) <= budget
+    parts = node.outbox.split([(i, topic, payload) for i, (topic, payload) in enumerate(run)], batch_item_size, 100)
+    assert len(parts) == 1 and sum(map(batch_item_size, parts[0])) <= budget
     elsewhere = Node(here, [Address("10.0.0.2", 10500)], 1, random.Random(1), vid=1)
     assert elsewhere.settings.max_datagram == 1400
-    assert len(elsewhere.split([(i, t, p) for i, (t, p) in enumerate(run)], publication_batch._item_size, 100)) > 30
+    assert len(elsewhere.outbox.split([(i, t, p) for i, (t, p) in enumerate(run)], batch_item_size, 100)) > 30
 
 
 def test_the_runtime_hands_plain_qos0_runs_over_in_order() -> None:

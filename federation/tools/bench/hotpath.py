@@ -78,16 +78,14 @@ class Pipeline:
     items: list[BrokerItem] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.a = Node(A, [B], 1, random.Random(1), name="a")
-        self.b = Node(B, [A], 1, random.Random(2), name="b")
+        self.a = Node(A, [B], 1, random.Random(1), name="a", publication_events=self.publication_events)
+        self.b = Node(B, [A], 1, random.Random(2), name="b", publication_events=self.publication_events)
         self.env_a = Envelope(A, 1)
         self.env_b = Envelope(B, 1)
         for node in (self.a, self.b):
             node.start(self.now)
         self.b.local_subscribe("bench-sub", FILTER, 2, self.now)
         self._converge()
-        for node in (self.a, self.b):
-            node.publication_events = self.publication_events
         self.loop = asyncio.new_event_loop()  # never run: the adapter only needs it to pick the loop-driven path
         self.adapter = BrokerAdapter(Address("127.0.0.1", 1883), "hotpath", self.items.append, loop=self.loop)
         self.mqtt_side, self.peer = socket.socketpair()
