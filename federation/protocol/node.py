@@ -41,10 +41,9 @@ from typing import Any
 from federation.protocol import events, wire
 from federation.protocol.context import Identity, Outbox
 from federation.protocol.database_sync import DatabaseSync
-from federation.protocol.dedup import SeenCache
 from federation.protocol.events import addresses_text, id_text
 from federation.protocol.forwarding import SENT_TO_PACED
-from federation.protocol.linkstate import LinkStateDatabase, Routes
+from federation.protocol.linkstate import Routes
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.neighbours import Neighbour, NeighbourTable
 from federation.protocol.pacing import Pacing
@@ -151,14 +150,6 @@ class Node:
         return self.identity.epoch
 
     @property
-    def publication_seq(self) -> int:
-        return self.identity.publication_seq
-
-    @property
-    def lsdb(self) -> LinkStateDatabase:
-        return self.table.lsdb
-
-    @property
     def routes(self) -> Routes:
         return self.table.routes
 
@@ -192,14 +183,6 @@ class Node:
     @property
     def sent_bytes_by_type(self) -> Mapping[str, int]:
         return self.outbox.sent_bytes_by_type
-
-    @property
-    def seen(self) -> SeenCache:
-        return self.publications.seen
-
-    @property
-    def injected(self) -> SeenCache:
-        return self.publications.injected
 
     @property
     def publication_events(self) -> bool:

@@ -234,7 +234,7 @@ def test_remembered_publication_ids_are_not_tracked_by_the_garbage_collector(qos
         pipeline.close()
     gc.collect()
     for node in (pipeline.a, pipeline.b):
-        keys = [*node.seen, *node.injected]
+        keys = [*node.publications.seen, *node.publications.injected]
         assert len(keys) >= 2 * 9
         assert not [key for key in keys if gc.is_tracked(key)]
 

@@ -204,8 +204,8 @@ def check_bounds(node: Node) -> None:
     s = node.settings
     assert len(node.neighbours.all()) <= s.max_neighbours
     assert len(node.pacing.paced_until) <= s.max_neighbours and len(node.pacing.told) <= s.max_neighbours
-    assert len(node.lsdb.records) <= s.max_nodes
-    assert sum(len(a) for a in node.lsdb.by_vid.values()) <= len(node.lsdb.records)
+    assert len(node.table.lsdb.records) <= s.max_nodes
+    assert sum(len(a) for a in node.table.lsdb.by_vid.values()) <= len(node.table.lsdb.records)
     assert len(node.table.flood_queue) <= s.max_nodes
     assert len(node.table.core_announcements) <= s.max_nodes
     assert len(node.mesh.topics) <= s.max_topics
@@ -218,7 +218,8 @@ def check_bounds(node: Node) -> None:
     assert held == node.mesh.held_count <= s.max_held_publications
     assert len(node.mesh.ownership.entries) <= s.max_topics
     assert len(node.mesh.ownership.withdrawn) <= s.max_topics
-    assert len(node.seen) <= s.duplicate_cache_size and len(node.injected) <= s.duplicate_cache_size
+    publications = node.publications
+    assert len(publications.seen) <= s.duplicate_cache_size and len(publications.injected) <= s.duplicate_cache_size
     assert len(node.table.reconsiders_seen) <= 1024
     reliable = node.reliable
     assert len(reliable.unacked) <= s.max_unacked and len(reliable.recent) <= s.max_unacked
@@ -231,11 +232,11 @@ def run_fuzz(count: int, seed: int) -> Counter[str]:
     rig.run(count)
     node = rig.node
     figures = Counter({
-        "packets": rig.fed, "records": len(node.lsdb.records), "topics": len(node.mesh.topics),
+        "packets": rig.fed, "records": len(node.table.lsdb.records), "topics": len(node.mesh.topics),
         "neighbours": len(node.neighbours.all()), "unacked": len(node.reliable.unacked),
-        "seen": len(node.seen), "neighbours_refused": node.neighbours.refused,
+        "seen": len(node.publications.seen), "neighbours_refused": node.neighbours.refused,
         "neighbours_forgotten": node.neighbours.forgotten, "topics_refused": node.mesh.refused_topics,
-        "seen_evictions": node.seen.evictions,
+        "seen_evictions": node.publications.seen.evictions,
     })
     figures.update({f"drop:{reason}": count for reason, count in node.drops.items()})
     return figures

@@ -224,7 +224,7 @@ def test_runs_are_cut_to_fit_a_datagram_and_a_single_publication_goes_as_tm() ->
     assert {wire.packet_type(d) for d in out} == {wire.TOPIC_BATCH}
     budget = first.settings.max_datagram - 64
     assert all(len(d) <= budget for d in out[:-1]) and len(out) >= 8
-    assert wire.decode(out[-1], 1 << 20).body.items == [first.publication_seq, "f/huge", b"h" * 5000]  # alone
+    assert wire.decode(out[-1], 1 << 20).body.items == [first.identity.publication_seq, "f/huge", b"h" * 5000]  # alone
     assert sum(len(wire.publication_ids_of(d, 1 << 20)) for d in out) == 51
     first.local_publish_run([("f/one", b"1")], harness.now)
     assert [wire.packet_type(d) for d, _ in first.packets_to_send()] == [wire.TOPIC_MESSAGE]
