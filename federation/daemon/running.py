@@ -222,19 +222,18 @@ class Running:
             queued = False
             for packet in envelope.receive_datagram(data, source, now):
                 if wire.packet_type(packet) not in wire.DATA_TYPES:
-                    node.receive_datagram(packet, source, now)
+                    node.receive_packet(packet, source, now)
                     continue
                 queued = True
                 for dropped in backlog.push(packet, source):
                     if dropped is None:  # QoS 1/2: never acknowledged, so its sender sends it again
-                        node.count_drop("receive_backlog_qos12")
+                        node.drop("receive_backlog_qos12")
                     else:
                         report_shed(node, "receive_backlog_qos0", "receive_backlog", dropped, now)
             if queued:
                 queued_from.add(source)
-        if queued_from:  # only neighbours are told: a datagram's source address may be forged
-            node.pacing.on_receive_backlog(self._backlog_level(),
-                                           (source for source in queued_from if node.neighbours.get(source)), now)
+        if queued_from:  # only neighbours are told (the node checks): a datagram's source address may be forged
+            node.on_receive_backlog(self._backlog_level(), queued_from, now)
         return now
 
     def _backlog_level(self) -> int:
@@ -253,9 +252,9 @@ class Running:
         """Handle one slice of queued `tm`; the rest in later loop passes, each reading the socket first."""
         node = self.node
         for packet, source in self.receive_backlog.take(DATA_SLICE, DATA_SLICE_BYTES):
-            node.receive_datagram(packet, source, now)
-        if node.pacing.busy:
-            node.pacing.on_receive_backlog(self._backlog_level(), (), now)
+            node.receive_packet(packet, source, now)
+        if node.receive_busy:
+            node.on_receive_backlog(self._backlog_level(), (), now)
         if len(self.receive_backlog) and not self._data_pass_scheduled:
             self._data_pass_scheduled = True
             self.loop.call_soon(self._scheduled_data_pass)
@@ -276,7 +275,7 @@ class Running:
         now = self.clock.now()
         changed = False
         limit = node.settings.max_publication_bytes
-        # QoS 0 publications in a row: one `tb` run (federation.protocol.publication_batch)
+        # QoS 0 publications in a row: one `tb` run (federation.protocol.publications)
         run: list[tuple[str, bytes]] = []
         for item in batch:
             if isinstance(item, Publication):
@@ -309,7 +308,7 @@ class Running:
         """A local publication above max_publication_bytes: not federated (never truncated), counted, logged."""
         node = self.node
         limit = node.settings.max_publication_bytes
-        node.count_drop("publication_too_large")
+        node.drop("publication_too_large")
         event = Event(now, str(node.address), events.PUBLICATION_DROPPED,
                       {"pub": None, "filter": None, "reason": "too_large", "topic": item.topic,
                        "size": len(item.payload)})
@@ -348,8 +347,8 @@ class Running:
         to the broker (or the bounded queue), its events and the envelope's drops to the counters and the
         event log; and the broker's reading paused or resumed."""
         node = self.node
-        paced_until = node.pacing.paced(now)  # first: a hold that ended makes the ready we owe upstream
-        packets = node.datagrams_to_send()
+        paced_until = node.paced_until(now)  # first: a hold that ended makes the ready we owe upstream
+        packets = node.packets_to_send()
         if packets and self.protocol.writing_paused:
             packets = self.flow.shed(node, packets, now)
         envelope = self.envelope
@@ -378,7 +377,7 @@ class Running:
     def _on_send_resumed(self) -> None:
         """The socket took the buffered datagrams: read from the broker again if only that held it."""
         now = self.clock.now()
-        self._apply_backpressure(self.node, self.broker, now, self.node.pacing.paced(now))
+        self._apply_backpressure(self.node, self.broker, now, self.node.paced_until(now))
 
     def _on_broker_completed(self) -> None:
         """The broker completed some of our QoS 1/2 publications, or took the bytes its socket had refused: hand
@@ -389,7 +388,7 @@ class Running:
     def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float, paced_until: float | None) -> None:
         """Pause or resume reading from the broker (`FlowControl.apply_backpressure`); while a neighbour
         paces us, look again when its hold ends (nothing else may wake us: we read nothing meanwhile).
-        `paced_until`: `Pacing.paced(now)`, the end of the longest hold on us, None when nothing paces us."""
+        `paced_until`: `Node.paced_until(now)`, the end of the longest hold on us, None when nothing paces us."""
         self.flow.apply_backpressure(node, broker, self.protocol.writing_paused, now, paced=paced_until is not None)
         if paced_until is not None and self._pace_handle is None:
             self._pace_handle = self.loop.call_later(paced_until - now + PACE_RECHECK_SLACK, self._pace_ended)
