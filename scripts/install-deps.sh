@@ -31,7 +31,7 @@ have mosquitto mosquitto || missing+=(mosquitto)
 have mosquitto-clients mosquitto_pub || missing+=(mosquitto-clients)
 have nftables nft || missing+=(nftables)
 have iproute2 ip || missing+=(iproute2)
-# Java 17 for PySpark (the Spark job, spark/; its tests run in `make test`).
+# Java 17 for PySpark (the Spark job, federation/spark/; its tests run in `make test`).
 have openjdk-17-jre-headless java || missing+=(openjdk-17-jre-headless)
 # Resolve the interpreter itself, not a wrapper such as a pyenv shim (faster, one answer).
 if interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)' 2>/dev/null); then

@@ -1,24 +1,28 @@
 """Replay federation event logs: convergence per disruption, delivery, latency, control overhead, plots.
 
-    python spark/convergence.py --events 'RUN/*.jsonl' [--timeline SCENARIO.yaml] --out DIR
-    spark-submit --master URL spark/convergence.py --events 'hdfs:///runs/7/*.jsonl' --out DIR
+    federation-analyze --events 'RUN/*.jsonl' [--timeline SCENARIO.yaml] --out DIR
+    spark-submit --master URL "$(federation-analyze --job-path)" --events 'hdfs:///runs/7/*.jsonl' --out DIR
+
+`federation-analyze` is this module's `main` (also `python -m federation.spark`,
+and `python spark/convergence.py` in a checkout); `--job-path` prints this
+file, which spark-submit runs as a script.
 
 Theory of operation
 -------------------
 1. Read the JSON-lines logs with an explicit schema; count corrupt lines
-   and other schema versions (spark/reader.py).
+   and other schema versions (federation/spark/reader.py).
 2. Estimate clock offsets from the hello exchange samples in the events and
    move every event to one reference clock where the offset is significant
-   (spark/clocks.py).
-3. Build the ground truth (spark/timeline.py): the scenario file if given,
+   (federation/spark/clocks.py).
+3. Build the ground truth (federation/spark/timeline.py): the scenario file if given,
    else the simulator's records, else what the nodes detected; group its
    disruptions into phases with their connected components.
-4. Replay the view events on the driver (spark/replay.py): convergence per
+4. Replay the view events on the driver (federation/spark/replay.py): convergence per
    phase and per component, subscription intervals, mesh sizes, core changes.
-5. In Spark (spark/analysis.py): expected deliveries, deliveries, losses,
+5. In Spark (federation/spark/analysis.py): expected deliveries, deliveries, losses,
    duplicates, latency percentiles, control overhead, mesh links used.
-6. Write report.json, CSV tables, PNG plots and report.html (spark/output.py,
-   spark/plots.py).
+6. Write report.json, CSV tables, PNG plots and report.html (federation/spark/output.py,
+   federation/spark/plots.py).
 
 Exit codes: 0 report written; 2 bad arguments or unusable input (the
 message says why); 1 an unexpected failure (traceback).
@@ -35,24 +39,40 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: import the `spark` package from the repository, not spark/ itself
+if __package__ in (None, ""):  # run as a file (spark-submit): import the tree this file belongs to, not its folder
     _HERE = str(Path(__file__).resolve().parent)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from spark import DATA_TYPES  # noqa: E402
-from spark import clocks as clock_estimation  # noqa: E402
-from spark import timeline as timelines  # noqa: E402
-from spark.replay import Replay  # noqa: E402
+from federation.spark import DATA_TYPES  # noqa: E402
+from federation.spark import clocks as clock_estimation  # noqa: E402
+from federation.spark import timeline as timelines  # noqa: E402
+from federation.spark.replay import Replay  # noqa: E402
 
 DEFAULT_SETTLE = 5.0
+PROG = "federation-analyze"
+
+
+class _JobPath(argparse.Action):
+    """`--job-path`: print the file spark-submit should run (this one) and exit, as `--version` does."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(Path(__file__).resolve())
+        parser.exit()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="spark/convergence.py",
+        prog=PROG,
         description="Measure convergence, delivery and control overhead from federation event logs "
-                    "(docs/spark.md).")
+                    "(docs/spark.md). In a checkout also `python spark/convergence.py`.")
+    parser.add_argument("--job-path", action=_JobPath,
+                        help="print the path of the job file for spark-submit "
+                             "(`spark-submit --master URL \"$(federation-analyze --job-path)\" --events ...`) and exit")
     parser.add_argument("--events", action="append", required=True, metavar="PATTERN",
                         help="event log files: a glob (quote it), a directory of *.jsonl, or a URL Spark reads; "
                              "repeat for several")
@@ -90,9 +110,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
     """Run the job; `spark` is an existing session (tests share one), else one is built."""
     args = parse_args(argv)
-    command = "python spark/convergence.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
-                                                                                  else sys.argv[1:]))
-    from spark.reader import InputError, resolve  # imports pyspark
+    command = f"{PROG} " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    from federation.spark.reader import InputError, resolve  # imports pyspark
 
     try:
         files = resolve(args.events)
@@ -101,7 +120,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
         return 2
     partitions = args.partitions or shuffle_partitions(files)
     if spark is None:
-        from spark.session import build_session
+        from federation.spark.session import build_session
         spark = build_session(args.master, partitions, args.driver_memory)
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     started = time.perf_counter()
@@ -117,7 +136,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     report["job"].update({"command": command, "wall_seconds": round(wall, 3),
                           "events_per_second": round(report["input"]["lines"] / wall, 1) if wall > 0 else None,
                           "master": spark.sparkContext.master})
-    from spark import output
+    from federation.spark import output
 
     report["tables"] = output.write_tables(out, report, extras)
     output.write_json(out / "report.json", report)
@@ -146,8 +165,8 @@ class Steps:
 
 
 def analyse(spark: Any, files: list[str], args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    from spark import analysis
-    from spark.reader import read_events
+    from federation.spark import analysis
+    from federation.spark.reader import read_events
 
     steps = Steps()
     events, summary = read_events(spark, files)
@@ -254,7 +273,7 @@ def analyse(spark: Any, files: list[str], args: argparse.Namespace) -> tuple[dic
 
 
 def draw(out: Path, report: dict[str, Any], extras: dict[str, Any]) -> list[str]:
-    from spark import plots
+    from federation.spark import plots
 
     # Pictures show time from the run's t=0 (unix times of real runs are unreadable on an axis).
     origin = extras["timeline"].origin
