@@ -62,6 +62,7 @@ from federation.daemon.metrics import Snapshot, start_metrics_server
 from federation.daemon.snapshots import metrics_snapshot, snapshot_from_thread, status_document
 from federation.daemon.state import BackgroundWriter, LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.status import encode_reply
+from federation.daemon.systemd import service_notifications
 from federation.daemon.udp import (
     SOCKET_BUFFER,
     DropReporter,
@@ -205,7 +206,8 @@ class Runtime:
                 raise
             try:
                 self._start_running(loop, node)
-                await stop.wait()
+                with service_notifications(loop):  # systemd: READY=1, WATCHDOG=1 while running, STOPPING=1
+                    await stop.wait()
             finally:
                 await self._shutdown()
         finally:
