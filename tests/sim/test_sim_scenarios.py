@@ -115,7 +115,7 @@ def test_replay_does_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
         "import json, sys\n"
         "from federation.scenario.loader import parse_scenario\n"
         "from federation.sim import run_scenario\n"
-        "from tests.test_sim_scenarios import INLINE_RING\n"
+        "from tests.sim.test_sim_scenarios import INLINE_RING\n"
         "report = run_scenario(parse_scenario(INLINE_RING, 'inline-ring'), seed=1, events_path=sys.argv[1])\n"
         "report.pop('wall_seconds')\n"
         "print(json.dumps(report, sort_keys=True))\n"
