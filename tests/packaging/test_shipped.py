@@ -3,6 +3,7 @@ same from an installed wheel."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,16 @@ def test_configs_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert configs.main(["show", "examples/three-sites"]) == 2
     assert "is a folder" in capsys.readouterr().err
     assert configs.main(["path"]) == 0 and capsys.readouterr().out.strip() == str(REPO)
+
+
+def test_without_setup_cfg_the_lxd_image_takes_the_installed_requirements(tmp_path: Path) -> None:
+    """From a wheel there is no setup.cfg: the image's requirements come from the installed metadata."""
+    from federation.lxd.image import project_extra, project_requirements
+
+    def names(requirements: tuple[str, ...]) -> set[str]:
+        return {re.split(r"[<>=!~;\s\[]", requirement)[0] for requirement in requirements}
+
+    missing = tmp_path / "setup.cfg"
+    assert names(project_requirements(missing)) == names(project_requirements(REPO / "setup.cfg"))
+    assert project_extra(missing, "lxc") == ("pylxd",)
+    assert project_extra(missing, "no-such-extra") == ()
