@@ -102,7 +102,7 @@ def venv(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new virtual environment holding the wheel; dependencies come from the machine's site packages."""
     environment = tmp_path_factory.mktemp("venv") / "venv"
     run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", environment], cwd=environment.parent)
-    # The machine's pip installs into the venv (no pip inside it: Debian's python3 lacks ensurepip).
+    # The machine's pip installs into the venv: quicker than ensurepip, which Debian has only in python3-venv.
     run([sys.executable, "-m", "pip", "--python", environment / "bin" / "python", "install", "--no-deps",
          "--no-index", "--ignore-installed", "--quiet", "--disable-pip-version-check", built.wheel],
         cwd=environment.parent)
