@@ -66,6 +66,7 @@ from federation.harness.nodeconfig import (
     mosquitto_template,
     render_mosquitto_conf,
     wrapper_command,
+    wrapper_program,
     wrapper_yaml,
 )
 from federation.harness.processes import (
@@ -258,8 +259,6 @@ class LocalFederation:
     def start_brokers(self, timeout: float = START_TIMEOUT) -> None:
         """The first half of `start`: check, write every config, start every broker and wait until all run."""
         self._mosquitto = find_mosquitto()
-        if not WRAPPER_SCRIPT.exists():
-            raise LaunchError(f"{WRAPPER_SCRIPT} does not exist: the wrapper daemon is missing from this checkout")
         self.check_addresses_free()
         self._stopped = False
         if not self._atexit_registered:
@@ -416,7 +415,7 @@ class LocalFederation:
     def status_cli(self, name: str, timeout: float = 10.0) -> dict[str, Any]:
         """The same document, through the real command line `python wrapper.py status --node ... --json`."""
         node = self.node(name)
-        result = subprocess.run([sys.executable, str(WRAPPER_SCRIPT), "status", "--node", node.address, "--json"],
+        result = subprocess.run([sys.executable, *wrapper_program(), "status", "--node", node.address, "--json"],
                                 capture_output=True, text=True, timeout=timeout, check=False)
         if result.returncode != 0:
             raise LaunchError(f"`wrapper.py status --node {node.address} --json` exited with "
