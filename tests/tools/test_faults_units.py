@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from federation.tools.faults import report
-from federation.tools.faults.catalogue import FAULTS, LINE, RING, SUITE, Fault, describe
+from federation.tools.faults.catalogue import FAULTS, LINE, NEIGHBOUR_DOWN_SECONDS, RING, SUITE, Fault, describe
 from federation.tools.faults.counting import Arrival, OutputError, count_stream, parse_line, parse_output, runs
 from federation.tools.faults.packet_filter import Cut, render_table
 from federation.tools.faults.runner import CaseResult, Scheduled, Timing, explain_streams
@@ -114,7 +114,7 @@ def test_the_suite_covers_every_fault_of_the_issue() -> None:
                      ("kill_broker", "subscriber"), ("kill_broker", "middle"), ("pause_wrapper", "middle"),
                      ("partition", None)}
     assert FAULTS["partition"].seconds == 30.0
-    assert FAULTS["pause-middle-wrapper"].seconds > 3.0  # longer than the neighbour-down time
+    assert FAULTS["pause-middle-wrapper"].seconds > NEIGHBOUR_DOWN_SECONDS
 
 
 def test_topologies() -> None:

@@ -120,7 +120,29 @@ class FaultSetup:
         self.brokers.stop()
         self.packet_filter.close()
 
+    pause_target = "wrapper"
+    """the process a `pause_wrapper` fault stops (a bridge chain forwards inside its brokers)"""
+
     def apply(self, fault: Fault) -> Heal:
+        """Do the fault now; the returned `Heal` undoes it."""
+        if fault.kind == "partition":
+            return self._partition()
+        node = self.topology.node(fault.role or "")
+        if fault.kind == "kill_wrapper":
+            return self._kill_forwarding(node)
+        if fault.kind == "kill_broker":
+            self.brokers.stop_broker(node, kill=True)
+            return lambda: self.brokers.start_broker(node)
+        if fault.kind == "pause_wrapper":
+            self.brokers.pause(node, self.pause_target)
+            return lambda: self.brokers.resume(node, self.pause_target)
+        raise ValueError(f"fault kind {fault.kind!r} has no action on {self.name}")
+
+    def _partition(self) -> Heal:
+        raise NotImplementedError
+
+    def _kill_forwarding(self, node: str) -> Heal:
+        """What `kill_wrapper` does: the forwarding element of `node` dies, and comes back at the healing."""
         raise NotImplementedError
 
     def recover(self, timeout: float = RECOVER_TIMEOUT) -> None:
@@ -133,10 +155,6 @@ class FaultSetup:
 
     def diagnostics(self) -> str:
         return self.brokers.diagnostics()
-
-    def _kill_broker(self, node: str) -> Heal:
-        self.brokers.stop_broker(node, kill=True)
-        return lambda: self.brokers.start_broker(node)
 
     def _cut(self, cut: Cut) -> Heal:
         key = self.packet_filter.block(cut)
@@ -167,21 +185,13 @@ class FederationSetup(FaultSetup):
             self.stop()
             raise
 
-    def apply(self, fault: Fault) -> Heal:
-        if fault.kind == "partition":
-            sides = (self.topology.publisher_side, self.topology.subscriber_side)
-            return self._cut(Cut(tuple(map(self.host, sides[0])), tuple(map(self.host, sides[1])), "udp",
-                                 WRAPPER_PORT))
-        node = self.topology.node(fault.role or "")
-        if fault.kind == "kill_wrapper":
-            self.brokers.stop_wrapper(node, kill=True)
-            return lambda: self.brokers.start_wrapper(node, wait=False)
-        if fault.kind == "kill_broker":
-            return self._kill_broker(node)
-        if fault.kind == "pause_wrapper":
-            self.brokers.pause(node, "wrapper")
-            return lambda: self.brokers.resume(node, "wrapper")
-        raise ValueError(f"fault kind {fault.kind!r} has no federation action")
+    def _partition(self) -> Heal:
+        sides = (self.topology.publisher_side, self.topology.subscriber_side)
+        return self._cut(Cut(tuple(map(self.host, sides[0])), tuple(map(self.host, sides[1])), "udp", WRAPPER_PORT))
+
+    def _kill_forwarding(self, node: str) -> Heal:
+        self.brokers.stop_wrapper(node, kill=True)
+        return lambda: self.brokers.start_wrapper(node, wait=False)
 
     def recover(self, timeout: float = RECOVER_TIMEOUT) -> None:
         super().recover(timeout)
@@ -234,6 +244,7 @@ class BridgeSetup(FaultSetup):
     """Brokers in a line, each bridged to the next (no wrappers); the reference."""
 
     kind = "bridge"
+    pause_target = "broker"
 
     def __init__(self, topology: Topology, workdir: Path, first_address: str,
                  mosquitto_template: Path | None = None) -> None:
@@ -253,19 +264,12 @@ class BridgeSetup(FaultSetup):
         links = list(zip(order, order[1:], strict=False))
         return [link for link in links if node is None or node in link]
 
-    def apply(self, fault: Fault) -> Heal:
-        if fault.kind == "partition":
-            cut = set(map(frozenset, self.topology.cut_links()))
-            return self._cut_bridges([link for link in self.bridge_links() if frozenset(link) in cut], "drop")
-        node = self.topology.node(fault.role or "")
-        if fault.kind == "kill_wrapper":
-            return self._cut_bridges(self.bridge_links(node), "reset")
-        if fault.kind == "kill_broker":
-            return self._kill_broker(node)
-        if fault.kind == "pause_wrapper":
-            self.brokers.pause(node, "broker")
-            return lambda: self.brokers.resume(node, "broker")
-        raise ValueError(f"fault kind {fault.kind!r} has no bridge action")
+    def _partition(self) -> Heal:
+        cut = set(map(frozenset, self.topology.cut_links()))
+        return self._cut_bridges([link for link in self.bridge_links() if frozenset(link) in cut], "drop")
+
+    def _kill_forwarding(self, node: str) -> Heal:
+        return self._cut_bridges(self.bridge_links(node), "reset")
 
     def recover(self, timeout: float = RECOVER_TIMEOUT) -> None:
         """Start the chain again: it starts in a fraction of a second, and a bridge that cannot get back by
