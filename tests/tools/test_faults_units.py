@@ -226,8 +226,11 @@ def test_the_table_puts_setups_side_by_side() -> None:
     rows = report.rows(results, {"kill": "kill it"})
     assert rows == [["kill it", "1", "lost 1, dup 1 /3", "ok /3"], ["kill it", "2", "lost 1, dup 1 /3", "ok /3"]]
     text = report.text_table(results, {"kill": "kill it"})
-    assert text.splitlines()[0].split() == ["fault", "QoS", "federation-line", "bridge-line"]
+    assert text.splitlines()[0].split("  ")[-1] == "bridge chain a->b->c (reference)"
+    assert report.markdown_table(results, {}).splitlines()[0] == \
+        "| fault | QoS | federation line a-b-c | bridge chain a->b->c (reference) |"
     assert report.markdown_table(results, {}).splitlines()[2] == "| kill | 1 | lost 1, dup 1 /3 | ok /3 |"
+    assert report.markdown_table(results, {"kill": "a | b"}).splitlines()[2].startswith("| a \\| b | 1 |")
     assert report.cell(None, 1, error="boom") == "not judged"
 
 

@@ -73,10 +73,12 @@ class SetupSpec:
 
 
 def bridge_lines(index: int, target_host: str, port: int = BROKER_PORT, *, topic: str = BRIDGE_TOPIC, qos: int = 1,
-                 clean_session: bool = True, label: str = "bench") -> list[str]:
+                 clean_session: bool = True, label: str = "bench",
+                 restart_timeout: str = str(BRIDGE_RESTART_TIMEOUT)) -> list[str]:
     """The mosquitto.conf bridge section that forwards every message on `topic` from broker `index` to the next
     (QoS kept up to `qos`). `clean_session=False` makes the brokers keep the bridge's session and queue for it
-    while it is down."""
+    while it is down. `restart_timeout`: Mosquitto's value, seconds or "base cap" (2.0.11 backs off even with
+    a single value: 5 s, then 8 s, ... between attempts)."""
     return [
         "",
         f"# {label}: bridge to the next broker of the line",
@@ -84,7 +86,7 @@ def bridge_lines(index: int, target_host: str, port: int = BROKER_PORT, *, topic
         f"address {target_host}:{port}",
         f"topic {topic} out {qos}",
         f"cleansession {'true' if clean_session else 'false'}",
-        f"restart_timeout {BRIDGE_RESTART_TIMEOUT}",
+        f"restart_timeout {restart_timeout}",
         "notifications false",
     ]
 

@@ -53,7 +53,7 @@ from federation.tools.faults.suite import (
     worker_main,
 )
 
-COMMANDS = ("run", "random", "burst", "cleanup", "worker")
+COMMANDS = ("run", "random", "burst", "report", "cleanup", "worker")
 DEFAULT_SUBNET = 200
 """the suite's loopback addresses start at 127.0.<subnet>.10, one /24 per setup"""
 
@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     burst = commands.add_parser("burst", help="QoS 2 burst through 3 brokers with Mosquitto's default inflight limit")
     _common(burst)
     burst.add_argument("--count", type=int, default=BURST_COUNT)
+    again = commands.add_parser("report", help="print the tables of a saved faults.json again")
+    again.add_argument("results", type=Path)
+    again.add_argument("--markdown", action="store_true", help="the Markdown table (as in docs/guarantees.md)")
     commands.add_parser("cleanup", help="delete nftables tables left by runs that were killed")
     worker = commands.add_parser("worker", help="(internal) run one job file, write its results")
     worker.add_argument("job", type=Path)
@@ -130,6 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             delete_table(table)
         print(f"deleted {', '.join(tables)}" if tables else "nothing to delete")
         return 0
+    if options.command == "report":
+        document = json.loads(options.results.read_text(encoding="utf-8"))
+        saved = {name: [CaseResult.from_json(case) for case in cases] for name, cases in document["setups"].items()}
+        if options.markdown:
+            print(report.markdown_table(saved, document["titles"]))
+        else:
+            print_report(saved, document["titles"])
+        return exit_status(saved)
     out = (options.out or Path(tempfile.mkdtemp(prefix="faults-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     quiet = {} if options.quiet is None else {"quiet": options.quiet}
@@ -152,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     seconds = time.time() - started
     write_results(out, results, titles, timing, seconds, arguments)
+    print_report(results, titles)
+    print(f"\n{seconds:.0f} s; results in {out}/faults.json")
+    return exit_status(results)
+
+
+def print_report(results: Mapping[str, Sequence[CaseResult]], titles: Mapping[str, str]) -> None:
     print(report.text_table(results, titles))
     print(report.LEGEND)
     notes = report.explanations({name: cases for name, cases in results.items() if name.startswith("federation")})
@@ -163,8 +180,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if notes:
         print("\nthe bridge chain's misses:")
         print("\n".join(notes))
-    print(f"\n{seconds:.0f} s; results in {out}/faults.json")
-    return exit_status(results)
 
 
 BURST_TITLE = "{count} QoS 2 as one burst, every broker at Mosquitto's default max_inflight_messages (20)"

@@ -64,8 +64,16 @@ def rows(results: Mapping[str, Sequence[CaseResult]], titles: Mapping[str, str])
     return table
 
 
+SETUP_TITLES = {"federation-line": "federation line a-b-c", "federation-ring": "federation ring a-b-c-d",
+                "bridge-line": "bridge chain a->b->c (reference)"}
+
+
+def _header(results: Mapping[str, Sequence[CaseResult]]) -> list[str]:
+    return ["fault", "QoS", *(SETUP_TITLES.get(name, name) for name in results)]
+
+
 def text_table(results: Mapping[str, Sequence[CaseResult]], titles: Mapping[str, str]) -> str:
-    header = ["fault", "QoS", *results]
+    header = _header(results)
     body = rows(results, titles)
     widths = [max(len(line[column]) for line in [header, *body]) for column in range(len(header))]
     lines = ["  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip()
@@ -75,9 +83,9 @@ def text_table(results: Mapping[str, Sequence[CaseResult]], titles: Mapping[str,
 
 
 def markdown_table(results: Mapping[str, Sequence[CaseResult]], titles: Mapping[str, str]) -> str:
-    header = ["fault", "QoS", *results]
+    header = _header(results)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(line) + " |" for line in rows(results, titles)]
+    lines += ["| " + " | ".join(text.replace("|", "\\|") for text in line) + " |" for line in rows(results, titles)]
     return "\n".join(lines)
 
 
