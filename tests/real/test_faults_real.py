@@ -17,7 +17,7 @@ QoS 1 publications its bridge delivers before the subscriber is back in some run
 
 The whole suite runs once per session (`suite` fixture), every setup in a worker process of its own and
 the 30 s partition beside the rest, plus the QoS 2 burst at Mosquitto's default in-flight limit: about
-2.5 minutes. Needs root (nftables) and mosquitto; uses $FEDERATION_TEST_SUBNET's next eight /24s.
+2.5 minutes. Needs root (nftables) and mosquitto; uses $FEDERATION_TEST_SUBNET's next seven /24s.
 """
 
 from __future__ import annotations
