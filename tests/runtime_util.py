@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 from federation.daemon.config import DaemonConfig
 from federation.daemon.running import Running
@@ -22,12 +23,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def started_wrapper() -> Running:
+async def started_wrapper(event_log: Path | None = None) -> Running:
     """A wrapper on a free loopback port with its node started; its broker connection is built, never started
-    (a test may put a fake in `broker`). `close()` it at the end."""
+    (a test may put a fake in `broker`). `close()` it at the end. Its node makes the per-publication events
+    only with an `event_log` (that keeps them), as a wrapper's does (`DaemonConfig.publication_events`)."""
     port = free_port()
     config = DaemonConfig(bind=Address("127.0.0.1", port), announced=Address("127.0.0.1", port), neighbours=(),
-                          broker=Address("127.0.0.1", 1), client_id="overload-test")
+                          broker=Address("127.0.0.1", 1), client_id="overload-test", event_log=event_log)
     wrapper = await Runtime(dataclasses.replace(config)).build()
     now = wrapper.clock.now()
     wrapper.node.start(now)

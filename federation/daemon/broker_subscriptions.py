@@ -283,19 +283,19 @@ class SubscriptionAudit:
 
 
 class DropReport(Protocol):
-    """How a dropped publication is counted (the node's one drop counter)."""
+    """How a dropped publication is counted (the node's one drop counter, `Node.drop`)."""
 
-    def __call__(self, reason: str) -> None: ...
+    def __call__(self, reason: str, /) -> None: ...
 
 
 class BrokerSubscriptions:
     """A running wrapper's `ResubscribeHold` and `SubscriptionAudit`, told to its node (pseudo clients) and
     reported (drops, events, log lines). Used on the loop's thread."""
 
-    def __init__(self, sink: SubscriptionSink, count_drop: DropReport, outbox: wrapper_events.WrapperEvents,
+    def __init__(self, sink: SubscriptionSink, drop: DropReport, outbox: wrapper_events.WrapperEvents,
                  table: LocalSubscriptions, grace: float) -> None:
         self.sink = sink
-        self.count_drop = count_drop
+        self.drop = drop
         self.outbox = outbox
         self.table = table
         self.hold = ResubscribeHold(grace)
@@ -388,7 +388,7 @@ class BrokerSubscriptions:
         self._log_drops(now)
 
     def _dropped(self, injection: Injection, filter_: str, reason: str, now: float) -> None:
-        self.count_drop(reason)
+        self.drop(reason)
         self.outbox.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(injection.publication),
                          filter=filter_, reason=reason)
         self._drops_unlogged += 1

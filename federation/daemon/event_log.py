@@ -4,7 +4,7 @@ Theory of operation: a wrapper writes three lines per federated publication
 (`publication_originated` and `publication_forwarded` where it is published,
 `publication_delivered` where it arrives), so encoding is on the data path
 (about a fifth of a flooded wrapper's CPU in a profile). The schema is a
-contract (spark/ replays these files), so the fast path must give exactly
+contract (the Spark job, federation/spark/, replays these files), so the fast path must give exactly
 the bytes of `json.JSONEncoder(separators=(",", ":"), default=str)
 .encode(event.to_json_dict())`; tests/protocol/test_hotpath_node.py compares them.
 

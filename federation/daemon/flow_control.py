@@ -15,7 +15,7 @@ them once per drain of the node's outputs:
   publication behind a waiting QoS 1/2 one waits too), in a bounded
   `InjectionQueue` that drops the oldest QoS 0 one first, and above
   `INJECTION_BACKLOG_HIGH` the node stops acknowledging new QoS 1/2 copies
-  (`Node.delivery_backlogged`), so their senders keep them instead;
+  (`Node.report_delivery_backlog`), so their senders keep them instead;
 - out of the broker (`apply_backpressure`): reading stops while
   `BACKPRESSURE_WINDOW` QoS 1/2 copies wait for the next hop's
   acknowledgement, or while the socket's send side is backed up, and
@@ -26,7 +26,7 @@ them once per drain of the node's outputs:
   backlog is long (`rb`, federation.protocol.pacing), reading stops as well: QoS 0
   has no acknowledgement to hold the wrapper back otherwise.
 
-Every drop is counted on the node; the counts here (`send_shed`,
+Every drop is counted on the node (`Node.drop`); the counts here (`send_shed`,
 `backpressure_pauses`, the queue's `dropped`) are what the status document
 shows. A drop is also emitted as `publication_dropped` with its reason; a
 QoS 0 one only when the node makes the per-publication events
@@ -56,7 +56,7 @@ BACKPRESSURE_MAX_PAUSE = 10.0
 INJECTION_BACKLOG = 10000
 """remote publications waiting for a slow local broker; beyond it the oldest QoS 0 one is dropped first"""
 INJECTION_BACKLOG_HIGH = INJECTION_BACKLOG * 7 // 8
-"""waiting publications from which new QoS 1/2 copies are left unacknowledged (`Node.delivery_backlogged`)"""
+"""waiting publications from which new QoS 1/2 copies are left unacknowledged (`Node.report_delivery_backlog`)"""
 BROKER_BACKLOG = 2000
 """QoS 1/2 publications handed to paho and not completed by the broker, above which the rest wait in our queue
 even when the broker's Receive Maximum is larger (MQTT's default, 65535, when it names none); at most this many
@@ -103,7 +103,7 @@ class FlowControl:
             broker.publish_all(handed)
         # QoS 1/2 copies are acknowledged to the previous hop on arrival: stop taking new ones before the
         # queue must drop them (it drops QoS 0 first, but a flood of QoS 1 alone would lose some).
-        node.delivery_backlogged = len(queue) >= INJECTION_BACKLOG_HIGH
+        node.report_delivery_backlog(len(queue) >= INJECTION_BACKLOG_HIGH)
 
     def requeue(self, node: Node, injections: Sequence[Injection], now: float) -> None:
         """Injections that wait for `inject` again, behind what waits (held ones released, or those the broker
@@ -115,7 +115,7 @@ class FlowControl:
         for injection in injections:
             dropped = queue.push(injection, injection.qos)
             if dropped is not None:
-                node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
+                node.drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
                 if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
                     node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
                               filter=None, reason="broker_backlog")
@@ -136,7 +136,7 @@ class FlowControl:
         `paced`: a neighbour's receive backlog is long (its `rb`, federation.protocol.pacing): what we read now
         would wait there or be dropped there; do not read until its hold ends or it says it is ready.
         """
-        outstanding = len(node.reliable.unacked)
+        outstanding = node.unacked_copies
         window = min(BACKPRESSURE_WINDOW, node.settings.max_unacked // 2)
         if broker.reading_paused:
             if (outstanding <= window // 2 and not send_paused and not paced) \
@@ -166,10 +166,10 @@ def report_shed(node: Node, counter: str, reason: str, packet: bytes, now: float
     `counter` and reported as `publication_dropped` when the node makes the per-publication events (a `tm` is
     decoded only for that; a `tb`, to count what it carried)."""
     if not node.publication_events and wire.packet_type(packet) == wire.TOPIC_MESSAGE:
-        node.count_drop(counter)  # one publication: nothing to decode
+        node.drop(counter)  # one publication: nothing to decode
         return
     publications = qos0_publications(packet)
-    node.drops[counter] += len(publications) or 1
+    node.drop(counter, len(publications) or 1)
     if not node.publication_events:
         return
     for publication, filter_ in publications:

@@ -142,7 +142,7 @@ class Running:
                                     recorder=self.journal)
         if self.journal is not None:
             self.broker.restore([(entry.mid, entry.injection, entry.released) for entry in self.journal.in_flight()])
-        self.broker_subscriptions = BrokerSubscriptions(node, node.count_drop, self.outbox, self.subscriptions,
+        self.broker_subscriptions = BrokerSubscriptions(node, node.drop, self.outbox, self.subscriptions,
                                                         config.resubscribe_grace)
         """a broker that lost its subscriptions, and subscriptions it holds that the wrapper did not see"""
         self.duplicates_suppressed = 0
@@ -250,19 +250,18 @@ class Running:
             queued = False
             for packet in envelope.receive_datagram(data, source, now):
                 if wire.packet_type(packet) not in wire.DATA_TYPES:
-                    node.receive_datagram(packet, source, now)
+                    node.receive_packet(packet, source, now)
                     continue
                 queued = True
                 for dropped in backlog.push(packet, source):
                     if dropped is None:  # QoS 1/2: never acknowledged, so its sender sends it again
-                        node.count_drop("receive_backlog_qos12")
+                        node.drop("receive_backlog_qos12")
                     else:
                         report_shed(node, "receive_backlog_qos0", "receive_backlog", dropped, now)
             if queued:
                 queued_from.add(source)
-        if queued_from:  # only neighbours are told: a datagram's source address may be forged
-            node.pacing.on_receive_backlog(self._backlog_level(),
-                                           (source for source in queued_from if node.neighbours.get(source)), now)
+        if queued_from:  # only neighbours are told (the node checks): a datagram's source address may be forged
+            node.on_receive_backlog(self._backlog_level(), queued_from, now)
         return now
 
     def _backlog_level(self) -> int:
@@ -281,9 +280,9 @@ class Running:
         """Handle one slice of queued `tm`; the rest in later loop passes, each reading the socket first."""
         node = self.node
         for packet, source in self.receive_backlog.take(DATA_SLICE, DATA_SLICE_BYTES):
-            node.receive_datagram(packet, source, now)
-        if node.pacing.busy:
-            node.pacing.on_receive_backlog(self._backlog_level(), (), now)
+            node.receive_packet(packet, source, now)
+        if node.receive_busy:
+            node.on_receive_backlog(self._backlog_level(), (), now)
         if len(self.receive_backlog) and not self._data_pass_scheduled:
             self._data_pass_scheduled = True
             self.loop.call_soon(self._scheduled_data_pass)
@@ -305,7 +304,7 @@ class Running:
         changed = False
         limit = node.settings.max_publication_bytes
         acks: list[tuple[int, int]] = []
-        # QoS 0 publications in a row: one `tb` run (federation.protocol.publication_batch)
+        # QoS 0 publications in a row: one `tb` run (federation.protocol.publications)
         run: list[tuple[str, bytes]] = []
         try:
             for item in batch:
@@ -379,7 +378,7 @@ class Running:
         """A local publication above max_publication_bytes: not federated (never truncated), counted, logged."""
         node = self.node
         limit = node.settings.max_publication_bytes
-        node.count_drop("publication_too_large")
+        node.drop("publication_too_large")
         event = Event(now, str(node.address), events.PUBLICATION_DROPPED,
                       {"pub": None, "filter": None, "reason": "too_large", "topic": item.topic,
                        "size": len(item.payload)})
@@ -418,8 +417,8 @@ class Running:
         to the broker (or the bounded queue), its events and the envelope's drops to the counters and the
         event log; and the broker's reading paused or resumed."""
         node = self.node
-        paced_until = node.pacing.paced(now)  # first: a hold that ended makes the ready we owe upstream
-        packets = node.datagrams_to_send()
+        paced_until = node.paced_until(now)  # first: a hold that ended makes the ready we owe upstream
+        packets = node.packets_to_send()
         if packets and self.protocol.writing_paused:
             packets = self.flow.shed(node, packets, now)
         envelope = self.envelope
@@ -464,7 +463,7 @@ class Running:
     def _on_send_resumed(self) -> None:
         """The socket took the buffered datagrams: read from the broker again if only that held it."""
         now = self.clock.now()
-        self._apply_backpressure(self.node, self.broker, now, self.node.pacing.paced(now))
+        self._apply_backpressure(self.node, self.broker, now, self.node.paced_until(now))
 
     def _on_broker_completed(self) -> None:
         """The broker completed some of our QoS 1/2 publications, or took the bytes its socket had refused: hand
@@ -475,7 +474,7 @@ class Running:
     def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float, paced_until: float | None) -> None:
         """Pause or resume reading from the broker (`FlowControl.apply_backpressure`); while a neighbour
         paces us, look again when its hold ends (nothing else may wake us: we read nothing meanwhile).
-        `paced_until`: `Pacing.paced(now)`, the end of the longest hold on us, None when nothing paces us."""
+        `paced_until`: `Node.paced_until(now)`, the end of the longest hold on us, None when nothing paces us."""
         self.flow.apply_backpressure(node, broker, self.protocol.writing_paused, now, paced=paced_until is not None)
         if paced_until is not None and self._pace_handle is None:
             self._pace_handle = self.loop.call_later(paced_until - now + PACE_RECHECK_SLACK, self._pace_ended)

@@ -28,6 +28,7 @@ from federation.daemon.config import DaemonConfig, is_wildcard
 from federation.daemon.metrics import Snapshot
 from federation.daemon.running import Running
 from federation.daemon.startup import boot, open_resources
+from federation.daemon.systemd import service_notifications
 from federation.daemon.udp import LocalAddresses, OverlayProtocol
 
 
@@ -56,7 +57,8 @@ class Runtime:
             running = await self.build()
             try:
                 running.start()
-                await stop.wait()
+                with service_notifications(loop):  # systemd: READY=1, WATCHDOG=1 while running, STOPPING=1
+                    await stop.wait()
             finally:
                 await running.shutdown()
         finally:

@@ -161,12 +161,11 @@ def boot(config: DaemonConfig, store: StateStore | None) -> tuple[Node, Envelope
             raise StartupError(f"--state-dir: cannot write {store.path}: {error.strerror or error}; "
                                f"give a writable directory") from None
     node = Node(config.announced, config.neighbours, epoch, random.Random(), config.settings,
-                vid=config.vid, name=config.name)
-    node.publication_events = config.publication_events
+                vid=config.vid, name=config.name, publication_events=config.publication_events)
     try:
         envelope = Envelope(config.announced, envelope_epoch(epoch, wall),
                             EnvelopeConfig.from_settings(node.settings, config.keys, config.encryption),
-                            drop_sink=node.count_drop)
+                            drop_sink=node.drop)
     except EnvelopeConfigError as error:
         raise StartupError(str(error)) from None
     return node, envelope, persisted

@@ -195,7 +195,7 @@ class Envelope:
     def __init__(self, sender: Address, epoch: int, config: EnvelopeConfig | None = None,
                  drop_sink: Callable[[str], None] | None = None) -> None:
         """`sender`: our announced address; `epoch`: see `envelope_epoch`; `drop_sink(reason)` is called
-        for every drop too (the daemon passes `node.count_drop`, so drops show with the node's)."""
+        for every drop too (the daemon passes `Node.drop`, so drops show with the node's)."""
         config = config if config is not None else EnvelopeConfig()
         config.validate()
         self.config = config

@@ -127,10 +127,10 @@ def make() -> tuple[BrokerSubscriptions, Sink, Counter[str], wrapper_events.Wrap
     outbox = wrapper_events.WrapperEvents("10.0.0.1:10500")
     table = LocalSubscriptions({"s1": ClientRecord({"a/#": 1}), "s2": ClientRecord({"b/c": 2})})
 
-    def count_drop(reason: str) -> None:
+    def drop(reason: str) -> None:
         drops[reason] += 1
 
-    return BrokerSubscriptions(sink, count_drop, outbox, table, grace=30.0), sink, drops, outbox, table
+    return BrokerSubscriptions(sink, drop, outbox, table, grace=30.0), sink, drops, outbox, table
 
 
 def test_after_a_broker_restart_interest_is_kept_and_held_drops_are_counted_and_evented() -> None:

@@ -9,6 +9,7 @@ import random
 import socket
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,26 +176,27 @@ def test_hello_is_answered_before_the_queued_data() -> None:
 
 
 @pytest.mark.parametrize("publication_events", [True, False])
-def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publication_events: bool) -> None:
+def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publication_events: bool,
+                                                                            tmp_path: Path) -> None:
     """The shed publication is always counted, and reported as `publication_dropped` only by a node that
     makes the per-publication events (docs/daemon.md "Overload")."""
 
     async def scenario() -> None:
-        wrapper = await started_wrapper()
+        wrapper = await started_wrapper(tmp_path / "events.jsonl" if publication_events else None)
         try:
             with peer_socket() as (peer, peer_address):
                 node = wrapper.node
                 protocol = wrapper.protocol
-                node.publication_events = publication_events
+                assert node.publication_events is publication_events
                 broker = FakeBroker()
                 wrapper.broker = broker  # type: ignore[assignment]
                 neighbour = peer_address
                 protocol.pause_writing()  # as asyncio does above the write-buffer high-water mark
                 message = wire.TopicMessage("t/#", node.address, node.epoch, 1, 1, 0, "t/x", b"p", 0, False, None)
                 reliable = dataclasses.replace(message, seq=2, qos=1)
-                node.send(wire.TOPIC_MESSAGE, message, [neighbour])
-                node.send(wire.TOPIC_MESSAGE, reliable, [neighbour])
-                node.send(wire.HELLO, wire.Hello(99, 0.0), [neighbour])
+                node.outbox.send(wire.TOPIC_MESSAGE, message, [neighbour])
+                node.outbox.send(wire.TOPIC_MESSAGE, reliable, [neighbour])
+                node.outbox.send(wire.HELLO, wire.Hello(99, 0.0), [neighbour])
                 wrapper._drain_outputs(wrapper.clock.now())
                 assert node.drops["send_backlog_qos0"] == 1
                 assert wrapper.event_counts["publication_dropped"] == (1 if publication_events else 0)
@@ -207,7 +209,7 @@ def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publi
                 assert wire.decode(packets[0], len(packets[0]), 1 << 16).body.qos == 1  # type: ignore[union-attr]
                 protocol.resume_writing()  # the buffer drained: read from the broker again
                 assert not broker.reading_paused
-                node.send(wire.TOPIC_MESSAGE, dataclasses.replace(message, seq=3), [neighbour])
+                node.outbox.send(wire.TOPIC_MESSAGE, dataclasses.replace(message, seq=3), [neighbour])
                 wrapper._drain_outputs(wrapper.clock.now())
                 assert node.drops["send_backlog_qos0"] == 1  # not paused: sent
                 data, _ = peer.recvfrom(65535)
@@ -219,15 +221,15 @@ def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publi
 
 @pytest.mark.parametrize("publication_events", [True, False])
 def test_a_full_receive_backlog_counts_every_drop_and_reports_them_with_the_publication_events(
-        publication_events: bool) -> None:
+        publication_events: bool, tmp_path: Path) -> None:
     """Shedding from the receive backlog: each dropped QoS 0 `tm` is counted; it becomes a
     `publication_dropped` event (naming the publication) only on a node that makes the per-publication events."""
 
     async def scenario() -> None:
-        wrapper = await started_wrapper()
+        wrapper = await started_wrapper(tmp_path / "events.jsonl" if publication_events else None)
         try:
             node = wrapper.node
-            node.publication_events = publication_events
+            assert node.publication_events is publication_events
             node.events_emitted()
             wrapper.receive_backlog = PacketBacklog(max_packets=3, max_bytes=1 << 20)
             envelope = Envelope(ORIGIN, 1)
@@ -364,13 +366,13 @@ def test_a_backed_up_broker_stops_the_wrapper_taking_new_qos1_copies() -> None:
             wrapper.broker = broker  # type: ignore[assignment]
             injection = Injection("a/b", b"x", 1, False, None, (ORIGIN, 1, 1))
             now = wrapper.clock.now()
-            node._injections.extend([injection] * BROKER_BACKLOG)
+            node.outbox.injections.extend([injection] * BROKER_BACKLOG)
             wrapper._drain_outputs(now)
             assert broker.handed == BROKER_BACKLOG and len(wrapper.flow.injection_queue) == 0
-            node._injections.extend([injection] * (INJECTION_BACKLOG_HIGH - 1))
+            node.outbox.injections.extend([injection] * (INJECTION_BACKLOG_HIGH - 1))
             wrapper._drain_outputs(now)
             assert not node.delivery_backlogged
-            node._injections.append(injection)
+            node.outbox.injections.append(injection)
             wrapper._drain_outputs(now)
             assert len(wrapper.flow.injection_queue) == INJECTION_BACKLOG_HIGH and node.delivery_backlogged
             assert wrapper.flow.injection_queue.dropped["qos12"] == 0
@@ -392,12 +394,11 @@ def test_publications_dropped_toward_a_slow_broker_are_counted_and_qos12_always_
         def backlog(self) -> int:
             return BROKER_BACKLOG  # takes nothing now: everything waits in the queue
 
-    node = Node(ORIGIN, [], 1, random.Random(1))
-    node.publication_events = publication_events
+    node = Node(ORIGIN, [], 1, random.Random(1), publication_events=publication_events)
     flow = FlowControl()
     flow.injection_queue = InjectionQueue(2)
     made = [Injection("t/x", b"p", qos, False, None, (ORIGIN, 1, seq)) for seq, qos in enumerate((1, 0, 1, 1), 1)]
-    node._injections.extend(made)
+    node.outbox.injections.extend(made)
     flow.inject(node, BusyBroker(), 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert node.drops["inject_backlog_qos0"] == 1 and node.drops["inject_backlog_qos12"] == 1
     reported = [e.fields["pub"] for e in node.events_emitted() if e.type == "publication_dropped"]
@@ -417,15 +418,15 @@ def test_injections_skip_an_empty_queue_and_queue_behind_a_waiting_one() -> None
     node = Node(ORIGIN, [], 1, random.Random(1))
     flow = FlowControl()
     made = [Injection("t/x", b"p", seq % 2, False, None, (ORIGIN, 1, seq)) for seq in range(1, 7)]
-    node._injections.extend(made[:2])
+    node.outbox.injections.extend(made[:2])
     flow.inject(node, broker, 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert handed == [made[:2]] and not len(flow.injection_queue) and not node.delivery_backlogged
     broker.output_blocked = True
-    node._injections.extend(made[2:4])
+    node.outbox.injections.extend(made[2:4])
     flow.inject(node, broker, 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert len(handed) == 1 and len(flow.injection_queue) == 2
     broker.output_blocked = False
-    node._injections.extend(made[4:])
+    node.outbox.injections.extend(made[4:])
     flow.inject(node, broker, 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert handed[1:] == [made[2:]] and not len(flow.injection_queue)
 
@@ -449,7 +450,7 @@ def test_nothing_is_handed_to_a_broker_whose_socket_is_full_and_the_queue_paces(
         try:
             wrapper.broker = broker  # type: ignore[assignment]
             count = INJECTION_BACKLOG // 2
-            node._injections.extend(Injection("t/x", b"p", 0, False, None, (ORIGIN, 1, seq))
+            node.outbox.injections.extend(Injection("t/x", b"p", 0, False, None, (ORIGIN, 1, seq))
                                     for seq in range(1, count + 1))
             wrapper._drain_outputs(wrapper.clock.now())
             assert not handed and len(wrapper.flow.injection_queue) == count

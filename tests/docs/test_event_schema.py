@@ -27,7 +27,7 @@ HEADER = {"v", "t", "node", "type", "name"}
 KNOWN_SPARK_MISMATCHES = {"to"}
 """Fields whose documented type Spark's schema cannot read. `to` is one string in
 `publication_retransmitted` and `publication_dropped` (`unacknowledged`) but a list elsewhere, and
-spark/reader.py reads it as a list of strings, so Spark counts those two kinds of lines as corrupt.
+federation/spark/reader.py reads it as a list of strings, so Spark counts those two kinds of lines as corrupt.
 Remove the entry when the code writes one type."""
 
 
@@ -159,22 +159,22 @@ def _spark_accepts(spark_type: object, json_type: str) -> bool:
 
 def test_the_spark_schema_reads_documented_fields_with_their_types() -> None:
     pytest.importorskip("pyspark")
-    from spark.reader import CORRUPT, EVENT_SCHEMA
+    from federation.spark.reader import CORRUPT, EVENT_SCHEMA
 
     types = field_types()
     unknown = [f.name for f in EVENT_SCHEMA.fields if f.name not in HEADER | {CORRUPT} and f.name not in types]
-    assert not unknown, f"spark/reader.py reads fields docs/events.md does not describe: {unknown}"
+    assert not unknown, f"federation/spark/reader.py reads fields docs/events.md does not describe: {unknown}"
     mismatched = {f.name for f in EVENT_SCHEMA.fields if f.name in types
                   and not all(_spark_accepts(f.dataType, json_type) for json_type in types[f.name])}
     assert mismatched == KNOWN_SPARK_MISMATCHES, (
-        f"spark/reader.py's types that cannot read every documented type: {sorted(mismatched)} "
+        f"federation/spark/reader.py's types that cannot read every documented type: {sorted(mismatched)} "
         f"(known: {sorted(KNOWN_SPARK_MISMATCHES)})")
 
 
 def _spark_literals() -> tuple[set[str], set[str]]:
     """(every string literal in spark/*.py, the literals given as column names to col/select/explode)."""
     literals, columns = set(), set()
-    for path in sorted(Path(ROOT, "spark").glob("*.py")):
+    for path in sorted(Path(ROOT, "federation", "spark").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 literals.add(node.value)
@@ -185,9 +185,9 @@ def _spark_literals() -> tuple[set[str], set[str]]:
 
 def test_the_spark_schema_covers_what_the_job_reads() -> None:
     pytest.importorskip("pyspark")
-    from spark.analysis import DETECTED_TYPES, HARNESS_TIMELINE_TYPES, SIM_TIMELINE_TYPES
-    from spark.reader import EVENT_SCHEMA
-    from spark.replay import VIEW_EVENT_TYPES
+    from federation.spark.analysis import DETECTED_TYPES, HARNESS_TIMELINE_TYPES, SIM_TIMELINE_TYPES
+    from federation.spark.reader import EVENT_SCHEMA
+    from federation.spark.replay import VIEW_EVENT_TYPES
 
     kinds = {kind: required | optional for section in SECTIONS for kind, (required, optional)
              in documented(section).items()}
@@ -197,4 +197,4 @@ def test_the_spark_schema_covers_what_the_job_reads() -> None:
     read = named | (literals & set(kinds))
     schema = {f.name for f in EVENT_SCHEMA.fields}
     missing = {f"{kind}.{field}" for kind in read for field in kinds[kind] & columns if field not in schema}
-    assert not missing, f"the job reads these fields by name, but spark/reader.py's schema lacks them: {missing}"
+    assert not missing, f"the job reads these fields by name, but federation/spark/reader.py's schema lacks: {missing}"
