@@ -12,9 +12,12 @@ unfederated (docs/daemon.md "Subscriptions the wrapper did not see"):
   `ResubscribeHold` keeps the filters the wrapper knew as interest (a pseudo client, `RESTART_CLIENT`, holds
   them in the node) for `resubscribe_grace` seconds, and holds every publication whose topic matches one of
   them and no filter subscribed since. A subscribe line for a filter releases, in their order, the held
-  publications it matches, and ends the pseudo client's hold on that filter. When the grace ends, the
-  publications still held are dropped (drop `no_subscriber_after_broker_restart`, a `publication_dropped`
-  event each, a log line at most once a minute) and the pseudo client's remaining filters go.
+  publications it matches, and ends the pseudo client's hold on that filter. A client that subscribed again
+  before the wrapper was back on the broker's log is never seen doing so: when the broker's subscription
+  count shows more subscriptions than its own three and those seen since, every held publication is
+  released (the broker filters). When the grace ends, the publications still held are dropped (drop
+  `no_subscriber_after_broker_restart`, a `publication_dropped` event each, a log line at most once a
+  minute) and the pseudo client's remaining filters go.
 - **Subscriptions made where the wrapper could not see them** (a wrapper added to a running broker, clients
   that subscribed while it was away for longer than the broker keeps log lines for it, a broker restarted
   with persistence): `SubscriptionAudit` compares the broker's `$SYS/broker/subscriptions/count` with the
@@ -24,7 +27,8 @@ unfederated (docs/daemon.md "Subscriptions the wrapper did not see"):
   before it arrived, up to now: a client that just left is not taken for one the wrapper missed. While the
   broker holds more, the wrapper over-delivers: a pseudo client (`UNACCOUNTED_CLIENT`) subscribes to `#` in
   the node, so every publication comes here and the broker filters; logged once, shown in status and
-  metrics (`unaccounted_subscriptions`). After the counts agree for `CLEAR_AFTER` seconds it ends.
+  metrics (`unaccounted_subscriptions`). It starts once the broker has counted more for `SETTLE` seconds,
+  and ends after the counts agree for `CLEAR_AFTER` seconds.
 
 The two classes are sans-I/O (time comes in as arguments); `BrokerSubscriptions` is the glue the runtime
 holds: it tells the node (through `SubscriptionSink`) and reports (through `DropReport`).
@@ -66,6 +70,10 @@ COUNT_WINDOW = 15.0
 over-deliver for a while after clients leave (never the other way round)"""
 CLEAR_AFTER = 30.0
 """seconds the counts must agree before over-delivery ends"""
+SETTLE = 2.0
+"""seconds the broker must count more than the wrapper knows before over-delivery starts: the count (QoS 0)
+can arrive before the log line of a subscription it counts, which paho hands over only after the QoS 2
+exchange (PUBREC, PUBREL); under load that took long enough to start over-delivery for nothing"""
 DROP_REASON = "no_subscriber_after_broker_restart"
 HOLD_FULL_REASON = "resubscribe_hold_full"
 
@@ -103,6 +111,8 @@ class ResubscribeHold:
         self._pending_index = FilterIndex()
         self._fresh = FilterIndex()
         """federated filters subscribed since the restart"""
+        self.fresh_subscriptions: set[tuple[str, str]] = set()
+        """(client, filter) subscribed since the restart that the broker counts (not shared ones)"""
         self.held: deque[tuple[Injection, str]] = deque()
         self.held_bytes = 0
         self.overflowed: list[tuple[Injection, str]] = []
@@ -120,6 +130,7 @@ class ResubscribeHold:
         second restart during a grace starts it anew, keeping what is held."""
         self.deadline = now + self.grace
         self._fresh = FilterIndex()
+        self.fresh_subscriptions = set()
         added: list[tuple[str, int]] = []
         for raw, qos in sorted(filters.items()):
             federated = federated_filter(raw)
@@ -157,11 +168,13 @@ class ResubscribeHold:
         self.dropped += len(out)
         return out
 
-    def subscribed(self, raw_filter: str) -> tuple[list[Injection], str | None]:
+    def subscribed(self, client: str, raw_filter: str) -> tuple[list[Injection], str | None]:
         """A subscribe line: the held publications it releases (in their order) and the pending filter it ends
         (for the pseudo client to leave), if any."""
         if self.deadline is None:
             return [], None
+        if not raw_filter.startswith("$share/"):
+            self.fresh_subscriptions.add((client, raw_filter))
         federated = federated_filter(raw_filter)
         if federated is None:
             return [], None
@@ -183,6 +196,24 @@ class ResubscribeHold:
         self.released += len(released)
         if not self.pending and not self.held:
             self.deadline = None  # everything known is back: the grace is over early
+        return released, ended
+
+    def unseen_subscriptions(self, count: int, own: int) -> bool:
+        """The broker counts more subscriptions than the wrapper's own and those seen made since the restart:
+        clients subscribed again before the wrapper was back on the log."""
+        return self.deadline is not None and count > own + len(self.fresh_subscriptions)
+
+    def release_all(self) -> tuple[list[Injection], list[str]]:
+        """End the grace now: every held publication, in order, and the filters still pending."""
+        released = [injection for injection, _filter in self.held]
+        ended = sorted(self.pending)
+        self.held.clear()
+        self.held_bytes = 0
+        self.pending.clear()
+        self._pending_index = FilterIndex()
+        self._fresh = FilterIndex()
+        self.deadline = None
+        self.released += len(released)
         return released, ended
 
     def expire(self, now: float) -> Expired | None:
@@ -208,10 +239,11 @@ class SubscriptionAudit:
     """The broker's subscription count against what the wrapper knows (module docstring)."""
 
     def __init__(self, own: int = OWN_SUBSCRIPTIONS, window: float = COUNT_WINDOW,
-                 clear_after: float = CLEAR_AFTER) -> None:
+                 clear_after: float = CLEAR_AFTER, settle: float = SETTLE) -> None:
         self.own = own
         self.window = window
         self.clear_after = clear_after
+        self.settle = settle
         self.over_delivery = False
         self.broker_count: int | None = None
         """the last `$SYS/broker/subscriptions/count`"""
@@ -224,6 +256,7 @@ class SubscriptionAudit:
         self._history: deque[tuple[float, int]] = deque()
         """(time, known) at each change, oldest first: the one in effect at a time is the last before it"""
         self._agreeing_since: float | None = None
+        self._differing_since: float | None = None
 
     def known_changed(self, known: int, now: float) -> bool | None:
         """The wrapper's count changed (its table did); a new over-delivery state, or None for no change."""
@@ -265,12 +298,15 @@ class SubscriptionAudit:
         if count > expected:
             self.unaccounted = count - expected
             self._agreeing_since = None
-            if not self.over_delivery:
+            if self._differing_since is None:
+                self._differing_since = now
+            if not self.over_delivery and now - self._differing_since >= self.settle:
                 self.over_delivery = True
                 self.switched_on += 1
                 return True
             return None
         self.unaccounted = 0
+        self._differing_since = None
         if self._agreeing_since is None:
             self._agreeing_since = now
         if self.over_delivery and now - self._agreeing_since >= self.clear_after:
@@ -332,9 +368,9 @@ class BrokerSubscriptions:
             self._dropped(injection, filter_, HOLD_FULL_REASON, now)
         return admitted
 
-    def subscribed(self, raw_filter: str, now: float) -> list[Injection]:
+    def subscribed(self, client: str, raw_filter: str, now: float) -> list[Injection]:
         """A subscribe line was logged: the held publications it releases, in order."""
-        released, ended = self.hold.subscribed(raw_filter)
+        released, ended = self.hold.subscribed(client, raw_filter)
         if ended is not None:
             self.sink.local_unsubscribe(RESTART_CLIENT, ended, now)
         if not self.hold.active and (released or ended is not None):
@@ -350,8 +386,22 @@ class BrokerSubscriptions:
     def table_changed(self, now: float) -> None:
         self._over_delivery(self.audit.known_changed(broker_counted(self.table), now), now)
 
-    def counted(self, count: int, now: float) -> None:
+    def counted(self, count: int, now: float) -> list[Injection]:
+        """The broker's subscription count: over-delivery starts or not, and, during a grace, the publications
+        it releases (in order) when the broker holds subscriptions made since its restart that were not seen."""
         self._over_delivery(self.audit.sample(count, now), now)
+        hold = self.hold
+        if not hold.unseen_subscriptions(count, self.audit.own):
+            return []
+        seen = len(hold.fresh_subscriptions)
+        released, ended = hold.release_all()
+        for filter_ in ended:
+            self.sink.local_unsubscribe(RESTART_CLIENT, filter_, now)
+        log.warning("the broker holds %d subscriptions made since it restarted that the wrapper did not see (clients "
+                    "that subscribed again before it was back on the broker's log): injecting the %d publications "
+                    "held for them", count - self.audit.own - seen, len(released))
+        self._grace_ended(now, [])
+        return released
 
     def _over_delivery(self, state: bool | None, now: float) -> None:
         if state is None:

@@ -332,11 +332,13 @@ class Running:
                     for event in self.tracker.feed(item.topic, item.payload):
                         changed = self.subscriptions.apply(event, node, now) or changed
                         if isinstance(event, ClientSubscribed):
-                            released = self.broker_subscriptions.subscribed(event.filter, now)
+                            released = self.broker_subscriptions.subscribed(event.client, event.filter, now)
                             if released:  # held since the broker restarted: now, in their order
                                 self.flow.requeue(node, released, now)
                 elif isinstance(item, SubscriptionCount):
-                    self.broker_subscriptions.counted(item.count, now)
+                    released = self.broker_subscriptions.counted(item.count, now)
+                    if released:
+                        self.flow.requeue(node, released, now)
                 else:
                     self._on_broker_state(item, now)
             if run:
