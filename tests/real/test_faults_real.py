@@ -49,8 +49,6 @@ FEDERATIONS = ("federation-line", "federation-ring")
 BRIDGE = "bridge-line"
 
 REASONS = {
-    "receive-maximum": "the subscriber-side wrapper exceeds its broker's Receive Maximum (20) once a backlog "
-                       "reaches it: the broker drops the connection over and over, what was in flight is lost",
     "no-core": "publications toward a core unreachable for longer than the neighbour-down time plus the 2 s hold "
                "are dropped (no_core, hold_overflow)",
     "restart": "publications the restarted publisher-side wrapper originates vanish without a drop event",
@@ -65,21 +63,21 @@ def issue19(*causes: str) -> pytest.MarkDecorator:
 
 XFAIL: dict[tuple[str, str], pytest.MarkDecorator] = {
     # (setup, fault) -> the mark of both QoS levels
-    ("federation-line", "kill-publisher-wrapper"): issue19("receive-maximum", "restart"),
-    ("federation-line", "kill-middle-wrapper"): issue19("receive-maximum", "no-core"),
-    ("federation-line", "kill-subscriber-wrapper"): issue19("receive-maximum", "no-core"),
-    ("federation-line", "kill-subscriber-broker"): issue19("receive-maximum"),
-    ("federation-line", "pause-middle-wrapper"): issue19("receive-maximum", "no-core"),
-    ("federation-line", "partition"): issue19("receive-maximum", "no-core"),
-    ("federation-ring", "kill-publisher-wrapper"): issue19("receive-maximum", "order"),
-    ("federation-ring", "kill-middle-wrapper"): issue19("receive-maximum", "order"),
-    ("federation-ring", "kill-subscriber-wrapper"): issue19("receive-maximum", "no-core", "order"),
-    ("federation-ring", "kill-subscriber-broker"): issue19("receive-maximum", "order"),
-    ("federation-ring", "pause-middle-wrapper"): issue19("receive-maximum", "order"),
-    ("federation-ring", "partition"): issue19("receive-maximum", "no-core", "order"),
+    ("federation-line", "kill-middle-wrapper"): issue19("no-core"),
+    ("federation-line", "kill-subscriber-wrapper"): issue19("no-core"),
+    ("federation-line", "pause-middle-wrapper"): issue19("no-core"),
+    ("federation-line", "partition"): issue19("no-core"),
+    ("federation-ring", "kill-publisher-wrapper"): issue19("order"),
+    ("federation-ring", "kill-middle-wrapper"): issue19("order"),
+    ("federation-ring", "kill-subscriber-wrapper"): issue19("no-core", "order"),
+    ("federation-ring", "kill-subscriber-broker"): issue19("order"),
+    ("federation-ring", "pause-middle-wrapper"): issue19("order"),
+    ("federation-ring", "partition"): issue19("no-core", "order"),
 }
 FLAKY: dict[tuple[str, str], pytest.MarkDecorator] = {
     # Passes in some runs today and fails in others: a strict mark would fail the first, no mark the second.
+    ("federation-line", "kill-publisher-wrapper"): pytest.mark.xfail(
+        strict=False, reason="issue 19: in some runs (one stream or both) " + REASONS["restart"]),
     ("federation-ring", "kill-middle-broker"): pytest.mark.xfail(
         strict=False, reason="issue 19: in most runs a few publications arrive after a later one ("
                              + REASONS["order"] + ")"),
@@ -172,7 +170,6 @@ def test_the_burst_keeps_mosquittos_default_inflight_limit(suite: Suite) -> None
     assert len(configs) == 3 and not any(configs.values()), f"max_inflight_* lines in the burst's brokers: {configs}"
 
 
-@issue19("receive-maximum")
 def test_a_qos2_burst_arrives_complete_and_in_order_at_the_default_inflight_limit(suite: Suite) -> None:
     result = suite.case("federation-line", burst_case(BURST_COUNT))
     assert result.error is None, f"the burst could not be judged: {result.error}"
