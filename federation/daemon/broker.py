@@ -53,34 +53,19 @@ The session is persistent (clean start 0, session expiry
 `broker_session_expiry`, 3600 s by default): when the connection drops, or
 the wrapper restarts, the broker queues the log lines (QoS 2, which it
 expires after 20 s) and the QoS 1/2 publications meanwhile and delivers them
-on reconnection, and it keeps its half of our unfinished QoS 1/2 injections:
-paho sends those again with the same packet id and DUP (or the PUBREL of
-those past PUBREC), and the broker delivers each once. A CONNACK without the
-session (the broker restarted without persistence, or the session expired)
-means the broker has none of them: they are taken back from paho and handed
-to the runtime to publish anew (`Connected.reinjected`), and, when this run
-had a session before, the broker's clients lost their subscriptions too
-(`Connected.session_lost`; the runtime holds their publications until they
-subscribe again, federation.daemon.broker_subscriptions).
+on reconnection, and it keeps its half of our unfinished QoS 1/2 injections.
+A CONNACK without the session after this run had one (`Connected.session_lost`:
+the broker restarted without persistence, or the session expired) means its
+clients lost their subscriptions too (the runtime holds their publications
+until they subscribe again, federation.daemon.broker_subscriptions).
 
-Remote publications are injected with `publish_all` on this same
-connection: no_local then keeps the broker from echoing them back, which is
-what stops a federated publication from being federated again. QoS 1/2 ones
-go through `LeanClient.send_reliable`, which tells the injection journal
-(`recorder`, federation.daemon.injections) their packet ids before they are
-written, and the journal hears of each PUBREC and completion; a restarted
-wrapper gives the journal's unfinished ones back to paho (`restore`). The
-broker's Receive Maximum (read from the CONNACK, `receive_maximum`) bounds
-how many of ours may be unfinished: `FlowControl` hands over no more (the
-adapter does not check it). MQTT v5 properties travel as a plain dict (keys
-as in docs/protocol.md, `tm.properties`; converted by mqtt_properties.py).
-
-What it counts (`counts`): `acknowledged` (QoS 1/2 injections the broker
-completed), `refused` (completed with a reason code of 0x80 or more),
-`written_qos0` (QoS 0 injections written to the socket), `resent` (sent
-again in a kept session), `reinjected` (published anew into a new one) and
-`sessions_lost`; `injected` (handed to paho) and `inject_failed` (paho
-refused it) as before.
+Remote publications are injected on this same connection by an `Injector`
+(injector.py: runs of packets, packet ids, the injection journal, what a new
+session means for the unfinished ones). The broker's Receive Maximum (read
+from the CONNACK, `receive_maximum`) bounds how many of ours may be
+unfinished: `FlowControl` hands over no more (`injection_window`). MQTT v5
+properties travel as a plain dict (keys as in docs/protocol.md,
+`tm.properties`; converted by mqtt_properties.py).
 """
 
 from __future__ import annotations
@@ -91,15 +76,13 @@ import fcntl
 import logging
 import socket
 import termios
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from importlib import metadata
-from typing import Any, Protocol
+from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from paho.mqtt.exception import MQTTException
+from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -118,15 +101,9 @@ from federation.daemon.broker_items import (
 )
 from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
 from federation.daemon.config import DEFAULT_SESSION_EXPIRY
-from federation.daemon.lean_client import (
-    LeanClient,
-    PublicClient,
-    ReliableMessage,
-    RestoredMessage,
-    lean_qos0_publish,
-    missing_paho_names,
-)
-from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
+from federation.daemon.injector import InjectionRecorder, Injector
+from federation.daemon.lean_client import LeanClient, PublicClient, missing_paho_names
+from federation.daemon.mqtt_properties import properties_to_dict
 from federation.protocol.types import Address, Injection
 
 log = logging.getLogger("federation.daemon.broker")
@@ -156,10 +133,6 @@ read and not yet taken into custody; a few read passes' worth (`MAX_PACKETS_PER_
 waits for an acknowledgement while the wrapper keeps up"""
 DEFAULT_RECEIVE_MAXIMUM = 65535
 """the broker's Receive Maximum when its CONNACK names none (MQTT 5 section 3.2.2.3.3)"""
-REFUSED = 0x80
-"""reason codes from this one up say the broker refused a publication (MQTT 5 section 2.4)"""
-REFUSAL_LOG_INTERVAL = 60.0
-"""seconds between log lines about injections the broker refused (every one is counted)"""
 MISC_INTERVAL = 1.0
 """seconds between calls of paho's `loop_misc` (keepalive, ping timeout) on an asyncio loop"""
 MAX_PACKETS_PER_WAKEUP = 256
@@ -184,20 +157,6 @@ def _set_cork(sock: Any, on: bool) -> bool:
     except (OSError, AttributeError):
         return False
     return True
-
-
-class InjectionRecorder(Protocol):
-    """Where the adapter tells how its QoS 1/2 injections progress (`federation.daemon.injections.InjectionJournal`
-    is one): before they are written, at the first PUBREC (before the PUBREL), when the broker completed them,
-    and when they are published anew under other packet ids."""
-
-    def started(self, injections: Sequence[tuple[int, Injection]]) -> None: ...
-
-    def released(self, mid: int) -> None: ...
-
-    def finished(self, mids: Sequence[int]) -> None: ...
-
-    def abandoned(self, mids: Sequence[int]) -> None: ...
 
 
 class BrokerAdapter:
@@ -228,7 +187,6 @@ class BrokerAdapter:
         """with `loop`: called after each burst read from the broker, to hand its items over at once"""
         self._hold = hold
         """with `loop` and `flush`: called before each burst read (`flush` follows: nothing need be scheduled)"""
-        self._recorder = recorder
         self._stopping = False
         self.connected = False
         self.session_present: bool | None = None
@@ -236,12 +194,8 @@ class BrokerAdapter:
         self.receive_maximum = 0
         """the broker's Receive Maximum from the last CONNACK (0 before the first)"""
         self._had_session = False
-        self.injected = 0
-        """QoS 0/1/2 publications handed to paho (written or queued)"""
-        self.inject_failed = 0
-        self.properties_skipped = 0
-        self.counts: Counter[str] = Counter()
-        """what became of the injections (see the module docstring)"""
+        self.sessions_lost = 0
+        """CONNACKs without the session after this run had one"""
         missing = missing_paho_names()
         if missing:
             log.warning("paho-mqtt %s lacks what the wrapper's short data path uses (%s; "
@@ -262,18 +216,10 @@ class BrokerAdapter:
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
         client.publish_completed = self._on_publish_completed
-        client.pubrec_received = self._on_pubrec
         self.client = client
-        self._unfinished: dict[int, Injection] = {}
-        """mid -> the QoS 1/2 injection handed to paho that the broker has not completed (`backlog`), oldest first"""
-        self._finished: list[int] = []
-        """mids completed in the current read pass, for the recorder (one write per pass)"""
-        self._refused_pubrec: dict[int, int] = {}
-        """mid -> the reason code of a PUBREC that refused it (paho completes it anyway)"""
-        self._refusal_logged_at = float("-inf")
-        self._orphans: list[Injection] = []
-        """unfinished injections of a previous run that paho's public API cannot send again under their old
-        packet ids (`PublicClient`): published anew at the first connection"""
+        self.injector = Injector(client, broker, max_qos, recorder, self._wrote)
+        """what this connection publishes into the broker (injector.py)"""
+        client.pubrec_received = self.injector.on_pubrec
         self._completed = False
         self._on_completed = on_completed
         """with `loop`: called after a read pass in which the broker completed some of our QoS 1/2 publications,
@@ -302,23 +248,8 @@ class BrokerAdapter:
 
     def restore(self, unfinished: Sequence[tuple[int, Injection, bool]]) -> None:
         """Before `start`: the QoS 1/2 injections a previous run left unfinished (mid, injection, past PUBREC), from
-        the injection journal. paho holds them under their packet ids and sends them again, as its own, when the
-        session is present; else (and always with paho's public API) they are published anew."""
-        if not unfinished:
-            return
-        client = self.client
-        if not isinstance(client, LeanClient):
-            self._orphans += [injection for _mid, injection, _released in unfinished]
-            if self._recorder is not None:
-                self._recorder.abandoned([mid for mid, _injection, _released in unfinished])
-            return
-        messages: list[RestoredMessage] = []
-        for mid, injection, released in unfinished:
-            properties, _skipped = dict_to_properties(injection.properties)
-            messages.append((mid, injection.topic, injection.payload, min(injection.qos, self.max_qos) or 1,
-                             injection.retain, properties, released))
-            self._unfinished[mid] = injection
-        client.restore(messages)
+        the injection journal (`Injector.restore`)."""
+        self.injector.restore(unfinished)
 
     def start(self) -> None:
         """Start connecting; never blocks and never fails on a broker that is down."""
@@ -335,46 +266,42 @@ class BrokerAdapter:
         self._keepalive_handle = loop.call_later(MISC_INTERVAL, self._keepalive)
 
     def publish(self, injection: Injection) -> bool:
-        """Publish a remote publication into the broker with paho's `publish`; False if paho refused it (not
-        connected, QoS 0). A QoS 1/2 one is told to the recorder after paho has written it (paho's public API
-        gives the packet id only then); `publish_all` tells it before."""
-        properties, skipped = dict_to_properties(injection.properties) if injection.properties else (None, ())
-        if skipped:
-            self.properties_skipped += len(skipped)
-            log.debug("publication %s: skipped invalid properties %s", injection.publication, skipped)
-        qos = min(injection.qos, self.max_qos)
+        """Publish one remote publication with paho's `publish` (`Injector.publish`)."""
+        return self.injector.publish(injection)
+
+    def publish_all(self, injections: Sequence[Injection]) -> None:
+        """Publish several, in order (`Injector.publish_all`); on a loop, corked (TCP_CORK), so the broker gets
+        them in as few segments as fit."""
+        sock = self._watched if len(injections) > 1 and self._loop is not None else None
+        corked = sock is not None and _set_cork(sock, True)
         try:
-            info = self.client.publish(injection.topic, injection.payload, qos=qos, retain=injection.retain,
-                                       properties=properties)
-        except (ValueError, MQTTException) as error:
-            log.warning("cannot inject publication on %r: %s", injection.topic, error)
-            self.inject_failed += 1
-            return False
-        if self._loop is not None and not self._writing and self.client.want_write():
-            self._watch_writes()  # the socket was full: the rest goes out when it is writable
-        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS and not (qos > 0 and info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN):
-            # QoS 1/2 messages refused for "no connection" are queued by paho and sent after reconnecting.
-            self.inject_failed += 1
-            return False
-        if qos:
-            self._unfinished[info.mid] = injection  # stored by paho until PUBACK / PUBCOMP, also while disconnected
-            if self._recorder is not None:
-                self._recorder.started([(info.mid, injection)])
-        else:
-            self.counts["written_qos0"] += 1
-        self.injected += 1
-        return True
+            self.injector.publish_all(injections)
+        finally:
+            if corked and sock is self._watched:  # not if the connection dropped meanwhile
+                _set_cork(sock, False)
 
     def backlog(self) -> int:
         """QoS 1/2 publications handed to paho that the broker has not completed yet (in flight or queued)."""
-        return len(self._unfinished)
+        return self.injector.backlog()
 
     def injection_window(self) -> int:
         """How many more QoS 1/2 injections the broker takes now: its Receive Maximum less those unfinished
         (0 while not connected: what is handed over then waits for the next connection in our queue)."""
         if not self.connected:
             return 0
-        return max(0, self.receive_maximum - len(self._unfinished))
+        return max(0, self.receive_maximum - self.injector.backlog())
+
+    @property
+    def injected(self) -> int:
+        return self.injector.injected
+
+    @property
+    def inject_failed(self) -> int:
+        return self.injector.inject_failed
+
+    @property
+    def counts(self) -> Counter[str]:
+        return self.injector.counts
 
     @property
     def output_blocked(self) -> bool:
@@ -382,94 +309,10 @@ class BrokerAdapter:
         is slower than what we hand it, so more should wait in our bounded queue, not in paho's unbounded one."""
         return self._writing
 
-    def publish_all(self, injections: Sequence[Injection]) -> None:
-        """Publish several, in order; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as
-        fit. A run of QoS 0 publications without properties is built here and written with one `send`; a run of
-        QoS 1/2 ones goes to `LeanClient.send_reliable` (one write, the recorder told first, paho still tracks
-        each). With paho's public path (`PublicClient`), `publish` each."""
-        sock = self._watched if len(injections) > 1 and self._loop is not None else None
-        corked = sock is not None and _set_cork(sock, True)
-        client = self.client
-        max_qos = self.max_qos
-        run = bytearray()
-        count = 0
-        reliable: list[Injection] = []
-        try:
-            if not isinstance(client, LeanClient):
-                for injection in injections:
-                    self.publish(injection)
-                return
-            for injection in injections:
-                qos = injection.qos if injection.qos < max_qos else max_qos
-                if qos:
-                    if count:
-                        self._send_qos0_run(client, run, count)
-                        run, count = bytearray(), 0
-                    reliable.append(injection)
-                    continue
-                if reliable:
-                    self._send_reliable_run(client, reliable)
-                    reliable = []
-                if not injection.properties and lean_qos0_publish(run, injection.topic, injection.payload,
-                                                                  injection.retain):
-                    count += 1
-                    continue
-                if count:
-                    self._send_qos0_run(client, run, count)
-                    run, count = bytearray(), 0
-                self.publish(injection)
-            if count:
-                self._send_qos0_run(client, run, count)
-            if reliable:
-                self._send_reliable_run(client, reliable)
-        finally:
-            if corked and sock is self._watched:  # not if the connection dropped meanwhile
-                _set_cork(sock, False)
-
-    def _send_qos0_run(self, client: LeanClient, run: bytearray, count: int) -> None:
-        """`count` QoS 0 PUBLISH packets built in `run`, written with one `send`."""
-        if client.send_qos0(run, count, self._written_qos0) != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            self.inject_failed += count  # not connected: paho refuses QoS 0 publications too
-            return
-        self.injected += count
-        if self._loop is not None and not self._writing and client.want_write():
-            self._watch_writes()
-
-    def _written_qos0(self, count: int) -> None:
-        self.counts["written_qos0"] += count
-
-    def _send_reliable_run(self, client: LeanClient, injections: Sequence[Injection]) -> None:
-        """QoS 1/2 publications: what `send_reliable` takes, then the rest through `publish`."""
-        max_qos = self.max_qos
-        messages: list[ReliableMessage] = []
-        for injection in injections:
-            properties = None
-            if injection.properties:
-                properties, skipped = dict_to_properties(injection.properties)
-                if skipped:
-                    self.properties_skipped += len(skipped)
-                    log.debug("publication %s: skipped invalid properties %s", injection.publication, skipped)
-            qos = injection.qos if injection.qos < max_qos else max_qos
-            messages.append((injection.topic, injection.payload, qos, injection.retain, properties))
-        unfinished = self._unfinished
-        recorder = self._recorder
-
-        def taken(mids: list[int]) -> None:
-            # They join `_unfinished`: in paho's `_out_messages` until PUBACK / PUBCOMP, also across a
-            # reconnection; the recorder has them before the bytes are queued.
-            pairs = list(zip(mids, injections, strict=False))
-            for mid, injection in pairs:
-                unfinished[mid] = injection
-            if recorder is not None:
-                recorder.started(pairs)
-
-        mids = client.send_reliable(messages, taken)
-        if mids:
-            self.injected += len(mids)
-            if self._loop is not None and not self._writing and client.want_write():
-                self._watch_writes()
-        for injection in injections[len(mids):]:
-            self.publish(injection)
+    def _wrote(self) -> None:
+        """paho was handed bytes: on a loop, watch the socket if it could not take them all."""
+        if self._loop is not None and not self._writing and self.client.want_write():
+            self._watch_writes()  # the rest goes out when it is writable
 
     def acknowledge(self, acks: Sequence[tuple[int, int]]) -> None:
         """Acknowledge received QoS 1/2 publications and log lines (mid, qos): the runtime calls it once its node
@@ -477,8 +320,7 @@ class BrokerAdapter:
         if not acks:
             return
         self.client.send_acks(acks)
-        if self._loop is not None and not self._writing and self.client.want_write():
-            self._watch_writes()
+        self._wrote()
 
     @property
     def reading_paused(self) -> bool:
@@ -616,10 +458,7 @@ class BrokerAdapter:
         if client.buffered() and client.socket() is sock:
             self._schedule_read_retry()  # the socket may not wake us for what we hold already
         self._write_pending()
-        if self._finished:
-            finished, self._finished = self._finished, []
-            if self._recorder is not None:
-                self._recorder.finished(finished)
+        self.injector.flush_finished()
         if self._completed:
             self._completed = False
             if self._on_completed is not None:
@@ -693,24 +532,9 @@ class BrokerAdapter:
         receive_maximum = int(getattr(properties, "ReceiveMaximum", 0) or DEFAULT_RECEIVE_MAXIMUM)
         session_lost = not session_present and self._had_session
         self._had_session = True
-        resent = 0
-        reinjected: list[Injection] = self._orphans
-        self._orphans = []
-        if session_present:
-            resent = len(self._unfinished)  # paho sends them again right after this callback
-        elif self._unfinished:
-            self._refused_pubrec.clear()
-            client.drop_out_messages()
-            mids = list(self._unfinished)
-            reinjected += self._unfinished.values()
-            self._unfinished.clear()
-            if self._recorder is not None:
-                self._recorder.abandoned(mids)
-        counts = self.counts
-        counts["resent"] += resent
-        counts["reinjected"] += len(reinjected)
         if session_lost:
-            counts["sessions_lost"] += 1
+            self.sessions_lost += 1
+        resent, reinjected = self.injector.connected(session_present)
         self.connected = True
         self.session_present = session_present
         self.receive_maximum = receive_maximum
@@ -728,7 +552,7 @@ class BrokerAdapter:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: ReasonCode,
                        properties: Properties | None) -> None:
         self.connected = False
-        self._deliver(Disconnected(str(reason_code), self._stopping, len(self._unfinished)))
+        self._deliver(Disconnected(str(reason_code), self._stopping, self.injector.backlog()))
         if self._loop is not None:
             self._schedule_connect()
 
@@ -782,32 +606,6 @@ class BrokerAdapter:
         if qos:
             self.client.send_acks([(mid, qos)])
 
-    def _on_pubrec(self, mid: int, reason: int) -> None:
-        """The first PUBREC of one of our QoS 2 injections; the PUBREL follows when this returns (paho sends it
-        also after a refusal, and the broker completes it: the refusal is remembered for the completion)."""
-        if mid not in self._unfinished:
-            return
-        if reason >= REFUSED:
-            self._refused_pubrec[mid] = reason
-        if self._recorder is not None:
-            self._recorder.released(mid)
-
     def _on_publish_completed(self, mid: int, reason: int) -> None:
-        injection = self._unfinished.pop(mid, None)
-        if injection is None:
-            return
-        reason = self._refused_pubrec.pop(mid, reason) if self._refused_pubrec else reason
-        if reason >= REFUSED:
-            self.counts["refused"] += 1
-            now = time.monotonic()
-            if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL:
-                self._refusal_logged_at = now
-                log.warning("broker %s refused an injected publication on %r (reason code 0x%02x): it is not "
-                            "delivered there; check the wrapper's ACL (it must be allowed to publish on every "
-                            "federated topic). Further refusals are counted (status daemon.broker.injections."
-                            "refused) and logged once a minute", self.broker, injection.topic, reason)
-        else:
-            self.counts["acknowledged"] += 1
-        if self._recorder is not None:
-            self._finished.append(mid)
-        self._completed = True
+        if self.injector.on_completed(mid, reason):
+            self._completed = True

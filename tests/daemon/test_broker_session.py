@@ -211,7 +211,7 @@ def test_without_the_session_unfinished_injections_are_handed_back_to_be_publish
     assert connected[-1] == Connected(False, True, 10, 0, (injection(1), injection(2, qos=1), injection(3)))
     assert side.adapter.backlog() == 0 and not side.client._out_messages
     assert ("abandoned", mids) in side.recorder.told
-    assert side.adapter.counts["sessions_lost"] == 1 and side.adapter.receive_maximum == 10
+    assert side.adapter.sessions_lost == 1 and side.adapter.receive_maximum == 10
 
 
 def test_a_restarted_wrapper_sends_the_journals_unfinished_injections_as_paho_would_its_own() -> None:

@@ -106,6 +106,7 @@ class FakeBroker:
     connected = True
     receive_maximum = 65535
     session_present = True
+    sessions_lost = 0
 
     def __init__(self) -> None:
         self.reading_paused = False

@@ -174,7 +174,7 @@ def test_the_public_path_injects_what_pahos_publish_writes_and_completes_qos1(
         theirs.close()
     assert _read_all(peer) == expected
     assert adapter.injected == 6 and adapter.backlog() == 3
-    mids = sorted(adapter._unfinished)
+    mids = sorted(adapter.injector._unfinished)
     peer.sendall(b"".join(bytes([0x40, 2]) + mid.to_bytes(2, "big") for mid in mids))  # the broker's PUBACKs
     adapter._on_readable()
     assert adapter.backlog() == 0
