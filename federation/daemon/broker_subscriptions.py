@@ -205,31 +205,28 @@ class ResubscribeHold:
 
     def release_all(self) -> tuple[list[Injection], list[str]]:
         """End the grace now: every held publication, in order, and the filters still pending."""
-        released = [injection for injection, _filter in self.held]
-        ended = sorted(self.pending)
-        self.held.clear()
-        self.held_bytes = 0
-        self.pending.clear()
-        self._pending_index = FilterIndex()
-        self._fresh = FilterIndex()
-        self.deadline = None
-        self.released += len(released)
-        return released, ended
+        held, pending = self._end()
+        self.released += len(held)
+        return [injection for injection, _filter in held], pending
 
     def expire(self, now: float) -> Expired | None:
         """At the end of the grace: drop what is held and forget the filters not subscribed again."""
         if self.deadline is None or now < self.deadline:
             return None
-        dropped = list(self.held)
-        unresubscribed = sorted(self.pending)
+        held, pending = self._end()
+        self.dropped += len(held)
+        return Expired(held, pending)
+
+    def _end(self) -> tuple[list[tuple[Injection, str]], list[str]]:
+        """No grace any more: what was held (with the filter it was held for) and the filters still pending."""
+        held, pending = list(self.held), sorted(self.pending)
         self.held.clear()
         self.held_bytes = 0
         self.pending.clear()
         self._pending_index = FilterIndex()
         self._fresh = FilterIndex()
         self.deadline = None
-        self.dropped += len(dropped)
-        return Expired(dropped, unresubscribed)
+        return held, pending
 
 
 # ------------------------------------------------------------------ unaccounted subscriptions
