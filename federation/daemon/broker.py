@@ -76,7 +76,6 @@ import fcntl
 import logging
 import socket
 import termios
-from collections import Counter
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
@@ -300,7 +299,7 @@ class BrokerAdapter:
         return self.injector.inject_failed
 
     @property
-    def counts(self) -> Counter[str]:
+    def counts(self) -> dict[str, int]:
         return self.injector.counts
 
     @property

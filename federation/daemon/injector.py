@@ -22,7 +22,7 @@ federated again. `Injector` does the publishing half of that connection:
   before it connects, so the first CONNACK treats them as above; with paho's public API they are published
   anew at the first connection.
 
-What it counts (`counts`): `acknowledged` (QoS 1/2 the broker completed), `refused` (completed with a
+What it counts (`counts`, plain attributes): `acknowledged` (QoS 1/2 the broker completed), `refused` (completed with a
 reason code of 0x80 or more), `written_qos0` (QoS 0 on the socket: those paho still held when the
 connection dropped are not), `resent` (sent again in a kept session), `reinjected` (published anew into a
 new one); `injected` (handed to paho) and `inject_failed` (paho refused it).
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -80,8 +79,12 @@ class Injector:
         """QoS 0/1/2 publications handed to paho (written or queued)"""
         self.inject_failed = 0
         self.properties_skipped = 0
-        self.counts: Counter[str] = Counter()
-        """what became of the injections (see the module docstring)"""
+        self.acknowledged = 0
+        self.refused = 0
+        self.written_qos0 = 0
+        self.resent = 0
+        self.reinjected = 0
+        """what became of the injections (see the module docstring; plain numbers: some count per message)"""
         self._unfinished: dict[int, Injection] = {}
         """mid -> the QoS 1/2 injection handed to paho that the broker has not completed (`backlog`), oldest first"""
         self._finished: list[int] = []
@@ -96,6 +99,12 @@ class Injector:
     def backlog(self) -> int:
         """QoS 1/2 publications handed to paho that the broker has not completed yet (in flight or queued)."""
         return len(self._unfinished)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """The counts of the module docstring, by name."""
+        return {"acknowledged": self.acknowledged, "refused": self.refused, "written_qos0": self.written_qos0,
+                "resent": self.resent, "reinjected": self.reinjected}
 
     # ------------------------------------------------------------ a previous run, a new session
 
@@ -132,8 +141,8 @@ class Injector:
             self._unfinished.clear()
             if self._recorder is not None:
                 self._recorder.abandoned(mids)
-        self.counts["resent"] += resent
-        self.counts["reinjected"] += len(reinjected)
+        self.resent += resent
+        self.reinjected += len(reinjected)
         return resent, reinjected
 
     # ------------------------------------------------------------ publishing
@@ -164,7 +173,7 @@ class Injector:
             if self._recorder is not None:
                 self._recorder.started([(info.mid, injection)])
         else:
-            self.counts["written_qos0"] += 1
+            self.written_qos0 += 1
         self.injected += 1
         return True
 
@@ -213,7 +222,7 @@ class Injector:
         self._wrote()
 
     def _written_qos0(self, count: int) -> None:
-        self.counts["written_qos0"] += count
+        self.written_qos0 += count
 
     def _send_reliable_run(self, client: LeanClient, injections: Sequence[Injection]) -> None:
         """QoS 1/2 publications: what `send_reliable` takes, then the rest through `publish`."""
@@ -234,11 +243,9 @@ class Injector:
         def taken(mids: list[int]) -> None:
             # They join `_unfinished`: in paho's `_out_messages` until PUBACK / PUBCOMP, also across a
             # reconnection; the recorder has them before the bytes are queued.
-            pairs = list(zip(mids, injections, strict=False))
-            for mid, injection in pairs:
-                unfinished[mid] = injection
+            unfinished.update(zip(mids, injections, strict=False))
             if recorder is not None:
-                recorder.started(pairs)
+                recorder.started(list(zip(mids, injections, strict=False)))
 
         mids = client.send_reliable(messages, taken)
         if mids:
@@ -266,7 +273,7 @@ class Injector:
             return False
         reason = self._refused_pubrec.pop(mid, reason) if self._refused_pubrec else reason
         if reason >= REFUSED:
-            self.counts["refused"] += 1
+            self.refused += 1
             now = time.monotonic()
             if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL:
                 self._refusal_logged_at = now
@@ -275,7 +282,7 @@ class Injector:
                             "federated topic). Further refusals are counted (status daemon.broker.injections."
                             "refused) and logged once a minute", self.broker, injection.topic, reason)
         else:
-            self.counts["acknowledged"] += 1
+            self.acknowledged += 1
         if self._recorder is not None:
             self._finished.append(mid)
         return True

@@ -489,7 +489,9 @@ class LeanClient(mqtt.Client):
                 field = _publishable_field(topic, payload, len(packed))
                 if not field:
                     break  # paho's to judge: the caller's `publish`
-                mid = self._free_mid(out)
+                mid = self._mid_generate()
+                if mid in out:
+                    mid = self._free_mid(out)
                 _append_publish(packets, field, payload, retain, mid, qos, packed)
                 message = new_message(mqtt.MQTTMessage)  # `MQTTMessage()` without its own MQTTMessageInfo
                 message.mid = mid
@@ -513,7 +515,7 @@ class LeanClient(mqtt.Client):
         return mids
 
     def _free_mid(self, out: dict[int, mqtt.MQTTMessage]) -> int:
-        """The next packet id of paho's not held by a message in flight (paho's `publish` would reuse it)."""
+        """The next packet id of paho's not held by a message in flight (paho's `publish` would reuse one in use)."""
         mid = self._mid_generate()
         while mid in out:  # at most len(out) ids are taken, and the broker's Receive Maximum keeps that small
             mid = self._mid_generate()
