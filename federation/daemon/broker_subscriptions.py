@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -355,11 +355,11 @@ class BrokerSubscriptions:
                     len(pending), ", ".join(pending[:5]) + (", ..." if len(pending) > 5 else ""), self.hold.grace)
         self.outbox.emit(wrapper_events.RESUBSCRIBE_GRACE_STARTED, now, filters=pending, seconds=self.hold.grace)
 
-    def admit(self, injections: Iterable[Injection], now: float) -> list[Injection]:
+    def admit(self, injections: list[Injection], now: float) -> list[Injection]:
         """The injections to make now, in order; the rest are held (or dropped when the hold is full)."""
         hold = self.hold
         if not hold.active:
-            return list(injections)
+            return injections  # the common case, once per pass: no copy
         admitted = [injection for injection in injections if hold.admit(injection)]
         for injection, filter_ in hold.take_overflowed():
             self._dropped(injection, filter_, HOLD_FULL_REASON, now)
