@@ -61,6 +61,7 @@ import asyncio
 import fcntl
 import logging
 import socket
+import ssl
 import termios
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -74,6 +75,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from federation.daemon.broker_auth import BrokerAuth
 from federation.daemon.broker_items import (
     BrokerItem,
     Connected,
@@ -131,6 +133,27 @@ def _set_cork(sock: Any, on: bool) -> bool:
     return True
 
 
+def _tls_pending(sock: Any) -> int:
+    """Bytes TLS has decrypted and holds for the next read (0 for a plain socket): a TLS record may carry several
+    MQTT packets, and what is left of it after a read makes the raw socket neither readable nor FIONREAD > 0."""
+    return sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
+
+
+CLOSED_BEFORE_CONNACK = "the broker closed the connection before answering CONNECT"
+RESET_IN_HANDSHAKE = "the broker reset the connection during the TLS handshake"
+
+
+def connect_failure(error: BaseException, tls: bool) -> ConnectFailed:
+    """What a failed connection attempt tells the operator: a TLS handshake failure, or the socket's error."""
+    if isinstance(error, ssl.SSLError):
+        reason = str(getattr(error, "reason", None) or error).replace("_", " ").lower()
+        verify = getattr(error, "verify_message", None)
+        return ConnectFailed(f"{reason}: {verify}" if verify else reason, tls=True)
+    if tls and isinstance(error, (ConnectionResetError, ConnectionAbortedError)):
+        return ConnectFailed(RESET_IN_HANDSHAKE, tls=True)
+    return ConnectFailed(getattr(error, "strerror", None) or str(error))
+
+
 class BrokerAdapter:
     """One paho client: connect, subscribe, hand items over, inject publications.
 
@@ -145,7 +168,7 @@ class BrokerAdapter:
     def __init__(self, broker: Address, client_id: str, deliver: Callable[[BrokerItem], None],
                  max_qos: int = 2, loop: asyncio.AbstractEventLoop | None = None,
                  flush: Callable[[], None] | None = None, on_completed: Callable[[], None] | None = None,
-                 hold: Callable[[], None] | None = None) -> None:
+                 hold: Callable[[], None] | None = None, auth: BrokerAuth | None = None) -> None:
         self.broker = broker
         self.client_id = client_id
         self.max_qos = max_qos
@@ -174,6 +197,9 @@ class BrokerAdapter:
         client.max_queued_messages_set(0)  # unlimited
         # paho's signature says int, but it sleeps on floats; the first retry comes after 0.5 s.
         client.reconnect_delay_set(RECONNECT_MIN_DELAY, RECONNECT_MAX_DELAY)  # type: ignore[arg-type]
+        self.auth = auth or BrokerAuth()
+        """user, password and TLS files of the login (`_apply_auth`)"""
+        self._apply_auth(client, self.auth)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
@@ -191,6 +217,8 @@ class BrokerAdapter:
         self._watched: socket.socket | None = None
         self._writing = False
         self._retry_delay = RECONNECT_MIN_DELAY
+        self._refused = False
+        """the broker refused the current connection attempt (CONNACK failure)"""
         self._connect_handle: asyncio.Handle | None = None
         self._connecting: asyncio.Future[Any] | None = None
         self._keepalive_handle: asyncio.TimerHandle | None = None
@@ -201,6 +229,29 @@ class BrokerAdapter:
         if loop is not None:
             client.on_socket_open = self._on_socket_open
             client.on_socket_close = self._on_socket_close
+
+    @staticmethod
+    def _apply_auth(client: mqtt.Client, auth: BrokerAuth) -> None:
+        """The login's user and password, and its TLS context, on paho's client (read at the next connection)."""
+        if auth.username is not None:
+            client.username_pw_set(auth.username, auth.password)
+        context = auth.ssl_context()
+        if context is not None:
+            client.tls_set_context(context)
+
+    def update_password(self, auth: BrokerAuth) -> None:
+        """A password re-read from the password file (SIGHUP): used from the next connection on, which is made
+        at once if the wrapper is not connected (the backoff starts again)."""
+        self.auth = auth
+        if auth.username is not None:
+            self.client.username_pw_set(auth.username, auth.password)
+        loop = self._loop
+        if loop is None or self.connected or self._stopping or self._connecting is not None:
+            return
+        if self._connect_handle is not None:
+            self._connect_handle.cancel()
+        self._retry_delay = RECONNECT_MIN_DELAY
+        self._connect_handle = loop.call_soon(self._connect)
 
     @property
     def on_loop(self) -> bool:
@@ -346,7 +397,7 @@ class BrokerAdapter:
         self._paused = self.client.paused = False
         if self._watched is not None:
             self._loop.add_reader(self._watched, self._on_readable)
-            if self.client.buffered():
+            if self.client.buffered() or _tls_pending(self._watched):
                 self._schedule_read_retry()  # what we read before the pause does not make the socket readable
 
     def stop(self) -> None:
@@ -372,6 +423,7 @@ class BrokerAdapter:
         if self._stopping or self._connecting is not None:
             return
         assert self._loop is not None
+        self._refused = False
         self._connecting = self._loop.run_in_executor(None, self._blocking_connect)
         self._connecting.add_done_callback(self._connect_done)
 
@@ -389,11 +441,10 @@ class BrokerAdapter:
         if error is not None:
             if not isinstance(error, OSError):
                 log.error("connecting to broker %s failed: %r", self.broker, error)
-            self._deliver(ConnectFailed())
+            self._deliver(connect_failure(error, self.auth.tls))
             self._schedule_connect()
             return
-        if self.client.socket() is None:  # the connection failed while CONNECT was written
-            self._deliver(ConnectFailed())
+        if self.client.socket() is None:  # closed while CONNECT was written: reported by `_on_disconnect`
             self._schedule_connect()
             return
         self._write_pending()  # CONNECT may still wait in paho's queue
@@ -450,15 +501,15 @@ class BrokerAdapter:
             if read <= 0 or client.socket() is not sock:
                 break  # nothing (more) now, or the connection is gone
             budget -= read
-            if client.buffered():
-                continue  # complete packets may wait in the client's read buffer: the socket may be empty
+            if client.buffered() or _tls_pending(sock):
+                continue  # complete packets may wait in the client's (or TLS's) read buffer: the socket may be empty
             try:
                 fcntl.ioctl(fileno, termios.FIONREAD, self._available)
             except OSError:
                 break
             if self._available[0] <= 0:
                 break
-        if client.buffered() and client.socket() is sock:
+        if (client.buffered() or _tls_pending(sock)) and client.socket() is sock:
             self._schedule_read_retry()  # the socket may not wake us for what we hold already
         self._write_pending()
         if self._completed:
@@ -519,6 +570,7 @@ class BrokerAdapter:
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: ReasonCode,
                     properties: Properties | None) -> None:
         if reason_code.is_failure:
+            self._refused = True
             self._deliver(ConnectRefused(str(reason_code)))
             return
         sock = client.socket()
@@ -540,8 +592,11 @@ class BrokerAdapter:
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: ReasonCode,
                        properties: Properties | None) -> None:
-        self.connected = False
-        self._deliver(Disconnected(str(reason_code), self._stopping))
+        was_connected, self.connected = self.connected, False
+        if was_connected or self._stopping or self._refused:
+            self._deliver(Disconnected(str(reason_code), self._stopping))
+        else:  # closed before CONNACK: with TLS, how a broker refuses a client certificate (after the handshake)
+            self._deliver(ConnectFailed(CLOSED_BEFORE_CONNACK, tls=True))
         if self._loop is not None:
             self._schedule_connect()
 

@@ -53,6 +53,7 @@ from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig
 from federation.daemon.flow_control import INJECTION_BACKLOG, FlowControl, report_shed
 from federation.daemon.metrics import Snapshot
+from federation.daemon.reload import Reloads, reload_files
 from federation.daemon.snapshots import metrics_snapshot, snapshot_from_thread, status_document
 from federation.daemon.startup import Resources
 from federation.daemon.state import PersistedState, StateSaver
@@ -116,12 +117,12 @@ class Running:
                       if resources.store is not None else None)
         """writes the subscription table and the epoch; None without a state directory"""
         self.tracker = BrokerLogTracker(config.client_id)
-        self.broker_health = BrokerHealth(config.broker, config.client_id, loop.call_later)
+        self.broker_health = BrokerHealth(config.broker, config.client_id, loop.call_later, config.broker_auth)
         hand_off = LoopHandOff(loop, self._on_broker_items)
         # paho driven by this loop (no network thread); a burst read from the broker reaches the node at once.
         self.broker = BrokerAdapter(config.broker, config.client_id, hand_off.put, config.max_qos, loop=loop,
                                     flush=hand_off.flush, on_completed=self._on_broker_completed,
-                                    hold=hand_off.hold)
+                                    hold=hand_off.hold, auth=config.broker_auth)
         self.flow = FlowControl()
         self.receive_backlog: PacketBacklog[Address] = PacketBacklog(RECEIVE_BACKLOG, RECEIVE_BACKLOG_BYTES)
         self.drop_reporter = DropReporter()
@@ -129,6 +130,8 @@ class Running:
         self.kernel_receive_drops = 0
         """datagrams the kernel dropped for this wrapper's full UDP receive buffer, as of the last check"""
         self.started_at = clock.now()
+        self.reloads = Reloads()
+        """what SIGHUPs did (`reload`)"""
         self._refused_logged_at = float("-inf")
         self._data_pass_scheduled = False
         self._rearm_scheduled = False
@@ -160,11 +163,13 @@ class Running:
         self._drain_outputs(now)
         self.broker.start()
         config = self.config
-        log.info("wrapper %s (id %s, epoch %d) listening on UDP %s; neighbours: %s; broker %s as %r",
+        log.info("wrapper %s (id %s, epoch %d) listening on UDP %s; neighbours: %s; broker %s as %r %s",
                  config.announced, node.broker_id, node.epoch, config.bind,
                  ", ".join(str(n) for n in config.neighbours) or "none (waiting for hellos)",
-                 config.broker, config.client_id)
+                 config.broker, config.client_id, config.broker_auth.describe())
         announce_security(self.envelope, config.bind, config.broker, config.key_file)
+        for warning in config.broker_auth.permission_warnings():
+            log.warning("%s", warning)
 
     async def shutdown(self) -> None:
         """Leave the federation, flush, save, disconnect from the broker, release everything."""
@@ -182,6 +187,11 @@ class Running:
         self.broker.stop()  # on the loop's thread, as the adapter requires; it does not block
         log.info("wrapper %s stopped", self.config.announced)
         self.close()
+
+    def reload(self) -> None:
+        """SIGHUP: reopen the event log at its path, re-read the key file and the broker password file; what
+        cannot be read keeps what the wrapper has (reload.py)."""
+        reload_files(self.config, self.event_log, self.envelope, self.broker, self.broker_health, self.reloads)
 
     def close(self) -> None:
         """Cancel every timer and release the resources (the socket through its transport)."""

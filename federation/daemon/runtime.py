@@ -11,6 +11,11 @@ None. `run` starts it, waits for SIGINT/SIGTERM (or `request_stop`), and
 has it shut down: the node announces its departure, the last datagrams and
 the state are written, the broker connection is closed.
 
+SIGHUP asks the started wrapper to take up its files again (`Running.reload`:
+the event log reopened at its path, the key file and the broker password
+file read again); before the wrapper runs, and after, it is ignored, so a
+logrotate `postrotate` can never end the process.
+
 `Runtime` itself is the handle a caller holds before, during and after
 that: the command line's `Runtime(config).run()`, a test thread's
 `request_stop`, and the metrics server, which starts before the node does
@@ -53,6 +58,8 @@ class Runtime:
         signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
         for signum in signals:  # installed first: a signal during startup still ends in a clean shutdown
             loop.add_signal_handler(signum, stop.set)
+        if handle_signals:
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
         try:
             running = await self.build()
             try:
@@ -64,6 +71,9 @@ class Runtime:
         finally:
             for signum in signals:
                 loop.remove_signal_handler(signum)
+            if handle_signals:  # SIGHUP stays ignored until the process exits
+                loop.remove_signal_handler(signal.SIGHUP)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
         return 0
 
     async def build(self) -> Running:
@@ -86,6 +96,16 @@ class Runtime:
             resources.close(transport)
             raise
         return self.running
+
+    def reload(self) -> None:
+        """SIGHUP (on the loop's thread): the running wrapper reads its files again; ignored until it runs."""
+        if self.running is not None:
+            self.running.reload()
+
+    def request_reload(self) -> None:
+        """Ask the running wrapper to read its files again, as SIGHUP does (thread-safe)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.reload)
 
     def request_stop(self) -> None:
         """Ask the runtime to shut down (thread-safe)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import os
 from collections import Counter
@@ -39,6 +40,7 @@ from federation.daemon.config import DaemonConfig
 from federation.daemon.event_log import EventLog
 from federation.daemon.flow_control import FlowControl
 from federation.daemon.metrics import Snapshot
+from federation.daemon.reload import Reloads
 from federation.daemon.udp import OverlayProtocol
 from federation.envelope.datagrams import Envelope
 from federation.protocol.node import Node
@@ -74,6 +76,8 @@ class WrapperParts(Protocol):
     def event_counts(self) -> Counter[str]: ...
     @property
     def started_at(self) -> float: ...
+    @property
+    def reloads(self) -> Reloads: ...
     def unsent_bytes(self) -> int: ...
     def read_kernel_receive_drops(self) -> int | None: ...
 
@@ -93,6 +97,7 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
         "broker": {
             "address": str(config.broker), "client_id": config.client_id,
             "connected": health.connected, "reconnects": health.reconnects,
+            "connect_failures": dict(health.connect_failures), "problem": health.problem,
             "log_lines": health.log_lines, "log": wrapper.tracker.counters.as_dict(),
             "injected": broker.injected, "inject_failed": broker.inject_failed,
             "backpressure_pauses": flow.backpressure_pauses,
@@ -115,6 +120,7 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
         "metrics": f"{config.metrics_bind}:{config.metrics_port}" if config.metrics_port is not None else None,
         "events": dict(sorted(wrapper.event_counts.items())),
         "udp_send_errors": protocol.send_errors,
+        "reloads": dataclasses.asdict(wrapper.reloads),
     }
     return document
 
