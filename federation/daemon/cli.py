@@ -36,6 +36,8 @@ from federation.daemon.udp import BindError
 from federation.protocol.types import Address
 
 EXIT_OK = 0
+EXIT_NOT_READY = 1
+"""`status`: the wrapper answered and is not ready (health.py; the reasons are printed)"""
 EXIT_USAGE = 2
 DEFAULT_STATUS_NODE = "127.0.0.1:10500"
 PROG = "wrapper.py"
@@ -99,7 +101,9 @@ def build_run_parser() -> argparse.ArgumentParser:
 def build_status_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=f"{PROG} status",
                      description="Print what a running wrapper knows: neighbours, federation table, cores, meshes, "
-                                 "local subscriptions and counters. Works only from the wrapper's own host.")
+                                 "local subscriptions and counters. Works only from the wrapper's own host. Exit "
+                                 "status: 0 ready, 1 answered but not ready (the reasons are printed: broker not "
+                                 "connected, no broker log lines, no neighbour up), 2 no answer.")
     parser.add_argument("--node", default=DEFAULT_STATUS_NODE, metavar="HOST[:PORT]",
                         help=f"the wrapper's UDP address, its --bind (default {DEFAULT_STATUS_NODE})")
     parser.add_argument("--json", action="store_true", help="print the raw JSON document")
@@ -151,7 +155,8 @@ def status_command(arguments: list[str]) -> int:
         print(json.dumps(document, indent=2, sort_keys=True))
     else:
         print(render(document), end="")
-    return EXIT_OK
+    ready = document.get("daemon", {}).get("ready")
+    return EXIT_NOT_READY if isinstance(ready, dict) and ready.get("ready") is False else EXIT_OK
 
 
 if __name__ == "__main__":

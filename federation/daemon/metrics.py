@@ -13,11 +13,9 @@ counters while they change. `METRICS` names and documents every family.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
 
 log = logging.getLogger("federation.daemon.metrics")
 
@@ -123,26 +121,3 @@ def metric_families(snap: Snapshot) -> list[Metric]:
     send_errors.add_metric([], snap["udp_send_errors"])
     out.append(send_errors)
     return out
-
-
-class SnapshotCollector(Collector):
-    """A prometheus-client collector that builds every family from one snapshot per scrape."""
-
-    def __init__(self, snapshot: Callable[[], Snapshot | None]) -> None:
-        self.snapshot = snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot()
-        if snap is None:
-            return iter(())
-        return iter(metric_families(snap))
-
-
-def start_metrics_server(host: str, port: int, snapshot: Callable[[], Snapshot | None]) -> Any:
-    """Serve /metrics on host:port in a daemon thread; returns the server (call `.shutdown()`); OSError if busy."""
-    from prometheus_client import start_http_server
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(snapshot))
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return server

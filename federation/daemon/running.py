@@ -52,9 +52,10 @@ from federation.daemon.broker_log import BrokerLogTracker
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig
 from federation.daemon.flow_control import INJECTION_BACKLOG, FlowControl, report_shed
+from federation.daemon.health import Readiness
 from federation.daemon.metrics import Snapshot
 from federation.daemon.reload import Reloads, reload_files
-from federation.daemon.snapshots import metrics_snapshot, snapshot_from_thread, status_document
+from federation.daemon.snapshots import metrics_snapshot, status_document, wrapper_readiness
 from federation.daemon.startup import Resources
 from federation.daemon.state import PersistedState, StateSaver
 from federation.daemon.status import encode_reply
@@ -455,6 +456,7 @@ class Running:
         """Copies of every number the metrics expose (runs on the loop thread)."""
         return metrics_snapshot(self)
 
-    def metrics_snapshot_threadsafe(self, timeout: float = 2.0) -> Snapshot | None:
-        """Called from the metrics thread: run `metrics_snapshot` on the loop and wait for it."""
-        return snapshot_from_thread(self.loop, self.metrics_snapshot, timeout)
+    def readiness(self) -> Readiness:
+        """Ready when the broker is connected and its log flows, and a neighbour is up if any are configured (on
+        the loop thread; health.py)."""
+        return wrapper_readiness(self)

@@ -16,7 +16,7 @@ parts of a running wrapper each read-out shows. It reads them through
 `WrapperParts`, the read-only view it declares, which `Running`
 (running.py) provides; so it never imports the running wrapper, which calls
 these functions. A metrics scrape runs in prometheus-client's HTTP thread:
-`snapshot_from_thread` has the loop take the snapshot
+`on_loop` has the loop take the snapshot
 (`call_soon_threadsafe`) and waits for it, with a timeout.
 """
 
@@ -29,7 +29,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from federation import __version__
 from federation.daemon.backpressure import PacketBacklog
@@ -39,6 +39,7 @@ from federation.daemon.broker_log import BrokerLogTracker
 from federation.daemon.config import DaemonConfig
 from federation.daemon.event_log import EventLog
 from federation.daemon.flow_control import FlowControl
+from federation.daemon.health import Readiness, readiness
 from federation.daemon.metrics import Snapshot
 from federation.daemon.reload import Reloads
 from federation.daemon.udp import OverlayProtocol
@@ -47,6 +48,7 @@ from federation.protocol.node import Node
 from federation.protocol.types import Address
 
 log = logging.getLogger("federation.daemon")
+T = TypeVar("T")
 
 
 class WrapperParts(Protocol):
@@ -121,8 +123,18 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
         "events": dict(sorted(wrapper.event_counts.items())),
         "udp_send_errors": protocol.send_errors,
         "reloads": dataclasses.asdict(wrapper.reloads),
+        "ready": wrapper_readiness(wrapper).as_dict(),
     }
     return document
+
+
+def wrapper_readiness(wrapper: WrapperParts) -> Readiness:
+    """health.py's judgement on the running wrapper: broker connected, its log flowing, a neighbour up when
+    neighbours are configured."""
+    health = wrapper.broker_health
+    up = sum(1 for neighbour in wrapper.node.neighbours.all() if neighbour.up)
+    return readiness(wrapper.config.broker, health.connected, health.log_flowing, health.problem,
+                     len(wrapper.config.neighbours), up)
 
 
 def metrics_snapshot(wrapper: WrapperParts) -> Snapshot:
@@ -156,11 +168,10 @@ def metrics_snapshot(wrapper: WrapperParts) -> Snapshot:
     }
 
 
-def snapshot_from_thread(loop: asyncio.AbstractEventLoop, take: Callable[[], Snapshot],
-                         timeout: float) -> Snapshot | None:
+def on_loop(loop: asyncio.AbstractEventLoop, take: Callable[[], T], timeout: float) -> T | None:
     """From another thread: run `take` on `loop` and wait for its result; None if the loop does not answer
-    within `timeout` seconds, is closed, or `take` fails (logged: a scrape must not kill the server thread)."""
-    future: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
+    within `timeout` seconds, is closed, or `take` fails (logged: a request must not kill the server thread)."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def fill() -> None:
         if not future.set_running_or_notify_cancel():
@@ -177,5 +188,5 @@ def snapshot_from_thread(loop: asyncio.AbstractEventLoop, take: Callable[[], Sna
         future.cancel()
         return None
     except Exception as error:  # noqa: BLE001 - a scrape must not kill the server thread
-        log.error("metrics snapshot failed: %s", error)
+        log.error("reading the wrapper for the metrics port failed: %s", error)
         return None
