@@ -63,6 +63,7 @@ import logging
 import socket
 import ssl
 import termios
+import time
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
@@ -89,6 +90,7 @@ from federation.daemon.broker_items import (
 from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
 from federation.daemon.lean_client import LeanClient, PublicClient, lean_qos0_publish, missing_paho_names
 from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
+from federation.protocol.histogram import Histogram
 from federation.protocol.types import Address, Injection
 
 log = logging.getLogger("federation.daemon.broker")
@@ -208,6 +210,10 @@ class BrokerAdapter:
         client.publish_completed = self._on_publish_completed
         self.client = client
         self._unfinished: set[int] = set()
+        self._handed_at: dict[int, float] = {}
+        """monotonic time each of `_unfinished` was handed to paho"""
+        self.injection_latency = Histogram()
+        """seconds from handing a QoS 1/2 publication to the connection to the broker's PUBACK / PUBCOMP"""
         """mids of the QoS 1/2 publications handed to paho that the broker has not completed (`backlog`)"""
         self._completed = False
         self._on_completed = on_completed
@@ -295,6 +301,7 @@ class BrokerAdapter:
             return False
         if qos:
             self._unfinished.add(info.mid)  # stored by paho until PUBACK / PUBCOMP, also while disconnected
+            self._handed_at[info.mid] = time.monotonic()
         self.injected += 1
         return True
 
@@ -371,6 +378,9 @@ class BrokerAdapter:
                                 self._unfinished)
         if mids:
             self.injected += len(mids)
+            handed = time.monotonic()
+            for mid in mids:
+                self._handed_at[mid] = handed
             if self._loop is not None and not self._writing and client.want_write():
                 self._watch_writes()
         for injection in injections[len(mids):]:
@@ -635,3 +645,6 @@ class BrokerAdapter:
         if mid in self._unfinished:
             self._unfinished.discard(mid)
             self._completed = True
+            handed = self._handed_at.pop(mid, None)
+            if handed is not None:
+                self.injection_latency.observe(time.monotonic() - handed)

@@ -454,7 +454,7 @@ class Running:
 
     def metrics_snapshot(self) -> Snapshot:
         """Copies of every number the metrics expose (runs on the loop thread)."""
-        return metrics_snapshot(self)
+        return metrics_snapshot(self, self.clock.now())
 
     def readiness(self) -> Readiness:
         """Ready when the broker is connected and its log flows, and a neighbour is up if any are configured (on

@@ -137,7 +137,7 @@ def wrapper_readiness(wrapper: WrapperParts) -> Readiness:
                      len(wrapper.config.neighbours), up)
 
 
-def metrics_snapshot(wrapper: WrapperParts) -> Snapshot:
+def metrics_snapshot(wrapper: WrapperParts, now: float) -> Snapshot:
     """Copies of every number the metrics expose (on the loop thread); `metrics.metric_families` reads it."""
     node = wrapper.node
     view = node.view()
@@ -165,6 +165,18 @@ def metrics_snapshot(wrapper: WrapperParts) -> Snapshot:
         "udp_send_errors": protocol.send_errors,
         "receive_backlog": len(wrapper.receive_backlog),
         "send_paused": protocol.writing_paused,
+        "ready": wrapper_readiness(wrapper).ready,
+        "connect_failures": dict(health.connect_failures),
+        "neighbours": [{"address": str(n.transport), "up": n.up, "rtt": n.rtt,
+                        "rtt_histogram": (n.rtt_histogram.cumulative(), n.rtt_histogram.total)} for n in neighbours],
+        "injection_latency": (broker.injection_latency.cumulative(), broker.injection_latency.total),
+        "injection_backlog": len(wrapper.flow.injection_queue),
+        "unacked_copies": node.unacked_copies,
+        "reading_paused": broker.reading_paused,
+        "paced": any(until > now for until in node.pacing.paced_until.values()),  # read only: not paced_until()
+        "kernel_receive_drops": wrapper.read_kernel_receive_drops() or 0,
+        "reloads": wrapper.reloads.signals,
+        "reload_failures": wrapper.reloads.failures,
     }
 
 

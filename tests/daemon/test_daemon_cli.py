@@ -197,10 +197,10 @@ def test_two_wrappers_federate_two_brokers(tmp_path: Path, wrappers: list[Wrappe
 
         with urllib.request.urlopen(f"http://{host_a}:{metrics_port}/metrics", timeout=5) as response:
             metrics = response.read().decode()
-        for line in ('federation_neighbours{state="up"} 1.0', 'federation_publications_total{stage="originated"} 1.0',
-                     'federation_members 2.0', 'federation_broker_connected 1.0'):
+        for line in ('mqttfed_neighbours{state="up"} 1.0', 'mqttfed_publications_total{stage="originated"} 1.0',
+                     'mqttfed_members 2.0', 'mqttfed_broker_connected 1.0', 'mqttfed_ready 1.0'):
             assert line in metrics, metrics
-        assert 'federation_packets_sent_total{type="hl"}' in metrics
+        assert 'mqttfed_packets_sent_total{type="hl"}' in metrics and "federation_" not in metrics
 
         assert wrapper_a.stop() == 0, diagnostics()
         assert wrapper_b.stop(signal.SIGINT) == 0, diagnostics()
@@ -326,6 +326,7 @@ def test_docs_describe_every_flag_and_metric() -> None:
             for flag in action.option_strings:
                 if flag not in ("-h", "--help"):
                     assert f"`{flag}" in text or f"{flag}`" in text or f" {flag} " in text, flag
-    for name, kind, _help in METRICS:
+    metrics = (REPO / "docs" / "metrics.md").read_text()  # checked against a live endpoint: test_metrics_real.py
+    for name, kind, _labels, _help in METRICS:
         exposed = f"{name}_total" if kind == "counter" else name
-        assert f"`{exposed}`" in text, exposed
+        assert f"`{exposed}`" in metrics, exposed
