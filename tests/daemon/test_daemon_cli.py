@@ -234,6 +234,12 @@ def test_port_in_use_exits_2(tmp_path: Path) -> None:
     ([], "bind: 127.0.0.1:10500\nsetings: {}\n", "unknown key 'setings'"),
     (["--bind", "192.0.2.250:10500"], None, "is not an address of this host"),
     (["--log-level", "chatty"], None, "--log-level: expected one of"),
+    (["--broker", "fed:hunter2@127.0.0.1"], None, "the broker address holds credentials"),
+    ([], "broker: fed:hunter2@127.0.0.1:1883\n", "the broker address holds credentials"),
+    (["--broker-tls-cert", "/etc/hostname"], None, "broker_tls_cert (--broker-tls-cert) needs broker_tls_key"),
+    (["--broker-username", "fed", "--broker-password-file", "/nonexistent/broker.password"], None,
+     "broker_password_file (--broker-password-file): file '/nonexistent/broker.password' not found"),
+    (["--broker-tls-ca", "/etc/hostname"], None, "holds no usable CA certificate"),
 ])
 def test_bad_configuration_exits_2(tmp_path: Path, arguments: list[str], yaml_text: str | None,
                                    expected: str) -> None:
@@ -243,7 +249,7 @@ def test_bad_configuration_exits_2(tmp_path: Path, arguments: list[str], yaml_te
     result = subprocess.run([*WRAPPER, *arguments], capture_output=True, text=True, timeout=20, cwd=REPO)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("wrapper.py: error: ") and expected in result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
 
 
 def test_state_dir_shared_by_two_wrappers_exits_2(tmp_path: Path, wrappers: list[Wrapper]) -> None:
