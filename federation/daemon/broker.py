@@ -47,6 +47,16 @@ on reconnection, so a subscription made during the gap is not missed. A
 broker restart without persistence loses the session; nothing can be
 recovered then.
 
+The login (broker_auth.py): a user name and password, and TLS with a CA
+and a client certificate, are set on paho's client before it connects. A
+refused CONNACK is `ConnectRefused`; a failed TLS handshake, or a
+connection the broker closes before its CONNACK (how a TLS 1.3 broker
+refuses a client certificate), is `ConnectFailed(tls=True)`; both are
+retried with the same backoff, and broker_health.py tells the operator what
+to fix. With TLS, a record read may leave decrypted bytes inside the SSL
+object that neither wake the loop nor show in FIONREAD: the read pass
+looks at them too (`_tls_pending`).
+
 Remote publications are injected with `publish` on this same connection:
 no_local then keeps the broker from echoing them back, which is what stops a
 federated publication from being federated again. MQTT v5 properties travel
@@ -210,11 +220,11 @@ class BrokerAdapter:
         client.publish_completed = self._on_publish_completed
         self.client = client
         self._unfinished: set[int] = set()
+        """mids of the QoS 1/2 publications handed to paho that the broker has not completed (`backlog`)"""
         self._handed_at: dict[int, float] = {}
         """monotonic time each of `_unfinished` was handed to paho"""
         self.injection_latency = Histogram()
         """seconds from handing a QoS 1/2 publication to the connection to the broker's PUBACK / PUBCOMP"""
-        """mids of the QoS 1/2 publications handed to paho that the broker has not completed (`backlog`)"""
         self._completed = False
         self._on_completed = on_completed
         """with `loop`: called after a read pass in which the broker completed some of our QoS 1/2 publications,
