@@ -152,7 +152,6 @@ def metrics_snapshot(wrapper: WrapperParts, now: float) -> Snapshot:
         "sent": dict(node.sent_by_type), "sent_bytes": dict(node.sent_bytes_by_type),
         "received": dict(node.received_by_type), "received_bytes": dict(node.received_bytes_by_type),
         "drops": dict(node.drops), "counters": dict(node.counters), "events": dict(wrapper.event_counts),
-        "neighbours_up": sum(1 for n in neighbours if n.up), "neighbours_total": len(neighbours),
         "members": len(view.members), "topics": sum(1 for core in view.topic_cores.values() if core is not None),
         "is_management_core": view.management_core == view.broker_id,
         "local_clients": len(node.clients), "local_subscriptions": sum(len(f) for f in node.clients.values()),
