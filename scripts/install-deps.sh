@@ -4,7 +4,9 @@
 #
 # 1. Debian packages: mosquitto, mosquitto-clients, nftables, iproute2, openjdk-17-jre-headless
 #    (for PySpark), systemd (systemd-analyze, systemd-sysusers) and logrotate (tests/packaging check the shipped
-#    unit and logrotate file offline; nothing is started), python3-venv (the packaging test's virtual environments;
+#    unit and logrotate file offline; nothing is started), prometheus (only for its promtool, which checks the
+#    shipped alert rules; Debian ships promtool in no smaller package, and the server is never started),
+#    python3-venv (the packaging test's virtual environments;
 #    and python3, python3-pip if absent). `apt-get update` runs once, and only if something is missing.
 # 2. This repository, editable, with the test extra: `python3 -m pip install -e '.[test]'`.
 #    Skipped when build/install-deps.stamp says setup.cfg and pyproject.toml have not
@@ -39,6 +41,11 @@ have openjdk-17-jre-headless java || missing+=(openjdk-17-jre-headless)
 # host with systemd-sysv, logrotate brings nothing else (systemd-sysv meets its `cron | ... | systemd-sysv`).
 have systemd systemd-analyze || missing+=(systemd)
 have logrotate logrotate || missing+=(logrotate)
+# promtool checks packaging/prometheus/*.yml (tests/packaging/test_monitoring.py): Debian has it only in prometheus,
+# installed without its recommends (prometheus-node-exporter). On a host with systemd the package starts its server
+# (port 9090), as mosquitto's does; the project never uses it: `systemctl disable --now prometheus` if unwanted.
+need_promtool=false
+have prometheus promtool || need_promtool=true
 # Resolve the interpreter itself, not a wrapper such as a pyenv shim (faster, one answer).
 if interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)' 2>/dev/null); then
     "$interpreter" -c 'import pip' 2>/dev/null || missing+=(python3-pip)
@@ -48,12 +55,18 @@ else
     missing+=(python3 python3-pip python3-venv)
 fi
 
-if ((${#missing[@]})); then
-    say "installing Debian packages: ${missing[*]}"
+if ((${#missing[@]})) || $need_promtool; then
     apt-get update -q
-    apt-get install -y -q "${missing[@]}"
+    if ((${#missing[@]})); then
+        say "installing Debian packages: ${missing[*]}"
+        apt-get install -y -q "${missing[@]}"
+    fi
+    if $need_promtool; then
+        say "installing Debian package prometheus (for promtool), without its recommends"
+        apt-get install -y -q --no-install-recommends prometheus
+    fi
 else
-    say "Debian packages present (mosquitto, mosquitto-clients, nftables, iproute2, Java 17, systemd, logrotate)"
+    say "Debian packages present (mosquitto, mosquitto-clients, nftables, iproute2, Java 17, systemd, logrotate, promtool)"
 fi
 
 [[ -n ${interpreter:-} ]] || interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)')

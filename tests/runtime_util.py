@@ -1,14 +1,18 @@
 """A started wrapper on a real loopback UDP socket, without a broker, and a socket standing for its neighbour:
 for unit tests of the wrapper's data path (tests/daemon/test_overload_daemon.py,
-tests/protocol/test_publication_batch.py)."""
+tests/protocol/test_publication_batch.py); and a whole runtime in a thread of the test, for tests with a real
+broker (`RuntimeThread`, `runtime_config`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from federation.daemon.config import DaemonConfig
 from federation.daemon.running import Running
@@ -52,3 +56,44 @@ def peer_socket() -> Iterator[tuple[socket.socket, Address]]:
 def packets_in(data: bytes) -> list[bytes]:
     """the protocol packets of one datagram a runtime sent (unsigned envelope)"""
     return Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, Address("127.0.0.1", 2), 0.0)
+
+
+class RuntimeThread:
+    """A Runtime on its own loop in a daemon thread (the wrapper in the test's process, with a real broker);
+    `wrapper` is what it started, `stop()` shuts it down cleanly and returns its status."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        from broker_util import wait_for
+
+        self.runtime = runtime
+        self.result: list[int | BaseException] = []
+        self.thread = threading.Thread(target=self._main, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.result or (runtime.running is not None and runtime.running.node.started_at is not None),
+                 timeout=10, message="the runtime to start")
+        if self.result:
+            raise AssertionError(f"runtime failed to start: {self.result[0]!r}")
+        assert runtime.running is not None
+        self.wrapper: Running = runtime.running
+
+    def _main(self) -> None:
+        try:
+            self.result.append(asyncio.run(self.runtime.run(handle_signals=False)))
+        except BaseException as error:  # noqa: BLE001 - reported by the test thread
+            self.result.append(error)
+
+    def stop(self) -> int | BaseException:
+        self.runtime.request_stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "runtime did not stop"
+        return self.result[0]
+
+
+def runtime_config(broker_port: int, host: str = "127.0.0.1", **changes: Any) -> DaemonConfig:
+    """A wrapper's config on a free UDP port of `host`, for the broker at 127.0.0.1:`broker_port`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind((host, 0))
+        port = int(probe.getsockname()[1])
+    config = DaemonConfig(bind=Address(host, port), announced=Address(host, port), neighbours=(),
+                          broker=Address("127.0.0.1", broker_port), client_id=f"federation-wrapper-{host}-{port}")
+    return dataclasses.replace(config, **changes)

@@ -59,6 +59,17 @@ the broker restarted without persistence, or the session expired) means its
 clients lost their subscriptions too (the runtime holds their publications
 until they subscribe again, federation.daemon.broker_subscriptions).
 
+The login (broker_auth.py): a user name and password, and TLS with a CA
+and a client certificate, are set on paho's client before it connects. A
+refused CONNACK is `ConnectRefused`; a failed TLS handshake, or a
+connection the broker closes before its CONNACK (how a TLS 1.3 broker
+refuses a client certificate), is `ConnectFailed(tls=True)`; both are
+retried with the same backoff, and broker_health.py tells the operator what
+to fix. With TLS, a record read may leave decrypted bytes inside the SSL
+object that neither wake the loop nor show in FIONREAD: the read pass
+looks at them too (`_tls_pending`).
+
+
 Remote publications are injected on this same connection by an `Injector`
 (injector.py: runs of packets, packet ids, the injection journal, what a new
 session means for the unfinished ones). The broker's Receive Maximum (read
@@ -75,6 +86,7 @@ import asyncio
 import fcntl
 import logging
 import socket
+import ssl
 import termios
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -87,6 +99,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from federation.daemon.broker_auth import BrokerAuth
 from federation.daemon.broker_items import (
     BrokerItem,
     Connected,
@@ -103,6 +116,7 @@ from federation.daemon.config import DEFAULT_SESSION_EXPIRY
 from federation.daemon.injector import InjectionRecorder, Injector
 from federation.daemon.lean_client import LeanClient, PublicClient, missing_paho_names
 from federation.daemon.mqtt_properties import properties_to_dict
+from federation.protocol.histogram import Histogram
 from federation.protocol.types import Address, Injection
 
 log = logging.getLogger("federation.daemon.broker")
@@ -158,6 +172,27 @@ def _set_cork(sock: Any, on: bool) -> bool:
     return True
 
 
+def _tls_pending(sock: Any) -> int:
+    """Bytes TLS has decrypted and holds for the next read (0 for a plain socket): a TLS record may carry several
+    MQTT packets, and what is left of it after a read makes the raw socket neither readable nor FIONREAD > 0."""
+    return sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
+
+
+CLOSED_BEFORE_CONNACK = "the broker closed the connection before answering CONNECT"
+RESET_IN_HANDSHAKE = "the broker reset the connection during the TLS handshake"
+
+
+def connect_failure(error: BaseException, tls: bool) -> ConnectFailed:
+    """What a failed connection attempt tells the operator: a TLS handshake failure, or the socket's error."""
+    if isinstance(error, ssl.SSLError):
+        reason = str(getattr(error, "reason", None) or error).replace("_", " ").lower()
+        verify = getattr(error, "verify_message", None)
+        return ConnectFailed(f"{reason}: {verify}" if verify else reason, tls=True)
+    if tls and isinstance(error, (ConnectionResetError, ConnectionAbortedError)):
+        return ConnectFailed(RESET_IN_HANDSHAKE, tls=True)
+    return ConnectFailed(getattr(error, "strerror", None) or str(error))
+
+
 class BrokerAdapter:
     """One paho client: connect, subscribe, hand items over, inject publications.
 
@@ -172,8 +207,8 @@ class BrokerAdapter:
     def __init__(self, broker: Address, client_id: str, deliver: Callable[[BrokerItem], None],
                  max_qos: int = 2, loop: asyncio.AbstractEventLoop | None = None,
                  flush: Callable[[], None] | None = None, on_completed: Callable[[], None] | None = None,
-                 hold: Callable[[], None] | None = None, session_expiry: int = DEFAULT_SESSION_EXPIRY,
-                 recorder: InjectionRecorder | None = None) -> None:
+                 hold: Callable[[], None] | None = None, auth: BrokerAuth | None = None,
+                 session_expiry: int = DEFAULT_SESSION_EXPIRY, recorder: InjectionRecorder | None = None) -> None:
         if recorder is not None and loop is None:
             raise ValueError("an injection recorder needs the loop-driven adapter (it is told on the loop's thread)")
         self.broker = broker
@@ -209,6 +244,9 @@ class BrokerAdapter:
         client.max_queued_messages_set(0)  # unlimited
         # paho's signature says int, but it sleeps on floats; the first retry comes after 0.5 s.
         client.reconnect_delay_set(RECONNECT_MIN_DELAY, RECONNECT_MAX_DELAY)  # type: ignore[arg-type]
+        self.auth = auth or BrokerAuth()
+        """user, password and TLS files of the login (`_apply_auth`)"""
+        self._apply_auth(client, self.auth)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
@@ -227,6 +265,8 @@ class BrokerAdapter:
         self._watched: socket.socket | None = None
         self._writing = False
         self._retry_delay = RECONNECT_MIN_DELAY
+        self._refused = False
+        """the broker refused the current connection attempt (CONNACK failure)"""
         self._connect_handle: asyncio.Handle | None = None
         self._connecting: asyncio.Future[Any] | None = None
         self._keepalive_handle: asyncio.TimerHandle | None = None
@@ -237,6 +277,29 @@ class BrokerAdapter:
         if loop is not None:
             client.on_socket_open = self._on_socket_open
             client.on_socket_close = self._on_socket_close
+
+    @staticmethod
+    def _apply_auth(client: mqtt.Client, auth: BrokerAuth) -> None:
+        """The login's user and password, and its TLS context, on paho's client (read at the next connection)."""
+        if auth.username is not None:
+            client.username_pw_set(auth.username, auth.password)
+        context = auth.ssl_context()
+        if context is not None:
+            client.tls_set_context(context)
+
+    def update_password(self, auth: BrokerAuth) -> None:
+        """A password re-read from the password file (SIGHUP): used from the next connection on, which is made
+        at once if the wrapper is not connected (the backoff starts again)."""
+        self.auth = auth
+        if auth.username is not None:
+            self.client.username_pw_set(auth.username, auth.password)
+        loop = self._loop
+        if loop is None or self.connected or self._stopping or self._connecting is not None:
+            return
+        if self._connect_handle is not None:
+            self._connect_handle.cancel()
+        self._retry_delay = RECONNECT_MIN_DELAY
+        self._connect_handle = loop.call_soon(self._connect)
 
     @property
     def on_loop(self) -> bool:
@@ -303,6 +366,11 @@ class BrokerAdapter:
         return self.injector.counts
 
     @property
+    def injection_latency(self) -> Histogram:
+        """seconds from handing a QoS 1/2 publication to the connection to the broker's PUBACK / PUBCOMP"""
+        return self.injector.injection_latency
+
+    @property
     def output_blocked(self) -> bool:
         """The socket to the broker refused bytes that paho now holds (written when it is writable): the broker
         is slower than what we hand it, so more should wait in our bounded queue, not in paho's unbounded one."""
@@ -342,7 +410,7 @@ class BrokerAdapter:
         self._paused = self.client.paused = False
         if self._watched is not None:
             self._loop.add_reader(self._watched, self._on_readable)
-            if self.client.buffered():
+            if self.client.buffered() or _tls_pending(self._watched):
                 self._schedule_read_retry()  # what we read before the pause does not make the socket readable
 
     def stop(self) -> None:
@@ -368,6 +436,7 @@ class BrokerAdapter:
         if self._stopping or self._connecting is not None:
             return
         assert self._loop is not None
+        self._refused = False
         self._connecting = self._loop.run_in_executor(None, self._blocking_connect)
         self._connecting.add_done_callback(self._connect_done)
 
@@ -385,11 +454,10 @@ class BrokerAdapter:
         if error is not None:
             if not isinstance(error, OSError):
                 log.error("connecting to broker %s failed: %r", self.broker, error)
-            self._deliver(ConnectFailed())
+            self._deliver(connect_failure(error, self.auth.tls))
             self._schedule_connect()
             return
-        if self.client.socket() is None:  # the connection failed while CONNECT was written
-            self._deliver(ConnectFailed())
+        if self.client.socket() is None:  # closed while CONNECT was written: reported by `_on_disconnect`
             self._schedule_connect()
             return
         self._write_pending()  # CONNECT may still wait in paho's queue
@@ -446,15 +514,15 @@ class BrokerAdapter:
             if read <= 0 or client.socket() is not sock:
                 break  # nothing (more) now, or the connection is gone
             budget -= read
-            if client.buffered():
-                continue  # complete packets may wait in the client's read buffer: the socket may be empty
+            if client.buffered() or _tls_pending(sock):
+                continue  # complete packets may wait in the client's (or TLS's) read buffer: the socket may be empty
             try:
                 fcntl.ioctl(fileno, termios.FIONREAD, self._available)
             except OSError:
                 break
             if self._available[0] <= 0:
                 break
-        if client.buffered() and client.socket() is sock:
+        if (client.buffered() or _tls_pending(sock)) and client.socket() is sock:
             self._schedule_read_retry()  # the socket may not wake us for what we hold already
         self._write_pending()
         self.injector.flush_finished()
@@ -519,6 +587,7 @@ class BrokerAdapter:
         back from paho here (they would be new messages to the broker, and a PUBREL of one past PUBREC would be
         answered as done while the broker never delivered it) and handed over to be published anew."""
         if reason_code.is_failure:
+            self._refused = True
             self._deliver(ConnectRefused(str(reason_code)))
             return
         sock = client.socket()
@@ -550,8 +619,11 @@ class BrokerAdapter:
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: ReasonCode,
                        properties: Properties | None) -> None:
-        self.connected = False
-        self._deliver(Disconnected(str(reason_code), self._stopping, self.injector.backlog()))
+        was_connected, self.connected = self.connected, False
+        if was_connected or self._stopping or self._refused:
+            self._deliver(Disconnected(str(reason_code), self._stopping, self.injector.backlog()))
+        else:  # closed before CONNACK: with TLS, how a broker refuses a client certificate (after the handshake)
+            self._deliver(ConnectFailed(CLOSED_BEFORE_CONNACK, tls=True))
         if self._loop is not None:
             self._schedule_connect()
 

@@ -79,7 +79,13 @@ class ConnectRefused:
 
 @dataclass(frozen=True, slots=True)
 class ConnectFailed:
-    """The TCP connection could not be made (broker down or unreachable); paho retries with backoff."""
+    """The TCP connection could not be made (broker down or unreachable), or its TLS handshake failed; the
+    adapter retries with backoff."""
+
+    reason: str = ""
+    """what the socket or the TLS layer said ("" when nothing more is known)"""
+    tls: bool = False
+    """True when the TLS handshake failed (the TCP connection was made)"""
 
 
 @dataclass(frozen=True, slots=True)

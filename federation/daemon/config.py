@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from federation.daemon import wrapper_events
+from federation.daemon.broker_auth import DEFAULT_TLS_PORT, BrokerAuth, BrokerAuthError, load_broker_auth
 from federation.daemon.keys import KeyFileError, read_key_file
 from federation.envelope.datagrams import ENCRYPTION_NONE, ENCRYPTIONS
 from federation.protocol import events
@@ -78,7 +79,22 @@ FIELDS: tuple[Field, ...] = (
     Field("bind", "--bind", DEFAULT_BIND,
           "UDP address HOST[:PORT] to listen on; it is also the address this node announces, "
           "unless it is 0.0.0.0 (then: the local address that reaches the first neighbour)"),
-    Field("broker", "--broker", DEFAULT_BROKER, "the local Mosquitto broker, HOST[:PORT] (MQTT over TCP, v5)"),
+    Field("broker", "--broker", DEFAULT_BROKER,
+          "the local Mosquitto broker, HOST[:PORT] (MQTT v5 over TCP; port 1883, or 8883 with TLS, if omitted). "
+          "No credentials in it (user:password@host is refused): see broker_username and broker_password_file"),
+    Field("broker_username", "--broker-username", None,
+          "user name the wrapper logs in to its broker with (null: anonymous); the broker's ACL must let it read "
+          "$SYS/broker/log/# and read and write # (configs/mosquitto.conf, PRODUCTION)"),
+    Field("broker_password_file", "--broker-password-file", None,
+          "file whose first line is the broker password of broker_username (chmod 600; never on the command line). "
+          "Re-read on SIGHUP (null: no password)"),
+    Field("broker_tls_ca", "--broker-tls-ca", None,
+          "PEM file of the CA that signed the broker's certificate: the connection uses TLS, and the certificate "
+          "must name the broker host (null: no TLS, unless broker_tls_cert is given; then the system's CAs)"),
+    Field("broker_tls_cert", "--broker-tls-cert", None,
+          "PEM client certificate the wrapper presents to the broker (TLS; needs broker_tls_key)"),
+    Field("broker_tls_key", "--broker-tls-key", None,
+          "PEM private key of broker_tls_cert, not encrypted (chmod 600)"),
     Field("id", "--id", None,
           "virtual id (0 .. 2^31-1) used in elections: the lowest id becomes management core; "
           "null picks a random one at every start"),
@@ -137,6 +153,8 @@ class DaemonConfig:
     settings: Settings = field(default_factory=Settings)
     config_file: Path | None = None
     key_file: Path | None = None
+    broker_auth: BrokerAuth = field(default_factory=BrokerAuth)
+    """how the wrapper logs in to its broker (user, password, TLS); the default is anonymous without TLS"""
     keys: tuple[bytes, ...] = field(default=(), repr=False)
     """federation keys read from key_file (the first signs); empty: open overlay"""
     encryption: str = ENCRYPTION_NONE
@@ -240,8 +258,17 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
 
     bind_text = _text(value("bind"), origin("bind"), "HOST[:PORT], e.g. 0.0.0.0:10500")
     bind_raw = _address(bind_text, DEFAULT_PORT, origin("bind"))
-    broker = _address(_text(value("broker"), origin("broker"), "HOST[:PORT], e.g. 127.0.0.1:1883"),
-                      DEFAULT_BROKER_PORT, origin("broker"))
+    broker_username = _optional_text(value("broker_username"), origin("broker_username"))
+    try:
+        broker_auth = load_broker_auth(broker_username, _optional_path(value("broker_password_file"),
+                                                                       origin("broker_password_file")),
+                                       _optional_path(value("broker_tls_ca"), origin("broker_tls_ca")),
+                                       _optional_path(value("broker_tls_cert"), origin("broker_tls_cert")),
+                                       _optional_path(value("broker_tls_key"), origin("broker_tls_key")))
+    except BrokerAuthError as error:
+        raise ConfigError(str(error)) from None
+    broker = _broker_address(_text(value("broker"), origin("broker"), "HOST[:PORT], e.g. 127.0.0.1:1883"),
+                             DEFAULT_TLS_PORT if broker_auth.tls else DEFAULT_BROKER_PORT, origin("broker"))
     neighbour_texts = _neighbour_list(value("neighbors"), origin("neighbors"))
     neighbour_raw = [_address(text, DEFAULT_PORT, origin("neighbors")) for text in neighbour_texts]
     vid = _optional_int(value("id"), origin("id"), 0, MAX_VID - 1, "a whole number from 0 to 2147483647")
@@ -313,7 +340,7 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
         vid=vid, name=name, state_dir=state_dir, event_log=event_log, event_types=event_types,
         metrics_port=metrics_port, metrics_bind=metrics_host, log_level=log_level,
         max_qos=2 if max_qos is None else max_qos, settings=settings, config_file=config_path,
-        key_file=key_file, keys=keys, encryption=encryption,
+        key_file=key_file, broker_auth=broker_auth, keys=keys, encryption=encryption,
         broker_session_expiry=DEFAULT_SESSION_EXPIRY if session_expiry is None else session_expiry,
         resubscribe_grace=resubscribe_grace,
     )
@@ -357,6 +384,20 @@ def _address(text: str, default_port: int, where: str) -> Address:
         return Address.parse(text, default_port)
     except ValueError as error:
         raise ConfigError(f"{where}: {error}; write HOST or HOST:PORT (IPv6 as [ADDR]:PORT)") from None
+
+
+def _broker_address(text: str, default_port: int, where: str) -> Address:
+    """The broker's HOST[:PORT]; an address with credentials or a URL scheme is refused without echoing it (the
+    password would be in the message, and so in the journal)."""
+    if "@" in text:
+        raise ConfigError(f"{where}: the broker address holds credentials (USER:PASSWORD@HOST); they are refused "
+                          f"there because the command line and wrapper.yaml are readable and end up in logs. Give "
+                          f"the broker as HOST[:PORT], the user with broker_username (--broker-username) and the "
+                          f"password in a file named by broker_password_file (--broker-password-file)")
+    if "://" in text:
+        raise ConfigError(f"{where}: give the broker as HOST[:PORT], without a scheme such as mqtt:// or mqtts://; "
+                          f"TLS is asked for with broker_tls_ca (--broker-tls-ca)")
+    return _address(text, default_port, where)
 
 
 def _neighbour_list(value: Any, where: str) -> list[str]:

@@ -139,20 +139,41 @@ encode_event = EventEncoder().encode
 
 
 class EventLog:
-    """JSON-lines event trace: buffered appends, flushed by the runtime every second and at close."""
+    """JSON-lines event trace: buffered appends, flushed by the runtime every second and at close; `reopen` (the
+    daemon's SIGHUP, after logrotate renamed the file) goes on in a new file at the same path."""
 
     def __init__(self, path: Path, types: frozenset[str] | None) -> None:
         self.path = path
         self.types = types
         self.lines = 0
         self.errors = 0
+        self.reopened = 0
+        """times the file was reopened at its path"""
+        self._file: IO[str] | None = self._open()
+
+    def _open(self) -> IO[str]:
+        path = self.path
         try:
             if path.parent != Path(""):
                 path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[str] | None = open(path, "a", encoding="utf-8", buffering=EVENT_LOG_BUFFER)  # noqa: SIM115
+            return open(path, "a", encoding="utf-8", buffering=EVENT_LOG_BUFFER)  # noqa: SIM115
         except OSError as error:
             raise EventLogError(f"--event-log: cannot open {str(path)!r} for appending: {error.strerror or error}; "
                                 f"give a writable file path") from None
+
+    def reopen(self) -> None:
+        """Write what is buffered to the file open now, then go on in the file at `path` (created if it was
+        renamed away). EventLogError if it cannot be opened: the old file is kept then, and written on."""
+        if self._file is None:
+            return
+        fresh = self._open()
+        old, self._file = self._file, fresh
+        try:
+            old.flush()
+            old.close()
+        except OSError as error:
+            self._failed(error)
+        self.reopened += 1
 
     def write(self, batch: Iterable[Event]) -> None:
         if self._file is None:

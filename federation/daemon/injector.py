@@ -40,6 +40,7 @@ from paho.mqtt.exception import MQTTException
 
 from federation.daemon.lean_client import LeanClient, PublicClient, ReliableMessage, RestoredMessage, lean_qos0_publish
 from federation.daemon.mqtt_properties import dict_to_properties
+from federation.protocol.histogram import Histogram
 from federation.protocol.types import Address, Injection
 
 log = logging.getLogger("federation.daemon.broker")
@@ -87,6 +88,10 @@ class Injector:
         """what became of the injections (see the module docstring; plain numbers: some count per message)"""
         self._unfinished: dict[int, Injection] = {}
         """mid -> the QoS 1/2 injection handed to paho that the broker has not completed (`backlog`), oldest first"""
+        self._handed_at: dict[int, float] = {}
+        """monotonic time each of `_unfinished` was handed to paho (this run's only)"""
+        self.injection_latency = Histogram()
+        """seconds from handing a QoS 1/2 publication to the connection to the broker's PUBACK / PUBCOMP"""
         self._finished: list[int] = []
         """mids completed since the last `flush_finished` (one journal write per read pass)"""
         self._refused_pubrec: dict[int, int] = {}
@@ -139,6 +144,7 @@ class Injector:
             mids = list(self._unfinished)
             reinjected += self._unfinished.values()
             self._unfinished.clear()
+            self._handed_at.clear()
             if self._recorder is not None:
                 self._recorder.abandoned(mids)
         self.resent += resent
@@ -170,6 +176,7 @@ class Injector:
             return False
         if qos:
             self._unfinished[info.mid] = injection  # stored by paho until PUBACK / PUBCOMP, also while disconnected
+            self._handed_at[info.mid] = time.monotonic()
             if self._recorder is not None:
                 self._recorder.started([(info.mid, injection)])
         else:
@@ -250,6 +257,7 @@ class Injector:
         mids = client.send_reliable(messages, taken)
         if mids:
             self.injected += len(mids)
+            self._handed_at.update(dict.fromkeys(mids, time.monotonic()))
             self._wrote()
         for injection in injections[len(mids):]:
             self.publish(injection)
@@ -271,6 +279,9 @@ class Injector:
         injection = self._unfinished.pop(mid, None)
         if injection is None:
             return False
+        handed = self._handed_at.pop(mid, None)
+        if handed is not None:
+            self.injection_latency.observe(time.monotonic() - handed)
         reason = self._refused_pubrec.pop(mid, reason) if self._refused_pubrec else reason
         if reason >= REFUSED:
             self.refused += 1

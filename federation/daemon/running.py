@@ -62,9 +62,11 @@ from federation.daemon.broker_subscriptions import BrokerSubscriptions
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig
 from federation.daemon.flow_control import INJECTION_BACKLOG, FlowControl, report_shed
+from federation.daemon.health import Readiness
 from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
-from federation.daemon.snapshots import metrics_snapshot, snapshot_from_thread, status_document
+from federation.daemon.reload import Reloads, reload_files
+from federation.daemon.snapshots import metrics_snapshot, status_document, wrapper_readiness
 from federation.daemon.startup import Resources
 from federation.daemon.state import PersistedState, StateSaver
 from federation.daemon.status import encode_reply
@@ -129,7 +131,7 @@ class Running:
                       if resources.store is not None else None)
         """writes the subscription table and the epoch; None without a state directory"""
         self.tracker = BrokerLogTracker(config.client_id)
-        self.broker_health = BrokerHealth(config.broker, config.client_id, loop.call_later)
+        self.broker_health = BrokerHealth(config.broker, config.client_id, loop.call_later, config.broker_auth)
         self.journal: InjectionJournal | None = resources.journal
         """the injection journal (with a state directory)"""
         self.outbox = wrapper_events.WrapperEvents(str(node.address))
@@ -138,8 +140,8 @@ class Running:
         # paho driven by this loop (no network thread); a burst read from the broker reaches the node at once.
         self.broker = BrokerAdapter(config.broker, config.client_id, hand_off.put, config.max_qos, loop=loop,
                                     flush=hand_off.flush, on_completed=self._on_broker_completed,
-                                    hold=hand_off.hold, session_expiry=config.broker_session_expiry,
-                                    recorder=self.journal)
+                                    hold=hand_off.hold, auth=config.broker_auth,
+                                    session_expiry=config.broker_session_expiry, recorder=self.journal)
         if self.journal is not None:
             self.broker.restore([(entry.mid, entry.injection, entry.released) for entry in self.journal.in_flight()])
         self.broker_subscriptions = BrokerSubscriptions(node, node.drop, self.outbox, self.subscriptions,
@@ -154,6 +156,8 @@ class Running:
         self.kernel_receive_drops = 0
         """datagrams the kernel dropped for this wrapper's full UDP receive buffer, as of the last check"""
         self.started_at = clock.now()
+        self.reloads = Reloads()
+        """what SIGHUPs did (`reload`)"""
         self._refused_logged_at = float("-inf")
         self._data_pass_scheduled = False
         self._rearm_scheduled = False
@@ -187,11 +191,13 @@ class Running:
         self._drain_outputs(now)
         self.broker.start()
         config = self.config
-        log.info("wrapper %s (id %s, epoch %d) listening on UDP %s; neighbours: %s; broker %s as %r",
+        log.info("wrapper %s (id %s, epoch %d) listening on UDP %s; neighbours: %s; broker %s as %r %s",
                  config.announced, node.broker_id, node.epoch, config.bind,
                  ", ".join(str(n) for n in config.neighbours) or "none (waiting for hellos)",
-                 config.broker, config.client_id)
+                 config.broker, config.client_id, config.broker_auth.describe())
         announce_security(self.envelope, config.bind, config.broker, config.key_file)
+        for warning in config.broker_auth.permission_warnings():
+            log.warning("%s", warning)
 
     async def shutdown(self) -> None:
         """Leave the federation, flush, save, disconnect from the broker, release everything."""
@@ -209,6 +215,11 @@ class Running:
         self.broker.stop()  # on the loop's thread, as the adapter requires; it does not block
         log.info("wrapper %s stopped", self.config.announced)
         self.close()
+
+    def reload(self) -> None:
+        """SIGHUP: reopen the event log at its path, re-read the key file and the broker password file; what
+        cannot be read keeps what the wrapper has (reload.py)."""
+        reload_files(self.config, self.event_log, self.envelope, self.broker, self.broker_health, self.reloads)
 
     def close(self) -> None:
         """Cancel every timer and release the resources (the socket through its transport)."""
@@ -537,8 +548,9 @@ class Running:
 
     def metrics_snapshot(self) -> Snapshot:
         """Copies of every number the metrics expose (runs on the loop thread)."""
-        return metrics_snapshot(self)
+        return metrics_snapshot(self, self.clock.now())
 
-    def metrics_snapshot_threadsafe(self, timeout: float = 2.0) -> Snapshot | None:
-        """Called from the metrics thread: run `metrics_snapshot` on the loop and wait for it."""
-        return snapshot_from_thread(self.loop, self.metrics_snapshot, timeout)
+    def readiness(self) -> Readiness:
+        """Ready when the broker is connected and its log flows, and a neighbour is up if any are configured (on
+        the loop thread; health.py)."""
+        return wrapper_readiness(self)

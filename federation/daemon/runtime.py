@@ -11,10 +11,17 @@ None. `run` starts it, waits for SIGINT/SIGTERM (or `request_stop`), and
 has it shut down: the node announces its departure, the last datagrams and
 the state are written, the broker connection is closed.
 
+SIGHUP asks the started wrapper to take up its files again (`Running.reload`:
+the event log reopened at its path, the key file and the broker password
+file read again); before the wrapper runs, and after, it is ignored, so a
+logrotate `postrotate` can never end the process.
+
 `Runtime` itself is the handle a caller holds before, during and after
 that: the command line's `Runtime(config).run()`, a test thread's
-`request_stop`, and the metrics server, which starts before the node does
-(its port must fail early too) and answers nothing until `running` is set.
+`request_stop`, and the metrics port (metrics_server.py), which starts
+before the node does (its port must fail early too) and reads the wrapper
+through the runtime (`metrics_snapshot`, `readiness`, `loop_answers`, each
+run on the loop): empty metrics and "starting" until `running` is set.
 The node's clock (`Clock`, clock.py) is made with the runtime.
 """
 
@@ -25,8 +32,11 @@ import signal
 
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig, is_wildcard
+from federation.daemon.health import Readiness
 from federation.daemon.metrics import Snapshot
+from federation.daemon.metrics_server import PROBE_TIMEOUT
 from federation.daemon.running import Running
+from federation.daemon.snapshots import on_loop
 from federation.daemon.startup import boot, open_resources
 from federation.daemon.systemd import service_notifications
 from federation.daemon.udp import LocalAddresses, OverlayProtocol
@@ -53,6 +63,8 @@ class Runtime:
         signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
         for signum in signals:  # installed first: a signal during startup still ends in a clean shutdown
             loop.add_signal_handler(signum, stop.set)
+        if handle_signals:
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
         try:
             running = await self.build()
             try:
@@ -64,6 +76,9 @@ class Runtime:
         finally:
             for signum in signals:
                 loop.remove_signal_handler(signum)
+            if handle_signals:  # SIGHUP stays ignored until the process exits
+                loop.remove_signal_handler(signal.SIGHUP)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
         return 0
 
     async def build(self) -> Running:
@@ -71,7 +86,7 @@ class Runtime:
         and cannot be had raises what says how to fix it, and nothing is left open then."""
         config = self.config
         loop = asyncio.get_running_loop()
-        resources = open_resources(config, self._metrics_snapshot)
+        resources = open_resources(config, self)
         transport: asyncio.DatagramTransport | None = None
         try:
             node, envelope, persisted = boot(config, resources.store)
@@ -87,12 +102,32 @@ class Runtime:
             raise
         return self.running
 
+    def reload(self) -> None:
+        """SIGHUP (on the loop's thread): the running wrapper reads its files again; ignored until it runs."""
+        if self.running is not None:
+            self.running.reload()
+
+    def request_reload(self) -> None:
+        """Ask the running wrapper to read its files again, as SIGHUP does (thread-safe)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.reload)
+
     def request_stop(self) -> None:
         """Ask the runtime to shut down (thread-safe)."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
 
-    def _metrics_snapshot(self) -> Snapshot | None:
-        """Called from the metrics thread: a snapshot taken on the loop, None before the wrapper runs."""
+    # The metrics port's probe (metrics_server.Probe): called from its thread, answered on the loop.
+
+    def metrics_snapshot(self) -> Snapshot | None:
+        """A snapshot taken on the loop; None before the wrapper runs or when the loop does not answer."""
         running = self.running
-        return running.metrics_snapshot_threadsafe() if running is not None else None
+        return on_loop(running.loop, running.metrics_snapshot, PROBE_TIMEOUT) if running is not None else None
+
+    def readiness(self) -> Readiness | None:
+        running = self.running
+        return on_loop(running.loop, running.readiness, PROBE_TIMEOUT) if running is not None else None
+
+    def loop_answers(self) -> bool:
+        loop = self._loop
+        return loop is not None and on_loop(loop, lambda: True, PROBE_TIMEOUT) is True

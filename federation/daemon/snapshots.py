@@ -16,7 +16,7 @@ parts of a running wrapper each read-out shows. It reads them through
 `WrapperParts`, the read-only view it declares, which `Running`
 (running.py) provides; so it never imports the running wrapper, which calls
 these functions. A metrics scrape runs in prometheus-client's HTTP thread:
-`snapshot_from_thread` has the loop take the snapshot
+`on_loop` has the loop take the snapshot
 (`call_soon_threadsafe`) and waits for it, with a timeout.
 """
 
@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import os
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from federation import __version__
 from federation.daemon.backpressure import PacketBacklog
@@ -39,14 +40,17 @@ from federation.daemon.broker_subscriptions import BrokerSubscriptions
 from federation.daemon.config import DaemonConfig
 from federation.daemon.event_log import EventLog
 from federation.daemon.flow_control import FlowControl
+from federation.daemon.health import Readiness, readiness
 from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
+from federation.daemon.reload import Reloads
 from federation.daemon.udp import OverlayProtocol
 from federation.envelope.datagrams import Envelope
 from federation.protocol.node import Node
 from federation.protocol.types import Address
 
 log = logging.getLogger("federation.daemon")
+T = TypeVar("T")
 
 
 class WrapperParts(Protocol):
@@ -82,6 +86,8 @@ class WrapperParts(Protocol):
     def event_counts(self) -> Counter[str]: ...
     @property
     def started_at(self) -> float: ...
+    @property
+    def reloads(self) -> Reloads: ...
     def unsent_bytes(self) -> int: ...
     def read_kernel_receive_drops(self) -> int | None: ...
 
@@ -101,6 +107,7 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
         "broker": {
             "address": str(config.broker), "client_id": config.client_id,
             "connected": health.connected, "reconnects": health.reconnects,
+            "connect_failures": dict(health.connect_failures), "problem": health.problem,
             "log_lines": health.log_lines, "log": wrapper.tracker.counters.as_dict(),
             "injected": broker.injected, "inject_failed": broker.inject_failed,
             "backpressure_pauses": flow.backpressure_pauses,
@@ -129,6 +136,8 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
         "metrics": f"{config.metrics_bind}:{config.metrics_port}" if config.metrics_port is not None else None,
         "events": dict(sorted(wrapper.event_counts.items())),
         "udp_send_errors": protocol.send_errors,
+        "reloads": dataclasses.asdict(wrapper.reloads),
+        "ready": wrapper_readiness(wrapper).as_dict(),
     }
     return document
 
@@ -148,7 +157,16 @@ def injection_counts(wrapper: WrapperParts) -> dict[str, int]:
     }
 
 
-def metrics_snapshot(wrapper: WrapperParts) -> Snapshot:
+def wrapper_readiness(wrapper: WrapperParts) -> Readiness:
+    """health.py's judgement on the running wrapper: broker connected, its log flowing, a neighbour up when
+    neighbours are configured."""
+    health = wrapper.broker_health
+    up = sum(1 for neighbour in wrapper.node.neighbours.all() if neighbour.up)
+    return readiness(wrapper.config.broker, health.connected, health.log_flowing, health.problem,
+                     len(wrapper.config.neighbours), up)
+
+
+def metrics_snapshot(wrapper: WrapperParts, now: float) -> Snapshot:
     """Copies of every number the metrics expose (on the loop thread); `metrics.metric_families` reads it."""
     node = wrapper.node
     view = node.view()
@@ -163,7 +181,6 @@ def metrics_snapshot(wrapper: WrapperParts) -> Snapshot:
         "sent": dict(node.sent_by_type), "sent_bytes": dict(node.sent_bytes_by_type),
         "received": dict(node.received_by_type), "received_bytes": dict(node.received_bytes_by_type),
         "drops": dict(node.drops), "counters": dict(node.counters), "events": dict(wrapper.event_counts),
-        "neighbours_up": sum(1 for n in neighbours if n.up), "neighbours_total": len(neighbours),
         "members": len(view.members), "topics": sum(1 for core in view.topic_cores.values() if core is not None),
         "is_management_core": view.management_core == view.broker_id,
         "local_clients": len(node.clients), "local_subscriptions": sum(len(f) for f in node.clients.values()),
@@ -181,14 +198,25 @@ def metrics_snapshot(wrapper: WrapperParts) -> Snapshot:
         "udp_send_errors": protocol.send_errors,
         "receive_backlog": len(wrapper.receive_backlog),
         "send_paused": protocol.writing_paused,
+        "ready": wrapper_readiness(wrapper).ready,
+        "connect_failures": dict(health.connect_failures),
+        "neighbours": [{"address": str(n.transport), "up": n.up, "rtt": n.rtt,
+                        "rtt_histogram": (n.rtt_histogram.cumulative(), n.rtt_histogram.total)} for n in neighbours],
+        "injection_latency": (broker.injection_latency.cumulative(), broker.injection_latency.total),
+        "injection_backlog": len(wrapper.flow.injection_queue),
+        "unacked_copies": node.unacked_copies,
+        "reading_paused": broker.reading_paused,
+        "paced": any(until > now for until in node.pacing.paced_until.values()),  # read only: not paced_until()
+        "kernel_receive_drops": wrapper.read_kernel_receive_drops() or 0,
+        "reloads": wrapper.reloads.signals,
+        "reload_failures": wrapper.reloads.failures,
     }
 
 
-def snapshot_from_thread(loop: asyncio.AbstractEventLoop, take: Callable[[], Snapshot],
-                         timeout: float) -> Snapshot | None:
+def on_loop(loop: asyncio.AbstractEventLoop, take: Callable[[], T], timeout: float) -> T | None:
     """From another thread: run `take` on `loop` and wait for its result; None if the loop does not answer
-    within `timeout` seconds, is closed, or `take` fails (logged: a scrape must not kill the server thread)."""
-    future: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
+    within `timeout` seconds, is closed, or `take` fails (logged: a request must not kill the server thread)."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def fill() -> None:
         if not future.set_running_or_notify_cancel():
@@ -205,5 +233,5 @@ def snapshot_from_thread(loop: asyncio.AbstractEventLoop, take: Callable[[], Sna
         future.cancel()
         return None
     except Exception as error:  # noqa: BLE001 - a scrape must not kill the server thread
-        log.error("metrics snapshot failed: %s", error)
+        log.error("reading the wrapper for the metrics port failed: %s", error)
         return None

@@ -24,7 +24,6 @@ import logging
 import random
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 from federation.daemon.config import DaemonConfig
 from federation.daemon.event_log import EventLog, EventLogError
 from federation.daemon.injections import JOURNAL_FILE, InjectionJournal
-from federation.daemon.metrics import Snapshot, start_metrics_server
+from federation.daemon.metrics_server import Probe, start_metrics_server
 from federation.daemon.record_log import RecordLog, RecordLogError
 from federation.daemon.state import LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.udp import open_socket
@@ -80,10 +79,10 @@ class Resources:
             self.store.unlock()
 
 
-def open_resources(config: DaemonConfig, metrics_snapshot: Callable[[], Snapshot | None]) -> Resources:
+def open_resources(config: DaemonConfig, probe: Probe) -> Resources:
     """Take every resource that can fail because of the configuration, or raise what says how to fix it.
 
-    `metrics_snapshot` is what a scrape reads (from the metrics server's thread; None before the node runs)."""
+    `probe` is what the metrics port reads (from its thread: metrics_server.py)."""
     store = StateStore(config.state_dir) if config.state_dir is not None else None
     if store is not None:
         store.lock()
@@ -97,8 +96,7 @@ def open_resources(config: DaemonConfig, metrics_snapshot: Callable[[], Snapshot
     try:
         if config.metrics_port is not None:
             try:
-                resources.metrics_server = start_metrics_server(config.metrics_bind, config.metrics_port,
-                                                                metrics_snapshot)
+                resources.metrics_server = start_metrics_server(config.metrics_bind, config.metrics_port, probe)
             except OSError as error:
                 raise StartupError(
                     f"--metrics-port: cannot serve metrics on {config.metrics_bind}:{config.metrics_port}: "

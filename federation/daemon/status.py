@@ -167,6 +167,9 @@ def render(document: dict[str, Any]) -> str:
                        f"wrapper never saw; every publication is delivered to it")
         out.append(f"uptime {daemon.get('uptime_s', 0):.0f} s, pid {daemon.get('pid')}, "
                    f"version {daemon.get('version')}")
+        ready = daemon.get("ready")
+        if isinstance(ready, dict):
+            out.append("ready" if ready.get("ready") else "NOT READY: " + "; ".join(ready.get("reasons", [])))
     if document.get("truncated"):
         out.append("(reply truncated: too large for one datagram; topics, subscriptions and table omitted)")
 

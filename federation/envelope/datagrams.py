@@ -44,7 +44,7 @@ import math
 import struct
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from federation.envelope.reassembly import Reassembler
@@ -206,13 +206,7 @@ class Envelope:
         if not 0 <= epoch < 2**64:
             raise EnvelopeConfigError(f"epoch must be an unsigned 64-bit integer, got {epoch}")
         self.epoch = epoch
-        self.keys = [FederationKey(secret) for secret in config.keys]
-        self._keys_by_id: dict[int, FederationKey] = {}
-        for position, key in enumerate(self.keys):
-            if key.key_id in self._keys_by_id:
-                raise EnvelopeConfigError(f"key {position + 1} repeats an earlier key (or shares its id); "
-                                          f"remove the duplicate")
-            self._keys_by_id[key.key_id] = key
+        self.keys, self._keys_by_id = _key_table(config.keys)
         if not self.keys:
             self.kind = KIND_OPEN
         else:
@@ -473,6 +467,21 @@ class Envelope:
     def key_ids(self) -> list[str]:
         return [f"{key.key_id:08x}" for key in self.keys]
 
+    def replace_keys(self, secrets: Sequence[bytes]) -> None:
+        """Rotate the federation keys while running (the daemon's SIGHUP): the first signs from now on, all are
+        accepted. EnvelopeConfigError, the old keys kept, for no key or a repeated one; an envelope started open
+        stays open (its frame kind and capacity are chosen at start: restart it with a key instead)."""
+        if not self.keys:
+            raise EnvelopeConfigError("the overlay was started open (no key file): it cannot take keys while it "
+                                      "runs; restart the wrapper with key_file")
+        if not secrets:
+            raise EnvelopeConfigError("no key: a keyed overlay cannot become open while it runs")
+        keys, keys_by_id = _key_table(secrets)
+        self.keys, self._keys_by_id = keys, keys_by_id
+        self._signing = keys[0]
+        self._cipher = self._signing.cipher(self.sender, self.epoch) if self.kind == KIND_AEAD else None
+        self.config = replace(self.config, keys=tuple(secrets))
+
     def status(self) -> dict[str, Any]:
         return {
             "mode": self.mode, "encryption": self.config.encryption if self.keys else ENCRYPTION_NONE,
@@ -482,6 +491,18 @@ class Envelope:
             "reassembly_bytes": self.reassembler.used, "reassembly_memory": self.config.reassembly_memory,
             "counters": dict(sorted(self.counters.items())), "drops": dict(sorted(self.drops.items())),
         }
+
+
+def _key_table(secrets: Sequence[bytes]) -> tuple[list[FederationKey], dict[int, FederationKey]]:
+    """The keys in order, and by key id; EnvelopeConfigError for a key given twice (or sharing an id)."""
+    keys = [FederationKey(secret) for secret in secrets]
+    by_id: dict[int, FederationKey] = {}
+    for position, key in enumerate(keys):
+        if key.key_id in by_id:
+            raise EnvelopeConfigError(f"key {position + 1} repeats an earlier key (or shares its id); "
+                                      f"remove the duplicate")
+        by_id[key.key_id] = key
+    return keys, by_id
 
 
 def envelope_epoch(boot_epoch: int, unix_time: float) -> int:

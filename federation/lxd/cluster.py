@@ -380,7 +380,7 @@ class LxdCluster:
             return None
         result = self.exec(name, ["timeout", str(STATUS_COMMAND_TIMEOUT), CONTAINER_PYTHON, WRAPPER_SCRIPT,
                                   "status", "--node", self.wrapper_address(name), "--json"], check=False)
-        if result.exit_code != 0:
+        if result.exit_code not in (0, 1):  # 1: answered, not ready
             return None
         try:
             document: dict[str, Any] = json.loads(result.stdout)

@@ -446,11 +446,12 @@ class LocalFederation:
             raise LaunchError(f"status of {name}: {error}") from None
 
     def status_cli(self, name: str, timeout: float = 10.0) -> dict[str, Any]:
-        """The same document, through the real command line `python wrapper.py status --node ... --json`."""
+        """The same document, through the real command line `python wrapper.py status --node ... --json` (which
+        exits 1 when the wrapper answered and is not ready)."""
         node = self.node(name)
         result = subprocess.run([sys.executable, *wrapper_program(), "status", "--node", node.address, "--json"],
                                 capture_output=True, text=True, timeout=timeout, check=False)
-        if result.returncode != 0:
+        if result.returncode not in (0, 1):
             raise LaunchError(f"`wrapper.py status --node {node.address} --json` exited with "
                               f"{result.returncode}: {result.stderr.strip()}")
         document: dict[str, Any] = json.loads(result.stdout)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_util import free_port, packets_in, peer_socket, started_wrapper
 
 from federation.daemon import clock as clock_module
 from federation.daemon.backpressure import InjectionQueue, PacketBacklog, shed_qos0
@@ -25,6 +24,8 @@ from federation.envelope.datagrams import Envelope
 from federation.protocol import wire
 from federation.protocol.node import Node
 from federation.protocol.types import Address, BrokerId, Injection
+
+from runtime_util import free_port, packets_in, peer_socket, started_wrapper
 
 ORIGIN = Address("127.0.0.9", 10500)
 

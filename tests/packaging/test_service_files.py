@@ -3,9 +3,11 @@
 `systemd-analyze verify` and `systemd-analyze security --offline` read the
 unit (with ExecStart pointed at an executable that exists here: verify checks
 it), `systemd-sysusers --root` creates the service user in a scratch root, and
-logrotate rotates an event log that a live `EventLog` keeps writing, as
-copytruncate does on a host. tests/real/test_systemd_service.py runs the
-unit's command line against a real broker.
+logrotate rotates an event log that a live `EventLog` keeps writing, with
+the copytruncate the file documents as the alternative to its SIGHUP.
+tests/real/test_systemd_service.py runs the unit's command line against a
+real broker; tests/real/test_signals_real.py runs the logrotate file as
+shipped (its postrotate's SIGHUP) against a live wrapper.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def test_unit_is_a_notify_service_of_its_own_user_in_the_documented_layout() -> 
     for hardening in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes"):
         key, value = hardening.split("=")
         assert service.get(key) == [value], hardening
+    assert service["ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # SIGHUP: reopen the event log, read keys again
 
 
 def test_docs_install_names_the_units_paths() -> None:
@@ -125,13 +128,31 @@ def event(number: int) -> Event:
     return Event(float(number), "127.0.0.1:10500", "counters", {"number": number})
 
 
-@pytest.mark.skipif(LOGROTATE_TOOL is None, reason="needs logrotate: apt-get install logrotate (install-deps.sh)")
-def test_logrotate_copytruncate_keeps_the_live_event_log_whole(tmp_path: Path) -> None:
-    """Rotation while the wrapper's EventLog holds the file open: old lines in events.jsonl.1, new lines at the
-    start of the cut file (O_APPEND), no hole of NUL bytes where the old ones were."""
-    assert LOGROTATE_TOOL is not None
+def test_logrotate_file_renames_creates_and_signals_the_service() -> None:
     config = LOGROTATE.read_text(encoding="utf-8")
-    assert f"su {SERVICE_USER} {SERVICE_USER}" in config and "copytruncate" in config
+    directives = [line.strip() for line in config.splitlines() if line.strip() and not line.startswith("#")]
+    assert f"create 0640 {SERVICE_USER} {SERVICE_USER}" in directives and "copytruncate" not in directives
+    start, end = directives.index("postrotate"), directives.index("endscript")
+    assert directives[start + 1:end] == [
+        "systemctl kill --kill-whom=main --signal=HUP mqtt-federation.service >/dev/null 2>&1 || true"]
+
+
+def copytruncate_variant(config: str) -> str:
+    """The shipped file with its documented alternative: `copytruncate` instead of create + postrotate."""
+    lines = config.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.strip().startswith("create "))
+    end = next(index for index, line in enumerate(lines) if line.strip() == "endscript")
+    return "\n".join([*lines[:start], "    copytruncate", *lines[end + 1:]]) + "\n"
+
+
+@pytest.mark.skipif(LOGROTATE_TOOL is None, reason="needs logrotate: apt-get install logrotate (install-deps.sh)")
+def test_logrotate_copytruncate_alternative_keeps_the_live_event_log_whole(tmp_path: Path) -> None:
+    """The documented alternative to SIGHUP: rotation while the wrapper's EventLog holds the file open; old lines
+    in events.jsonl.1, new lines at the start of the cut file (O_APPEND), no hole of NUL bytes."""
+    assert LOGROTATE_TOOL is not None
+    config = copytruncate_variant(LOGROTATE.read_text(encoding="utf-8"))
+    assert f"su {SERVICE_USER} {SERVICE_USER}" in config and "\n    copytruncate\n" in config
+    assert "\n    postrotate" not in config
     log_path = Path(installed_under(tmp_path, f"{LOG_DIR}/events.jsonl"))
     # Rotate as whoever runs the test: the service user does not exist here.
     config = config.replace(f"{LOG_DIR}/", f"{log_path.parent}/").replace(

@@ -16,7 +16,6 @@ from typing import Any
 
 import msgpack
 import pytest
-from runtime_util import started_wrapper
 
 from federation.daemon.backpressure import is_qos0_publication, qos0_publications
 from federation.daemon.broker_items import LogLine, Publication
@@ -28,6 +27,7 @@ from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import DecodeError, Sender, TopicBatch
 
 from node_harness import Harness
+from runtime_util import started_wrapper
 
 ORIGIN = Address("127.0.0.10", 10500)
 SENDER = Sender(BrokerId(12345, Address("127.0.0.11", 10501)), 4)

@@ -7,8 +7,6 @@ its own asyncio loop and record the calls its started wrapper's node receives.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import os
 import socket
@@ -43,6 +41,7 @@ from broker_util import (
     wait_for,
 )
 from mqtt_bytes import acknowledgements
+from runtime_util import RuntimeThread, runtime_config
 
 pytestmark = requires_mosquitto
 
@@ -303,49 +302,6 @@ class RecordingRuntime(Runtime):
 
         node.local_publish = local_publish  # type: ignore[method-assign]
         return wrapper
-
-
-class RuntimeThread:
-    """A Runtime on its own loop in a daemon thread; `wrapper` is what it started, `stop()` shuts it down cleanly
-    and returns its status."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.result: list[int | BaseException] = []
-        self.thread = threading.Thread(target=self._main, daemon=True)
-        self.thread.start()
-        wait_for(lambda: self.result or (runtime.running is not None and runtime.running.node.started_at is not None),
-                 timeout=10, message="the runtime to start")
-        if self.result:
-            raise AssertionError(f"runtime failed to start: {self.result[0]!r}")
-        assert runtime.running is not None
-        self.wrapper: Running = runtime.running
-
-    def _main(self) -> None:
-        try:
-            self.result.append(asyncio.run(self.runtime.run(handle_signals=False)))
-        except BaseException as error:  # noqa: BLE001 - reported by the test thread
-            self.result.append(error)
-
-    def stop(self) -> int | BaseException:
-        self.runtime.request_stop()
-        self.thread.join(10)
-        assert not self.thread.is_alive(), "runtime did not stop"
-        return self.result[0]
-
-
-def udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def runtime_config(broker_port: int, **changes: Any) -> DaemonConfig:
-    port = udp_port()
-    config = DaemonConfig(bind=Address("127.0.0.1", port), announced=Address("127.0.0.1", port), neighbours=(),
-                          broker=Address("127.0.0.1", broker_port), client_id=f"federation-wrapper-127.0.0.1-{port}")
-    return dataclasses.replace(config, **changes)
 
 
 def test_runtime_feeds_the_node(broker: Broker, processes: Processes, tmp_path: Path) -> None:
