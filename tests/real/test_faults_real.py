@@ -78,6 +78,12 @@ FLAKY: dict[tuple[str, str], pytest.MarkDecorator] = {
     # Passes in some runs today and fails in others: a strict mark would fail the first, no mark the second.
     ("federation-line", "kill-publisher-wrapper"): pytest.mark.xfail(
         strict=False, reason="issue 19: in some runs (one stream or both) " + REASONS["restart"]),
+    ("federation-line", "kill-subscriber-broker"): pytest.mark.xfail(
+        strict=False, reason="in some runs the v5 mosquitto_sub of the QoS 2 stream stops with 'A network protocol "
+                             "error occurred' when the publications held for it since its broker restarted are "
+                             "released at once, and again at each reconnection (the wrapper's injections were "
+                             "acknowledged; a v5 QoS 2 mosquitto_sub does so on one Mosquitto 2.0.11 without any "
+                             "federation in 1 of 3 bursts of 2,000)"),
     ("federation-ring", "kill-middle-broker"): pytest.mark.xfail(
         strict=False, reason="issue 19: in most runs a few publications arrive after a later one ("
                              + REASONS["order"] + ")"),
