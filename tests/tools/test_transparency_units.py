@@ -283,16 +283,17 @@ def test_status_numbers_flatten_and_their_changes_read_as_deltas() -> None:
 
 def test_events_are_counted_for_the_case_topics_without_probes() -> None:
     events = [
-        {"t": 10.0, "type": "publication_originated", "topic": "tp/x/t", "retain": True},
-        {"t": 10.1, "type": "publication_originated", "topic": "tp/x/tp-probe"},
+        {"t": 10.0, "type": "publication_originated", "topic": "tp/x/t", "retain": True, "filters": []},
+        {"t": 10.1, "type": "publication_originated", "topic": "tp/x/tp-probe", "filters": ["tp/x/#"]},
+        {"t": 10.1, "type": "publication_originated", "topic": "tp/x/t", "filters": ["tp/x/#"]},
         {"t": 10.2, "type": "publication_dropped", "topic": "tp/x/t", "reason": "too_large"},
         {"t": 10.3, "type": "subscription_added", "filter": "$share/g/tp/x/#", "federated": False},
         {"t": 10.4, "type": "publication_delivered", "topic": "tp/xy/t"},
         {"t": 99.0, "type": "publication_delivered", "topic": "tp/x/t"},
     ]
-    assert concerns(events[3], "tp/x") and not concerns(events[4], "tp/x") and not concerns(events[1], "tp/x")
+    assert concerns(events[4], "tp/x") and not concerns(events[5], "tp/x") and not concerns(events[1], "tp/x")
     assert event_summary(events, "tp/x", 9.0, 11.0) == \
-        "originated retained 1, originated 1, dropped too_large 1, subscription_added (not federated) 1"
+        "originated retained (no filter) 1, originated 1, dropped too_large 1, subscription_added (not federated) 1"
 
 
 def test_setups_map_sites_to_brokers(tmp_path: Any) -> None:

@@ -247,7 +247,9 @@ def concerns(event: Mapping[str, Any], prefix: str) -> bool:
 
 
 def event_summary(found: list[dict[str, Any]], prefix: str, started: float, ended: float) -> str:
-    """`originated 3 (1 retained), delivered 3, dropped too_large 2, subscription_added 2 (1 not federated)`."""
+    """`originated 3, originated retained (no filter) 1, delivered 3, dropped too_large 2`: the events about the
+    case's topics within [started, ended], counted by kind; an originated publication says whether it was
+    retained and whether no federated filter matched it (then it went nowhere)."""
     counts: dict[str, int] = {}
     for event in found:
         if not started <= float(event.get("t", 0.0)) <= ended or not concerns(event, prefix):
@@ -255,8 +257,8 @@ def event_summary(found: list[dict[str, Any]], prefix: str, started: float, ende
         kind = str(event.get("type", "")).removeprefix("publication_")
         if kind == "dropped":
             kind = f"dropped {event.get('reason')}"
-        elif kind == "originated" and event.get("retain"):
-            counts["originated retained"] = counts.get("originated retained", 0) + 1
+        elif kind == "originated":
+            kind += (" retained" if event.get("retain") else "") + (" (no filter)" if not event.get("filters") else "")
         elif kind in ("subscription_added", "subscription_removed") and not event.get("federated", True):
             kind += " (not federated)"
         counts[kind] = counts.get(kind, 0) + 1
