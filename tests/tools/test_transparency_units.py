@@ -246,6 +246,7 @@ def suite_result() -> SuiteResult:
     reference = recording("one-broker", {"s": [message("s", "1")]})
     federation = recording("federation", {})
     federation.explanation = ["a: originated 1", "c: nothing about these topics"]
+    federation.ready_after = [0.5, 0.1, 0.2]
     cases = judge([SCENARIO], {"one-broker": {"x": reference}, "federation": {"x": federation},
                                "bridge-chain": {"x": recording("bridge-chain", {"s": [message("s", "1")]})}})
     return SuiteResult({"one-broker": "one", "federation": "fed", "bridge-chain": "chain"}, cases, 0.0, 60.0)
@@ -260,6 +261,8 @@ def test_the_matrix_has_a_column_per_setup_and_a_row_per_case() -> None:
     assert markdown.splitlines()[0] == "| case | what the clients do | one broker | federation | bridge chain |"
     text = report.full_text(result)
     assert "## x on the federation: missing 1" in text and "  a: originated 1" in text
+    assert "- federation: fed; 3 subscriptions reached from every site after 0.20 s (median), 0.50 s at most" in text
+    assert "- one broker: one\n" in text
     assert "x on the bridge chain" not in text  # the same and without notes: nothing to say
 
 

@@ -53,7 +53,15 @@ def markdown_table(result: SuiteResult) -> str:
 
 
 def setups_text(result: SuiteResult) -> str:
-    return "\n".join(f"- {SHORT_NAMES.get(name, name)}: {description}" for name, description in result.setups.items())
+    """One line per setup: what it is, and how long its new subscriptions took to be reached from every site."""
+    lines = []
+    for name, description in result.setups.items():
+        waits = sorted(wait for case in result.cases if name in case.recordings
+                       for wait in case.recordings[name].ready_after)
+        timing = f"; {len(waits)} subscriptions reached from every site after {waits[len(waits) // 2]:.2f} s " \
+                 f"(median), {waits[-1]:.2f} s at most" if waits else ""
+        lines.append(f"- {SHORT_NAMES.get(name, name)}: {description}{timing}")
+    return "\n".join(lines)
 
 
 def differences(result: SuiteResult, setups: list[str] | None = None) -> str:

@@ -112,6 +112,8 @@ class Recording:
     ended: float = 0.0
     explanation: list[str] = field(default_factory=list)
     """what the forwarding processes said about the case (a federation's wrappers), for people"""
+    ready_after: list[float] = field(default_factory=list)
+    """seconds each subscription made ready took until its probes from every site had arrived"""
     published: dict[str, float] = field(default_factory=dict)
     """payload digest -> when it was published, seconds since the scenario started (for expiry intervals)"""
     probes: dict[str, int] = field(default_factory=dict)
@@ -125,6 +127,7 @@ class Recording:
         return {"scenario": self.scenario, "setup": self.setup, "error": self.error, "started": self.started,
                 "ended": self.ended, "notes": self.notes, "settle_counts": self.settle_counts,
                 "explanation": self.explanation, "probes": self.probes, "published": self.published,
+                "ready_after": self.ready_after,
                 "messages": {name: [item.to_json() for item in items] for name, items in self.messages.items()},
                 "controls": {name: [item.to_json() for item in items] for name, items in self.controls.items()}}
 
@@ -136,8 +139,8 @@ class Recording:
                          {name: [Control.from_json(item) for item in items]
                           for name, items in document["controls"].items()},
                          document["settle_counts"], document["notes"], document["error"], document["started"],
-                         document["ended"], document.get("explanation", []), document.get("published", {}),
-                         document.get("probes", {}))
+                         document["ended"], document.get("explanation", []), document.get("ready_after", []),
+                         document.get("published", {}), document.get("probes", {}))
 
 
 class ScenarioRunner:
@@ -238,10 +241,12 @@ class _Run:
         topic = probe_topic(topic_filter)
         client.forget_probes()
         sites = self.runner.setup.probe_sites
-        deadline = time.monotonic() + timing.probe_timeout
+        began = time.monotonic()
+        deadline = began + timing.probe_timeout
         while True:
             missing = [site for site in sites if site not in client.probe_sites()]
             if not missing:
+                self.recording.ready_after.append(round(time.monotonic() - began, 3))
                 return
             if time.monotonic() >= deadline or not client.online:
                 self.recording.notes.append(
