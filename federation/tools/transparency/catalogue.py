@@ -75,6 +75,17 @@ def _after_c_left(name: str, title: str, second: Payload) -> Scenario:
         Connect("late_c", "c"), Subscribe("late_c", "{p}/r")))
 
 
+def _retain_options(client: str, site: str) -> tuple[Action, ...]:
+    """`client` connects at `site` and subscribes with every retain handling and retain-as-published, each
+    subscription with its own identifier (retain handling 1 twice: the second finds the subscription)."""
+    return (Connect(client, site),
+            Subscribe(client, "{p}/x/+", retain_handling=0, identifier=1),
+            Subscribe(client, "{p}/x/#", retain_handling=1, identifier=2),
+            Subscribe(client, "{p}/x/#", retain_handling=1, identifier=2),
+            Subscribe(client, "{p}/+/1", retain_handling=2, identifier=3),
+            Subscribe(client, "{p}/#", retain_as_published=True, retain_handling=2, identifier=4))
+
+
 def _retained_cases() -> list[Scenario]:
     return [
         Scenario("retained-before-subscribe",
@@ -105,16 +116,16 @@ def _retained_cases() -> list[Scenario]:
                      Settle(), Wait(RETAINED_WAIT),
                      Connect("late_a", "a"), Subscribe("late_a", "{p}/+"),
                      Connect("late_c", "c"), Subscribe("late_c", "{p}/+"))),
+        Scenario("retain-handling-elsewhere",
+                 "retain handling 0/1/2 and retain-as-published on c, whose broker had no subscriber", (
+                     Connect("p", "a"), Publish("p", "{p}/x/1", text("r1"), qos=1, retain=True), Settle(),
+                     *_retain_options("s", "c"),
+                     Settle(), Publish("p", "{p}/x/1", text("r2"), qos=1, retain=True))),
         Scenario("retain-handling",
                  "retain handling 0/1/2 and retain-as-published on c, which has a subscriber throughout", (
                      Connect("watch_c", "c"), Subscribe("watch_c", "{p}/#", qos=0),
                      Connect("p", "a"), Publish("p", "{p}/x/1", text("r1"), qos=1, retain=True), Settle(),
-                     Connect("s", "c"),
-                     Subscribe("s", "{p}/x/+", retain_handling=0, identifier=1),
-                     Subscribe("s", "{p}/x/#", retain_handling=1, identifier=2),
-                     Subscribe("s", "{p}/x/#", retain_handling=1, identifier=2),
-                     Subscribe("s", "{p}/+/1", retain_handling=2, identifier=3),
-                     Subscribe("s", "{p}/#", retain_as_published=True, retain_handling=2, identifier=4),
+                     *_retain_options("s", "c"),
                      Settle(), Publish("p", "{p}/x/1", text("r2"), qos=1, retain=True))),
     ]
 
@@ -127,6 +138,13 @@ def _shared_cases() -> list[Scenario]:
                      Connect("m_b", "b"), Subscribe("m_b", "$share/g/{p}/t"),
                      Connect("m_c", "c"), Subscribe("m_c", "$share/g/{p}/t"),
                      Connect("p", "a"), *publications),
+                 groups={"group_g": ("m_b", "m_c")}),
+        Scenario("shared-member-leaves",
+                 "$share/g: members on b and c; b's member leaves, c's takes every publication", (
+                     Connect("m_b", "b"), Subscribe("m_b", "$share/g/{p}/t"),
+                     Connect("m_c", "c"), Subscribe("m_c", "$share/g/{p}/t"),
+                     Connect("p", "a"), *publications[:3], Settle(), Disconnect("m_b"), Wait(LEAVE_WAIT),
+                     *publications[3:]),
                  groups={"group_g": ("m_b", "m_c")}),
         Scenario("shared-every-broker",
                  "$share/g with members on a, b, c and $share/h on b, c: once per group", (

@@ -31,6 +31,7 @@ expiry, so no session outlives its case.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -256,7 +257,12 @@ class _Run:
             for site in missing:
                 self.runner.probes[site].probe(topic, client.name)
                 self.recording.probes[site] = self.recording.probes.get(site, 0) + 1
-            threading.Event().wait(timing.probe_interval)  # the probes' pace; the loop ends on arrival or deadline
+
+            def arrived(sent: frozenset[str] = frozenset(missing)) -> bool:
+                return sent <= client.probe_sites()
+
+            with contextlib.suppress(LaunchError):  # not all arrived within the interval: probe those again
+                poll(arrived, timing.probe_interval, "probes", interval=0.005)
 
     # ------------------------------------------------------------ settling
 
