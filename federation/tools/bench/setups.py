@@ -74,17 +74,23 @@ class SetupSpec:
 
 def bridge_lines(index: int, target_host: str, port: int = BROKER_PORT, *, topic: str = BRIDGE_TOPIC, qos: int = 1,
                  clean_session: bool = True, label: str = "bench",
-                 restart_timeout: str = str(BRIDGE_RESTART_TIMEOUT)) -> list[str]:
+                 restart_timeout: str = str(BRIDGE_RESTART_TIMEOUT), direction: str = "out",
+                 protocol: str | None = None) -> list[str]:
     """The mosquitto.conf bridge section that forwards every message on `topic` from broker `index` to the next
-    (QoS kept up to `qos`). `clean_session=False` makes the brokers keep the bridge's session and queue for it
-    while it is down. `restart_timeout`: Mosquitto's value, seconds or "base cap" (2.0.11 backs off even with
-    a single value: 5 s, then 8 s, ... between attempts)."""
+    (QoS kept up to `qos`; `direction` "both" forwards the next broker's messages back too). `clean_session=False`
+    makes the brokers keep the bridge's session and queue for it while it is down. `restart_timeout`:
+    Mosquitto's value, seconds or "base cap" (2.0.11 backs off even with a single value: 5 s, then 8 s, ...
+    between attempts). `protocol`: `bridge_protocol_version` (None: Mosquitto's default, mqttv311, which
+    carries no MQTT 5 properties)."""
+    if direction not in ("out", "in", "both"):
+        raise ValueError(f"bridge direction {direction!r}: out, in or both")
     return [
         "",
         f"# {label}: bridge to the next broker of the line",
         f"connection {label}-bridge-{index}",
         f"address {target_host}:{port}",
-        f"topic {topic} out {qos}",
+        f"topic {topic} {direction} {qos}",
+        *([f"bridge_protocol_version {protocol}"] if protocol is not None else []),
         f"cleansession {'true' if clean_session else 'false'}",
         f"restart_timeout {restart_timeout}",
         "notifications false",
