@@ -97,6 +97,8 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "subscriptions the broker holds beyond those the wrapper saw ($SYS/broker/subscriptions/count)"),
     ("mqttfed_over_delivery", "gauge", (),
      "1 while the wrapper delivers every publication to its broker because of unaccounted subscriptions"),
+    ("mqttfed_filters_widened", "counter", (),
+     "subscriptions whose log line the broker may have cut (999 bytes), federated as a superset filter"),
     ("mqttfed_injection_latency_seconds", "histogram", (),
      "QoS 1/2 publications from the wrapper handing them to its broker connection to the broker's PUBACK/PUBCOMP"),
     ("mqttfed_neighbours", "gauge", ("state",), "neighbours by state: up, down"),
@@ -225,7 +227,8 @@ def metric_families(snap: Snapshot) -> list[Metric]:
                       ("mqttfed_broker_sessions_lost", "broker_sessions_lost"),
                       ("mqttfed_broker_receive_maximum", "broker_receive_maximum"),
                       ("mqttfed_unaccounted_subscriptions", "unaccounted_subscriptions"),
-                      ("mqttfed_over_delivery", "over_delivery")):
+                      ("mqttfed_over_delivery", "over_delivery"),
+                      ("mqttfed_filters_widened", "filters_widened")):
         out.append(_single(name, snap[key]))
     events_counted = snap["events"]
     out.append(_by_label("mqttfed_core_changes", ("management", "topic"),

@@ -195,6 +195,7 @@ def metrics_snapshot(wrapper: WrapperParts, now: float) -> Snapshot:
         "broker_receive_maximum": broker.receive_maximum,
         "unaccounted_subscriptions": wrapper.broker_subscriptions.audit.unaccounted,
         "over_delivery": wrapper.broker_subscriptions.audit.over_delivery,
+        "filters_widened": log_counters.widened,
         "udp_send_errors": protocol.send_errors,
         "receive_backlog": len(wrapper.receive_backlog),
         "send_paused": protocol.writing_paused,

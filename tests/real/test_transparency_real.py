@@ -45,8 +45,6 @@ REASONS = {
               "per member broker instead of once per group",
     "large": "a publication above max_publication_bytes (256 KiB) is refused by the publisher's wrapper "
              "(publication_dropped too_large) after its broker acknowledged it",
-    "long-filter": "the broker's log cuts the subscribe line at 999 bytes; the wrapper counts it truncated "
-                   "(daemon.broker.log.truncated) and never federates the filter",
     "puback": "the wrapper's own `#` subscription is a matching subscriber on every broker, so a publisher whom "
               "nobody else hears gets Success instead of Mosquitto's No matching subscribers (16)",
 }
@@ -72,8 +70,6 @@ XFAIL: dict[str, pytest.MarkDecorator] = {
     "payload-256KiB-plus-1": issue20("large"),
     "payload-1MiB": issue20("large"),
     "payload-16MiB": issue20("large"),
-    "long-filter-1000": issue20("long-filter"),
-    "long-filter-60000": issue20("long-filter"),
 }
 
 
