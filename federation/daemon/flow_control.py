@@ -88,6 +88,8 @@ class FlowControl:
                 dropped = queue.push(injection, injection.qos)
                 if dropped is not None:
                     node.drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
+                    if dropped.qos:  # custody: the copy goes back to its sender, which sends it again
+                        node.injection_failed(dropped.publication, now)
                     if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
                         node.emit(events.PUBLICATION_DROPPED, now,
                                   pub=events.publication_text(dropped.publication), filter=None,
@@ -96,6 +98,9 @@ class FlowControl:
             handed = [] if broker.output_blocked else queue.take(max(0, room))
         if handed:
             broker.publish_all(handed)
+            for injection in handed:  # taken by paho (it resends QoS 1/2 across reconnections): custody may end
+                if injection.qos:
+                    node.injection_done(injection.publication, now)
         # QoS 1/2 copies are acknowledged to the previous hop on arrival: stop taking new ones before the
         # queue must drop them (it drops QoS 0 first, but a flood of QoS 1 alone would lose some).
         node.report_delivery_backlog(len(queue) >= INJECTION_BACKLOG_HIGH)

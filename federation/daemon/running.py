@@ -348,6 +348,9 @@ class Running:
         event log; and the broker's reading paused or resumed."""
         node = self.node
         paced_until = node.paced_until(now)  # first: a hold that ended makes the ready we owe upstream
+        broker = self.broker
+        self.flow.inject(node, broker, now)  # before the packets: an injection done may acknowledge a copy
+        node.custody_released()  # our QoS 1/2 publications delivered everywhere: no spool wired in yet to forget them
         packets = node.packets_to_send()
         if packets and self.protocol.writing_paused:
             packets = self.flow.shed(node, packets, now)
@@ -357,8 +360,6 @@ class Running:
         transport = self.transport
         for data, target in envelope.datagrams_to_send(now):
             transport.sendto(data, (target.host, target.port))
-        broker = self.broker
-        self.flow.inject(node, broker, now)
         self._apply_backpressure(node, broker, now, paced_until)
         emitted = node.events_emitted()
         dropped = envelope.events_emitted()
