@@ -306,6 +306,8 @@ class CoreElection(TopicTable):
         state.via.clear()
         if reason == "lost":
             state.lost_at = now
+        elif reason == "withdrawn":
+            state.withdrawn_at = now
         self._outbox.view_changed()
         self._outbox.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=None,
                           previous=id_text(previous), reason=reason)

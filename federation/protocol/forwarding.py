@@ -169,6 +169,8 @@ class PublicationRouting(TopicTable):
         """Send a publication on (`from_announced`: where it came from, None for a local one or one routed again)
         and say where it went. `pub_text` is its `publication_text`, when the caller has made it already."""
         if state.core is None:
+            if message.qos and state.withdrawn_at > state.lost_at:
+                return NOT_SENT  # its core withdrew (nobody subscribes): nothing to wait for
             return self._hold(state, message, from_announced, now)
         decision = self._decision(state, from_announced)
         if type(decision) is not Forward:
@@ -315,6 +317,15 @@ class PublicationRouting(TopicTable):
         self.held_bytes -= item.size
         if item.message.qos:
             self.held_reliable_count -= 1
+
+    def end_withdrawn(self, state: TopicState, now: float) -> None:
+        """The filter's core withdrew (nobody subscribes any more) while QoS 1/2 publications waited for it: they
+        end here, as a publication matching no filter does (custody ends; not a loss)."""
+        held, state.held_reliable = state.held_reliable, deque()
+        for item in held:
+            self._unhold(item)
+            self._unheld(item.message)
+        self._outbox.counters["held_ended_no_subscriber"] += len(held)
 
     def release_held(self, state: TopicState, now: float) -> None:
         """The topic can route again: its held publications go on, QoS 1/2 first, each in the order held."""

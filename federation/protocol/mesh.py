@@ -139,6 +139,8 @@ class MeshEngine(CoreElection, PublicationRouting):
             state.parents, state.member = parents, member
         if (state.held or state.held_reliable) and self._routable(state):
             self.release_held(state, now)
+        elif state.held_reliable and state.core is None and state.withdrawn_at > state.lost_at:
+            self.end_withdrawn(state, now)
         if state.core is None and not wants and not state.children and not state.held and not state.held_reliable \
                 and not state.pending and \
                 (state.withdrawn is None or now - state.heard_at > lifetime) and now - state.lost_at > lifetime:

@@ -139,6 +139,9 @@ class TopicState:
     """when the current core was adopted from its announcement (a claim of another core than before)"""
     claimed_at: float = float("-inf")
     """when we last claimed this filter (a placed core waits an announce interval for children)"""
+    withdrawn_at: float = float("-inf")
+    """when its core last withdrew (its mesh was empty: nobody subscribes); QoS 1/2 publications are held for
+    a filter whose core was lost after that, not for one withdrawn since"""
     lost_at: float = float("-inf")
     """when its core was last lost (unreachable or silent): the filter is kept an announcement lifetime,
     so publications matching it are held and reported (`no_core`), not silently unmatched"""
