@@ -203,7 +203,7 @@ def test_a_nearly_full_table_refuses_new_copies_and_loses_none() -> None:
     harness.run(harness.now + 40)
     publications = [injection.publication for _, injection in harness.delivered]
     assert len(publications) == 28 and len(set(publications)) == 28
-    assert middle.drops["unacked_evicted"] == 0 and harness.nodes[2].drops["unacked_evicted"] == 0
+    assert middle.drops["replay_evicted"] == 0 and harness.nodes[2].drops["replay_evicted"] == 0
     assert not middle.reliable.unacked and not harness.nodes[2].reliable.unacked
 
 
