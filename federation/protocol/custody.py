@@ -153,6 +153,10 @@ class Custody:
                 self._origin_open.pop(publication, None)
         return entry
 
+    def own_open(self, publication: PublicationId) -> bool:
+        """Is this publication of ours still in custody (not yet delivered everywhere)?"""
+        return publication in self._origin_open
+
     def take_released(self) -> list[PublicationId]:
         out, self.released = self.released, []
         return out

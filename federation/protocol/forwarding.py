@@ -49,6 +49,7 @@ for a mesh neighbour that is down (kept for it: it may come back); a QoS
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from enum import IntEnum
 
 from federation.protocol import events
@@ -280,7 +281,8 @@ class PublicationRouting(TopicTable):
                or self.held_bytes + size > settings.max_held_bytes) and self._drop_oldest_held(now):
             pass
         if message.qos:
-            state.held_reliable.append(HeldPublication(now + settings.reliable_hold, message, source, size))
+            state.held_reliable.append(HeldPublication(now + settings.reliable_hold, message, source, size,
+                                                       self._table.routes))
             self.held_reliable_count += 1
             self._held(message)
         else:
@@ -330,9 +332,15 @@ class PublicationRouting(TopicTable):
     def release_held(self, state: TopicState, now: float) -> None:
         """The topic can route again: its held publications go on, QoS 1/2 first, each in the order held."""
         reliable, state.held_reliable = state.held_reliable, deque()
+        routes = self._table.routes
         for item in reliable:
             self._unhold(item)
-            self.route(state, item.message, item.source, now)  # its copies tracked, or held again
+            message, source = item.message, item.source
+            if source is not None and item.routes is not routes and state.core is not None \
+                    and self._decision(state, source) is NO_ROUTE:
+                # Routes changed and the only way is back where it came from: it goes back (rule 7a).
+                message, source = replace(message, hops=message.hops + 1), None
+            self.route(state, message, source, now)  # its copies tracked, or held again
             self._unheld(item.message)
         held, state.held = state.held, deque()
         for item in held:

@@ -126,6 +126,8 @@ class Node:
         self.clients: dict[str, dict[str, int]] = {}
         self.filter_refs: Counter[str] = Counter()
         self.local_index = FilterIndex()
+        self.local_since: dict[str, float] = {}
+        """federated filter with local subscribers -> since when (-infinity: since before a restart, `restore`)"""
         self.mesh = MeshEngine(self.identity, self.table, self.neighbours, self.outbox, rng, self.filter_refs,
                                self.pacing.paced_until, delivery.track, self.reliable.mesh_neighbour_added,
                                self.custody.held, self.custody.unheld, delivery.give_back)
@@ -134,10 +136,12 @@ class Node:
                                  self._topic_announcements)
         """the database exchange with neighbours: sync when a link comes up, anti-entropy digests"""
         self.publications = Publications(self.identity, self.outbox, self.mesh, self.local_index.matching,
-                                         self.custody, Ordering(settings, self.outbox))
+                                         self.custody, Ordering(settings, self.outbox, self._interest_since,
+                                                                self.custody.held, self.custody.unheld))
         """our publications and the ones received: numbering, duplicate caches, order, local delivery"""
         delivery.bind(self.reliable, self.mesh, self.publications)
         self._restored_filters: list[str] = []
+        self._restored = False
         self.received_by_type: Counter[str] = Counter()
         self.received_bytes_by_type: Counter[str] = Counter()
         self.hello_seq = 0
@@ -269,6 +273,7 @@ class Node:
         if streams:
             self.publications.ordering.restore(dict(streams))
         self._restored_filters = sorted(set(filters))
+        self._restored = True
 
     def known_filters(self) -> list[str]:
         """The federated filters this node knows (a core, or one lost lately), for the embedder to save and give
@@ -371,6 +376,9 @@ class Node:
         self.emit(events.SUBSCRIPTION_ADDED, now, client=client, filter=filter_, federated=federated, qos=qos)
         self.filter_refs[federated] += 1
         if self.filter_refs[federated] == 1:
+            # A restored node's subscriptions, replayed as it starts, are the earlier life's (rule 7d).
+            restored = self._restored and now <= self.mesh.claim_allowed_at
+            self.local_since[federated] = float("-inf") if restored else now
             self.local_index.add(federated)
             self.mesh.on_local_change(federated)
         self._settle(now)
@@ -398,6 +406,7 @@ class Node:
         self.filter_refs[federated] -= 1
         if self.filter_refs[federated] <= 0:
             del self.filter_refs[federated]
+            self.local_since.pop(federated, None)
             self.local_index.discard(federated)
             self.mesh.on_local_change(federated)
 
@@ -600,6 +609,12 @@ class Node:
         if self.table.resolve_collisions(now):
             self.mesh.renumbered(now)
         self.table.elect_management_core(change, now)
+
+    def _interest_since(self, topic: str) -> float:
+        """Since when a local subscription matches `topic` (the oldest that does)."""
+        since = self.local_since
+        return min((since.get(filter_, float("inf")) for filter_ in self.local_index.matching(topic)),
+                   default=float("inf"))
 
     def _topic_announcements(self) -> list[TopicCore]:
         """What a neighbour that just came up must learn of the topic cores (for the database exchange).

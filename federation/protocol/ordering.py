@@ -30,9 +30,15 @@ goes on across the origin's restarts.
 A stream is followed from the first publication of it that a receiver would
 inject (a local subscription matches it): relays that inject nothing keep
 no state. A stream starts at the first publication seen (it is injected at
-once); one that arrives later with an earlier position is injected at once
-too (counted `order_late`): an earlier publication is never lost for being
-late. Every later publication of the stream passes through it, injected
+once), unless its first publication names a predecessor not seen: then it
+waits for that one, `reorder_start` if the local interest in its topic is
+recent (a new subscriber meets a stream mid-way: what came before was never
+meant for it) and `reorder_timeout` if it is older than that (an established
+subscriber meeting a stream it does not know yet: what came before is on
+its way); a node restored after a restart (`Node.restore`) counts as
+established. One that arrives later with an earlier position is injected at
+once too (counted `order_late`): an earlier publication is never lost for
+being late. Every later publication of the stream passes through it, injected
 here or not, so the chain of `prev` has no holes made by topics nobody here
 subscribed to.
 
@@ -49,6 +55,7 @@ publications).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from federation.protocol import events
@@ -73,15 +80,16 @@ class Waiting:
     position: Position
     prev: Position
     arrived_at: float
-    message: TopicMessage | None
-    """None: it is not injected here, its position only passes"""
+    message: TopicMessage
+    want: bool
+    """injected here when it passes (else its position only passes)"""
     size: int
 
 
 class Stream:
     """One reliable stream at a receiver: how far it has passed, and what waits for an earlier publication."""
 
-    __slots__ = ("last", "waiting", "deadline")
+    __slots__ = ("last", "waiting", "deadline", "start_wait")
 
     def __init__(self) -> None:
         self.last: Position | None = None
@@ -90,15 +98,25 @@ class Stream:
         """a heap by position"""
         self.deadline = INFINITY
         """when the gap before the earliest waiting publication is skipped (infinity when none waits)"""
+        self.start_wait = 0.0
+        """seconds the stream's first publications wait for an earlier one while it is starting"""
 
 
 class Ordering:
     """The receiver's streams: `offer` each QoS 1/2 publication taken, `expire` on the timer, `qos0_late` for
     QoS 0. What they release is returned in order, for the caller to inject."""
 
-    def __init__(self, settings: Settings, outbox: Outbox) -> None:
+    def __init__(self, settings: Settings, outbox: Outbox, interest_since: Callable[[str], float],
+                 waiting: Callable[[TopicMessage], None], passed: Callable[[TopicMessage], None]) -> None:
         self._settings = settings
         self._outbox = outbox
+        self._interest_since = interest_since
+        """when the node's local interest in a topic began (-infinity: established; `Node.local_subscribe`)"""
+        self._waiting = waiting
+        self._passed = passed
+        """custody's `held` and `unheld`: a publication waiting in a stream keeps its (publication, filter) from
+        being acknowledged until the stream passes it, so an origin that saw it released knows every receiver
+        passed it (the origin then leaves `prev` off the next one: federation.protocol.publications)"""
         self._generation = max(1, settings.max_streams // 2)
         self._newer: dict[StreamKey, Stream] = {}
         self._older: dict[StreamKey, Stream] = {}
@@ -161,8 +179,12 @@ class Ordering:
                 self._release(key, stream, released, now)
             return released
         # Its predecessor has not been passed here (or the stream is starting: it may be in flight).
+        if last is None and not stream.waiting:
+            established = now - self._interest_since(message.topic) >= settings.reorder_timeout
+            stream.start_wait = settings.reorder_timeout if established else settings.reorder_start
         size = len(message.payload) + len(message.topic) if want else 0
-        heapq.heappush(stream.waiting, (position, Waiting(position, prev, now, message if want else None, size)))
+        heapq.heappush(stream.waiting, (position, Waiting(position, prev, now, message, want, size)))
+        self._waiting(message)
         self.waiting += 1
         self.waiting_bytes += size
         if len(stream.waiting) == 1:
@@ -187,13 +209,14 @@ class Ordering:
             self.waiting -= 1
             self.waiting_bytes -= item.size
             if position <= last:  # passed meanwhile by a later one (an origin's replay): late, not lost
-                if item.message is not None:
+                if item.want:
                     self._outbox.counters["order_late"] += 1
                     released.append(item.message)
-                continue
-            last = position
-            if item.message is not None:
-                released.append(item.message)
+            else:
+                last = position
+                if item.want:
+                    released.append(item.message)
+            self._passed(item.message)
         stream.last = last
         if changed:
             self._rearm(key, stream)
@@ -204,8 +227,7 @@ class Ordering:
         if not stream.waiting:
             stream.deadline = INFINITY
             return
-        settings = self._settings
-        wait = settings.reorder_start if stream.last is None else settings.reorder_timeout
+        wait = stream.start_wait if stream.last is None else self._settings.reorder_timeout
         deadline = min(item.arrived_at for _, item in stream.waiting) + wait
         if deadline != stream.deadline:
             stream.deadline = deadline
@@ -225,8 +247,9 @@ class Ordering:
             outbox.emit(events.ORDER_GAP_SKIPPED, now, pub=publication_text((origin, *position)), filter=filter_,
                         reason=reason, seconds=round(now - item.arrived_at, 6))
         stream.last = position
-        if item.message is not None:
+        if item.want:
             released.append(item.message)
+        self._passed(item.message)
         self._release(key, stream, released, now)
         self._rearm(key, stream)
 

@@ -16,8 +16,10 @@ node where it went (`forwarding.Routed`), which the node needs for pacing.
 
 Injections go out in order (federation.protocol.ordering): our QoS 1/2
 publications carry `prev`, the one sent before on the same filter
-(`last_sent`), and a receiver injects a QoS 1/2 publication only once its
-stream has passed that one; a QoS 0 publication older than the last one
+(`last_sent`) while custody still holds it (once it is released, every
+receiver has passed it, so there is nothing to wait for: `prev` is left
+off), and a receiver injects a QoS 1/2 publication only once its stream
+has passed that one; a QoS 0 publication older than the last one
 injected from its stream is dropped. QoS 1/2 publications are in custody
 (federation.protocol.custody) from the moment they are taken: ours from
 `local_publish` (the node's spool upstream, released when every filter's
@@ -158,7 +160,8 @@ class Publications:
             if qos:
                 last = self.last_sent.get(filter_)
                 if last is None or last < (epoch, seq):
-                    prev = last
+                    if last is not None and custody.own_open((address, *last)):
+                        prev = last  # still on its way somewhere: receivers wait for it
                     self.last_sent[filter_] = (epoch, seq)
             messages.append(TopicMessage(filter_, address, epoch, seq, MODE_TOWARD_CORE, 0, topic, payload, qos,
                                          retain, properties, prev))

@@ -58,11 +58,14 @@ INFINITY = float("inf")
 @dataclass(slots=True)
 class HeldPublication:
     deadline: float
-    """QoS 0: when it is dropped (`publication_hold`); QoS 1/2: infinity"""
+    """when it is dropped (`publication_hold` for QoS 0, `reliable_hold` for QoS 1/2)"""
     message: TopicMessage
     source: Address | None
     """the neighbour (announced address) it came from, which routing excludes; None: ours, or routed again"""
     size: int
+    routes: object = None
+    """the routes it was held with: once they changed, a QoS 1/2 one whose only way is back to `source` goes
+    back there (the source may have become a mesh member, or found another way)"""
 
 
 # ---------------------------------------------------------------- the forwarding decision and its cache

@@ -23,11 +23,16 @@ from node_harness import Harness, address
 ORIGIN = Address("10.0.0.9", 10500)
 
 
-def ordering(**settings: float) -> tuple[Ordering, Outbox]:
+def ordering(since: float = 0.0, **settings: float) -> tuple[Ordering, Outbox]:
+    """The part alone; the local interest in every topic began at `since`."""
     chosen = Settings(**settings)  # type: ignore[arg-type]
     identity = Identity(Address("10.0.0.1", 10500), 1, 1, chosen, None)
     outbox = Outbox(identity, NeighbourTable([], 8), True)
-    return Ordering(chosen, outbox), outbox
+    return Ordering(chosen, outbox, lambda topic: since, WAITING.append, lambda message: WAITING.remove(message)), outbox
+
+
+WAITING: list[TopicMessage] = []
+"""what the part told custody is waiting in a stream (and not passed yet)"""
 
 
 def tm(seq: int, prev: int | None, epoch: int = 1, filter_: str = "a/#", prev_epoch: int | None = None) -> TopicMessage:
@@ -40,13 +45,15 @@ def seqs(released: list[TopicMessage]) -> list[int]:
 
 
 def test_a_publication_waits_for_its_predecessor_and_is_released_with_it() -> None:
+    WAITING.clear()
     order, _ = ordering()
     assert seqs(order.offer(tm(1, None), True, 0.0)) == [1]
     assert seqs(order.offer(tm(3, 2), True, 0.1)) == []
     assert seqs(order.offer(tm(4, 3), True, 0.2)) == []
     assert order.waiting == 2 and order.next_deadline() == 10.1
+    assert seqs(WAITING) == [3, 4]  # custody keeps them unacknowledged meanwhile
     assert seqs(order.offer(tm(2, 1), True, 0.3)) == [2, 3, 4]
-    assert order.waiting == 0 and order.next_deadline() is None
+    assert order.waiting == 0 and order.next_deadline() is None and WAITING == []
 
 
 def test_publications_not_injected_here_still_pass_their_position() -> None:
@@ -102,6 +109,16 @@ def test_a_stream_met_mid_way_waits_briefly_for_what_was_in_flight() -> None:
     assert outbox.take_events() == []
     order, _ = ordering(reorder_start=0.0)
     assert seqs(order.offer(tm(5, 4), True, 0.0)) == [5]
+
+
+def test_an_established_subscriber_waits_for_the_start_of_a_stream_as_for_any_gap() -> None:
+    """Subscribed long ago (or restored after a restart): a stream it has not seen yet began after it
+    subscribed, so what came first is on its way; it waits `reorder_timeout` for it, not `reorder_start`."""
+    order, outbox = ordering(since=float("-inf"), reorder_start=1.0, reorder_timeout=10.0)
+    assert order.offer(tm(2, 1), True, 100.0) == []
+    assert order.next_deadline() == 110.0
+    assert seqs(order.offer(tm(1, None), True, 104.0)) == [1, 2]
+    assert outbox.counters["order_started_midway"] == 0 and outbox.counters["order_late"] == 0
 
 
 def test_an_origin_that_restarted_goes_on_across_its_epochs() -> None:
