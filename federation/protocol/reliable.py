@@ -337,16 +337,23 @@ class ReliableForwarding:
         if transport is None:
             return
         horizon = now - self.replay_window
-        replayed = 0
-        for (_, message_filter), (message, handled_at, source) in list(self.recent.items()):
-            if message_filter != filter_ or handled_at < horizon or source == transport:
-                continue
-            copy = replace(message, mode=MODE_IN_MESH, hops=message.hops + 1)
+        replay = [message for (_, message_filter), (message, handled_at, source) in self.recent.items()
+                  if message_filter == filter_ and handled_at >= horizon and source != transport]
+        replay.sort(key=lambda message: (message.origin, message.epoch, message.seq))  # each origin's in order
+        before: TopicMessage | None = None
+        for message in replay:
+            prev = message.prev
+            if before is not None and before.origin == message.origin:
+                # Chained to the one replayed before it: the new neighbour may not have been meant to get
+                # that one (it joined later), but it gets both, and must inject them in order (rule 7d).
+                position = (before.epoch, before.seq)
+                prev = position if prev is None or prev < position else prev
+            copy = replace(message, mode=MODE_IN_MESH, hops=message.hops + 1, prev=prev)
+            before = message
             self._track(copy, [transport])
             self._outbox.send(wire.TOPIC_MESSAGE, copy, [transport])
-            replayed += 1
-        if replayed:
-            self._outbox.counters["replayed_to_new_mesh_neighbours"] += replayed
+        if replay:
+            self._outbox.counters["replayed_to_new_mesh_neighbours"] += len(replay)
 
     def status(self) -> dict[str, int]:
         return {"unacked": len(self.unacked), "orphans": len(self.orphans), "limit": self.settings.max_unacked,
