@@ -4,14 +4,18 @@ Inputs: protocol packets (`receive_packet`; the envelope, federation.envelope,
 makes and opens the datagrams that carry them), timer ticks (`handle_timer`),
 local client activity (`local_subscribe`, `local_unsubscribe`,
 `local_disconnect`) and local publications (`local_publish`,
-`local_publish_run`). Outputs are drained by the caller: `packets_to_send`,
-`injections_to_make`, `events_emitted`. Time is always passed in and
-randomness comes from the RNG given at construction, so a run replays
-exactly (the simulator relies on it). The embedder tells the node about its
-own queues through explicit methods (`report_delivery_backlog`,
-`on_receive_backlog`) and reads what it needs from read-only properties
-(`unacked_copies`, `receive_busy`, `paced_until`); it never writes the
-node's counters or flags.
+`local_publish_run`, with their earlier ids when the embedder replays its
+spool). Outputs are drained by the caller: `packets_to_send`,
+`injections_to_make`, `custody_released` (our QoS 1/2 publications
+delivered everywhere: the spool may forget them), `events_emitted`. Time is
+always passed in and randomness comes from the RNG given at construction,
+so a run replays exactly (the simulator relies on it). The embedder tells
+the node about its broker and its own queues through explicit methods
+(`injection_done`, `injection_failed`, `report_delivery_backlog`,
+`on_receive_backlog`, and `restore` after a restart) and reads what it
+needs from read-only properties and snapshots (`unacked_copies`,
+`held_publications`, `receive_busy`, `paced_until`, `stream_positions`,
+`known_filters`); it never writes the node's counters or flags.
 
 This module is the node's boundary and what no part owns: decoding and
 dispatching packets, neighbour liveness (hellos), local clients, counters
@@ -20,12 +24,15 @@ says what each is given): `table` keeps the federation table current
 (records, flooding, route computation, management core, id collisions);
 `sync` brings neighbours' copies up to date (sync when a link comes up,
 anti-entropy digests); `mesh` runs topic cores, meshes and the routing of
-publications; `reliable` retransmits QoS 1/2 copies; `publications` numbers,
-deduplicates and delivers publications; `pacing` paces QoS 0 between
+publications; `reliable` retransmits QoS 1/2 copies; `custody` holds each
+QoS 1/2 publication until what it owes is done; `publications` numbers,
+deduplicates, orders and delivers publications; `pacing` paces QoS 0 between
 neighbours. Only the node composes them and tells one what another's change
 means: a route change goes to the mesh and the database exchange
 (`_update_routes`), a new vid to the mesh, an acknowledgement to neighbour
-liveness, a publication forwarded to a neighbour pacing us to pacing. After
+liveness, a publication forwarded to a neighbour pacing us to pacing, and
+what QoS 1/2 work means across the parts to `delivery`
+(federation.protocol.delivery, the node's composition for custody). After
 every input, `_settle` runs what the input made due and reconciles the
 topics it affected.
 """
