@@ -28,7 +28,7 @@ def ordering(since: float = 0.0, **settings: float) -> tuple[Ordering, Outbox]:
     chosen = Settings(**settings)  # type: ignore[arg-type]
     identity = Identity(Address("10.0.0.1", 10500), 1, 1, chosen, None)
     outbox = Outbox(identity, NeighbourTable([], 8), True)
-    return Ordering(chosen, outbox, lambda topic: since, WAITING.append, lambda message: WAITING.remove(message)), outbox
+    return Ordering(chosen, outbox, lambda topic: since, WAITING.append, WAITING.remove), outbox
 
 
 WAITING: list[TopicMessage] = []
