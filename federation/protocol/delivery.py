@@ -57,14 +57,15 @@ class ReliableDelivery:
         reliable, mesh, publications = self._parts
         custody = self.custody
         entry = custody.get(message.publication, message.filter)
-        if entry is None and not publications.handled(message):
+        key = publications.seen_key(message)
+        if entry is None and key not in publications.seen:
             refusal = reliable.pressure()
             if refusal is not None:
                 self._outbox.drop(refusal)  # a new copy, unacknowledged: its sender sends it again
                 return NOT_SENT
             taken = custody.open(message, sender)
             reliable.remember(message, sender, now)
-            routed = publications.on_message(message, announced, now)  # obligations: copies, injection, hold
+            routed = publications.take(message, key, announced, now)  # obligations: copies, injection, hold
             custody.settle(taken)  # acknowledged now if it owes nothing
             return routed
         publications.duplicate(message, announced, now)

@@ -107,6 +107,10 @@ class Publications:
         """Has this (publication, filter) been handled here already?"""
         return seen_key(self.streams, message.origin, message.epoch, message.seq, message.filter) in self.seen
 
+    def seen_key(self, message: TopicMessage) -> int:
+        """The duplicate cache's key of a (publication, filter), for `handled_key` and `take`."""
+        return seen_key(self.streams, message.origin, message.epoch, message.seq, message.filter)
+
     # ------------------------------------------------------------ our publications
 
     def local_publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: dict[str, Any] | None,
@@ -120,6 +124,7 @@ class Publications:
         if is_system(topic):
             return None
         identity = self._identity
+        replayed = publication is not None
         if publication is None:
             identity.publication_seq += 1
             publication = (identity.address, identity.epoch, identity.publication_seq)
@@ -137,7 +142,7 @@ class Publications:
         if qos and (self.parked or (not filters and router.learning(now))):
             self.parked.append((publication, topic, payload, qos, retain, properties))
             return publication
-        self._send_own(publication, topic, payload, qos, retain, properties, filters, now, pub_text)
+        self._send_own(publication, topic, payload, qos, retain, properties, filters, now, pub_text, replayed)
         return publication
 
     def unpark(self, now: float) -> None:
@@ -145,24 +150,28 @@ class Publications:
         parked, self.parked = self.parked, []
         for publication, topic, payload, qos, retain, properties in parked:
             self._send_own(publication, topic, payload, qos, retain, properties, self._router.matching(topic), now,
-                           None)
+                           None, True)
 
     def _send_own(self, publication: PublicationId, topic: str, payload: bytes, qos: int, retain: bool,
-                  properties: dict[str, Any] | None, filters: list[str], now: float, pub_text: str | None) -> None:
-        """Our publication onto every filter that carries it; QoS 1/2 into custody."""
-        router, custody = self._router, self._custody
+                  properties: dict[str, Any] | None, filters: list[str], now: float, pub_text: str | None,
+                  replayed: bool) -> None:
+        """Our publication onto every filter that carries it; QoS 1/2 into custody. `replayed`: it may be in
+        custody already (an id given again, a parked one)."""
+        router, custody, last_sent = self._router, self._custody, self.last_sent
         address, epoch, seq = publication
+        position = (epoch, seq)
         messages = []
         for filter_ in router.publication_filters(filters):
-            if not self.seen.add(seen_key(self.streams, *publication, filter_)) or custody.get(publication, filter_):
+            if not self.seen.add(seen_key(self.streams, address, epoch, seq, filter_)) or \
+                    (replayed and qos and custody.get(publication, filter_)):
                 continue  # replayed, and still here from its first time
             prev = None
             if qos:
-                last = self.last_sent.get(filter_)
-                if last is None or last < (epoch, seq):
-                    if last is not None and custody.own_open((address, *last)):
+                last = last_sent.get(filter_)
+                if last is None or last < position:
+                    if last is not None and custody.own_open((address, last[0], last[1])):
                         prev = last  # still on its way somewhere: receivers wait for it
-                    self.last_sent[filter_] = (epoch, seq)
+                    last_sent[filter_] = position
             messages.append(TopicMessage(filter_, address, epoch, seq, MODE_TOWARD_CORE, 0, topic, payload, qos,
                                          retain, properties, prev))
         if not qos:
@@ -236,31 +245,38 @@ class Publications:
     # ------------------------------------------------------------ publications from neighbours
 
     def on_message(self, message: TopicMessage, from_announced: Address, now: float) -> Routed:
-        """A `tm` from a neighbour (announced address): handled once, delivered once and in order, routed on. A
-        QoS 1/2 one is in custody already (the node opened its entry): its injection joins the obligations."""
-        publication = message.publication
-        outbox = self._outbox
-        if not self.seen.add(seen_key(self.streams, *publication, message.filter)):
+        """A `tm` from a neighbour (announced address): handled once, delivered once and in order, routed on."""
+        if not self.seen.add(seen_key(self.streams, message.origin, message.epoch, message.seq, message.filter)):
             self.duplicate(message, from_announced, now)
             return NOT_SENT
+        return self._take(message, from_announced, now)
+
+    def take(self, message: TopicMessage, key: int, from_announced: Address, now: float) -> Routed:
+        """A QoS 1/2 `tm` the node found new (its `seen_key` is `key`) and took into custody (its entry is open):
+        as `on_message`, its injection joining the entry's obligations."""
+        self.seen.add(key)
+        return self._take(message, from_announced, now)
+
+    def _take(self, message: TopicMessage, from_announced: Address, now: float) -> Routed:
+        outbox = self._outbox
         if is_system(message.topic):
             self._drop_system_topic(message.topic, from_announced, now)
             return NOT_SENT
         pub_text = None
         if message.qos:
-            want = bool(self._local_matching(message.topic)) and \
-                injected_key(self.streams, *publication) not in self.injected
+            key = injected_key(self.streams, message.origin, message.epoch, message.seq)
+            want = key not in self.injected and bool(self._local_matching(message.topic))
             if want:
-                self._custody.expect_injection(publication, message.filter)
-            for released in self.ordering.offer(message, want, now):
-                text = self.inject(released, now)
+                self._custody.expect_injection(message.publication, message.filter)
+            for released in self.ordering.offer(message, want, now):  # this one and what waited for it
+                text = self.inject(released, now, key if released is message else None)
                 if released is message:
                     pub_text = text
         elif self._local_matching(message.topic):
-            key = injected_key(self.streams, *publication)
+            key = injected_key(self.streams, message.origin, message.epoch, message.seq)
             if key not in self.injected and not self.ordering.qos0_late(message.origin, message.filter,
                                                                         message.epoch, message.seq):
-                pub_text = self.inject(message, now)
+                pub_text = self.inject(message, now, key)
         if message.hops + 1 >= self._max_hops:
             outbox.drop("max_hops")
             return NOT_SENT
@@ -279,11 +295,13 @@ class Publications:
             outbox.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(message.publication),
                         filter=message.filter, source=str(from_announced))
 
-    def inject(self, message: TopicMessage, now: float) -> str | None:
+    def inject(self, message: TopicMessage, now: float, key: int | None = None) -> str | None:
         """Hand a publication to the local broker unless it was already (through another filter); returns its
-        `publication_text` when the event was made."""
+        `publication_text` when the event was made. `key`: its `injected_key`, when the caller has it."""
         publication = message.publication
-        if not self.injected.add(injected_key(self.streams, *publication)):
+        if key is None:
+            key = injected_key(self.streams, *publication)
+        if not self.injected.add(key):
             return None
         outbox = self._outbox
         outbox.injections.append(Injection(message.topic, message.payload, message.qos, message.retain,

@@ -139,21 +139,21 @@ class ReliableForwarding:
         """Remember copies of a QoS >= 1 `tm` sent now (by whoever sends them), until acknowledged; `owned`: they
         are obligations of the (publication, filter)'s custody entry."""
         publication = message.publication
-        unacked = self.unacked
+        unacked, fresh = self.unacked, self._fresh
         for transport in transports:
             key = (transport, publication, message.filter)
             entry = unacked.pop(key, None)
             if entry is None:
                 entry = Unacked(transport, message, owned)
+                if not owned:
+                    self.orphans[key] = None
             else:  # sent again by routing (a reroute, a replay): start over
                 entry.message, entry.retransmissions, entry.due, entry.reroute = message, 0, None, False
-                entry.owned = entry.owned or owned
+                if owned and not entry.owned:
+                    entry.owned = True
+                    self.orphans.pop(key, None)
             unacked[key] = entry
-            self._fresh.append(key)
-            if entry.owned:
-                self.orphans.pop(key, None)
-            else:
-                self.orphans[key] = None
+            fresh.append(key)
         if len(unacked) > self.settings.max_unacked:
             self._evict_orphans()
 
