@@ -90,7 +90,7 @@ def _encode(kind: str, *fields: Any) -> bytes:
 
 def _started(mid: int, injection: Injection) -> bytes:
     return _encode("i", mid, *_id_fields(injection.publication), injection.topic, injection.payload, injection.qos,
-                   injection.retain, injection.properties)
+                   injection.retain, injection.properties, injection.filter)
 
 
 class InjectionJournal:
@@ -105,7 +105,8 @@ class InjectionJournal:
         """mid -> entry, in the order they were started"""
         self._sizes: dict[int, int] = {}
         """mid -> bytes of its `i` record (for the compaction estimate)"""
-        self._completed: OrderedDict[PublicationId, None] = OrderedDict()
+        self._completed: OrderedDict[PublicationId, str | None] = OrderedDict()
+        """publication -> the filter whose stream released it, in the order the broker completed them"""
         self.undecodable = 0
         """records found at open that could not be read (counted, skipped)"""
         self.write_errors = 0
@@ -128,8 +129,9 @@ class InjectionJournal:
                 properties = fields[10]
                 if properties is not None and not isinstance(properties, dict):
                     raise ValueError("properties")
+                filter_ = fields[11] if len(fields) > 11 and isinstance(fields[11], str) else None
                 injection = Injection(str(fields[6]), bytes(fields[7]), int(fields[8]), bool(fields[9]), properties,
-                                      _publication(fields[2:6]))
+                                      _publication(fields[2:6]), filter_)
                 self._start(mid, injection, len(record))
             elif kind == "r":
                 self._release(int(fields[1]))
@@ -138,7 +140,8 @@ class InjectionJournal:
             elif kind == "a":
                 self._forget(int(fields[1]))
             elif kind == "k":
-                self._complete(_publication(fields[1:5]))
+                filter_ = fields[5] if len(fields) > 5 and isinstance(fields[5], str) else None
+                self._complete(_publication(fields[1:5]), filter_)
             else:
                 self.undecodable += 1
         except (ValueError, TypeError, IndexError, msgpack.UnpackException):
@@ -162,16 +165,16 @@ class InjectionJournal:
         entry = self._forget(mid)
         if entry is None:
             return False
-        self._complete(entry.injection.publication)
+        self._complete(entry.injection.publication, entry.injection.filter)
         return True
 
     def _forget(self, mid: int) -> JournalEntry | None:
         self._sizes.pop(mid, None)
         return self._in_flight.pop(mid, None)
 
-    def _complete(self, publication: PublicationId) -> None:
+    def _complete(self, publication: PublicationId, filter_: str | None) -> None:
         completed = self._completed
-        completed[publication] = None
+        completed[publication] = filter_
         completed.move_to_end(publication)
         while len(completed) > self.completed_window:
             completed.popitem(last=False)
@@ -185,6 +188,20 @@ class InjectionJournal:
     @property
     def has_completed(self) -> bool:
         return bool(self._completed)
+
+    def completed_ids(self) -> list[PublicationId]:
+        """The publications the broker completed (within the last `completed_window`), oldest first."""
+        return list(self._completed)
+
+    def stream_positions(self) -> dict[tuple[Address, str], tuple[int, int]]:
+        """(origin, filter) -> (epoch, seq) of the last publication of that stream the broker completed: where
+        a restarted node's order goes on (`Node.restore`). Injections of a stream are made, and completed, in
+        its order, so the last one completed is the stream's position."""
+        positions: dict[tuple[Address, str], tuple[int, int]] = {}
+        for (origin, epoch, seq), filter_ in self._completed.items():
+            if filter_ is not None:
+                positions[(origin, filter_)] = (epoch, seq)
+        return positions
 
     def is_completed(self, publication: PublicationId) -> bool:
         """The broker completed an injection of this publication (within the last `completed_window`)."""
@@ -248,7 +265,7 @@ class InjectionJournal:
 
     def compact(self) -> None:
         """Rewrite the file with the live records only (atomically)."""
-        records = [_encode("k", *_id_fields(publication)) for publication in self._completed]
+        records = [_encode("k", *_id_fields(publication), filter_) for publication, filter_ in self._completed.items()]
         for entry in self._in_flight.values():
             records.append(_started(entry.mid, entry.injection))
             if entry.released:

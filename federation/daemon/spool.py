@@ -33,6 +33,8 @@ import msgpack
 
 from federation.daemon.record_log import RecordLog
 
+SPOOL_FILE = "spool.log"
+"""the spool's file in the state directory"""
 COMPACT_RATIO = 4
 """compact when the file holds more than this many times the bytes of the live entries"""
 COMPACT_MIN_BYTES = 1024 * 1024
@@ -158,7 +160,7 @@ class Spool:
                 continue
             expires = entry.expires_at()
             if expires is not None and expires <= now_wall:
-                found.append((entry, "expired"))
+                found.append((entry, "spool_expired"))
         return found
 
     def _update_pause(self) -> None:

@@ -47,7 +47,7 @@ def test_age_and_message_expiry_are_due_to_drop(tmp_path: Path) -> None:
     spool.add([publication(1, received_at=1000.0), publication(2, received_at=1095.0, properties={
         "message_expiry_interval": 3}), publication(3, received_at=1099.0)])
     due = spool.due_to_drop(now_wall=1101.0)
-    assert [(entry.seq, reason) for entry, reason in due] == [(1, "spool_age"), (2, "expired")]
+    assert [(entry.seq, reason) for entry, reason in due] == [(1, "spool_age"), (2, "spool_expired")]
 
 
 def test_the_file_is_compacted_when_mostly_dead(tmp_path: Path) -> None:

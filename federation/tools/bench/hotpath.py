@@ -4,7 +4,8 @@ Theory of operation: a federated publication costs one wrapper (A) a paho
 receive, `Node.local_publish_run` (QoS 0: a burst as one run, sent as `tb`,
 as the runtime hands it over; QoS 1: `Node.local_publish` each) and the
 envelope's batching, and the next wrapper (B) the envelope's checks,
-`Node.receive_packet` and a paho publish; both write events to the
+`Node.receive_packet` (with `Node.injection_done` for QoS 1, whose
+acknowledgements wait for it) and a paho publish; both write events to the
 event log. The end-to-end benchmark
 (`python -m federation.tools.bench`) shows the sum, and a whole-process profile
 mixes in the event loop and the brokers. This command runs every stage in
@@ -175,6 +176,9 @@ class Pipeline:
         for packet, source in opened:
             b.receive_packet(packet, source, now)
         injections = b.injections_to_make()
+        if qos:  # custody: the acknowledgements leave once the broker has the publications (here: at once)
+            for injection in injections:
+                b.injection_done(injection.publication, now)
         acks = b.packets_to_send()
         events_b = b.events_emitted()
         timed["node_receive"] += clock() - start
@@ -198,6 +202,7 @@ class Pipeline:
                 a.receive_packet(packet, B, now)
         a.packets_to_send()
         a.events_emitted()
+        a.custody_released()
         self._ack_paho(injections)
         self.now += 0.001
 
