@@ -644,7 +644,7 @@ class BrokerAdapter:
             self._system_message(topic, bytes(message.payload), message.qos, message.mid)
             return
         self._deliver(Publication(topic, bytes(message.payload), message.qos, bool(message.retain),
-                                  properties_to_dict(message.properties), message.mid))
+                                  properties_to_dict(message.properties), message.mid, bool(message.dup)))
 
     def _on_lean_publish(self, topic_bytes: bytes, payload: bytes, qos: int, retain: bool, mid: int) -> None:
         """`LeanClient`'s short path: a PUBLISH without properties, as `_on_message` would see it."""

@@ -103,6 +103,8 @@ class InjectionJournal:
         self.completed_window = completed_window
         self._in_flight: dict[int, JournalEntry] = {}
         """mid -> entry, in the order they were started"""
+        self._in_flight_ids: dict[PublicationId, int] = {}
+        """publication -> the mid of its injection in flight"""
         self._sizes: dict[int, int] = {}
         """mid -> bytes of its `i` record (for the compaction estimate)"""
         self._completed: OrderedDict[PublicationId, str | None] = OrderedDict()
@@ -150,8 +152,9 @@ class InjectionJournal:
     # ------------------------------------------------------------ the tables
 
     def _start(self, mid: int, injection: Injection, size: int) -> None:
-        self._in_flight.pop(mid, None)  # a packet id in use again: the old entry is over
+        self._forget(mid)  # a packet id in use again: the old entry is over
         self._in_flight[mid] = JournalEntry(mid, injection)
+        self._in_flight_ids[injection.publication] = mid
         self._sizes[mid] = size
 
     def _release(self, mid: int) -> bool:
@@ -170,7 +173,10 @@ class InjectionJournal:
 
     def _forget(self, mid: int) -> JournalEntry | None:
         self._sizes.pop(mid, None)
-        return self._in_flight.pop(mid, None)
+        entry = self._in_flight.pop(mid, None)
+        if entry is not None and self._in_flight_ids.get(entry.injection.publication) == mid:
+            del self._in_flight_ids[entry.injection.publication]
+        return entry
 
     def _complete(self, publication: PublicationId, filter_: str | None) -> None:
         completed = self._completed
@@ -194,14 +200,24 @@ class InjectionJournal:
         return list(self._completed)
 
     def stream_positions(self) -> dict[tuple[Address, str], tuple[int, int]]:
-        """(origin, filter) -> (epoch, seq) of the last publication of that stream the broker completed: where
-        a restarted node's order goes on (`Node.restore`). Injections of a stream are made, and completed, in
-        its order, so the last one completed is the stream's position."""
+        """(origin, filter) -> (epoch, seq) of the latest publication of that stream the broker completed or
+        has in flight (the journal sends those again itself): where a restarted node's order goes on
+        (`Node.restore`). A stream's publications are injected in its order, so the latest is its position."""
         positions: dict[tuple[Address, str], tuple[int, int]] = {}
-        for (origin, epoch, seq), filter_ in self._completed.items():
-            if filter_ is not None:
-                positions[(origin, filter_)] = (epoch, seq)
+        entries = [*self._completed.items(),
+                   *((entry.injection.publication, entry.injection.filter) for entry in self._in_flight.values())]
+        for (origin, epoch, seq), filter_ in entries:
+            if filter_ is None:
+                continue
+            key = (origin, filter_)
+            position = positions.get(key)
+            if position is None or (epoch, seq) > position:
+                positions[key] = (epoch, seq)
         return positions
+
+    def in_flight_publication(self, publication: PublicationId) -> bool:
+        """An injection of this publication is in flight (the journal sends it again; it is not made twice)."""
+        return publication in self._in_flight_ids
 
     def is_completed(self, publication: PublicationId) -> bool:
         """The broker completed an injection of this publication (within the last `completed_window`)."""

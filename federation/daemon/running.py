@@ -361,6 +361,8 @@ class Running:
                     qos = item.qos
                     if qos:
                         acks.append((item.mid, qos))
+                        if item.dup and spool is not None and spool.redelivery(item.mid, item.topic, item.payload):
+                            continue  # in custody since before a restart: acknowledged now, not originated twice
                     if len(item.payload) > limit:
                         self._refuse_publication(item, now)
                     elif not qos and not item.retain and item.properties is None:
@@ -374,7 +376,7 @@ class Running:
                         if qos and publication is not None and spool is not None:
                             spooled.append(SpooledPublication(publication[1], publication[2], item.topic,
                                                               item.payload, qos, item.retain, item.properties,
-                                                              time.time()))
+                                                              time.time(), item.mid))
                     continue
                 if run:  # kept in order with what follows
                     node.local_publish_run(run, now)
@@ -512,18 +514,24 @@ class Running:
                 self.event_log.write(emitted)
 
     def _admit(self, injections: list[Injection], now: float) -> list[Injection]:
-        """The node's injections that go to the broker: not those the journal says the broker completed (a copy
-        sent again by an upstream wrapper after we restarted), and not yet those held since it restarted."""
+        """The node's injections that go to the broker: not those the journal says the broker completed or has
+        in flight (a copy sent again by an upstream wrapper after we restarted), and not yet those held since it
+        restarted."""
         journal = self.journal
-        if journal is not None and journal.has_completed:
-            kept = [injection for injection in injections
-                    if not (injection.qos and journal.is_completed(injection.publication))]
-            if len(kept) != len(injections):
-                self.duplicates_suppressed += len(injections) - len(kept)
-                for injection in injections:  # the broker has these: the node's custody of them ends
-                    if injection.qos and journal.is_completed(injection.publication):
-                        self.node.injection_done(injection.publication, now)
-                injections = kept
+        if journal is not None and (journal.has_completed or journal.recovered):
+            kept: list[Injection] = []
+            node = self.node
+            for injection in injections:
+                if not injection.qos:
+                    kept.append(injection)
+                elif journal.is_completed(injection.publication):
+                    self.duplicates_suppressed += 1
+                    node.injection_done(injection.publication, now)  # the broker has it: custody ends
+                elif journal.in_flight_publication(injection.publication):
+                    self.duplicates_suppressed += 1  # the journal's own resend completes it (its outcome)
+                else:
+                    kept.append(injection)
+            injections = kept
         return self.broker_subscriptions.admit(injections, now)
 
     def _on_send_resumed(self) -> None:

@@ -51,15 +51,15 @@ STAGES = ("paho_receive", "node_originate", "envelope_send", "envelope_receive",
           "event_log")
 
 
-def publish_packet(topic: str, payload: bytes, qos: int, mid: int) -> bytes:
-    """An MQTT v5 PUBLISH as the broker sends it (no properties)."""
+def publish_packet(topic: str, payload: bytes, qos: int, mid: int, dup: bool = False) -> bytes:
+    """An MQTT v5 PUBLISH as the broker sends it (no properties; `dup`: sent again after a reconnection)."""
     topic_bytes = topic.encode("utf-8")
     body = len(topic_bytes).to_bytes(2, "big") + topic_bytes
     if qos:
         body += mid.to_bytes(2, "big")
     body += b"\x00" + payload
     length = len(body)
-    header = bytearray([0x30 | (qos << 1)])
+    header = bytearray([0x30 | (qos << 1) | (0x08 if dup else 0)])
     while True:
         byte, length = length & 0x7F, length >> 7
         header.append(byte | (0x80 if length else 0))
