@@ -25,7 +25,7 @@ from federation.protocol.publications import Publications
 from federation.protocol.reliable import ReliableForwarding
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, PublicationId
-from federation.protocol.wire import MODE_IN_MESH, MODE_TOWARD_CORE
+from federation.protocol.wire import MODE_IN_MESH, MODE_TO_MEMBER, MODE_TOWARD_CORE
 from federation.protocol.wire_types import TopicAck, TopicMessage
 
 
@@ -121,7 +121,13 @@ class ReliableDelivery:
         """Reliable forwarding hands back a copy in custody whose next hop is down (out of its table): keep it for
         a mesh neighbour that still is one (True), else route the publication again from here (new copies,
         or held) and settle that copy (False)."""
-        reliable, mesh, _ = self._parts
+        reliable, mesh, publications = self._parts
+        if message.mode == MODE_TO_MEMBER:  # toward a shared group's member broker: the next one, or here
+            publications.to_member(message, None, now)
+            if (transport, message.publication, message.filter) in reliable.unacked:
+                return True
+            self.custody.copy_done(transport, message.publication, message.filter)
+            return False
         neighbour = self._neighbours.get(transport)
         announced = neighbour.announced.address if neighbour is not None and neighbour.announced is not None else None
         if message.mode == MODE_IN_MESH and announced is not None and mesh.is_mesh_neighbour(message.filter, announced):
