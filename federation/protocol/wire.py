@@ -637,9 +637,12 @@ def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> 
 
 def packet_type(data: bytes) -> str | None:
     """The two-letter type of an encoded packet, cheaply (for counters and the simulator)."""
-    # fixarray marker, then a fixstr of length 2: bytes 2..3 are the type.
+    # fixarray marker (or array16's three bytes), then a fixstr of length 2: the type.
     if len(data) >= 4 and 0x90 <= data[0] <= 0x9F and data[1] == 0xA2:
         kind = data[2:4].decode("ascii", "replace")
+        return kind if kind in MESSAGE_TYPES else None
+    if len(data) >= 6 and data[0] == 0xDC and data[3] == 0xA2:  # array16: a mode 2 `tm` has 16 elements
+        kind = data[4:6].decode("ascii", "replace")
         return kind if kind in MESSAGE_TYPES else None
     return None
 
