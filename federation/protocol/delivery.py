@@ -18,7 +18,7 @@ they are given its methods, as they are given the node's.
 from __future__ import annotations
 
 from federation.protocol.context import NeighboursView, Outbox
-from federation.protocol.custody import Custody
+from federation.protocol.custody import Custody, Entry
 from federation.protocol.forwarding import NOT_SENT, Routed
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.publications import Publications
@@ -68,6 +68,9 @@ class ReliableDelivery:
             routed = publications.take(message, key, announced, now)  # obligations: copies, injection, hold
             custody.settle(taken)  # acknowledged now if it owes nothing
             return routed
+        if message.mode == MODE_TO_MEMBER and message.target == publications.address \
+                and (entry is None or entry.upstream != sender):
+            return self._failed_over_to_us(message, entry, sender, announced, now)
         publications.duplicate(message, announced, now)
         if entry is not None and entry.upstream == sender:
             self._outbox.counters["retransmissions_absorbed"] += 1  # acknowledged once our obligations are done
@@ -90,6 +93,27 @@ class ReliableDelivery:
             routed = mesh.route_again(message, now, exclude=announced)  # joins the entry we hold
         self._copy_arrived(sender, message)
         reliable.acknowledge(message, sender)
+        return routed
+
+    def _failed_over_to_us(self, message: TopicMessage, entry: Entry | None, sender: Address, announced: Address,
+                           now: float) -> Routed:
+        """A mode 2 copy we handled before (we relayed it toward another member broker) comes back with us as
+        its target: that broker failed over to us (rule 9). Not a duplicate: we serve the group now (or send
+        it on), the injection joining the entry we still hold, and the sender has it acknowledged at once."""
+        reliable, _, publications = self._parts
+        relay = entry
+        if relay is None:
+            refusal = reliable.pressure()
+            if refusal is not None:
+                self._outbox.drop(refusal)
+                return NOT_SENT
+            relay = self.custody.open(message, sender)
+        routed = publications.to_member(message, announced, now)
+        self._copy_arrived(sender, message)
+        if entry is None:
+            self.custody.settle(relay)
+        else:
+            reliable.acknowledge(message, sender)
         return routed
 
     def _copy_arrived(self, sender: Address, message: TopicMessage) -> None:

@@ -107,6 +107,11 @@ class Publications:
         self.parked: list[tuple[PublicationId, str, bytes, int, bool, dict[str, Any] | None]] = []
         """our QoS 1/2 publications waiting for the node to learn the filters (`local_publish`)"""
 
+    @property
+    def address(self) -> Address:
+        """Our own announced address."""
+        return self._identity.address
+
     def handled(self, message: TopicMessage) -> bool:
         """Has this (publication, filter) been handled here already?"""
         return seen_key(self.streams, message.origin, message.epoch, message.seq, message.filter) in self.seen

@@ -112,3 +112,18 @@ def test_the_next_member_takes_over_when_a_member_leaves_or_is_cut_off() -> None
     assert all(at < 12.5 for at in late)
     assert sum(node.counters["shared_failovers"] for node in nodes(simulation).values()) > 0
     assert not simulation.violations
+
+
+def test_a_member_broker_behind_the_one_that_lost_its_member_takes_over() -> None:
+    """Line a-b-c, members on b and c: copies for c pass through b. When c's member leaves, the copies on
+    their way to c fail over back to b, which relayed them: b serves them (not a duplicate), none is lost."""
+    events: list[ScenarioEvent] = [Subscribe(1.0, "b", "m_b", SHARED, qos=1),
+                                   Subscribe(1.0, "c", "m_c", SHARED, qos=1),
+                                   Publish(10.0, "a", TOPIC, count=4000, interval=0.0005, qos=1),
+                                   Unsubscribe(10.5, "c", "m_c", SHARED)]
+    simulation = run(events, 20.0)
+    found = deliveries(simulation)
+    assert len(found) == 4000
+    assert [publication for publication, nodes in found.items() if len(nodes) != 1] == []
+    assert nodes(simulation)["c"].counters["shared_failovers"] > 0
+    assert not simulation.violations
