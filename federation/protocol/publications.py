@@ -222,6 +222,7 @@ class Publications:
         injected_add, seen_add = self.injected.add, self.seen.add
         matching, publication_filters = router.matching, router.publication_filters
         events_on = outbox.publication_events
+        to_groups = self._shared.active  # shared subscription groups known (rule 9)
         first = seq = identity.publication_seq
         runs: dict[str, list[tuple[int, str, bytes]]] = {}
         made: list[PublicationId | None] = []
@@ -237,7 +238,7 @@ class Publications:
             if events_on:
                 outbox.emit(events.PUBLICATION_ORIGINATED, now, pub=publication_text(publication), topic=topic,
                             qos=0, retain=False, size=len(payload), filters=filters)
-            if self._shared.active:
+            if to_groups:
                 self._send_to_members(publication, topic, payload, now)
             for filter_ in publication_filters(filters):
                 base = seen_bases.get(filter_)
