@@ -137,9 +137,10 @@ class SharedGroups:
         identity = self._identity
         return Announcement(identity.address, identity.epoch, self._seq, tuple(sorted(self.local)))
 
-    def announce(self) -> None:
-        """Flood our groups (a new seq); an empty set only to withdraw what we announced before."""
-        if not self.local and not self._announced:
+    def announce(self, withdraw: bool = False) -> None:
+        """Flood our groups (a new seq); an empty set only to withdraw what we (`withdraw`: an earlier life of
+        ours) announced before."""
+        if not self.local and not self._announced and not withdraw:
             return
         self._seq += 1
         self._announced = bool(self.local)
@@ -155,7 +156,11 @@ class SharedGroups:
     def on_announcement(self, body: Announcement, sender: Address, now: float) -> None:
         """An `sg` from neighbour `sender` (transport): kept and flooded on when newer than what we have."""
         if body.origin == self._identity.address:
-            return  # our own, back (or an older life's): ours is the newer
+            # Our own, back: ours is the newer. An earlier life's (a neighbour kept it for us) is replaced at
+            # once by what this life has, even nothing, rather than left to expire.
+            if body.epoch < self._identity.epoch and body.groups != tuple(sorted(self.local)):
+                self.announce(withdraw=True)
+            return
         stored = self.remote.get(body.origin)
         if stored is not None and stored.announcement.freshness >= body.freshness:
             return

@@ -75,3 +75,17 @@ def test_a_federation_without_shared_subscriptions_sends_no_sg() -> None:
     harness.run(12.0)
     assert all(node.sent_by_type.get(wire.SHARED_GROUPS, 0) == 0 for node in harness.nodes.values())
     assert shared_filter(GROUP) == SHARED
+
+
+def test_a_restarted_node_replaces_its_earlier_lifes_groups_at_once() -> None:
+    harness = started([(1, 2), (2, 3)])
+    harness.do(3, "local_subscribe", "m3", SHARED, 1)
+    harness.run(6.0)
+    assert harness.nodes[1].shared.status()["members"] == {SHARED: [str(address(3))]}
+    harness.kill(3)
+    harness.run(10.0)  # longer than the neighbour-down time (a restart usually is)
+    harness.start(3)  # a new life whose broker has no member: it hears its old groups back and withdraws them
+    assert harness.nodes[1].shared.status()["members"] == {SHARED: [str(address(3))]}
+    harness.run(11.0)  # well within the expiry (15 s after the last refresh)
+    assert harness.nodes[1].shared.status()["members"] == {}
+    assert harness.nodes[2].shared.status()["members"] == {}
