@@ -47,6 +47,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from federation.protocol.topic_filter import validate_filter
+
 LOG_TOPIC_FILTER = "$SYS/broker/log/#"
 """Subscribe to this on the local broker (it needs `log_dest topic` and `log_type all`)."""
 
@@ -208,7 +210,8 @@ class LogCounters:
     own_client: int = 0
     """lines about the wrapper's own client id (ignored)"""
     dollar_filters: int = 0
-    """subscribe/unsubscribe lines for `$SYS/...` and other `$` filters except `$share/` (ignored)"""
+    """subscribe/unsubscribe lines for `$SYS/...` and other `$` filters except `$share/` (kept in the table for
+    the subscription audit, never federated; a broken `$share/` one ignored)"""
     evicted: int = 0
     """connected ids forgotten because more than the cap were connected"""
 
@@ -466,11 +469,15 @@ class BrokerLogTracker:
         return text[:index], rest
 
     def _federable(self, topic_filter: str) -> bool:
-        """False (and counted as ignored) for `$SYS/...` and other `$` filters; `$share/...` passes."""
+        """False (and counted as ignored) for a `$` filter that is no valid filter; `$share/...` passes, and so
+        do `$SYS/...` and other `$` filters (counted in `dollar_filters`): they never federate (the node
+        leaves them out), but the broker counts them among its subscriptions, and so must the table for the
+        subscription audit (federation.daemon.broker_subscriptions) not to take them for unseen ones."""
         if topic_filter.startswith("$") and not _SHARED.fullmatch(topic_filter):
             self.counters.dollar_filters += 1
-            self.counters.ignored += 1
-            return False
+            if topic_filter.startswith("$share/") or validate_filter(topic_filter) is not None:
+                self.counters.ignored += 1
+                return False
         return True
 
     def _own(self) -> list[LogEvent]:

@@ -48,7 +48,8 @@ NODE_DROP_REASONS = (
     "oversized", "malformed", "unknown_type", "version", "wrong_length", "wrong_type", "bad_filter", "bad_topic",
     "too_many_neighbours", "unknown_neighbour", "own_address", "system_topic", "stale_hello_back", "digest_not_up",
     "core_announcements_full", "topics_full", "children_evicted", "tc_core_unreachable", "ownership_stale",
-    "ts_core_mismatch", "max_hops", "mesh_copy_neighbour_down", "publication_no_route", "publication_no_core",
+    "ts_core_mismatch", "max_hops", "mesh_copy_neighbour_down", "shared_no_member", "publication_no_route",
+    "publication_no_core",
     "publication_hold_overflow", "held_overflow", "reroute_topics_full", "replay_abandoned", "replay_evicted",
     "qos0_late", "reliable_table_full", "delivery_backlogged", "inject_backlog_qos0", "inject_backlog_qos12",
     "receive_backlog_qos0", "receive_backlog_qos12", "send_backlog_qos0", "publication_too_large",
@@ -77,6 +78,12 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("mqttfed_bytes_received", "counter", ("type",), "bytes of protocol packets received and decoded, by type"),
     ("mqttfed_drops", "counter", ("reason",), "packets and publications dropped, by reason (docs/drops.md)"),
     ("mqttfed_duplicates_suppressed", "counter", (), "topic messages dropped as already seen"),
+    ("mqttfed_shared_group_served_twice", "counter", (),
+     "publications this broker gave members of a shared subscription group that another broker served too "
+     "(docs/protocol.md rule 9)"),
+    ("mqttfed_shared_failovers", "counter", (),
+     "copies for a shared subscription group sent on to the next member broker: the chosen one was out of "
+     "reach or its member had left"),
     ("mqttfed_publications", "counter", ("stage",),
      "publications by stage: originated (local, sent into the federation), forwarded (copies sent on), "
      "delivered (remote, matched a local subscription)"),
@@ -183,6 +190,8 @@ def metric_families(snap: Snapshot) -> list[Metric]:
             _by_label("mqttfed_drops", DROP_REASONS, snap["drops"])]
     counters = snap["counters"]
     out.append(_single("mqttfed_duplicates_suppressed", counters.get("duplicates_dropped", 0)))
+    out.append(_single("mqttfed_shared_group_served_twice", counters.get("shared_group_served_twice", 0)))
+    out.append(_single("mqttfed_shared_failovers", counters.get("shared_failovers", 0)))
     out.append(_by_label("mqttfed_publications", PUBLICATION_STAGES,
                          {stage: counters.get(f"publications_{stage}", 0) for stage in PUBLICATION_STAGES}))
     counts = snap["injections"]

@@ -18,14 +18,14 @@ they are given its methods, as they are given the node's.
 from __future__ import annotations
 
 from federation.protocol.context import NeighboursView, Outbox
-from federation.protocol.custody import Custody
+from federation.protocol.custody import Custody, Entry
 from federation.protocol.forwarding import NOT_SENT, Routed
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.publications import Publications
 from federation.protocol.reliable import ReliableForwarding
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, PublicationId
-from federation.protocol.wire import MODE_IN_MESH, MODE_TOWARD_CORE
+from federation.protocol.wire import MODE_IN_MESH, MODE_TO_MEMBER, MODE_TOWARD_CORE
 from federation.protocol.wire_types import TopicAck, TopicMessage
 
 
@@ -68,6 +68,9 @@ class ReliableDelivery:
             routed = publications.take(message, key, announced, now)  # obligations: copies, injection, hold
             custody.settle(taken)  # acknowledged now if it owes nothing
             return routed
+        if message.mode == MODE_TO_MEMBER and message.target == publications.address \
+                and (entry is None or entry.upstream != sender):
+            return self._failed_over_to_us(message, entry, sender, announced, now)
         publications.duplicate(message, announced, now)
         if entry is not None and entry.upstream == sender:
             self._outbox.counters["retransmissions_absorbed"] += 1  # acknowledged once our obligations are done
@@ -90,6 +93,27 @@ class ReliableDelivery:
             routed = mesh.route_again(message, now, exclude=announced)  # joins the entry we hold
         self._copy_arrived(sender, message)
         reliable.acknowledge(message, sender)
+        return routed
+
+    def _failed_over_to_us(self, message: TopicMessage, entry: Entry | None, sender: Address, announced: Address,
+                           now: float) -> Routed:
+        """A mode 2 copy we handled before (we relayed it toward another member broker) comes back with us as
+        its target: that broker failed over to us (rule 9). Not a duplicate: we serve the group now (or send
+        it on), the injection joining the entry we still hold, and the sender has it acknowledged at once."""
+        reliable, _, publications = self._parts
+        relay = entry
+        if relay is None:
+            refusal = reliable.pressure()
+            if refusal is not None:
+                self._outbox.drop(refusal)
+                return NOT_SENT
+            relay = self.custody.open(message, sender)
+        routed = publications.to_member(message, announced, now)
+        self._copy_arrived(sender, message)
+        if entry is None:
+            self.custody.settle(relay)
+        else:
+            reliable.acknowledge(message, sender)
         return routed
 
     def _copy_arrived(self, sender: Address, message: TopicMessage) -> None:
@@ -121,7 +145,13 @@ class ReliableDelivery:
         """Reliable forwarding hands back a copy in custody whose next hop is down (out of its table): keep it for
         a mesh neighbour that still is one (True), else route the publication again from here (new copies,
         or held) and settle that copy (False)."""
-        reliable, mesh, _ = self._parts
+        reliable, mesh, publications = self._parts
+        if message.mode == MODE_TO_MEMBER:  # toward a shared group's member broker: the next one, or here
+            publications.to_member(message, None, now)
+            if (transport, message.publication, message.filter) in reliable.unacked:
+                return True
+            self.custody.copy_done(transport, message.publication, message.filter)
+            return False
         neighbour = self._neighbours.get(transport)
         announced = neighbour.announced.address if neighbour is not None and neighbour.announced is not None else None
         if message.mode == MODE_IN_MESH and announced is not None and mesh.is_mesh_neighbour(message.filter, announced):

@@ -60,8 +60,9 @@ from federation.protocol.pacing import Pacing
 from federation.protocol.publications import Publications
 from federation.protocol.reliable import ReliableForwarding
 from federation.protocol.settings import Settings
+from federation.protocol.shared import SharedGroups, split_shared
 from federation.protocol.table import VID_RANGE, FederationTable
-from federation.protocol.topic_filter import FilterIndex, federated_filter
+from federation.protocol.topic_filter import SHARE_PREFIX, FilterIndex, federated_filter
 from federation.protocol.types import Address, BrokerId, Event, Injection, PublicationId
 from federation.protocol.wire import DecodeError
 from federation.protocol.wire_types import (
@@ -82,6 +83,9 @@ from federation.protocol.wire_types import (
     TopicMessage,
     TopicSubscribe,
     TopologyUpdate,
+)
+from federation.protocol.wire_types import (
+    SharedGroups as SharedGroupsAnnouncement,
 )
 
 
@@ -142,9 +146,12 @@ class Node:
         self.sync = DatabaseSync(self.identity, self.table, self.neighbours, self.outbox,
                                  self._topic_announcements)
         """the database exchange with neighbours: sync when a link comes up, anti-entropy digests"""
+        self.shared = SharedGroups(self.identity, self.table, self.neighbours, self.outbox, delivery.track)
+        """the shared subscription groups with members federation-wide (`sg`, mode 2 copies: rule 9)"""
         self.publications = Publications(self.identity, self.outbox, self.mesh, self.local_index.matching,
                                          self.custody, Ordering(settings, self.outbox, self._interest_since,
-                                                                self.custody.held, self.custody.unheld))
+                                                                self.custody.held, self.custody.unheld),
+                                         self.shared)
         """our publications and the ones received: numbering, duplicate caches, order, local delivery"""
         delivery.bind(self.reliable, self.mesh, self.publications)
         self._restored_filters: list[str] = []
@@ -329,6 +336,7 @@ class Node:
         if self.stopped:
             return
         self.mesh.prune_all()
+        self.shared.leave()
         self.table.announce_leaving()
         self.emit(events.NODE_STOPPED, now, counters=self._counter_snapshot())
         self.stopped = self.outbox.closed = True
@@ -380,6 +388,11 @@ class Node:
             filters[filter_] = qos
             return
         filters[filter_] = qos
+        if filter_.startswith(SHARE_PREFIX):  # a group's member: announced, not a filter's mesh (rule 9)
+            self.emit(events.SUBSCRIPTION_ADDED, now, client=client, filter=filter_, federated=filter_, qos=qos)
+            self.shared.local_add(split_shared(filter_))
+            self._settle(now)
+            return
         self.emit(events.SUBSCRIPTION_ADDED, now, client=client, filter=filter_, federated=federated, qos=qos)
         self.filter_refs[federated] += 1
         if self.filter_refs[federated] == 1:
@@ -408,6 +421,10 @@ class Node:
     def _release(self, client: str, filter_: str, now: float) -> None:
         federated = federated_filter(filter_)
         if federated is None:
+            return
+        if filter_.startswith(SHARE_PREFIX):
+            self.emit(events.SUBSCRIPTION_REMOVED, now, client=client, filter=filter_, federated=filter_)
+            self.shared.local_remove(split_shared(filter_))
             return
         self.emit(events.SUBSCRIPTION_REMOVED, now, client=client, filter=filter_, federated=federated)
         self.filter_refs[federated] -= 1
@@ -539,6 +556,8 @@ class Node:
             self.sync.on_summary(body, neighbour)
         elif isinstance(body, DatabaseRequest):
             self.sync.on_request(body, neighbour)
+        elif isinstance(body, SharedGroupsAnnouncement):
+            self.shared.on_announcement(body, sender, now)
 
     def _send_receiver_busy(self, neighbour: Address, hold: float) -> None:
         self.outbox.send(wire.RECEIVER_BUSY, ReceiverBusy(hold), [neighbour])
@@ -571,6 +590,7 @@ class Node:
             self.table.trigger_origination(now)
             self.table.originate_if_due(now)
             self.sync.sync(neighbour, now)
+            self.shared.neighbour_up(neighbour.transport)
             self.reliable.neighbour_up(neighbour.transport, now)  # what waits for it goes now
             if all(n.up for n in self.neighbours.all() if n.configured):
                 # Everything we can hear is syncing: claims need wait only for that exchange.
@@ -635,6 +655,7 @@ class Node:
         self.table.periodic(now)
         self.sync.expire_left_out(now)
         self.mesh.periodic(now)
+        self.shared.periodic(now)
         self.next_announce = now + self.settings.announce_interval
 
     # ------------------------------------------------------------ status
@@ -668,6 +689,7 @@ class Node:
             } for a in sorted(routes.members)],
             "topics": self.mesh.describe(now),
             "ownership": self.mesh.ownership.status(),
+            "shared_groups": self.shared.status(),
             "reliable": self.reliable.status(),
             "custody": self.custody.status(),
             "order": self.publications.ordering.status(),

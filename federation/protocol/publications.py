@@ -61,9 +61,10 @@ from federation.protocol.dedup import SeenCache, StreamNumbers, injected_key, se
 from federation.protocol.events import publication_text
 from federation.protocol.forwarding import NOT_SENT, PublicationRouting, Routed
 from federation.protocol.ordering import Ordering, Position
+from federation.protocol.shared import SharedGroups
 from federation.protocol.topic_filter import is_system
 from federation.protocol.types import Address, Injection, PublicationId
-from federation.protocol.wire import MODE_TOWARD_CORE, TOPIC_BATCH, encode
+from federation.protocol.wire import MODE_TO_MEMBER, MODE_TOWARD_CORE, TOPIC_BATCH, encode
 from federation.protocol.wire_types import Sender, TopicBatch, TopicMessage
 
 MAX_SEQ = 2**64
@@ -82,7 +83,8 @@ class Publications:
     """Our publications and the ones we receive: numbering, duplicate caches, local delivery, routing."""
 
     def __init__(self, identity: Identity, outbox: Outbox, router: PublicationRouting,
-                 local_matching: Callable[[str], list[str]], custody: Custody, ordering: Ordering) -> None:
+                 local_matching: Callable[[str], list[str]], custody: Custody, ordering: Ordering,
+                 shared: SharedGroups) -> None:
         settings = identity.settings
         self._identity = identity
         self._max_hops = settings.max_hops
@@ -97,11 +99,18 @@ class Publications:
         self.injected = SeenCache(settings.duplicate_cache_size)
         """publications given to the local broker (or made there)"""
         self._custody = custody
+        self._shared = shared
+        """the shared subscription groups federation-wide: mode 2 copies (docs/protocol.md rule 9)"""
         self.ordering = ordering
         self.last_sent: dict[str, Position] = {}
         """filter -> our QoS 1/2 publication sent last on it (the next one's `prev`)"""
         self.parked: list[tuple[PublicationId, str, bytes, int, bool, dict[str, Any] | None]] = []
         """our QoS 1/2 publications waiting for the node to learn the filters (`local_publish`)"""
+
+    @property
+    def address(self) -> Address:
+        """Our own announced address."""
+        return self._identity.address
 
     def handled(self, message: TopicMessage) -> bool:
         """Has this (publication, filter) been handled here already?"""
@@ -174,15 +183,27 @@ class Publications:
                     last_sent[filter_] = position
             messages.append(TopicMessage(filter_, address, epoch, seq, MODE_TOWARD_CORE, 0, topic, payload, qos,
                                          retain, properties, prev))
+        shared = self._shared
+        to_members = [] if not shared.active else [
+            TopicMessage(filter_, address, epoch, seq, MODE_TO_MEMBER, 0, topic, payload, qos, retain, properties,
+                         None, target)
+            for filter_, target in shared.targets(topic, publication)
+            if self.seen.add(seen_key(self.streams, address, epoch, seq, filter_))
+            and not (replayed and qos and custody.get(publication, filter_))]
         if not qos:
             for message in messages:
                 router.route(router.topics[message.filter], message, None, now, pub_text)
+            for message in to_members:
+                shared.route(message, None, now)
             return
         # In custody: every filter's entry is open before any is routed, so the publication is released only
         # when all of them are done.
-        entries: list[Entry] = [custody.open(message, None) for message in messages]
+        entries: list[Entry] = [custody.open(message, None) for message in (*messages, *to_members)]
         for entry in entries:
-            router.route(router.topics[entry.message.filter], entry.message, None, now, pub_text)
+            if entry.message.mode == MODE_TO_MEMBER:
+                shared.route(entry.message, None, now)
+            else:
+                router.route(router.topics[entry.message.filter], entry.message, None, now, pub_text)
         for entry in entries:
             custody.settle(entry)
         if not entries:
@@ -201,6 +222,7 @@ class Publications:
         injected_add, seen_add = self.injected.add, self.seen.add
         matching, publication_filters = router.matching, router.publication_filters
         events_on = outbox.publication_events
+        to_groups = self._shared.active  # shared subscription groups known (rule 9)
         first = seq = identity.publication_seq
         runs: dict[str, list[tuple[int, str, bytes]]] = {}
         made: list[PublicationId | None] = []
@@ -216,6 +238,8 @@ class Publications:
             if events_on:
                 outbox.emit(events.PUBLICATION_ORIGINATED, now, pub=publication_text(publication), topic=topic,
                             qos=0, retain=False, size=len(payload), filters=filters)
+            if to_groups:
+                self._send_to_members(publication, topic, payload, now)
             for filter_ in publication_filters(filters):
                 base = seen_bases.get(filter_)
                 if base is None:
@@ -242,6 +266,14 @@ class Publications:
                 router.route_batch(state, TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 0, flat), None, now)
         return made
 
+    def _send_to_members(self, publication: PublicationId, topic: str, payload: bytes, now: float) -> None:
+        """A QoS 0 publication of a run to the member broker chosen for each shared group it matches."""
+        address, epoch, seq = publication
+        for filter_, target in self._shared.targets(topic, publication):
+            self.seen.add(seen_key(self.streams, address, epoch, seq, filter_))
+            self._shared.route(TopicMessage(filter_, address, epoch, seq, MODE_TO_MEMBER, 0, topic, payload, 0, False,
+                                            None, None, target), None, now)
+
     # ------------------------------------------------------------ publications from neighbours
 
     def on_message(self, message: TopicMessage, from_announced: Address, now: float) -> Routed:
@@ -262,6 +294,8 @@ class Publications:
         if is_system(message.topic):
             self._drop_system_topic(message.topic, from_announced, now)
             return NOT_SENT
+        if message.mode == MODE_TO_MEMBER:
+            return self.to_member(message, from_announced, now)
         pub_text = None
         if message.qos:
             key = injected_key(self.streams, message.origin, message.epoch, message.seq)
@@ -287,6 +321,22 @@ class Publications:
             return NOT_SENT
         return router.route(state, message, from_announced, now, pub_text)
 
+    def to_member(self, message: TopicMessage, from_announced: Address | None, now: float) -> Routed:
+        """A mode 2 copy: on toward its target, or given to our broker when we serve its group."""
+        routed = self._shared.route(message, from_announced, now)
+        if routed is None:
+            self.serve_group(message, now)
+            return NOT_SENT
+        return routed
+
+    def serve_group(self, message: TopicMessage, now: float) -> None:
+        """Give a mode 2 copy to our broker, which serves the group (once per publication, as every injection;
+        no stream order across a group's failovers: docs/protocol.md rule 9)."""
+        key = injected_key(self.streams, message.origin, message.epoch, message.seq)
+        if message.qos and key not in self.injected:
+            self._custody.expect_injection(message.publication, message.filter)
+        self.inject(message, now, key)
+
     def duplicate(self, message: TopicMessage, from_announced: Address, now: float) -> None:
         """A copy of a (publication, filter) handled here before: counted, reported."""
         outbox = self._outbox
@@ -303,6 +353,8 @@ class Publications:
             key = injected_key(self.streams, *publication)
         if not self.injected.add(key):
             return None
+        if self._shared.local:
+            self._shared.note_injected(message)
         outbox = self._outbox
         outbox.injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
                                            message.properties, publication, message.filter))

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 
-from federation.protocol.topic_filter import federated_filter, validate_filter, validate_topic
+from federation.protocol.topic_filter import SHARE_PREFIX, federated_filter, validate_filter, validate_topic
 from federation.protocol.types import Address, BrokerId, PublicationId
 from federation.protocol.wire_types import (  # the packet values, importable from here as before
     Body,
@@ -36,6 +36,7 @@ from federation.protocol.wire_types import (  # the packet values, importable fr
     ReceiverBusy,
     Reconsider,
     Sender,
+    SharedGroups,
     SummaryEntry,
     TopicAck,
     TopicBatch,
@@ -65,10 +66,12 @@ DATABASE_REQUEST = "dr"
 TOPIC_ACK = "ta"
 RECEIVER_BUSY = "rb"
 TOPIC_BATCH = "tb"
+SHARED_GROUPS = "sg"
 
 MESSAGE_TYPES = (HELLO, HELLO_BACK, FEDERATE, RECONSIDER, CORE_ANNOUNCEMENT, TOPIC_CORE,
                  RECONSIDER_TOPIC_CORE, TOPIC_SUBSCRIBE, TOPIC_MESSAGE, TOPOLOGY_UPDATE,
-                 DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK, RECEIVER_BUSY, TOPIC_BATCH)
+                 DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK, RECEIVER_BUSY, TOPIC_BATCH,
+                 SHARED_GROUPS)
 DATA_TYPES = frozenset((TOPIC_MESSAGE, TOPIC_BATCH))
 """the packets that carry publications (data traffic); every other type is control traffic"""
 
@@ -86,6 +89,7 @@ FLAG_PRUNE = 1        # ts: the sender leaves the mesh
 
 MODE_TOWARD_CORE = 0  # tm: still climbing toward the topic core
 MODE_IN_MESH = 1      # tm: spreading through the mesh
+MODE_TO_MEMBER = 2    # tm: on its way to the member broker `target` of the shared group `filter` (rule 9)
 
 MAX_U64 = 2**64 - 1
 MAX_HOLD = 3600.0     # rb: a longer hold is no pacing but an error (a receiver cuts it further)
@@ -136,7 +140,11 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
             [kind, PROTOCOL_VERSION, [broker_id.vid, broker_id.address.host, broker_id.address.port, sender.epoch],
              body.filter, [origin.host, origin.port], body.epoch, body.seq, body.mode, body.hops,
              None if body.prev is None else _prev(body), body.topic, body.payload, body.qos, body.retain,
-             body.properties])
+             body.properties] if body.target is None else
+            [kind, PROTOCOL_VERSION, [broker_id.vid, broker_id.address.host, broker_id.address.port, sender.epoch],
+             body.filter, [origin.host, origin.port], body.epoch, body.seq, body.mode, body.hops,
+             None if body.prev is None else _prev(body), body.topic, body.payload, body.qos, body.retain,
+             body.properties, [body.target.host, body.target.port]])
         return packed_tm
     if type(body) is TopicBatch:
         broker_id, origin = sender.broker_id, body.origin
@@ -175,6 +183,8 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
         fields = [body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq]
     elif isinstance(body, ReceiverBusy):
         fields = [body.hold]
+    elif isinstance(body, SharedGroups):
+        fields = [[body.origin.host, body.origin.port], body.epoch, body.seq, [list(g) for g in body.groups]]
     else:  # pragma: no cover - a programming error, not a peer's
         raise TypeError(f"cannot encode {body!r}")
     packed: bytes = _pack(_header(kind, sender) + fields)
@@ -248,6 +258,8 @@ _valid_filters: dict[str, None] = {}
 """filters that passed `_filter` lately: every `tm` and `ta` carries one, and they repeat (a pure memo)"""
 _valid_topics: dict[str, None] = {}
 """topics that passed `_topic` lately"""
+_valid_shared: dict[str, None] = {}
+"""shared filters (`$share/<group>/<filter>`) that passed `_shared_filter` lately"""
 
 
 def _remember(cache: dict[str, None], text: str) -> None:
@@ -265,6 +277,24 @@ def _filter(value: Any, what: str) -> str:
         raise DecodeError("bad_filter", f"{what}: {problem or 'not a federated filter'}")
     _remember(_valid_filters, text)
     return text
+
+
+def _shared_filter(value: Any, what: str) -> str:
+    """`$share/<group>/<filter>` whose filter is a federated one: what a mode 2 `tm` and its `ta` carry."""
+    if type(value) is str and value in _valid_shared:
+        return value
+    text = _text(value, what)
+    if validate_filter(text) is not None or not text.startswith(SHARE_PREFIX) \
+            or federated_filter(text) is None:
+        raise DecodeError("bad_filter", f"{what}: not a shared subscription of a federated filter")
+    _remember(_valid_shared, text)
+    return text
+
+
+def _filter_or_shared(value: Any, what: str) -> str:
+    if type(value) is str and value.startswith(SHARE_PREFIX):
+        return _shared_filter(value, what)
+    return _filter(value, what)
 
 
 def _topic(value: Any, what: str) -> str:
@@ -429,7 +459,8 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         return TopicSubscribe(_filter(fields[0], "ts.filter"), _broker_id(fields[1], "ts.core"),
                               _int(fields[2], "ts.flags", 0, 255))
     if kind == TOPIC_MESSAGE:
-        need(12)
+        if len(fields) != 13 or type(fields[4]) is not int or fields[4] != MODE_TO_MEMBER:
+            need(12)  # a mode 2 `tm` has a thirteenth field, its target
         payload = fields[8]
         if type(payload) is not bytes:
             raise DecodeError("wrong_type", "tm.payload: expected bytes")
@@ -437,11 +468,17 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         if type(retain) is not bool:
             raise DecodeError("wrong_type", "tm.retain: expected a boolean")
         epoch, seq = _int(fields[2], "tm.epoch"), _int(fields[3], "tm.seq")
+        mode = _int(fields[4], "tm.mode", 0, MODE_TO_MEMBER)
+        if mode == MODE_TO_MEMBER and len(fields) != 13:
+            raise DecodeError("wrong_length", f"tm: expected 13 body fields with mode 2, got {len(fields)}")
+        to_member = mode == MODE_TO_MEMBER
         return TopicMessage(
-            filter=_filter(fields[0], "tm.filter"), origin=_address(fields[1], "tm.origin"),
-            epoch=epoch, seq=seq, mode=_int(fields[4], "tm.mode", 0, 1), hops=_int(fields[5], "tm.hops", 0, 255),
+            filter=_shared_filter(fields[0], "tm.filter") if to_member else _filter(fields[0], "tm.filter"),
+            origin=_address(fields[1], "tm.origin"),
+            epoch=epoch, seq=seq, mode=mode, hops=_int(fields[5], "tm.hops", 0, 255),
             topic=_topic(fields[7], "tm.topic"), payload=payload, qos=_int(fields[9], "tm.qos", 0, 2),
             retain=retain, properties=_properties(fields[11], "tm.properties"), prev=_prev_of(fields[6], epoch, seq),
+            target=_address(fields[12], "tm.target") if to_member else None,
         )
     if kind == DATABASE_DIGEST:
         need(2)
@@ -460,7 +497,7 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         return DatabaseRequest(tuple(_address(a, f"dr.origins[{i}]") for i, a in enumerate(items)))
     if kind == TOPIC_ACK:
         need(4)
-        return TopicAck(_filter(fields[0], "ta.filter"), _address(fields[1], "ta.origin"),
+        return TopicAck(_filter_or_shared(fields[0], "ta.filter"), _address(fields[1], "ta.origin"),
                         _int(fields[2], "ta.epoch"), _int(fields[3], "ta.seq"))
     if kind == TOPIC_BATCH:
         need(6)
@@ -482,6 +519,18 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         if not 0 <= hold <= MAX_HOLD:
             raise DecodeError("wrong_type", f"rb.hold: expected seconds in [0, {MAX_HOLD:g}]")
         return ReceiverBusy(hold)
+    if kind == SHARED_GROUPS:
+        need(4)
+        groups = []
+        for index, item in enumerate(_list(fields[3], "sg.groups")):
+            group, filter_ = _list(item, f"sg.groups[{index}]", 2)
+            if type(group) is not str or "/" in group:
+                raise DecodeError("bad_filter", f"sg.groups[{index}]: a group name is a string without '/'")
+            _shared_filter(f"{SHARE_PREFIX}{_text(group, 'sg.group')}/{_text(filter_, 'sg.filter')}",
+                           f"sg.groups[{index}]")
+            groups.append((group, filter_))
+        return SharedGroups(_address(fields[0], "sg.origin"), _int(fields[1], "sg.epoch"), _int(fields[2], "sg.seq"),
+                            tuple(groups))
     raise DecodeError("unknown_type", repr(kind)[:40])
 
 
@@ -588,9 +637,12 @@ def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> 
 
 def packet_type(data: bytes) -> str | None:
     """The two-letter type of an encoded packet, cheaply (for counters and the simulator)."""
-    # fixarray marker, then a fixstr of length 2: bytes 2..3 are the type.
+    # fixarray marker (or array16's three bytes), then a fixstr of length 2: the type.
     if len(data) >= 4 and 0x90 <= data[0] <= 0x9F and data[1] == 0xA2:
         kind = data[2:4].decode("ascii", "replace")
+        return kind if kind in MESSAGE_TYPES else None
+    if len(data) >= 6 and data[0] == 0xDC and data[3] == 0xA2:  # array16: a mode 2 `tm` has 16 elements
+        kind = data[4:6].decode("ascii", "replace")
         return kind if kind in MESSAGE_TYPES else None
     return None
 

@@ -150,10 +150,28 @@ class TopicMessage:
     """(epoch, seq) of the publication the origin sent before this one on the same reliable stream (its origin,
     this filter, QoS 1/2): what a receiver must have passed before it injects this one (docs/protocol.md rule 7d).
     None: QoS 0, or the first of its stream the origin knows of"""
+    target: Address | None = None
+    """mode 2 (to a member broker) only: the broker chosen to serve the shared group `filter` names
+    (`$share/<group>/<filter>`, docs/protocol.md rule 9); None in modes 0 and 1"""
 
     @property
     def publication(self) -> PublicationId:
         return (self.origin, self.epoch, self.seq)
+
+
+@dataclass(frozen=True)
+class SharedGroups:
+    """`sg`: the shared subscription groups (group, filter) that `origin`'s broker has members of, all of them
+    (an empty tuple: none any more), flooded as a link-state record is (docs/protocol.md rule 9)."""
+
+    origin: Address
+    epoch: int
+    seq: int
+    groups: tuple[tuple[str, str], ...]
+
+    @property
+    def freshness(self) -> tuple[int, int]:
+        return (self.epoch, self.seq)
 
 
 @dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender
@@ -202,7 +220,8 @@ class ReceiverBusy:
 
 
 Body = (Hello | HelloBack | Federate | TopologyUpdate | Reconsider | CoreAnnouncement | TopicCore | TopicSubscribe
-        | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck | ReceiverBusy | TopicBatch)
+        | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck | ReceiverBusy | TopicBatch
+        | SharedGroups)
 
 
 @dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender

@@ -16,13 +16,18 @@ kill, restart, loss change) in [t - settle, t] and no loss is active at t.
 For an in-bound P, the expected subscriber nodes are the nodes N != O that at
 time t are alive, in O's connected component, and hold an active
 subscription whose filter (with any `$share/<group>/` prefix stripped)
-matches T and was made at or before t - settle. A publication that is not in
-bound expects nobody: deliveries still count, as `delivered_outside_bound`.
+matches T and was made at or before t - settle. A shared subscription
+(`$share/<group>/F`) expects no node by itself: a group is served once, by
+one member broker of the federation's choosing (docs/protocol.md rule 9),
+so its deliveries count as `delivered_outside_bound`, never as lost or
+unexpected. A publication that is not in bound expects nobody: deliveries
+still count, as `delivered_outside_bound`.
 
 Convergence. A component has converged when every node in it reports the
 same view, the view's members are exactly the component's addresses, its
 management core is the lowest BrokerId among the component's nodes, and its
-topic cores include every federated filter subscribed in the component, each
+topic cores include every federated filter subscribed in the component (shared
+subscriptions federate no filter: rule 9), each
 mapped to the current BrokerId of a node of the component. Views are interned
 so a check costs O(nodes) and a cheap count rejects most checks at once.
 """
@@ -33,7 +38,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from federation.protocol.topic_filter import federated_filter, matches
+from federation.protocol.topic_filter import SHARE_PREFIX, federated_filter, matches
 from federation.protocol.types import Address, BrokerId
 
 ViewDigest = tuple[frozenset[Address], BrokerId, tuple[tuple[str, BrokerId], ...]]
@@ -132,10 +137,13 @@ class GroundTruth:
         """(client, filter, since) of the node's active subscriptions, sorted."""
         return sorted((client, filter_, since) for (client, filter_), since in self.subscriptions[name].items())
 
-    def matching_since(self, name: str, topic: str) -> float | None:
-        """When the node's oldest active subscription matching `topic` was made; None if none matches."""
+    def matching_since(self, name: str, topic: str, shared: bool = True) -> float | None:
+        """When the node's oldest active subscription matching `topic` was made; None if none matches.
+        `shared`: count shared subscriptions too."""
         best: float | None = None
         for (_, filter_), since in self.subscriptions[name].items():
+            if not shared and filter_.startswith(SHARE_PREFIX):
+                continue
             federated = matching_filter(filter_)
             if federated is not None and matches(federated, topic) and (best is None or since < best):
                 best = since
@@ -154,7 +162,7 @@ class GroundTruth:
         for name in component:
             for (_, filter_) in self.subscriptions[name]:
                 federated = matching_filter(filter_)
-                if federated is not None:
+                if federated is not None and not filter_.startswith(SHARE_PREFIX):
                     needed.add(federated)
         return needed
 
@@ -172,7 +180,7 @@ class GroundTruth:
         for name in component:
             if name == origin:
                 continue
-            since = self.matching_since(name, topic)
+            since = self.matching_since(name, topic, shared=False)
             if since is not None and since <= now - self.settle:
                 expected.add(name)
         return True, frozenset(expected)

@@ -38,6 +38,11 @@ SAMPLES: list[tuple[str, wire.Body]] = [
                                            {"user_property": [["k", "v"]], "content_type": "text/plain"})),
     (wire.TOPIC_MESSAGE, wire.TopicMessage("a/#", Address("h", 1), 0, 0, 0, 0, "a", b"", 0, False, None)),
     (wire.TOPIC_BATCH, wire.TopicBatch("a/#", Address("h", 1), 0, 1, 3, [1, "a/b", b"x", 2, "a/c c", b""])),
+    (wire.TOPIC_MESSAGE, wire.TopicMessage("$share/g/a/#", Address("h", 1), 7, 9, wire.MODE_TO_MEMBER, 1, "a/b",
+                                           b"p", 2, False, None, None, Address("10.0.0.3", 10500))),
+    (wire.TOPIC_ACK, wire.TopicAck("$share/g/a/#", Address("10.0.0.1", 10500), 7, 9)),
+    (wire.SHARED_GROUPS, wire.SharedGroups(Address("10.0.0.2", 10500), 7, 3, (("g", "a/#"), ("h", "+/b")))),
+    (wire.SHARED_GROUPS, wire.SharedGroups(Address("10.0.0.2", 10500), 7, 4, ())),
 ]
 
 
@@ -211,3 +216,30 @@ def test_record_size_is_the_encoded_size() -> None:
         record = wire.LinkStateRecord(BrokerId(values[0], Address(host, rng.randint(0, 65535))), values[1], values[2],
                                       rng.choice([0, 127, 128, 65535]), rng.choice([0, 1, 255]), neighbours)
         assert wire.record_size(record) == len(msgpack.packb(wire._record(record), use_bin_type=True)), record
+
+
+def test_shared_group_packets_are_strict() -> None:
+    """A mode 2 `tm` names a shared filter and a target, and only it; `sg` groups are (name, federated filter)."""
+    origin, target = Address("h", 1), Address("10.0.0.3", 10500)
+
+    def tm(filter_: str, mode: int, target: Address | None) -> bytes:
+        return wire.encode(wire.TOPIC_MESSAGE, SENDER, wire.TopicMessage(filter_, origin, 7, 9, mode, 0, "a/b", b"",
+                                                                         1, False, None, None, target))
+
+    assert reason(tm("$share/g/a/#", wire.MODE_IN_MESH, None)) == "bad_filter"
+    assert reason(tm("a/#", wire.MODE_TO_MEMBER, target)) == "bad_filter"
+    assert reason(tm("$share/g/$SYS/#", wire.MODE_TO_MEMBER, target)) == "bad_filter"
+    assert reason(tm("$share/g/a/#", wire.MODE_TO_MEMBER, None)) == "wrong_length"
+    assert reason(tm("a/#", wire.MODE_IN_MESH, target)) == "wrong_length"
+    assert reason(wire.encode(wire.TOPIC_ACK, SENDER, wire.TopicAck("$share/g", origin, 7, 9))) == "bad_filter"
+
+    def sg(*groups: list[object]) -> bytes:
+        return msgpack.packb([wire.SHARED_GROUPS, 2, [3, "10.0.0.1", 10500, 7], ["h", 1], 7, 3, list(groups)],
+                             use_bin_type=True)
+
+    assert wire.decode(sg(["g", "a/#"])).body == wire.SharedGroups(origin, 7, 3, (("g", "a/#"),))
+    assert reason(sg(["g/x", "a"])) == "bad_filter"
+    assert reason(sg(["g+", "a"])) == "bad_filter"
+    assert reason(sg(["g", "a/#/b"])) == "bad_filter"
+    assert reason(sg(["g", "$SYS/#"])) == "bad_filter"
+    assert reason(sg(["g"])) == "wrong_type"

@@ -41,8 +41,9 @@ REASONS = {
     "retained-stale": "a broker that stored a retained value while it had a subscriber keeps it after its last "
                       "subscriber left: the update or deletion that follows never reaches it, and a later "
                       "subscriber there gets the stale value",
-    "shared": "every broker with a member of a $share group gets each publication and serves its own member: once "
-              "per member broker instead of once per group",
+    "shared-every-broker": "Mosquitto gives an injected publication to every matching subscription of the broker, "
+                           "shared groups included: the broker chosen for group h also serves its member of g, "
+                           "which a's broker served already (shared_group_served_twice, docs/protocol.md rule 9)",
     "large": "a publication above max_publication_bytes (256 KiB) is refused by the publisher's wrapper "
              "(publication_dropped too_large) after its broker acknowledged it",
     "puback": "the wrapper's own `#` subscription is a matching subscriber on every broker, so a publisher whom "
@@ -62,9 +63,7 @@ XFAIL: dict[str, pytest.MarkDecorator] = {
     "retained-delete": issue20("retained-stale"),
     "retained-expiry": issue20("retained-where-subscribed"),
     "retain-handling-elsewhere": issue20("retained-where-subscribed"),
-    "shared-remote-members": issue20("shared"),
-    "shared-member-leaves": issue20("shared"),
-    "shared-every-broker": issue20("shared"),
+    "shared-every-broker": issue20("shared-every-broker"),
     "will-retained": issue20("retained-where-subscribed"),
     "puback-no-subscribers": issue20("puback"),
     "payload-256KiB-plus-1": issue20("large"),

@@ -175,8 +175,9 @@ class RecordingClient:
         self.clock = clock
         self.messages: list[Message] = []
         self.controls: list[Control] = []
-        self.probes: set[str] = set()
-        """the sites whose probes arrived since `forget_probes`"""
+        self.probes: set[tuple[str, str]] = set()
+        """(the subscriber a probe was meant for, its site) of the probes that arrived since `forget_probes`: a
+        probe meant for a member of a shared group may reach another member"""
         self.fences: set[int] = set()
         self.site: str | None = None
         self._lock = threading.Lock()
@@ -197,13 +198,16 @@ class RecordingClient:
         with self._lock:
             return number in self.fences
 
-    def probe_sites(self) -> set[str]:
+    def probe_sites(self, meant_for: str | None = None) -> set[str]:
+        """The sites of the probes meant for `meant_for` (by default this client) that arrived here."""
+        name = self.name if meant_for is None else meant_for
         with self._lock:
-            return set(self.probes)
+            return {site for subscriber, site in self.probes if subscriber == name}
 
-    def forget_probes(self) -> None:
+    def forget_probes(self, meant_for: str | None = None) -> None:
+        name = self.name if meant_for is None else meant_for
         with self._lock:
-            self.probes.clear()
+            self.probes = {(subscriber, site) for subscriber, site in self.probes if subscriber != name}
 
     def _now(self) -> float:
         return round(time.monotonic() - self.clock, 4)
@@ -388,9 +392,9 @@ class RecordingClient:
             return
         if payload.startswith(PROBE_MARK):
             words = payload[len(PROBE_MARK):].decode(errors="replace").split(" ")
-            if len(words) == 3 and words[0] == self.name:
+            if len(words) == 3:
                 with self._lock:
-                    self.probes.add(words[1])
+                    self.probes.add((words[0], words[1]))
             return
         received = Message(self.name, message.topic, len(payload), digest(payload), preview(payload), message.qos,
                            bool(message.retain), received_properties(message.properties), self._now())

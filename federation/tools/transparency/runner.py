@@ -22,7 +22,9 @@ How a `Settle` knows the deliveries are over depends on the setup:
 A new subscription is made ready with probes (`Subscribe.ready`): each
 site's probe client publishes on a topic the filter matches until the
 subscriber has a probe from every site, or `Timing.probe_timeout` passes
-(a note; the scenario goes on, and its recording shows what followed).
+(a note; the scenario goes on, and its recording shows what followed). A
+member of a shared group is reached when its group is: the probes meant
+for it count wherever in its group they arrive (a group is served once).
 
 After the scenario every client disconnects cleanly, and a client that had
 a persistent session connects once more with a clean start and no session
@@ -240,12 +242,21 @@ class _Run:
         """Probe from every site until `client` has a probe from each (see the module docstring)."""
         timing = self.runner.timing
         topic = probe_topic(topic_filter)
-        client.forget_probes()
+        # A member of a shared group is reached when its group is: a probe meant for it may go to any member.
+        receiver = self.scenario.receiver_of(client.name)
+        members = [client] if not topic_filter.startswith("$share/") else \
+            [other for name, other in sorted(self.clients.items()) if self.scenario.receiver_of(name) == receiver]
+        for member in members:
+            member.forget_probes(client.name)
+
+        def reached() -> set[str]:
+            return set().union(*(member.probe_sites(client.name) for member in members))
+
         sites = self.runner.setup.probe_sites
         began = time.monotonic()
         deadline = began + timing.probe_timeout
         while True:
-            missing = [site for site in sites if site not in client.probe_sites()]
+            missing = [site for site in sites if site not in reached()]
             if not missing:
                 self.recording.ready_after.append(round(time.monotonic() - began, 3))
                 return
@@ -259,7 +270,7 @@ class _Run:
                 self.recording.probes[site] = self.recording.probes.get(site, 0) + 1
 
             def arrived(sent: frozenset[str] = frozenset(missing)) -> bool:
-                return sent <= client.probe_sites()
+                return sent <= reached()
 
             with contextlib.suppress(LaunchError):  # not all arrived within the interval: probe those again
                 poll(arrived, timing.probe_interval, "probes", interval=0.005)
