@@ -576,6 +576,9 @@ class Running:
     def _rearm_timer(self) -> None:
         self._rearm_scheduled = False
         deadline = self.node.get_timer()
+        transfer = self.envelope.transfer_timer()  # bulk transfers' retransmissions: not late, unlike reassembly
+        if transfer is not None and (deadline is None or transfer < deadline):
+            deadline = transfer
         if deadline == self._timer_deadline and self._timer is not None:
             return
         if self._timer is not None:
