@@ -449,7 +449,8 @@ class Running:
         if now - self._refused_logged_at >= REFUSAL_LOG_INTERVAL:
             self._refused_logged_at = now
             log.warning("publication on %r refused: its payload of %d bytes is above max_publication_bytes (%d); "
-                        "it reaches this broker's own subscribers but is not federated (raise "
+                        "it reaches this broker's own subscribers but is not federated (set the broker's "
+                        "message_size_limit to the same value so the publisher is refused at the source, or raise "
                         "settings.max_publication_bytes and max_packet on every wrapper to allow it; further "
                         "refusals are counted as drop publication_too_large and logged once a minute)",
                         item.topic, len(item.payload), limit)
