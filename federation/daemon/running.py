@@ -164,6 +164,7 @@ class Running:
         self.reloads = Reloads()
         """what SIGHUPs did (`reload`)"""
         self._refused_logged_at = float("-inf")
+        self._refused_unlogged = 0
         self._data_pass_scheduled = False
         self._rearm_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
@@ -446,8 +447,14 @@ class Running:
         self.event_counts[event.type] += 1
         if self.event_log is not None:
             self.event_log.write([event])
+        self._refused_unlogged += 1
         if now - self._refused_logged_at >= REFUSAL_LOG_INTERVAL:
             self._refused_logged_at = now
+            others, self._refused_unlogged = self._refused_unlogged - 1, 0
+            if others:
+                log.warning("%d more publications above max_publication_bytes were refused since the last such "
+                            "line (drop publication_too_large: %d in all)", others,
+                            node.drops["publication_too_large"])
             log.warning("publication on %r refused: its payload of %d bytes is above max_publication_bytes (%d); "
                         "it reaches this broker's own subscribers but is not federated (set the broker's "
                         "message_size_limit to the same value so the publisher is refused at the source, or raise "

@@ -43,8 +43,6 @@ REASONS = {
                       "subscriber there gets the stale value",
     "shared": "every broker with a member of a $share group gets each publication and serves its own member: once "
               "per member broker instead of once per group",
-    "large": "a publication above max_publication_bytes (256 KiB) is refused by the publisher's wrapper "
-             "(publication_dropped too_large) after its broker acknowledged it",
     "puback": "the wrapper's own `#` subscription is a matching subscriber on every broker, so a publisher whom "
               "nobody else hears gets Success instead of Mosquitto's No matching subscribers (16)",
 }
@@ -67,9 +65,6 @@ XFAIL: dict[str, pytest.MarkDecorator] = {
     "shared-every-broker": issue20("shared"),
     "will-retained": issue20("retained-where-subscribed"),
     "puback-no-subscribers": issue20("puback"),
-    "payload-256KiB-plus-1": issue20("large"),
-    "payload-1MiB": issue20("large"),
-    "payload-16MiB": issue20("large"),
 }
 
 
