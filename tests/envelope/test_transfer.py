@@ -238,3 +238,63 @@ def test_the_receiver_charges_the_memory_it_really_holds() -> None:
     assert receiver.transfers is not None
     charged = receiver.transfers.used
     assert charged > 4 * MIB and abs(charged - held) < 64 * 1024, (charged, held)
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_two_nodes_federate_16_mib_through_lossy_envelopes(qos: int) -> None:
+    """Two protocol nodes behind envelopes built from the default settings (bulk transfers above 64 KiB, 1400-byte
+    datagrams), every datagram lost with probability 5%: the 16 MiB publication is injected once, whole, and the
+    node's retransmissions of the QoS 1/2 copy join or skip the transfer instead of starting it again."""
+    from federation.protocol.node import Node
+    from federation.protocol.settings import Settings
+
+    settings = Settings(hello_interval=0.2, dead_intervals=10)
+    nodes = {address: Node(address, [other], 1, random.Random(str(address)), settings, vid=index)
+             for index, (address, other) in enumerate(((A, B), (B, A)), start=1)}
+    pair = {address: Envelope(address, 1, EnvelopeConfig.from_settings(node.settings, (KEY,)))
+            for address, node in nodes.items()}
+    rng = random.Random(qos)
+    injected: list[tuple[str, bytes]] = []
+
+    def pump(now: float) -> None:
+        for _ in range(50):
+            moved = False
+            for address, node in nodes.items():
+                for data, to in node.packets_to_send():
+                    pair[address].send(data, to, now)
+                for datagram, to in pair[address].datagrams_to_send(now):
+                    moved = True
+                    if rng.random() < 0.05:
+                        continue
+                    for packet in pair[to].receive_datagram(datagram, address, now):
+                        nodes[to].receive_packet(packet, address, now)
+            for injection in nodes[B].injections_to_make():
+                injected.append((injection.topic, injection.payload))
+                if injection.qos:
+                    nodes[B].injection_done(injection.publication, now)
+            if not moved:
+                return
+
+    now = 0.0
+    for node in nodes.values():
+        node.start(now)
+    nodes[B].local_subscribe("client", "big/#", 2, now)
+    while now < 5.0:
+        now += 0.01
+        for node in nodes.values():
+            node.handle_timer(now)
+        pump(now)
+    payload = os.urandom(16 * MIB)
+    nodes[A].local_publish("big/blob", payload, qos, False, None, now)
+    deadline = now + 60.0
+    while now < deadline and not injected:
+        now += 0.01
+        for address, node in nodes.items():
+            node.handle_timer(now)
+            pair[address].handle_timer(now)
+        pump(now)
+    assert injected == [("big/blob", payload)]
+    sender = pair[A].transfers
+    assert sender is not None
+    assert sender.counters["transfers_started"] == 1, sender.counters
+    assert sender.counters["transfer_fragments_resent"] > 0
