@@ -258,6 +258,8 @@ class Envelope:
         self.transfers = Transfers(TransferConfig(config.max_packet, config.transfer_memory, config.receive_window,
                                                   config.transfer_timeout),
                                    self.capacity - DATA_ITEM.size) if config.bulk_threshold else None
+        self._bulk_above = max(config.bulk_threshold, self.capacity - DATA_ITEM.size)
+        """bytes: a packet above it goes as a bulk transfer (at least two fragments of one)"""
         self.counters: Counter[str] = Counter()
         self.drops: Counter[str] = Counter()
         self._drop_sink = drop_sink
@@ -273,7 +275,7 @@ class Envelope:
             self._drop(TOO_LARGE_TO_SEND, f"{len(packet)} bytes to {to} > max_packet {self.config.max_packet}",
                        self.address, len(packet), now)
             return
-        if self.transfers is not None and len(packet) > self.config.bulk_threshold:
+        if self.transfers is not None and len(packet) > self._bulk_above:
             self._transfer_drop(self.transfers.offer(packet, to, now), now)
             return
         queue = self._queue.get(to)

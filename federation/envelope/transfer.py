@@ -133,6 +133,8 @@ class Outgoing:
     started: float
     acked: bytearray = field(init=False)
     acked_count: int = 0
+    base: int = 0
+    """every fragment below it is acknowledged"""
     next_new: int = 0
     in_flight: dict[int, tuple[int, float, bool]] = field(default_factory=dict)
     """index -> (transmission order, time sent, sent before)"""
@@ -278,7 +280,7 @@ class Transfers:
             if transfer.receiver_epoch:  # the receiver restarted: what its former life acknowledged is gone
                 self._count("transfers_restarted")
                 transfer.acked = bytearray(transfer.count)
-                transfer.acked_count = transfer.next_new = 0
+                transfer.acked_count = transfer.next_new = transfer.base = 0
                 transfer.in_flight.clear()
                 transfer.lost.clear()
             transfer.receiver_epoch = epoch
@@ -292,7 +294,7 @@ class Transfers:
         transfer.last_progress = now  # it answers: alive (a window of 0 means no room yet, not gone)
         newest = 0
         progressed = False
-        for start, end in [(0, min(cumulative, transfer.count)), *ranges]:
+        for start, end in [(transfer.base, min(cumulative, transfer.count)), *ranges]:
             for index in range(max(0, start), min(end, transfer.count)):
                 if transfer.acked[index]:
                     continue
@@ -304,6 +306,8 @@ class Transfers:
                     newest = max(newest, sent[0])
                     if not sent[2]:
                         self._sample(transfer, now - sent[1])
+        if cumulative > transfer.base:
+            transfer.base = min(cumulative, transfer.count)
         if progressed:
             transfer.growth += 1
             if transfer.growth >= transfer.congestion:

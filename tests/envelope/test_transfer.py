@@ -298,3 +298,14 @@ def test_two_nodes_federate_16_mib_through_lossy_envelopes(qos: int) -> None:
     assert sender is not None
     assert sender.counters["transfers_started"] == 1, sender.counters
     assert sender.counters["transfer_fragments_resent"] > 0
+
+
+def test_a_packet_that_fits_one_datagram_is_never_a_transfer() -> None:
+    """bulk_threshold below a datagram's size: what fits one datagram still goes whole, in one step."""
+    sender, receiver = Envelope(A, 1, config(max_datagram=65507, bulk_threshold=1000)), Envelope(B, 1, config())
+    packet = os.urandom(5000)
+    sender.send(packet, B)
+    datagrams = sender.datagrams_to_send(0.0)
+    assert len(datagrams) == 1
+    assert receiver.receive_datagram(datagrams[0][0], A, 0.0) == [packet]
+    assert sender.transfers is not None and not sender.transfers.outgoing
