@@ -28,6 +28,13 @@ most EVENT_BURST per reason per second, the rest counted in `suppressed`:
 a flood of forgeries must not become a flood of log lines). Nothing a peer
 sends makes it raise.
 
+Bulk transfers: a packet above `bulk_threshold` (a large publication) is
+not fragmented as above, where one lost datagram loses it, but handed to
+federation.envelope.transfer: data and acknowledgement items in datagrams
+sealed like any other, a window from the receiver, retransmission of the
+lost fragments, bounded memory with fair shares. `transfer_timer` says
+when it needs `handle_timer`, unlike reassembly's timer, on time.
+
 Keys: the configured list signs with its first key and accepts all of them,
 so a key is rotated without downtime (add the new key second everywhere,
 then first everywhere, then remove the old one). Each key is identified on
