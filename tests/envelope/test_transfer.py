@@ -120,6 +120,17 @@ def test_loss_reordering_and_duplicates_resend_only_what_was_lost(seed: int) -> 
     assert transfers.counters["transfer_fragments_resent"] > 0
 
 
+@pytest.mark.parametrize("mode", ["open", "aead"])
+def test_transfers_work_in_every_envelope_mode(mode: str) -> None:
+    keys = {"open": {"keys": ()}, "aead": {"encryption": "chacha20-poly1305"}}[mode]
+    link = Link(envelopes(A, B, **keys), random.Random(5), loss=0.05)
+    packet = os.urandom(MIB)
+    link.envelopes[A].send(packet, B)
+    link.run()
+    assert link.delivered[B] == [packet]
+    assert link.envelopes[B].mode == mode
+
+
 def test_the_window_keeps_bursts_within_the_receivers_buffer() -> None:
     """A receiver whose buffer holds 256 KiB: the sender never overflows it (the window is the pacing)."""
     link = Link(envelopes(A, B), buffer=300 * 1024)
