@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from federation.envelope.datagrams import Envelope, EnvelopeConfig
+from federation.envelope.datagrams import MESSAGE_REASONS, Envelope, EnvelopeConfig
 from federation.envelope.transfer import DATAGRAM_COST
 from federation.protocol.types import Address
 
@@ -85,6 +85,12 @@ class Link:
                 envelope.handle_timer(self.now)
 
 
+def transfer_drops(envelope: Envelope) -> dict[str, int]:
+    """The drops that give up a packet or a transfer (a first datagram to a peer may be refused for other reasons
+    that the transfer's retransmission recovers from)."""
+    return {reason: count for reason, count in envelope.drops.items() if reason in MESSAGE_REASONS}
+
+
 def envelopes(*addresses: Address, **overrides: object) -> dict[Address, Envelope]:
     return {address: Envelope(address, 1, config(**overrides)) for address in addresses}
 
@@ -97,7 +103,7 @@ def test_a_large_packet_crosses_whole_without_loss(size: int) -> None:
     link.run()
     assert link.delivered[B] == [packet]
     receiver = link.envelopes[B]
-    assert receiver.drops == {} and link.envelopes[A].drops == {}
+    assert transfer_drops(receiver) == {} and transfer_drops(link.envelopes[A]) == {}
     assert receiver.counters["packets_reassembled"] == 1
     assert receiver.transfers is not None and receiver.transfers.used == 0
     sender = link.envelopes[A].transfers
@@ -221,7 +227,7 @@ def test_a_sender_gives_up_a_transfer_nobody_answers() -> None:
             break
         now = deadline
         sender.handle_timer(now)
-    assert sender.drops == {"transfer_failed": 1}
+    assert transfer_drops(sender) == {"transfer_failed": 1}
     assert sender.transfers is not None and sender.transfers.queued_bytes == 0
 
 
@@ -230,7 +236,7 @@ def test_a_fragment_above_max_packet_is_refused_and_its_sender_told() -> None:
     link.envelopes[A].send(os.urandom(2 * MIB), B)
     link.run()
     assert link.envelopes[B].drops["transfer_invalid"] >= 1
-    assert link.envelopes[A].drops == {"transfer_failed": 1}
+    assert transfer_drops(link.envelopes[A]) == {"transfer_failed": 1}
     assert B not in link.delivered or link.delivered[B] == []
 
 
