@@ -164,6 +164,7 @@ class Running:
         self.reloads = Reloads()
         """what SIGHUPs did (`reload`)"""
         self._refused_logged_at = float("-inf")
+        self._refused_unlogged = 0
         self._data_pass_scheduled = False
         self._rearm_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
@@ -446,10 +447,17 @@ class Running:
         self.event_counts[event.type] += 1
         if self.event_log is not None:
             self.event_log.write([event])
+        self._refused_unlogged += 1
         if now - self._refused_logged_at >= REFUSAL_LOG_INTERVAL:
             self._refused_logged_at = now
+            others, self._refused_unlogged = self._refused_unlogged - 1, 0
+            if others:
+                log.warning("%d more publications above max_publication_bytes were refused since the last such "
+                            "line (drop publication_too_large: %d in all)", others,
+                            node.drops["publication_too_large"])
             log.warning("publication on %r refused: its payload of %d bytes is above max_publication_bytes (%d); "
-                        "it reaches this broker's own subscribers but is not federated (raise "
+                        "it reaches this broker's own subscribers but is not federated (set the broker's "
+                        "message_size_limit to the same value so the publisher is refused at the source, or raise "
                         "settings.max_publication_bytes and max_packet on every wrapper to allow it; further "
                         "refusals are counted as drop publication_too_large and logged once a minute)",
                         item.topic, len(item.payload), limit)
@@ -576,6 +584,9 @@ class Running:
     def _rearm_timer(self) -> None:
         self._rearm_scheduled = False
         deadline = self.node.get_timer()
+        transfer = self.envelope.transfer_timer()  # bulk transfers' retransmissions: not late, unlike reassembly
+        if transfer is not None and (deadline is None or transfer < deadline):
+            deadline = transfer
         if deadline == self._timer_deadline and self._timer is not None:
             return
         if self._timer is not None:

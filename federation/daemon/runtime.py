@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig, is_wildcard
@@ -90,6 +91,8 @@ class Runtime:
         transport: asyncio.DatagramTransport | None = None
         try:
             node, envelope, persisted = boot(config, resources.store)
+            # Linux reports twice the receive buffer it accepted; bulk transfers may fill half of what it accepted
+            envelope.set_receive_window(resources.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4)
             known = {config.announced.host}
             if not is_wildcard(config.bind.host):
                 known.add(config.bind.host)

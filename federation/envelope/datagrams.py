@@ -28,6 +28,13 @@ most EVENT_BURST per reason per second, the rest counted in `suppressed`:
 a flood of forgeries must not become a flood of log lines). Nothing a peer
 sends makes it raise.
 
+Bulk transfers: a packet above `bulk_threshold` (a large publication) is
+not fragmented as above, where one lost datagram loses it, but handed to
+federation.envelope.transfer: data and acknowledgement items in datagrams
+sealed like any other, a window from the receiver, retransmission of the
+lost fragments, bounded memory with fair shares. `transfer_timer` says
+when it needs `handle_timer`, unlike reassembly's timer, on time.
+
 Keys: the configured list signs with its first key and accepts all of them,
 so a key is rotated without downtime (add the new key second everywhere,
 then first everywhere, then remove the old one). Each key is identified on
@@ -49,6 +56,16 @@ from typing import TYPE_CHECKING, Any
 
 from federation.envelope.reassembly import Reassembler
 from federation.envelope.replay import SenderTable
+from federation.envelope.transfer import (
+    DATA_ITEM,
+    ITEM_ACK,
+    ITEM_DATA,
+    TRANSFER_REASONS,
+    TransferConfig,
+    TransferDrop,
+    Transfers,
+    parse_ack,
+)
 from federation.protocol import events
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, Event
@@ -97,8 +114,8 @@ TOO_LARGE_TO_SEND = "too_large_to_send"
 DATAGRAM_REASONS = (NOT_ENVELOPE, ENVELOPE_VERSION_MISMATCH, ENVELOPE_MALFORMED, UNAUTHENTICATED, NO_KEY,
                     UNKNOWN_KEY, BAD_MAC, "stale_epoch", "replayed", "too_old")
 """reasons that refuse a whole received datagram (each received datagram is accepted or gets one of these)"""
-MESSAGE_REASONS = ("fragment_invalid", "reassembly_timeout", "reassembly_evicted")
-"""reasons that give up a fragmented packet (counted once per packet)"""
+MESSAGE_REASONS = ("fragment_invalid", "reassembly_timeout", "reassembly_evicted", *TRANSFER_REASONS)
+"""reasons that give up a fragmented packet or a bulk transfer (counted once per packet)"""
 DROP_REASONS = (*DATAGRAM_REASONS, *MESSAGE_REASONS, TOO_LARGE_TO_SEND)
 
 
@@ -162,6 +179,14 @@ class EnvelopeConfig:
     """senders whose replay windows are kept (least recently heard evicted)"""
     replay_window: int = 1024
     """sequence numbers below the highest one still accepted once (reordering tolerance)"""
+    bulk_threshold: int = 0
+    """bytes: a packet above it goes as a bulk transfer (federation.envelope.transfer); 0: never (fragments)"""
+    transfer_memory: int = 64 * 1024 * 1024
+    """bytes held at most by bulk transfers received, all senders together (and by those queued to send)"""
+    transfer_timeout: float = 30.0
+    """seconds without progress after which a bulk transfer is given up"""
+    receive_window: int = 1024 * 1024
+    """bytes of the socket's receive buffer that bulk transfers may fill (the daemon sets what the kernel gave)"""
 
     @classmethod
     def from_settings(cls, settings: Settings, keys: Sequence[bytes] = (),
@@ -171,7 +196,14 @@ class EnvelopeConfig:
             raise EnvelopeConfigError("max_datagram 0 (choose) is not a size yet: pass the settings the Node holds "
                                       "(`Settings.with_datagram_for` made it one)")
         return cls(tuple(keys), encryption, settings.max_datagram, settings.max_packet,
-                   settings.reassembly_timeout, settings.reassembly_memory, max(64, 4 * settings.max_neighbours))
+                   settings.reassembly_timeout, settings.reassembly_memory, max(64, 4 * settings.max_neighbours),
+                   bulk_threshold=settings.bulk_threshold, transfer_memory=settings.transfer_memory,
+                   transfer_timeout=settings.transfer_timeout)
+
+    @property
+    def max_fragmented(self) -> int:
+        """bytes: the largest packet sent (and reassembled) as plain fragments; above it, bulk transfers"""
+        return min(self.max_packet, self.bulk_threshold) if self.bulk_threshold else self.max_packet
 
     def validate(self) -> None:
         if self.encryption not in ENCRYPTIONS:
@@ -184,9 +216,12 @@ class EnvelopeConfig:
             raise EnvelopeConfigError(f"max_datagram: expected 256 to 65507 bytes, got {self.max_datagram}")
         if self.reassembly_timeout <= 0:
             raise EnvelopeConfigError(f"reassembly_timeout: must be positive, got {self.reassembly_timeout}")
-        if self.reassembly_memory < 2 * self.max_packet:
-            raise EnvelopeConfigError(f"reassembly_memory ({self.reassembly_memory}) must hold two packets of "
-                                      f"max_packet ({self.max_packet})")
+        if self.reassembly_memory < 2 * self.max_fragmented:
+            raise EnvelopeConfigError(f"reassembly_memory ({self.reassembly_memory}) must hold two fragmented "
+                                      f"packets of {self.max_fragmented} bytes (max_packet, bulk_threshold)")
+        if self.bulk_threshold and self.transfer_memory < self.max_packet + 65536:
+            raise EnvelopeConfigError(f"transfer_memory ({self.transfer_memory}) must hold a packet of max_packet "
+                                      f"({self.max_packet}) and 64 KiB more")
 
 
 class Envelope:
@@ -220,13 +255,18 @@ class Envelope:
         self.fragment_size = self.capacity - FRAGMENT_ITEM.size
         if self.fragment_size < 64:
             raise EnvelopeConfigError(f"max_datagram {config.max_datagram} leaves no room for fragments")
-        if math.ceil(config.max_packet / self.fragment_size) > 0xFFFF:
+        if math.ceil(config.max_fragmented / self.fragment_size) > 0xFFFF:
             raise EnvelopeConfigError(f"max_packet {config.max_packet} needs more than 65535 fragments of "
                                       f"{self.fragment_size} bytes; lower it or raise max_datagram")
         self.seq = 0
         self.message_id = 0
         self.senders = SenderTable(config.max_senders, config.replay_window)
-        self.reassembler = Reassembler(config.max_packet, config.reassembly_memory, config.reassembly_timeout)
+        self.reassembler = Reassembler(config.max_fragmented, config.reassembly_memory, config.reassembly_timeout)
+        self.transfers = Transfers(TransferConfig(config.max_packet, config.transfer_memory, config.receive_window,
+                                                  config.transfer_timeout),
+                                   self.capacity - DATA_ITEM.size) if config.bulk_threshold else None
+        self._bulk_above = max(config.bulk_threshold, self.capacity - DATA_ITEM.size)
+        """bytes: a packet above it goes as a bulk transfer (at least two fragments of one)"""
         self.counters: Counter[str] = Counter()
         self.drops: Counter[str] = Counter()
         self._drop_sink = drop_sink
@@ -242,6 +282,9 @@ class Envelope:
             self._drop(TOO_LARGE_TO_SEND, f"{len(packet)} bytes to {to} > max_packet {self.config.max_packet}",
                        self.address, len(packet), now)
             return
+        if self.transfers is not None and len(packet) > self._bulk_above:
+            self._transfer_drop(self.transfers.offer(packet, to, now), now)
+            return
         queue = self._queue.get(to)
         if queue is None:
             self._queue[to] = [packet]
@@ -254,7 +297,33 @@ class Envelope:
         queue, self._queue = self._queue, {}
         for to, packets in queue.items():
             self._frame(packets, to, out)
+        if self.transfers is not None:
+            self._transfer_datagrams(self.transfers, out, now)
         return out
+
+    def _transfer_datagrams(self, transfers: Transfers, out: list[tuple[bytes, Address]], now: float) -> None:
+        """Bulk transfers' acknowledgements (batched per destination) and the fragments their windows allow."""
+        acks: dict[Address, list[bytes]] = {}
+        for to, item in transfers.acks_to_send():
+            acks.setdefault(to, []).append(item)
+        for to, items in acks.items():
+            batch: list[bytes] = []
+            used = 0
+            for item in items:
+                if batch and used + len(item) > self.capacity:
+                    out.append((self._seal(batch, len(batch)), to))
+                    batch, used = [], 0
+                batch.append(item)
+                used += len(item)
+            out.append((self._seal(batch, len(batch)), to))
+        for to, header, piece in transfers.data_to_send(now):
+            out.append((self._seal([header, piece], 1), to))
+
+    def set_receive_window(self, size: int) -> None:
+        """Bytes of the socket's receive buffer bulk transfers may fill (the daemon: half of what the kernel
+        gave, the other half for everything else)."""
+        if self.transfers is not None and size > 0:
+            self.transfers.config = replace(self.transfers.config, receive_window=size)
 
     def _frame(self, packets: list[bytes], to: Address, out: list[tuple[bytes, Address]]) -> None:
         capacity = self.capacity
@@ -403,6 +472,19 @@ class Envelope:
                 if length == 0 or position > end:
                     break
                 items.append((body[start:position], message, index, count, total))
+            elif kind == ITEM_DATA and position + DATA_ITEM.size <= end:
+                _, transfer_id, index, total, fragment, length = DATA_ITEM.unpack_from(body, position)
+                start = position + DATA_ITEM.size
+                position = start + length
+                if length == 0 or position > end:
+                    break
+                items.append((ITEM_DATA, body[start:position], transfer_id, index, total, fragment))
+            elif kind == ITEM_ACK:
+                try:
+                    ack, position = parse_ack(body, position, end)
+                except ValueError:
+                    break
+                items.append((ITEM_ACK, *ack))
             else:
                 break
         else:
@@ -419,6 +501,11 @@ class Envelope:
             if len(item) == 1:
                 packets.append(item[0])
                 continue
+            if item[0] == ITEM_DATA or item[0] == ITEM_ACK:
+                packet = self._on_transfer_item(item, sender, epoch, source, now)
+                if packet is not None:
+                    packets.append(packet)
+                continue
             piece, message, index, count, total = item
             self.counters["fragments_received"] += 1
             whole, dropped = self.reassembler.add((sender, epoch, message), index, count, total, piece, source, now)
@@ -430,15 +517,47 @@ class Envelope:
         self.counters["packets_received"] += len(packets)
         return packets
 
+    def _on_transfer_item(self, item: tuple[Any, ...], sender: str, epoch: int, source: Address,
+                          now: float) -> bytes | None:
+        transfers = self.transfers
+        if transfers is None:  # we send no bulk transfers, so we take none (nor answer for any)
+            self._drop("transfer_invalid", f"a bulk transfer item from {sender}; this wrapper has bulk_threshold 0",
+                       source, 0, now)
+            return None
+        if item[0] == ITEM_ACK:
+            _, transfer_id, status, cumulative, window, ranges = item
+            self._transfer_drop(transfers.on_ack(source, epoch, transfer_id, status, cumulative, window, ranges, now),
+                                now)
+            return None
+        _, piece, transfer_id, index, total, fragment = item
+        self.counters["fragments_received"] += 1
+        packet, dropped = transfers.on_data((sender, epoch, transfer_id), source, index, total, fragment, piece, now)
+        self._transfer_drop(dropped, now)
+        if packet is not None:
+            self.counters["packets_reassembled"] += 1
+        return packet
+
+    def _transfer_drop(self, dropped: TransferDrop | None, now: float) -> None:
+        if dropped is not None:
+            self._drop(dropped.reason, dropped.detail, dropped.source, dropped.size, now)
+
     # ------------------------------------------------------------ timers, events, status
 
     def get_timer(self) -> float | None:
         """When the oldest partial message times out (call `handle_timer` then), or None."""
         return self.reassembler.next_deadline()
 
+    def transfer_timer(self) -> float | None:
+        """When a bulk transfer needs `handle_timer` (a retransmission, a probe, a give-up), or None; unlike
+        `get_timer` it must not be late."""
+        return self.transfers.next_deadline() if self.transfers is not None else None
+
     def handle_timer(self, now: float) -> None:
         for gone in self.reassembler.expire(now):
             self._drop(gone.reason, gone.detail, gone.source, gone.size, now)
+        if self.transfers is not None:
+            for dropped in self.transfers.on_timer(now):
+                self._transfer_drop(dropped, now)
 
     def events_emitted(self) -> list[Event]:
         out, self._events = self._events, []
@@ -490,6 +609,7 @@ class Envelope:
             "senders": len(self.senders), "partial_messages": len(self.reassembler),
             "reassembly_bytes": self.reassembler.used, "reassembly_memory": self.config.reassembly_memory,
             "counters": dict(sorted(self.counters.items())), "drops": dict(sorted(self.drops.items())),
+            "transfers": self.transfers.status() if self.transfers is not None else None,
         }
 
 

@@ -106,10 +106,21 @@ class Settings:
     max_datagram: int = 0
     """bytes: largest UDP datagram sent (batched, fragmented to fit); 0: 65507 if all neighbours are on loopback,
     else 1400"""
-    max_packet: int = 327680
-    """bytes: largest protocol packet, reassembled included (`oversized` above): a publication with its topic"""
-    max_publication_bytes: int = 262144
-    """bytes: largest publication payload federated; a larger one is refused (logged, counted), never truncated"""
+    max_packet: int = 16842752
+    """bytes: largest protocol packet, reassembled included (`oversized` above): a publication with its topic
+    (16 MiB + 64 KiB)"""
+    max_publication_bytes: int = 16777216
+    """bytes: largest publication payload federated (16 MiB); a larger one is refused (logged, counted), never
+    truncated. Set the broker's `message_size_limit` to the same value (docs/install.md)"""
+    bulk_threshold: int = 65536
+    """bytes: a packet above it crosses each hop as a bulk transfer (window, selective acknowledgement,
+    retransmission of lost fragments: docs/protocol.md "Bulk transfers"); smaller ones as plain fragments"""
+    transfer_memory: int = 67108864
+    """bytes held at most by bulk transfers being received, all senders together, each sender an even share
+    while several want room (and by bulk transfers queued to send)"""
+    transfer_timeout: float = 30.0
+    """seconds without an acknowledgement (sender) or a new fragment (receiver) before a bulk transfer is
+    given up"""
     reassembly_timeout: float = 5.0
     """seconds a fragmented packet waits for its missing fragments before it is dropped"""
     reassembly_memory: int = 8388608
@@ -183,7 +194,7 @@ class Settings:
             "redundancy", "max_hops", "duplicate_cache_size", "max_neighbours", "max_nodes",
             "max_topics", "stats_interval", "max_held_publications", "retransmit_timeout", "retransmit_timeout_max",
             "max_unacked", "max_held_bytes", "reliable_hold", "reorder_timeout", "reorder_max", "reorder_max_stream",
-            "reorder_max_bytes", "max_streams",
+            "reorder_max_bytes", "max_streams", "transfer_timeout",
         ]
         for name in positive:
             if getattr(self, name) <= 0:
@@ -210,9 +221,16 @@ class Settings:
                                 f"with it (the default leaves 64 KiB for topic and properties)")
         if self.reassembly_timeout <= 0:
             raise SettingsError(f"{where}.reassembly_timeout: must be greater than 0, got {self.reassembly_timeout!r}")
-        if self.reassembly_memory < 2 * self.max_packet:
-            raise SettingsError(f"{where}.reassembly_memory: must hold two packets of max_packet "
-                                f"(at least {2 * self.max_packet}), got {self.reassembly_memory!r}")
+        fragmented = min(self.max_packet, self.bulk_threshold) if self.bulk_threshold else self.max_packet
+        if self.reassembly_memory < 2 * fragmented:
+            raise SettingsError(f"{where}.reassembly_memory: must hold two fragmented packets of min(max_packet, "
+                                f"bulk_threshold) (at least {2 * fragmented}), got {self.reassembly_memory!r}")
+        if self.bulk_threshold < 0:
+            raise SettingsError(f"{where}.bulk_threshold: must not be negative (0: no bulk transfers), got "
+                                f"{self.bulk_threshold!r}")
+        if self.bulk_threshold and self.transfer_memory < self.max_packet + 65536:
+            raise SettingsError(f"{where}.transfer_memory: must hold one packet of max_packet and 64 KiB more "
+                                f"(at least {self.max_packet + 65536}), got {self.transfer_memory!r}")
 
     def with_datagram_for(self, hosts: Iterable[str]) -> Settings:
         """These settings with `max_datagram` 0 (choose) made a size for a node whose own and neighbours'

@@ -44,8 +44,6 @@ REASONS = {
     "shared-every-broker": "Mosquitto gives an injected publication to every matching subscription of the broker, "
                            "shared groups included: the broker chosen for group h also serves its member of g, "
                            "which a's broker served already (shared_group_served_twice, docs/protocol.md rule 9)",
-    "large": "a publication above max_publication_bytes (256 KiB) is refused by the publisher's wrapper "
-             "(publication_dropped too_large) after its broker acknowledged it",
     "puback": "the wrapper's own `#` subscription is a matching subscriber on every broker, so a publisher whom "
               "nobody else hears gets Success instead of Mosquitto's No matching subscribers (16)",
 }
@@ -66,9 +64,6 @@ XFAIL: dict[str, pytest.MarkDecorator] = {
     "shared-every-broker": issue20("shared-every-broker"),
     "will-retained": issue20("retained-where-subscribed"),
     "puback-no-subscribers": issue20("puback"),
-    "payload-256KiB-plus-1": issue20("large"),
-    "payload-1MiB": issue20("large"),
-    "payload-16MiB": issue20("large"),
 }
 
 
