@@ -49,6 +49,20 @@ def peer_socket() -> Iterator[tuple[socket.socket, Address]]:
         peer.close()
 
 
+PEER_EPOCH = 1
+"""the envelope epoch of the test's peers (`peer_envelope`, `packets_in`)"""
+
+
+def peer_envelope(runtime: Runtime, peer: Address) -> Envelope:
+    """An (unsigned) envelope for a peer at `peer`, introduced to the runtime's both ways, as if they had
+    exchanged a datagram: the peer stamps the runtime's epoch, the runtime stamps PEER_EPOCH."""
+    assert runtime.envelope is not None
+    envelope = Envelope(peer, PEER_EPOCH)
+    envelope.set_peer_epoch(runtime.config.bind, runtime.envelope.epoch)
+    runtime.envelope.set_peer_epoch(peer, PEER_EPOCH)
+    return envelope
+
+
 def packets_in(data: bytes) -> list[bytes]:
-    """the protocol packets of one datagram a runtime sent (unsigned envelope)"""
-    return Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, Address("127.0.0.1", 2), 0.0)
+    """the protocol packets of one datagram a runtime sent (unsigned envelope) to a peer of PEER_EPOCH"""
+    return Envelope(Address("127.0.0.1", 1), PEER_EPOCH).receive_datagram(data, Address("127.0.0.1", 2), 0.0)

@@ -7,8 +7,10 @@ the node's packets; `datagrams_to_send(now)` turns each destination's queue
 into as few datagrams as fit `max_datagram` bytes: several small packets are
 batched into one datagram, a packet too big for one datagram is split into
 fragments. Every datagram gets a header naming the sender (its announced
-address), the sender's *envelope epoch* (strictly greater at each restart)
-and a sequence number (+1 per datagram), and then, depending on the mode:
+address), the sender's *envelope epoch* (strictly greater at each restart),
+a sequence number (+1 per datagram) and the *receiver epoch* (the
+destination's envelope epoch as last learned from its own datagrams, 0
+before that), and then, depending on the mode:
 
 - `open` (no key): nothing more. Anyone who can send UDP to a wrapper can
   inject anything; meant for a lab, and the daemon says so loudly.
@@ -21,8 +23,12 @@ and a sequence number (+1 per datagram), and then, depending on the mode:
 Inbound, `receive_datagram` checks in order: the frame is well formed, its
 kind matches our configuration (a keyed wrapper refuses open frames, an
 unkeyed one cannot check keyed frames), the key id is one of ours, the tag
-verifies, and the (sender, epoch, sequence) is new (federation.envelope.replay); then
-it parses the items and reassembles fragments (federation.envelope.reassembly). Each
+verifies, the (sender, epoch, sequence) is new (federation.envelope.replay), and the
+receiver epoch is ours: only this life of ours is ever accepted, so nothing
+captured before a restart is, though the replay windows start empty (what
+the header teaches, the sender's epoch, is learned even from a datagram
+refused for that); then it parses the items and reassembles fragments
+(federation.envelope.reassembly). Each
 refusal is counted by reason and reported as a `packet_dropped` event (at
 most EVENT_BURST per reason per second, the rest counted in `suppressed`:
 a flood of forgeries must not become a flood of log lines). Nothing a peer
@@ -48,7 +54,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from federation.envelope.reassembly import Reassembler
-from federation.envelope.replay import SenderTable
+from federation.envelope.replay import PeerEpochs, SenderTable
 from federation.protocol import events
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, Event
@@ -57,7 +63,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 MAGIC = 0xFE
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION = 2
 KIND_OPEN = 0
 KIND_MAC = 1
 KIND_AEAD = 2
@@ -67,8 +73,10 @@ ENCRYPTION_NONE = "none"
 ENCRYPTION_CHACHA = "chacha20-poly1305"
 ENCRYPTIONS = (ENCRYPTION_NONE, ENCRYPTION_CHACHA)
 
-HEADER = struct.Struct(">BBBIQQB")
-"""magic, version, kind, key id, epoch, sequence, sender length; then the sender (UTF-8)"""
+HEADER = struct.Struct(">BBBIQQQB")
+"""magic, version, kind, key id, epoch, sequence, receiver epoch, sender length; then the sender (UTF-8)"""
+MAX_EPOCH = 2**64 - 1
+"""envelope epochs are 1 to this; a receiver epoch of 0 means: not known yet"""
 ITEM_PACKET = 1
 ITEM_FRAGMENT = 2
 PACKET_ITEM = struct.Struct(">BH")
@@ -93,9 +101,10 @@ UNAUTHENTICATED = "unauthenticated"
 NO_KEY = "no_key"
 UNKNOWN_KEY = "unknown_key"
 BAD_MAC = "bad_mac"
+RECEIVER_EPOCH = "receiver_epoch"
 TOO_LARGE_TO_SEND = "too_large_to_send"
 DATAGRAM_REASONS = (NOT_ENVELOPE, ENVELOPE_VERSION_MISMATCH, ENVELOPE_MALFORMED, UNAUTHENTICATED, NO_KEY,
-                    UNKNOWN_KEY, BAD_MAC, "stale_epoch", "replayed", "too_old")
+                    UNKNOWN_KEY, BAD_MAC, "stale_epoch", "replayed", "too_old", RECEIVER_EPOCH)
 """reasons that refuse a whole received datagram (each received datagram is accepted or gets one of these)"""
 MESSAGE_REASONS = ("fragment_invalid", "reassembly_timeout", "reassembly_evicted")
 """reasons that give up a fragmented packet (counted once per packet)"""
@@ -203,8 +212,8 @@ class Envelope:
         self.sender = str(sender).encode("utf-8")
         if not 0 < len(self.sender) <= MAX_SENDER:
             raise EnvelopeConfigError(f"sender address {sender} is longer than {MAX_SENDER} bytes")
-        if not 0 <= epoch < 2**64:
-            raise EnvelopeConfigError(f"epoch must be an unsigned 64-bit integer, got {epoch}")
+        if not 0 < epoch <= MAX_EPOCH:
+            raise EnvelopeConfigError(f"epoch must be 1 to 2^64-1 (0 means unknown on the wire), got {epoch}")
         self.epoch = epoch
         self.keys = [FederationKey(secret) for secret in config.keys]
         self._keys_by_id: dict[int, FederationKey] = {}
@@ -232,6 +241,7 @@ class Envelope:
         self.seq = 0
         self.message_id = 0
         self.senders = SenderTable(config.max_senders, config.replay_window)
+        self.peers = PeerEpochs(config.max_senders)
         self.reassembler = Reassembler(config.max_packet, config.reassembly_memory, config.reassembly_timeout)
         self.counters: Counter[str] = Counter()
         self.drops: Counter[str] = Counter()
@@ -262,7 +272,15 @@ class Envelope:
             self._frame(packets, to, out)
         return out
 
+    def set_peer_epoch(self, to: Address, epoch: int) -> None:
+        """Stamp `epoch` as the receiver epoch of what is sent to `to` until `to` is heard from. The daemon never
+        needs it (the peer's own datagrams teach it); for tools and tests that play a peer without listening."""
+        if not 0 <= epoch <= MAX_EPOCH:
+            raise ValueError(f"epoch must be 0 to 2^64-1, got {epoch}")
+        self.peers.set(to, epoch)
+
     def _frame(self, packets: list[bytes], to: Address, out: list[tuple[bytes, Address]]) -> None:
+        stamp = self.peers.stamp(to, self.senders)
         capacity = self.capacity
         items: list[bytes] = []
         used = 0
@@ -271,7 +289,7 @@ class Envelope:
             need = PACKET_ITEM.size + len(packet)
             if need <= capacity:
                 if used + need > capacity:
-                    out.append((self._seal(items, count), to))
+                    out.append((self._seal(items, count, stamp), to))
                     items, used, count = [], 0, 0
                 items.append(PACKET_ITEM.pack(ITEM_PACKET, len(packet)))
                 items.append(packet)
@@ -279,7 +297,7 @@ class Envelope:
                 count += 1
                 continue
             if items:
-                out.append((self._seal(items, count), to))
+                out.append((self._seal(items, count, stamp), to))
             self.message_id = (self.message_id + 1) & 0xFFFFFFFF
             size = self.fragment_size
             fragments = math.ceil(len(packet) / size)
@@ -290,21 +308,22 @@ class Envelope:
                 used = FRAGMENT_ITEM.size + len(piece)
                 count = 1
                 if index + 1 < fragments:
-                    out.append((self._seal(items, count), to))
+                    out.append((self._seal(items, count, stamp), to))
             self.counters["fragments_sent"] += fragments
             self.counters["packets_fragmented"] += 1
         if items:
-            out.append((self._seal(items, count), to))
+            out.append((self._seal(items, count, stamp), to))
         self.counters["packets_sent"] += len(packets)
 
-    def seal_body(self, body: bytes) -> bytes:
-        """Seal an already-built item body as the next datagram (for tests and fuzzers that play a key holder)."""
-        return self._seal([body], 1)
+    def seal_body(self, body: bytes, to: Address | None = None) -> bytes:
+        """Seal an already-built item body as the next datagram for `to` (None: receiver epoch 0); for tests and
+        fuzzers that play a key holder."""
+        return self._seal([body], 1, 0 if to is None else self.peers.stamp(to, self.senders))
 
-    def _seal(self, items: list[bytes], count: int) -> bytes:
+    def _seal(self, items: list[bytes], count: int, receiver_epoch: int) -> bytes:
         self.seq += 1
         key_id = self._signing.key_id if self._signing is not None else 0
-        header = HEADER.pack(MAGIC, ENVELOPE_VERSION, self.kind, key_id, self.epoch, self.seq,
+        header = HEADER.pack(MAGIC, ENVELOPE_VERSION, self.kind, key_id, self.epoch, self.seq, receiver_epoch,
                              len(self.sender)) + self.sender
         body = b"".join(items)
         if self.kind == KIND_OPEN:
@@ -333,7 +352,7 @@ class Envelope:
             hint = ("an unframed protocol packet: the sender runs a wrapper without the envelope; upgrade it"
                     if size and 0x90 <= data[0] <= 0x9F else f"{size} bytes, first byte {data[:1].hex() or '-'}")
             return self._drop(NOT_ENVELOPE, hint, source, size, now)
-        _, version, kind, key_id, epoch, seq, sender_size = HEADER.unpack_from(data)
+        _, version, kind, key_id, epoch, seq, receiver_epoch, sender_size = HEADER.unpack_from(data)
         if version != ENVELOPE_VERSION:
             return self._drop(ENVELOPE_VERSION_MISMATCH, f"envelope version {version}, this wrapper speaks "
                                                          f"{ENVELOPE_VERSION}", source, size, now)
@@ -386,6 +405,12 @@ class Envelope:
             self.counters["senders_evicted"] += 1
         if kind == KIND_AEAD and state.cipher_epoch != epoch:
             state.cipher, state.cipher_epoch, state.cipher_key_id = cipher, epoch, key_id
+        anchored = receiver_epoch == self.epoch
+        self.peers.heard(source, sender, epoch, anchored)
+        if not anchored:
+            return self._drop(RECEIVER_EPOCH, f"{sender} epoch {epoch} seq {seq} names receiver epoch "
+                                              f"{receiver_epoch}, ours is {self.epoch} (sent before we started, "
+                                              f"or before it heard us)", source, size, now)
         return self._open_items(body, sender, epoch, source, size, now)
 
     def _open_items(self, body: bytes, sender: str, epoch: int, source: Address, size: int,
@@ -478,7 +503,7 @@ class Envelope:
             "mode": self.mode, "encryption": self.config.encryption if self.keys else ENCRYPTION_NONE,
             "key_ids": self.key_ids(), "epoch": self.epoch, "seq": self.seq,
             "max_datagram": self.config.max_datagram, "max_packet": self.config.max_packet,
-            "senders": len(self.senders), "partial_messages": len(self.reassembler),
+            "senders": len(self.senders), "peers": len(self.peers), "partial_messages": len(self.reassembler),
             "reassembly_bytes": self.reassembler.used, "reassembly_memory": self.config.reassembly_memory,
             "counters": dict(sorted(self.counters.items())), "drops": dict(sorted(self.drops.items())),
         }
@@ -490,5 +515,8 @@ def envelope_epoch(boot_epoch: int, unix_time: float) -> int:
     `max(boot_epoch * 10^6, unix time in microseconds)`: the boot epoch (persisted,
     never going backwards) makes it grow across restarts with a state directory;
     the microseconds make two restarts in the same second differ without one.
+    It saturates at 2^64-1: a boot epoch above 2^64 / 10^6 (about 1.8 × 10^13)
+    makes every later start share that epoch, which the node's epoch range
+    must rule out (docs/protocol.md, "Envelope").
     """
-    return min(max(boot_epoch * 1_000_000, int(unix_time * 1_000_000)), 2**64 - 1)
+    return min(max(boot_epoch * 1_000_000, int(unix_time * 1_000_000), 1), MAX_EPOCH)

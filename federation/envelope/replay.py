@@ -24,12 +24,28 @@ evicted first (counted). Entries are only created by datagrams that passed
 authentication, so only a holder of the federation key can fill it; and a
 key holder can forge any packet anyway, so evicting a window gives such an
 attacker nothing it did not have.
+
+The windows live in memory, so they protect a receiver only within one of
+its lives. What protects it across its own restarts is the *receiver
+epoch* every datagram carries (`PeerEpochs`): the receiver's envelope epoch
+as the sender last learned it from the receiver's own datagrams. A receiver
+delivers only datagrams stamped with its current epoch, and its epoch is
+strictly greater at every start; so a datagram captured before a restart
+names an older epoch and is refused after it (`receiver_epoch`), although
+the new life's windows are empty. A sender learns the epoch from the
+header of any authentic datagram of the receiver (it needs none of its
+content), so after a restart one datagram each way re-anchors a pair of
+wrappers: the restarted one's first hellos are refused by the others, but
+teach them its epoch. Nothing is delivered without the stamp, not even a
+hello: a replayed old hello therefore does nothing either.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any
+
+from federation.protocol.types import Address
 
 STALE_EPOCH = "stale_epoch"
 REPLAYED = "replayed"
@@ -128,3 +144,62 @@ class SenderTable:
     def epochs(self) -> dict[str, int]:
         """sender -> newest accepted epoch, sorted by sender (for status)."""
         return {sender: self._senders[sender].window.epoch for sender in sorted(self._senders)}
+
+
+class PeerEpochs:
+    """Destination -> the receiver epoch to stamp on datagrams sent there (0: not known yet).
+
+    Learned from the datagrams that destination sends us, by their UDP source address (where we send
+    them is where they come from, NAT included). Two maps, each of at most `capacity` addresses, the
+    oldest entry forgotten first:
+
+    - *bound*: source -> sender name, set only by datagrams that carried our current epoch (so
+      produced for this life of ours, never a capture of an earlier one); the stamp is then that
+      sender's newest epoch in the sender table, which follows its restarts at once;
+    - *heard*: source -> the sender epoch of the last authentic datagram from there, anchored or not:
+      what a pair of wrappers that just (re)started bootstraps from.
+
+    `bound` wins over `heard`: an authentic datagram of wrapper X that an attacker re-sends from the
+    address of wrapper Y (one X sent to someone else, so not yet seen here) cannot make us stamp X's
+    epoch on what we send to Y once Y has been heard properly.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"peer epoch capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._bound: dict[Address, str] = {}
+        self._heard: dict[Address, int] = {}
+
+    def heard(self, source: Address, sender: str, epoch: int, anchored: bool) -> None:
+        """An authentic datagram from `source`, of `sender` at `epoch`; `anchored`: it carried our epoch."""
+        heard = self._heard
+        if heard.get(source) != epoch:
+            heard[source] = epoch
+            if len(heard) > self.capacity:
+                del heard[next(iter(heard))]
+        if anchored:
+            bound = self._bound
+            if bound.get(source) != sender:
+                bound[source] = sender
+                if len(bound) > self.capacity:
+                    del bound[next(iter(bound))]
+
+    def stamp(self, to: Address, senders: SenderTable) -> int:
+        name = self._bound.get(to)
+        if name is not None:
+            state = senders.get(name)
+            if state is not None:
+                return state.window.epoch
+        return self._heard.get(to, 0)
+
+    def set(self, to: Address, epoch: int) -> None:
+        """Stamp `epoch` on what goes to `to` until it is heard otherwise."""
+        self._bound.pop(to, None)
+        self._heard.pop(to, None)
+        self._heard[to] = epoch
+        if len(self._heard) > self.capacity:
+            del self._heard[next(iter(self._heard))]
+
+    def __len__(self) -> int:
+        return len(self._heard.keys() | self._bound.keys())

@@ -1,0 +1,150 @@
+"""Replay across a restart of the receiver: every datagram names the receiver's epoch, so a capture of an
+earlier life is refused although the new life's replay windows are empty.
+
+Envelopes in memory, wired by hand; a restart is a new Envelope at the same address with a greater epoch
+(as `envelope_epoch` gives), which is all the daemon's restart keeps of the envelope.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from federation.envelope.datagrams import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
+from federation.protocol.types import Address
+
+A = Address("10.0.0.1", 10500)
+B = Address("10.0.0.2", 10500)
+C = Address("10.0.0.3", 10500)
+KEY = bytes(range(32))
+MODES = {"open": EnvelopeConfig(), "mac": EnvelopeConfig(keys=(KEY,)),
+         "aead": EnvelopeConfig(keys=(KEY,), encryption="chacha20-poly1305")}
+
+
+def send(sender: Envelope, to: Address, *packets: bytes) -> list[bytes]:
+    for packet in packets:
+        sender.send(packet, to)
+    return [data for data, _ in sender.datagrams_to_send(0.0)]
+
+
+def deliver(receiver: Envelope, source: Address, datagrams: list[bytes]) -> list[bytes]:
+    return [packet for data in datagrams for packet in receiver.receive_datagram(data, source, 0.0)]
+
+
+def exchange(first: Envelope, second: Envelope) -> None:
+    """A hello, its answer and the next hello: after them each knows the other's epoch and has had a datagram
+    stamped with its own from the other (which binds the address). The drop of the first hello is forgotten."""
+    deliver(second, first.address, send(first, second.address, b"hello from first"))
+    assert deliver(first, second.address, send(second, first.address, b"answer")) == [b"answer"]
+    assert deliver(second, first.address, send(first, second.address, b"hello again")) == [b"hello again"]
+    first.drops.clear()
+    second.drops.clear()
+
+
+@pytest.mark.parametrize("mode", ["mac", "aead"])
+def test_a_capture_is_refused_before_and_after_the_receiver_restarts(mode: str) -> None:
+    config = MODES[mode]
+    sender = Envelope(A, envelope_epoch(1000, 1000.2), config)
+    receiver = Envelope(B, envelope_epoch(1000, 1000.1), config)
+    exchange(sender, receiver)
+    captured = send(sender, B, b"publication 1") + send(sender, B, b"publication 2", b"publication 3")
+    assert deliver(receiver, A, captured) == [b"publication 1", b"publication 2", b"publication 3"]
+    # Replayed to the same life: the replay window.
+    assert deliver(receiver, A, captured) == []
+    assert receiver.drops == {"replayed": 2}
+
+    # The receiver restarts: a new envelope epoch, empty replay windows.
+    restarted = Envelope(B, envelope_epoch(1001, 1030.0), config)
+    assert restarted.epoch > receiver.epoch
+    assert deliver(restarted, A, captured) == []
+    assert restarted.drops == {"receiver_epoch": 2}
+    assert deliver(restarted, A, captured) == []  # and again: the window remembers them now
+    assert restarted.drops == {"receiver_epoch": 2, "replayed": 2}
+
+    # The sender still stamps the old life until it hears the new one: refused too. The restarted
+    # receiver's first datagram (its hello) teaches the sender its new epoch; it is even accepted, as the
+    # replayed capture taught the receiver the sender's (current) epoch: all a replay can teach.
+    assert deliver(restarted, A, send(sender, B, b"sent before it heard the restart")) == []
+    assert deliver(sender, B, send(restarted, A, b"hello from the new life")) == [b"hello from the new life"]
+    assert deliver(restarted, A, send(sender, B, b"after")) == [b"after"]
+    assert deliver(sender, B, send(restarted, A, b"answer")) == [b"answer"]
+    assert deliver(restarted, A, captured) == []  # the capture never comes back
+
+
+def test_two_fresh_wrappers_anchor_after_one_datagram_each_way() -> None:
+    first, second = Envelope(A, 11, MODES["mac"]), Envelope(B, 22, MODES["mac"])
+    assert deliver(second, A, send(first, B, b"hello 1")) == []  # stamped 0: A has not heard B yet
+    assert second.drops == {"receiver_epoch": 1}
+    assert deliver(first, B, send(second, A, b"hello back")) == [b"hello back"]  # B learnt A's epoch from it
+    assert deliver(second, A, send(first, B, b"hello 2")) == [b"hello 2"]
+    assert second.status()["peers"] == 1 and first.status()["peers"] == 1
+
+
+def test_a_restarted_sender_is_followed_at_once_by_its_bound_address() -> None:
+    receiver = Envelope(B, 5, MODES["mac"])
+    sender = Envelope(A, 100, MODES["mac"])
+    exchange(sender, receiver)
+    reborn = Envelope(A, 200, MODES["mac"])  # the sender restarted: it knows nothing of B
+    assert deliver(receiver, A, send(reborn, B, b"first of the new life")) == []  # teaches epoch 200
+    assert deliver(reborn, B, send(receiver, A, b"to the new life")) == [b"to the new life"]
+    assert deliver(sender, B, send(receiver, A, b"to the old life")) == []  # the old life is not addressed
+    assert sender.drops == {"receiver_epoch": 1}
+
+
+def test_a_datagram_meant_for_one_wrapper_is_refused_by_another() -> None:
+    sender = Envelope(A, 1, MODES["mac"])
+    first, second = Envelope(B, 2, MODES["mac"]), Envelope(C, 3, MODES["mac"])
+    exchange(sender, first)
+    exchange(sender, second)
+    meant_for_first = send(sender, B, b"for B only")
+    assert deliver(second, A, meant_for_first) == []
+    assert second.drops == {"receiver_epoch": 1}
+    assert deliver(first, A, meant_for_first) == [b"for B only"]
+
+
+def test_an_authentic_datagram_resent_from_another_address_does_not_move_a_bound_stamp() -> None:
+    """X's datagram to a third wrapper, re-sent to us with Y's source address: we learn nothing about Y."""
+    us, x, y, third = (Envelope(Address(f"10.0.1.{i}", 10500), 10 + i, MODES["mac"]) for i in range(4))
+    for peer in (x, y, third):
+        exchange(peer, us)
+    exchange(x, third)
+    meant_for_third = send(x, third.address, b"x to third")
+    assert deliver(us, y.address, meant_for_third) == []  # refused: it names the third's epoch
+    assert deliver(y, us.address, send(us, y.address, b"still stamped with y's epoch")) == [
+        b"still stamped with y's epoch"]
+
+
+def test_a_replayed_hello_of_an_earlier_life_of_the_sender_is_harmless() -> None:
+    """After the receiver restarted, a capture of the sender's earlier life teaches an older epoch at most:
+    nothing is delivered, and the sender's next datagram puts the stamp right for good."""
+    receiver = Envelope(B, 5, MODES["mac"])
+    old_life = Envelope(A, 100, MODES["mac"])
+    exchange(old_life, receiver)
+    old_hello = send(old_life, B, b"hello of the old life")
+    current = Envelope(A, 200, MODES["mac"])
+    exchange(current, receiver)
+    restarted = Envelope(B, 6, MODES["mac"])
+    assert deliver(restarted, A, old_hello) == []
+    assert restarted.drops == {"receiver_epoch": 1}
+    # The restarted receiver stamps the old life's epoch on what it sends to A: refused there, but it
+    # teaches A the receiver's new epoch, so A's next datagram is accepted and teaches the current life.
+    assert deliver(current, B, send(restarted, A, b"stamped with the old life")) == []
+    assert deliver(restarted, A, send(current, B, b"hello of the current life")) == [b"hello of the current life"]
+    assert deliver(current, B, send(restarted, A, b"right again")) == [b"right again"]
+    assert deliver(restarted, A, old_hello) == []
+    assert restarted.drops["stale_epoch"] == 1  # the older life is refused by the window from now on
+
+
+def test_open_frames_carry_the_stamp_too_but_anyone_can_write_it() -> None:
+    receiver = Envelope(B, 9, MODES["open"])
+    forger = Envelope(A, 1, MODES["open"])
+    forger.set_peer_epoch(B, 9)  # read off any of the receiver's datagrams
+    assert deliver(receiver, A, send(forger, B, b"forged")) == [b"forged"]
+
+
+def test_epoch_zero_means_unknown_and_is_no_envelope_epoch() -> None:
+    with pytest.raises(EnvelopeConfigError, match="1 to 2\\^64-1"):
+        Envelope(A, 0)
+    with pytest.raises(EnvelopeConfigError, match="1 to 2\\^64-1"):
+        Envelope(A, 2**64)
+    assert envelope_epoch(0, 0.0) == 1
+    assert Envelope(A, 2**64 - 1).epoch == 2**64 - 1
