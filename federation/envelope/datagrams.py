@@ -166,7 +166,8 @@ class EnvelopeConfig:
     reassembly_timeout: float = 5.0
     """seconds a partial message waits for its missing fragments"""
     reassembly_memory: int = 8 * 1024 * 1024
-    """bytes held by partial messages at most, all senders together"""
+    """bytes of memory partial messages hold at most, all senders together (pieces and bookkeeping, as charged
+    by federation.envelope.reassembly)"""
     max_senders: int = 256
     """senders whose replay windows are kept (least recently heard evicted)"""
     replay_window: int = 1024
@@ -505,6 +506,7 @@ class Envelope:
             "max_datagram": self.config.max_datagram, "max_packet": self.config.max_packet,
             "senders": len(self.senders), "peers": len(self.peers), "partial_messages": len(self.reassembler),
             "reassembly_bytes": self.reassembler.used, "reassembly_memory": self.config.reassembly_memory,
+            "reassembly_senders": self.reassembler.senders(), "reassembly_evictions": self.reassembler.evictions,
             "counters": dict(sorted(self.counters.items())), "drops": dict(sorted(self.drops.items())),
         }
 
