@@ -149,19 +149,19 @@ class SenderTable:
 class PeerEpochs:
     """Destination -> the receiver epoch to stamp on datagrams sent there (0: not known yet).
 
-    Learned from the datagrams that destination sends us, by their UDP source address (where we send
-    them is where they come from, NAT included). Two maps, each of at most `capacity` addresses, the
-    oldest entry forgotten first:
+    The stamp for address D is, in this order:
 
-    - *bound*: source -> sender name, set only by datagrams that carried our current epoch (so
-      produced for this life of ours, never a capture of an earlier one); the stamp is then that
-      sender's newest epoch in the sender table, which follows its restarts at once;
-    - *heard*: source -> the sender epoch of the last authentic datagram from there, anchored or not:
-      what a pair of wrappers that just (re)started bootstraps from.
+    1. the newest epoch in the sender table of the sender *named* D (a wrapper names itself by its
+       announced address, which is where its neighbours send: the usual case). Only datagrams of that
+       name can move it, so an authentic datagram of another wrapper (a key holder's, or one re-sent by
+       an attacker from D's address) changes nothing;
+    2. else (a wrapper behind NAT: it names itself otherwise than the address its datagrams come from)
+       the newest epoch of the sender *bound* to D: the name of the last datagram from D that carried
+       our current epoch (so produced for this life of ours, never a capture of an earlier one);
+    3. else the sender epoch of the last authentic datagram *heard* from D, anchored or not: what a pair
+       of wrappers that just (re)started bootstraps from.
 
-    `bound` wins over `heard`: an authentic datagram of wrapper X that an attacker re-sends from the
-    address of wrapper Y (one X sent to someone else, so not yet seen here) cannot make us stamp X's
-    epoch on what we send to Y once Y has been heard properly.
+    Each map holds at most `capacity` addresses, the oldest entry forgotten first.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -186,6 +186,9 @@ class PeerEpochs:
                     del bound[next(iter(bound))]
 
     def stamp(self, to: Address, senders: SenderTable) -> int:
+        state = senders.get(str(to))
+        if state is not None:
+            return state.window.epoch
         name = self._bound.get(to)
         if name is not None:
             state = senders.get(name)

@@ -148,3 +148,26 @@ def test_epoch_zero_means_unknown_and_is_no_envelope_epoch() -> None:
         Envelope(A, 2**64)
     assert envelope_epoch(0, 0.0) == 1
     assert Envelope(A, 2**64 - 1).epoch == 2**64 - 1
+
+
+def test_a_sender_named_as_the_destination_decides_the_stamp_whatever_else_comes_from_that_address() -> None:
+    """A key holder sending from a neighbour's address under a name of its own (anchored: it knows our epoch)
+    does not change what we stamp for the neighbour: the wrapper named after an address speaks for it."""
+    us, neighbour = Envelope(B, 5, MODES["mac"]), Envelope(A, 50, MODES["mac"])
+    exchange(neighbour, us)
+    holder = Envelope(Address("holder.example", 10500), 1, MODES["mac"])
+    holder.set_peer_epoch(B, us.epoch)
+    assert deliver(us, A, send(holder, B, b"from the neighbour's address")) == [b"from the neighbour's address"]
+    assert deliver(neighbour, B, send(us, A, b"still for the neighbour")) == [b"still for the neighbour"]
+
+
+def test_behind_nat_the_stamp_follows_the_name_bound_to_the_address() -> None:
+    """A wrapper that names itself otherwise than the address its datagrams come from (NAT)."""
+    natted = Envelope(Address("10.9.9.9", 10500), 30, MODES["mac"])  # seen by us from A
+    us = Envelope(B, 5, MODES["mac"])
+    assert deliver(us, A, send(natted, B, b"hello")) == []  # not known yet: refused, but heard from A
+    assert deliver(natted, B, send(us, A, b"answer")) == [b"answer"]
+    assert deliver(us, A, send(natted, B, b"anchored")) == [b"anchored"]  # binds A to 10.9.9.9:10500
+    reborn = Envelope(Address("10.9.9.9", 10500), 31, MODES["mac"])  # it restarts
+    assert deliver(us, A, send(reborn, B, b"first of the new life")) == []
+    assert deliver(reborn, B, send(us, A, b"to the new life")) == [b"to the new life"]
