@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from federation.daemon.keys import generate_key
-from federation.envelope.datagrams import Envelope, EnvelopeConfig
+from federation.envelope.datagrams import HEADER, Envelope, EnvelopeConfig
 from federation.protocol import wire
 from federation.protocol.types import Address, BrokerId
 from federation.tools.launch import LocalFederation, line
@@ -155,11 +155,23 @@ def forged_publications(federation: LocalFederation, topic: str, count: int) -> 
             for index in range(count)]
 
 
-def seal(packets: list[bytes], sender: Address, to: Address, epoch: int, config: EnvelopeConfig) -> list[bytes]:
+def seal(packets: list[bytes], sender: Address, to: Address, epoch: int, config: EnvelopeConfig,
+         receiver_epoch: int = 0) -> list[bytes]:
     envelope = Envelope(sender, epoch, config)
+    envelope.set_peer_epoch(to, receiver_epoch)
     for packet in packets:
         envelope.send(packet, to)
     return [data for data, _ in envelope.datagrams_to_send()]
+
+
+def epoch_on_the_wire(federation: LocalFederation, name: str, neighbour: str) -> int:
+    """The envelope epoch `name` announces in the header of its datagrams to `neighbour`, read off the wire."""
+    capture = Capture(address(federation, name), address(federation, neighbour))
+    try:
+        wait_for(lambda: capture.datagrams, 10, message=f"a datagram from {name} to {neighbour}")
+    finally:
+        captured = capture.stop()
+    return int(HEADER.unpack_from(captured[0])[4])
 
 
 def subscribe_and_check_path(federation: LocalFederation, clients: Clients, prefix: str) -> Subscriber:
@@ -259,6 +271,55 @@ def test_captured_datagrams_replayed_are_dropped_also_after_the_sender_restarts(
     assert subscriber.count(f"{prefix}/captured", secret) == 1
 
 
+def test_a_capture_replayed_after_the_receiver_restarts_is_refused(keyed: LocalFederation, clients: Clients) -> None:
+    """The issue's attack: capture what n0 sends n1 while publications cross, restart n1 (its replay windows
+    start empty), replay the capture from n0's address. Every datagram names n1's old epoch: refused."""
+    federation = keyed
+    prefix = f"restart/{uuid.uuid4().hex[:8]}"
+    subscriber = subscribe_and_check_path(federation, clients, prefix)
+    n0, n1 = address(federation, "n0"), address(federation, "n1")
+    capture = Capture(n0, n1)
+    try:
+        for index in range(20):
+            clients.publish(federation, "n0", f"{prefix}/captured/{index}", f"once {index}".encode(), qos=1)
+        for index in range(20):
+            subscriber.wait_for_message(f"{prefix}/captured/{index}", f"once {index}".encode())
+    finally:
+        captured = capture.stop()
+    assert captured, "nothing captured from n0 to n1"
+    if federation.status("n0")["envelope"]["mode"] == "mac":  # readable: the capture holds every publication
+        assert all(any(f"once {index}".encode() in datagram for datagram in captured) for index in range(20))
+    before = drops(federation, "n1")
+    for datagram in captured:  # to the same life: the replay windows
+        spoof(n0, n1, datagram)
+    wait_drops(federation, "n1", {"replayed": before.get("replayed", 0) + len(captured)})
+
+    old_epoch = federation.status("n1")["envelope"]["epoch"]
+    federation.stop_wrapper("n1")
+    federation.start_wrapper("n1")
+    federation.wait_converged(timeout=20)
+    federation.wait_mesh(subscriber.topic_filter)
+    status = federation.status("n1")
+    assert status["envelope"]["epoch"] > old_epoch
+    refusals = ("receiver_epoch", "too_old", "replayed", "stale_epoch")
+    before = drops(federation, "n1")
+    for datagram in captured:
+        spoof(n0, n1, datagram)
+
+    def refused() -> int:
+        now = drops(federation, "n1")
+        return sum(now.get(reason, 0) - before.get(reason, 0) for reason in refusals)
+
+    wait_for(lambda: refused() >= len(captured), 10,
+             message=lambda: f"{len(captured)} refusals at n1; it counts {drops(federation, 'n1')}")
+    assert drops(federation, "n1").get("receiver_epoch", 0) - before.get("receiver_epoch", 0) > 0
+    barrier(federation, clients, subscriber, prefix)
+    for index in range(20):
+        assert subscriber.count(f"{prefix}/captured/{index}", f"once {index}".encode()) == 1
+    assert federation.status("n1")["counters"].get("duplicates_dropped", 0) == status["counters"].get(
+        "duplicates_dropped", 0), "the node saw replayed packets: the envelope let them through"
+
+
 def test_the_same_forgery_gets_through_an_open_overlay(tmp_path: Path, clients: Clients) -> None:
     """The control experiment: without a key, a spoofed datagram publishes into the remote broker."""
     federation = keyed_line(tmp_path / "open", key_file=None)
@@ -269,7 +330,8 @@ def test_the_same_forgery_gets_through_an_open_overlay(tmp_path: Path, clients: 
         subscriber = subscribe_and_check_path(federation, clients, prefix)
         n0, n1 = address(federation, "n0"), address(federation, "n1")
         packets = forged_publications(federation, f"{prefix}/forged", 1)
-        for datagram in seal(packets, n0, n1, 2**63, EnvelopeConfig()):
+        n1_epoch = epoch_on_the_wire(federation, "n1", "n0")  # the receiver epoch to stamp: in any of its datagrams
+        for datagram in seal(packets, n0, n1, 2**63, EnvelopeConfig(), receiver_epoch=n1_epoch):
             spoof(n0, n1, datagram)
         subscriber.wait_for_message(f"{prefix}/forged", b"forged 0")
     finally:
