@@ -48,7 +48,7 @@ from __future__ import annotations
 import heapq
 import sys
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from federation.protocol.types import Address
 
@@ -73,25 +73,25 @@ MessageKey = tuple[str, int, int]
 """(sender identity, sender epoch, message id)"""
 
 
+@dataclass(slots=True)
 class Partial:
-    __slots__ = ("key", "count", "total", "started", "source", "share", "pieces", "index_size", "received",
-                 "charge")
+    key: MessageKey
+    count: int
+    total: int
+    started: float
+    source: Address
+    share: SenderShare
+    pieces: dict[int, bytes] = field(default_factory=dict)
+    received: int = 0
+    """bytes of the pieces held"""
+    index_size: int = field(init=False)
+    """`sys.getsizeof(pieces)` when last charged"""
+    charge: int = field(init=False)
+    """bytes of memory this message holds, as counted against the cap"""
 
-    def __init__(self, key: MessageKey, count: int, total: int, started: float, source: Address,
-                 share: SenderShare) -> None:
-        self.key = key
-        self.count = count
-        self.total = total
-        self.started = started
-        self.source = source
-        self.share = share
-        self.pieces: dict[int, bytes] = {}
+    def __post_init__(self) -> None:
         self.index_size = _sizeof(self.pieces)
-        """`sys.getsizeof(pieces)` when last charged"""
-        self.received = 0
-        """bytes of the pieces held"""
         self.charge = MESSAGE_OVERHEAD + self.index_size
-        """bytes of memory this message holds, as counted against the cap"""
 
 
 class SenderShare:
@@ -230,26 +230,29 @@ class Reassembler:
     def _largest(self) -> SenderShare:
         heap, shares = self._heap, self._shares
         if self._changed:
-            changed, self._changed = self._changed, []
-            if len(heap) + len(changed) > 2 * len(shares) + 64:
-                for share in changed:
-                    share.changed = False
-                heap[:] = [(-share.used, share.name) for share in shares.values()]
-                heapq.heapify(heap)
-                self.heap_steps += len(heap)
-            else:
-                for share in changed:
-                    share.changed = False
-                    if shares.get(share.name) is share:
-                        heapq.heappush(heap, (-share.used, share.name))
-                        self.heap_steps += 1
+            self._enter_changed(heap, shares)
         while True:
             self.heap_steps += 1
             negative_used, name = heap[0]
-            share = shares.get(name)
-            if share is not None and share.used == -negative_used:
-                return share
+            holder = shares.get(name)
+            if holder is not None and holder.used == -negative_used:
+                return holder
             heapq.heappop(heap)
+
+    def _enter_changed(self, heap: list[tuple[int, str]], shares: dict[str, SenderShare]) -> None:
+        """A heap entry for every sender whose count moved (or the heap rebuilt, when stale entries abound)."""
+        changed, self._changed = self._changed, []
+        for share in changed:
+            share.changed = False
+        if len(heap) + len(changed) > 2 * len(shares) + 64:
+            heap[:] = [(-share.used, share.name) for share in shares.values()]
+            heapq.heapify(heap)
+            self.heap_steps += len(heap)
+            return
+        for share in changed:
+            if shares.get(share.name) is share:
+                heapq.heappush(heap, (-share.used, share.name))
+                self.heap_steps += 1
 
     def _charge(self, share: SenderShare, amount: int) -> None:
         share.used += amount
