@@ -13,26 +13,47 @@ Nothing here sleeps blindly: waits poll a condition until a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from federation.daemon.keys import read_key_file
+from federation.daemon.keys import generate_key, read_key_file
 from federation.envelope.datagrams import Envelope, EnvelopeConfig
 from federation.protocol.types import Address
-from federation.tools.launch import LaunchError, LocalFederation
+from federation.tools.launch import LaunchError, LocalFederation, line
 
+from federation_util import FAST_SETTINGS, next_first_address
+
+HOSTILE_SETTINGS: dict[str, Any] = {**FAST_SETTINGS, "hello_interval": 0.5, "dead_intervals": 6}
+"""a neighbour is down after 3 s without a hello back, the default bound (1 s × 3), probed twice a second: a
+wrapper stalled by an attack is seen down, one slowed by the other jobs on a loaded 2-CPU machine is not"""
 ETH_P_IP = 0x0800
 PACKET_OUTGOING = 4
 WRAPPER_PORT = 10500
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@contextlib.contextmanager
+def victim_pair(workdir: Path, keyed: bool) -> Iterator[LocalFederation]:
+    """Brokers and wrappers n0 - n1 (n1 the victim), started and converged, with a new federation key in
+    `workdir` (its path in `federation.key_file`) or open; stopped after."""
+    key_file = None
+    if keyed:
+        key_file = workdir / "federation.key"
+        key_file.write_text(generate_key() + "\n")
+        key_file.chmod(0o600)
+    with LocalFederation(2, line(["n0", "n1"]), workdir / "federation", HOSTILE_SETTINGS,
+                         first_address=next_first_address(), key_file=key_file) as federation:  # started
+        federation.wait_converged(timeout=20)
+        yield federation
 
 
 def wrapper_address(federation: LocalFederation, name: str) -> Address:

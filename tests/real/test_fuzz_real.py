@@ -30,15 +30,14 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from federation.daemon.keys import generate_key
 from federation.envelope.datagrams import ITEM_PACKET, PACKET_ITEM
 from federation.protocol import wire
 from federation.protocol.types import Address, BrokerId
-from federation.tools.launch import LocalFederation, line
+from federation.tools.launch import LocalFederation
 
-from attack_util import Capture, KeyHolder, Spoofer, Watch, neighbour_downs, wrapper_address, wrapper_probe
+from attack_util import Capture, KeyHolder, Spoofer, Watch, neighbour_downs, victim_pair, wrapper_address, wrapper_probe
 from broker_util import requires_mosquitto, wait_for
-from federation_util import FAST_SETTINGS, Clients, next_first_address
+from federation_util import Clients
 from federation_util import clients_fixture as clients_fixture  # noqa: F401 - the `clients` fixture
 from live_fuzz import U64, LiveFuzzer, items_of, seed_packets
 
@@ -47,8 +46,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="capture and spoofing need packet and raw sockets (root)"),
 ]
 
-SETTINGS = {**FAST_SETTINGS, "hello_interval": 0.5, "dead_intervals": 6}
-"""down after 3 s without a hello back, the default bound, probed twice a second"""
 DEFAULT_COUNT = int(os.environ.get("LIVE_FUZZ_DATAGRAMS", "12000"))
 DEFAULT_SEED = int(os.environ.get("LIVE_FUZZ_SEED", "1"))
 LONG_COUNT = 1_000_000
@@ -61,19 +58,8 @@ BURST = 200
 
 @pytest.fixture(params=["mac", "open"])
 def federation(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFederation]:
-    key_file = None
-    if request.param == "mac":
-        key_file = tmp_path / "federation.key"
-        key_file.write_text(generate_key() + "\n")
-        key_file.chmod(0o600)
-    started = LocalFederation(2, line(["n0", "n1"]), tmp_path / "federation", SETTINGS,
-                              first_address=next_first_address(), key_file=key_file)
-    try:
-        started.start()
-        started.wait_converged(timeout=20)
+    with victim_pair(tmp_path, keyed=request.param == "mac") as started:
         yield started
-    finally:
-        started.stop()
 
 
 def identity(federation: LocalFederation, name: str) -> wire.Sender:
@@ -161,6 +147,11 @@ def run_fuzz(federation: LocalFederation, clients: Clients, count: int, seed: in
         envelope = federation.status("n1")["envelope"]["counters"]
         return int(envelope.get("datagrams_received", 0))
 
+    def wait_read(goal: int) -> None:
+        """until n1 has read (or the kernel dropped) `goal` datagrams in all"""
+        wait_for(lambda: read() + kernel_drops(federation) >= goal, 30, interval=0.01,
+                 message=lambda: f"n1 to read {goal - first} datagrams")
+
     started = time.monotonic()
     first = read()
     sent = crossed = 0
@@ -170,9 +161,7 @@ def run_fuzz(federation: LocalFederation, clients: Clients, count: int, seed: in
                 _, datagram = fuzzer.next()
                 spoofer.send(n0 if rng.random() < 0.9 else stranger, victim, datagram)
             sent += BURST
-            goal = first + sent - BURST
-            wait_for(lambda goal=goal: read() + kernel_drops(federation) >= goal, 30,  # type: ignore[misc]
-                     interval=0.01, message=lambda goal=goal: f"n1 to read {goal - first} datagrams")  # type: ignore[misc]
+            wait_read(first + sent - BURST)
             if sent // 2000 > crossed:
                 crossed = sent // 2000
                 clients.publish(federation, "n1", f"{prefix}/{crossed}", b"crossing", qos=1)

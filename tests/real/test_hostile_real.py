@@ -22,22 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from federation.daemon.keys import generate_key
 from federation.envelope.datagrams import FRAGMENT_ITEM, ITEM_FRAGMENT, ITEM_PACKET, PACKET_ITEM
 from federation.protocol import wire
 from federation.protocol.types import Address, BrokerId
-from federation.tools.launch import LocalFederation, line
+from federation.tools.launch import LocalFederation
 
-from attack_util import KeyHolder, Spoofer, Watch, neighbour_downs, wrapper_address, wrapper_probe
+from attack_util import KeyHolder, Spoofer, Watch, neighbour_downs, victim_pair, wrapper_address, wrapper_probe
 from broker_util import requires_mosquitto, wait_for
-from federation_util import FAST_SETTINGS, Clients, next_first_address
+from federation_util import Clients
 from federation_util import clients_fixture as clients_fixture  # noqa: F401 - the `clients` fixture
 
 pytestmark = [requires_mosquitto]
 
-SETTINGS = {**FAST_SETTINGS, "hello_interval": 0.5, "dead_intervals": 6}
-"""a neighbour is down after 3 s without a hello back, the default bound (1 s × 3), probed twice a second: a
-wrapper stalled by an attack is seen down, one slowed by the other jobs on a loaded 2-CPU machine is not"""
 MiB = 1024 * 1024
 RSS_BOUND = 24 * MiB
 """resident memory a wrapper may grow under the fragment flood, at the default 8 MiB reassembly cap
@@ -47,17 +43,9 @@ grew 92 MB"""
 
 @pytest.fixture
 def keyed(tmp_path: Path) -> Iterator[tuple[LocalFederation, Path]]:
-    key_file = tmp_path / "federation.key"
-    key_file.write_text(generate_key() + "\n")
-    key_file.chmod(0o600)
-    federation = LocalFederation(2, line(["n0", "n1"]), tmp_path / "federation", SETTINGS,
-                                 first_address=next_first_address(), key_file=key_file)
-    try:
-        federation.start()
-        federation.wait_converged(timeout=20)
-        yield federation, key_file
-    finally:
-        federation.stop()
+    with victim_pair(tmp_path, keyed=True) as federation:
+        assert federation.key_file is not None
+        yield federation, federation.key_file
 
 
 def attacker_socket(federation: LocalFederation) -> socket.socket:
@@ -75,13 +63,16 @@ def paced_send(federation: LocalFederation, attacker: socket.socket, victim: Add
     def received() -> int:
         return int(federation.status("n1")["envelope"]["counters"].get("datagrams_received", 0))
 
+    def wait_received(goal: int) -> None:
+        wait_for(lambda: received() >= goal, 30, interval=0.005,
+                 message=lambda: f"the victim to read the attack ({received()} of {goal} read)")
+
     target = received() - burst
     for start in range(0, len(datagrams), burst):
         for datagram in datagrams[start:start + burst]:
             attacker.sendto(datagram, (victim.host, victim.port))
         target += len(datagrams[start:start + burst])
-        wait_for(lambda goal=target: received() >= goal, 30, interval=0.005,  # type: ignore[misc]
-                 message=lambda: f"the victim to read the attack ({received()} read)")
+        wait_received(target)
 
 
 def fragments(holder: KeyHolder, first_message: int, messages: int, per_message: int, piece: int,
@@ -207,8 +198,7 @@ def flood_records(federation: LocalFederation, key_file: Path, seconds: float, r
                      for packet in (wire.encode(wire.FEDERATE, sender, wire.Federate(record))
                                     for record in fake_records(sent, burst))]
             if rate is not None:  # the next burst when it is due
-                due = started + sent / rate
-                wait_for(lambda due=due: time.monotonic() >= due, seconds, interval=0.005)  # type: ignore[misc]
+                wait_until(started + sent / rate)
             for datagram in batch:
                 spoofer.send(n0, victim, datagram)
             sent += len(batch)
@@ -217,6 +207,11 @@ def flood_records(federation: LocalFederation, key_file: Path, seconds: float, r
     status = federation.status("n1", timeout=10)
     return RecordFlood(sent, int(status["received"].get("fd", [0])[0]) - handled_before, ended - started, victim_cpu,
                        ended, watch, int(status["daemon"]["overload"].get("kernel_receive_drops") or 0))
+
+
+def wait_until(moment: float) -> None:
+    """until the monotonic clock reaches `moment` (pacing a flood)"""
+    wait_for(lambda: time.monotonic() >= moment, max(0.0, moment - time.monotonic()) + 5, interval=0.005)
 
 
 def recovered(federation: LocalFederation, flood: RecordFlood, clients: Clients, prefix: str) -> None:

@@ -15,9 +15,6 @@ what stops it.
 from __future__ import annotations
 
 import os
-import socket
-import struct
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +28,7 @@ from federation.protocol import wire
 from federation.protocol.types import Address, BrokerId
 from federation.tools.launch import LocalFederation, line
 
+from attack_util import Capture, spoof
 from broker_util import requires_mosquitto, wait_for
 from federation_util import FAST_SETTINGS, Clients, Subscriber, next_first_address
 from federation_util import clients_fixture as clients_fixture  # noqa: F401 - the `clients` fixture
@@ -40,65 +38,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="raw and packet sockets (spoofing, capture) need root"),
 ]
 
-ETH_P_IP = 0x0800
-PACKET_OUTGOING = 4
 WRAPPER_PORT = 10500
-
-
-# ------------------------------------------------------------------ the attacker's tools
-
-
-def spoof(source: Address, target: Address, payload: bytes) -> None:
-    """Send one UDP datagram to `target` that claims to come from `source` (IPv4, raw socket)."""
-    udp = struct.pack(">HHHH", source.port, target.port, 8 + len(payload), 0) + payload  # checksum 0: none
-    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
-                     socket.inet_aton(source.host), socket.inet_aton(target.host))
-    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as raw:
-        raw.sendto(ip + udp, (target.host, 0))
-
-
-class Capture:
-    """UDP payloads from `source` to `target` seen on the loopback interface while it runs."""
-
-    def __init__(self, source: Address, target: Address) -> None:
-        self.source, self.target = source, target
-        self.datagrams: list[bytes] = []
-        self._socket = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IP))
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
-        self._socket.bind(("lo", 0))
-        self._socket.settimeout(0.1)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._take(*self._socket.recvfrom(70000))
-            except TimeoutError:
-                continue
-
-    def _take(self, packet: bytes, address: tuple[Any, ...]) -> None:
-        if address[2] == PACKET_OUTGOING or len(packet) < 28 or packet[9] != socket.IPPROTO_UDP:
-            return
-        header = (packet[0] & 0x0F) * 4
-        sport, dport = struct.unpack_from(">HH", packet, header)
-        wanted = (socket.inet_aton(self.source.host), socket.inet_aton(self.target.host))
-        if (packet[12:16], packet[16:20]) == wanted and (sport, dport) == (self.source.port, self.target.port):
-            self.datagrams.append(bytes(packet[header + 8:]))
-
-    def stop(self) -> list[bytes]:
-        self._stop.set()
-        self._thread.join(5)
-        # What arrived while the thread was not scheduled (a loaded machine) is still in the socket: take it.
-        self._socket.setblocking(False)
-        try:
-            while True:
-                self._take(*self._socket.recvfrom(70000))
-        except BlockingIOError:
-            pass
-        self._socket.close()
-        return self.datagrams
 
 
 # ------------------------------------------------------------------ fixtures and helpers
