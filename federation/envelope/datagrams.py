@@ -48,7 +48,7 @@ import hashlib
 import hmac
 import math
 import struct
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -172,6 +172,9 @@ class EnvelopeConfig:
     """senders whose replay windows are kept (least recently heard evicted)"""
     replay_window: int = 1024
     """sequence numbers below the highest one still accepted once (reordering tolerance)"""
+    resend_window: float = 2.0
+    """seconds: packets sent to a peer before its epoch was known (refused there) are sent again when the peer's
+    first datagram teaches it, if at most this old"""
 
     @classmethod
     def from_settings(cls, settings: Settings, keys: Sequence[bytes] = (),
@@ -181,7 +184,8 @@ class EnvelopeConfig:
             raise EnvelopeConfigError("max_datagram 0 (choose) is not a size yet: pass the settings the Node holds "
                                       "(`Settings.with_datagram_for` made it one)")
         return cls(tuple(keys), encryption, settings.max_datagram, settings.max_packet,
-                   settings.reassembly_timeout, settings.reassembly_memory, max(64, 4 * settings.max_neighbours))
+                   settings.reassembly_timeout, settings.reassembly_memory, max(64, 4 * settings.max_neighbours),
+                   resend_window=max(1.0, 2 * settings.hello_interval))
 
     def validate(self) -> None:
         if self.encryption not in ENCRYPTIONS:
@@ -243,6 +247,7 @@ class Envelope:
         self.message_id = 0
         self.senders = SenderTable(config.max_senders, config.replay_window)
         self.peers = PeerEpochs(config.max_senders)
+        self.first_contact = FirstContact(config.max_senders, config.resend_window)
         self.reassembler = Reassembler(config.max_packet, config.reassembly_memory, config.reassembly_timeout)
         self.counters: Counter[str] = Counter()
         self.drops: Counter[str] = Counter()
@@ -270,6 +275,8 @@ class Envelope:
         out: list[tuple[bytes, Address]] = []
         queue, self._queue = self._queue, {}
         for to, packets in queue.items():
+            if not self.peers.stamp(to, self.senders):
+                self.first_contact.keep(to, packets, now)
             self._frame(packets, to, out)
         return out
 
@@ -408,11 +415,22 @@ class Envelope:
             state.cipher, state.cipher_epoch, state.cipher_key_id = cipher, epoch, key_id
         anchored = receiver_epoch == self.epoch
         self.peers.heard(source, sender, epoch, anchored)
+        if source in self.first_contact:
+            self._resend_first_contact(source, now)
         if not anchored:
             return self._drop(RECEIVER_EPOCH, f"{sender} epoch {epoch} seq {seq} names receiver epoch "
                                               f"{receiver_epoch}, ours is {self.epoch} (sent before we started, "
                                               f"or before it heard us)", source, size, now)
         return self._open_items(body, sender, epoch, source, size, now)
+
+    def _resend_first_contact(self, to: Address, now: float) -> None:
+        """`to` just taught its epoch: what went there stamped 0 (refused) goes again, before what is queued."""
+        if not self.peers.stamp(to, self.senders):
+            return
+        packets = self.first_contact.release(to, now)
+        if packets:
+            self.counters["packets_resent"] += len(packets)
+            self._queue[to] = packets + self._queue.get(to, [])
 
     def _open_items(self, body: bytes, sender: str, epoch: int, source: Address, size: int,
                     now: float) -> list[bytes]:
@@ -509,6 +527,41 @@ class Envelope:
             "reassembly_senders": self.reassembler.senders(), "reassembly_evictions": self.reassembler.evictions,
             "counters": dict(sorted(self.counters.items())), "drops": dict(sorted(self.drops.items())),
         }
+
+
+class FirstContact:
+    """Packets sent to peers whose epoch was not known yet (stamped 0, so certainly refused there), kept to be sent
+    again, stamped right, as soon as the peer's first datagram teaches its epoch. Without it, every link would come
+    up a hello interval late after a start: each side's first hello is refused. Only packets at most `window`
+    seconds old go again, at most PACKETS and BYTES per peer, for at most `capacity` peers (the oldest forgotten);
+    each goes again once. Nothing else is resent: a packet sent with a stale non-zero stamp (the peer restarted
+    meanwhile) is lost like any lost datagram (hellos repeat, QoS 1/2 publications are retransmitted)."""
+
+    PACKETS = 16
+    BYTES = 64 * 1024
+
+    def __init__(self, capacity: int, window: float) -> None:
+        self.capacity = capacity
+        self.window = window
+        self._kept: dict[Address, deque[tuple[float, bytes]]] = {}
+
+    def __contains__(self, to: object) -> bool:
+        return to in self._kept
+
+    def keep(self, to: Address, packets: list[bytes], now: float) -> None:
+        kept = self._kept.get(to)
+        if kept is None:
+            kept = self._kept[to] = deque()
+            if len(self._kept) > self.capacity:
+                del self._kept[next(iter(self._kept))]
+        kept.extend((now, packet) for packet in packets)
+        size = sum(len(packet) for _, packet in kept)
+        while kept and (len(kept) > self.PACKETS or size > self.BYTES):
+            size -= len(kept.popleft()[1])
+
+    def release(self, to: Address, now: float) -> list[bytes]:
+        kept = self._kept.pop(to, ())
+        return [packet for sent_at, packet in kept if now - sent_at <= self.window]
 
 
 def envelope_epoch(boot_epoch: int, unix_time: float) -> int:

@@ -32,10 +32,12 @@ def deliver(receiver: Envelope, source: Address, datagrams: list[bytes]) -> list
 
 def exchange(first: Envelope, second: Envelope) -> None:
     """A hello, its answer and the next hello: after them each knows the other's epoch and has had a datagram
-    stamped with its own from the other (which binds the address). The drop of the first hello is forgotten."""
+    stamped with its own from the other (which binds the address). The first hello, refused, goes again with
+    the next one (the answer taught its epoch). The drop of the first hello is forgotten."""
     deliver(second, first.address, send(first, second.address, b"hello from first"))
     assert deliver(first, second.address, send(second, first.address, b"answer")) == [b"answer"]
-    assert deliver(second, first.address, send(first, second.address, b"hello again")) == [b"hello again"]
+    assert deliver(second, first.address, send(first, second.address, b"hello again")) == [
+        b"hello from first", b"hello again"]
     first.drops.clear()
     second.drops.clear()
 
@@ -75,7 +77,7 @@ def test_two_fresh_wrappers_anchor_after_one_datagram_each_way() -> None:
     assert deliver(second, A, send(first, B, b"hello 1")) == []  # stamped 0: A has not heard B yet
     assert second.drops == {"receiver_epoch": 1}
     assert deliver(first, B, send(second, A, b"hello back")) == [b"hello back"]  # B learnt A's epoch from it
-    assert deliver(second, A, send(first, B, b"hello 2")) == [b"hello 2"]
+    assert deliver(second, A, send(first, B, b"hello 2")) == [b"hello 1", b"hello 2"]  # the refused one again
     assert second.status()["peers"] == 1 and first.status()["peers"] == 1
 
 
@@ -167,7 +169,34 @@ def test_behind_nat_the_stamp_follows_the_name_bound_to_the_address() -> None:
     us = Envelope(B, 5, MODES["mac"])
     assert deliver(us, A, send(natted, B, b"hello")) == []  # not known yet: refused, but heard from A
     assert deliver(natted, B, send(us, A, b"answer")) == [b"answer"]
-    assert deliver(us, A, send(natted, B, b"anchored")) == [b"anchored"]  # binds A to 10.9.9.9:10500
+    assert deliver(us, A, send(natted, B, b"anchored")) == [b"hello", b"anchored"]  # binds A to 10.9.9.9:10500
     reborn = Envelope(Address("10.9.9.9", 10500), 31, MODES["mac"])  # it restarts
     assert deliver(us, A, send(reborn, B, b"first of the new life")) == []
     assert deliver(reborn, B, send(us, A, b"to the new life")) == [b"to the new life"]
+
+
+def test_what_was_refused_for_want_of_the_epoch_goes_again_once_when_it_is_learnt() -> None:
+    first = Envelope(A, 11, MODES["mac"])
+    second = Envelope(B, 22, EnvelopeConfig(keys=(KEY,), resend_window=2.0))
+    assert deliver(second, A, send(first, B, b"old hello")) == []  # at 0 s
+    first.send(b"fresh hello", B, now=1.5)
+    assert deliver(second, A, [d for d, _ in first.datagrams_to_send(1.5)]) == []
+    answer = send(second, A, b"answer")
+    packets = [p for d in answer for p in first.receive_datagram(d, B, 2.5)]
+    assert packets == [b"answer"]
+    resent = [d for d, _ in first.datagrams_to_send(2.5)]  # at 2.5 s: the one of 1.5 s, not the one of 0 s
+    assert deliver(second, A, resent) == [b"fresh hello"]
+    assert first.counters["packets_resent"] == 1
+    assert deliver(first, B, send(second, A, b"again")) == [b"again"]
+    assert first.datagrams_to_send(3.0) == []  # once only
+
+
+def test_nothing_sent_with_a_stale_stamp_is_sent_again() -> None:
+    """A peer that restarted: what went to its earlier life was maybe taken, so it is not repeated."""
+    sender, receiver = Envelope(A, 1, MODES["mac"]), Envelope(B, 2, MODES["mac"])
+    exchange(sender, receiver)
+    resent = sender.counters["packets_resent"]  # the first hello of the exchange
+    restarted = Envelope(B, 3, MODES["mac"])
+    assert deliver(restarted, A, send(sender, B, b"to the old life")) == []
+    assert deliver(sender, B, send(restarted, A, b"hello")) == [b"hello"]  # it learnt A from that refusal
+    assert sender.datagrams_to_send(0.0) == [] and sender.counters["packets_resent"] == resent
