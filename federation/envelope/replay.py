@@ -36,8 +36,9 @@ the new life's windows are empty. A sender learns the epoch from the
 header of any authentic datagram of the receiver (it needs none of its
 content), so after a restart one datagram each way re-anchors a pair of
 wrappers: the restarted one's first hellos are refused by the others, but
-teach them its epoch. Nothing is delivered without the stamp, not even a
-hello: a replayed old hello therefore does nothing either.
+teach them its epoch (and the envelope sends them again once the answers
+teach it theirs: datagrams.FirstContact). Nothing is delivered without the
+stamp, not even a hello: a replayed old hello therefore does nothing either.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ class PeerEpochs:
         return self._heard.get(to, 0)
 
     def set(self, to: Address, epoch: int) -> None:
-        """Stamp `epoch` on what goes to `to` until it is heard otherwise."""
+        """Stamp `epoch` on what goes to `to` until it is heard otherwise (a sender named `to`, once heard,
+        takes precedence: rule 1)."""
         self._bound.pop(to, None)
         self._heard.pop(to, None)
         self._heard[to] = epoch
