@@ -199,8 +199,12 @@ def path_report(federation: LocalFederation, topic_filter: str) -> str:
     for name in ("n1", "n0"):
         status = federation.status(name)
         topics = [t for t in status.get("topics", []) if t.get("filter") == topic_filter]
-        lines.append(f"{name}: neighbours {status['neighbours']}; topic {topics}; pacing {status['pacing']}; "
-                     f"reliable {status['reliable']}; broker {status['daemon']['broker']}; drops {status['drops']}")
+        changes = [e for e in federation.events(name, ["table_changed", "id_changed", "epoch_changed",
+                                                       "management_core_changed", "topic_core_changed"])][-8:]
+        lines.append(f"{name}: id {status['broker_id']} epoch {status['epoch']}; neighbours {status['neighbours']}; "
+                     f"federation {status['federation']}; management core {status['management_core']}; "
+                     f"topic {topics}; pacing {status['pacing']}; reliable {status['reliable']}; "
+                     f"drops {status['drops']}; last changes {changes}")
     return "\n".join(lines)
 
 
