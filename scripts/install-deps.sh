@@ -3,7 +3,11 @@
 # Idempotent: it installs only what is missing, so `make test` can run it every time.
 #
 # 1. Debian packages: mosquitto, mosquitto-clients, nftables, iproute2, openjdk-17-jre-headless
-#    (for PySpark; and python3, python3-pip if absent). `apt-get update` runs once, and only if something is missing.
+#    (for PySpark), systemd (systemd-analyze, systemd-sysusers) and logrotate (tests/packaging check the shipped
+#    unit and logrotate file offline; nothing is started), prometheus (only for its promtool, which checks the
+#    shipped alert rules; Debian ships promtool in no smaller package, and the server is never started),
+#    python3-venv (the packaging test's virtual environments;
+#    and python3, python3-pip if absent). `apt-get update` runs once, and only if something is missing.
 # 2. This repository, editable, with the test extra: `python3 -m pip install -e '.[test]'`.
 #    Skipped when build/install-deps.stamp says setup.cfg and pyproject.toml have not
 #    changed since the last install and every requirement is still satisfied.
@@ -31,21 +35,38 @@ have mosquitto mosquitto || missing+=(mosquitto)
 have mosquitto-clients mosquitto_pub || missing+=(mosquitto-clients)
 have nftables nft || missing+=(nftables)
 have iproute2 ip || missing+=(iproute2)
-# Java 17 for PySpark (the Spark job, spark/; its tests run in `make test`).
+# Java 17 for PySpark (the Spark job, federation/spark/; its tests run in `make test`).
 have openjdk-17-jre-headless java || missing+=(openjdk-17-jre-headless)
+# The shipped service files (packaging/), checked offline by tests/packaging/test_service_files.py. On a Debian
+# host with systemd-sysv, logrotate brings nothing else (systemd-sysv meets its `cron | ... | systemd-sysv`).
+have systemd systemd-analyze || missing+=(systemd)
+have logrotate logrotate || missing+=(logrotate)
+# promtool checks packaging/prometheus/*.yml (tests/packaging/test_monitoring.py): Debian has it only in prometheus,
+# installed without its recommends (prometheus-node-exporter). On a host with systemd the package starts its server
+# (port 9090), as mosquitto's does; the project never uses it: `systemctl disable --now prometheus` if unwanted.
+need_promtool=false
+have prometheus promtool || need_promtool=true
 # Resolve the interpreter itself, not a wrapper such as a pyenv shim (faster, one answer).
 if interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)' 2>/dev/null); then
     "$interpreter" -c 'import pip' 2>/dev/null || missing+=(python3-pip)
+    # Debian's python3 has venv's ensurepip in python3-venv (python -m build and tests/packaging make venvs).
+    "$interpreter" -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 else
-    missing+=(python3 python3-pip)
+    missing+=(python3 python3-pip python3-venv)
 fi
 
-if ((${#missing[@]})); then
-    say "installing Debian packages: ${missing[*]}"
+if ((${#missing[@]})) || $need_promtool; then
     apt-get update -q
-    apt-get install -y -q "${missing[@]}"
+    if ((${#missing[@]})); then
+        say "installing Debian packages: ${missing[*]}"
+        apt-get install -y -q "${missing[@]}"
+    fi
+    if $need_promtool; then
+        say "installing Debian package prometheus (for promtool), without its recommends"
+        apt-get install -y -q --no-install-recommends prometheus
+    fi
 else
-    say "Debian packages present (mosquitto, mosquitto-clients, nftables, iproute2, Java 17)"
+    say "Debian packages present (mosquitto, mosquitto-clients, nftables, iproute2, Java 17, systemd, logrotate, promtool)"
 fi
 
 [[ -n ${interpreter:-} ]] || interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)')

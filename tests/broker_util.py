@@ -22,13 +22,15 @@ Nothing here sleeps blindly: waits poll a condition until a deadline.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self, TypeVar
@@ -240,3 +242,31 @@ class Processes:
             if process.stderr is not None:
                 process.stderr.close()
         self.started.clear()
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread; `call` runs a function on it and returns its result."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
+        self.thread.start()
+
+    def call(self, function: Callable[[], T], timeout: float = 5.0) -> T:
+        async def run() -> T:
+            return function()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture(name="loop_thread")
+def loop_thread_fixture() -> Iterator[LoopThread]:
+    """A `LoopThread`, closed after the test (import it as `loop_thread_fixture  # noqa: F401`)."""
+    running = LoopThread()
+    yield running
+    running.close()

@@ -59,7 +59,7 @@ class Harness:
         node = self.nodes.get(index)
         if node is None:
             return
-        for data, target in node.datagrams_to_send():
+        for data, target in node.packets_to_send():
             target_index = int(target.host.rsplit(".", 1)[1])
             if (index, target_index) in self.cut:
                 continue
@@ -82,7 +82,7 @@ class Harness:
                 node = self.nodes.get(target)
                 if node is not None:
                     self.packets += 1
-                    node.receive_datagram(data, source, self.now)
+                    node.receive_packet(data, source, self.now)
                     self.flush(target)
             else:
                 self.nodes[timer_index].handle_timer(self.now)

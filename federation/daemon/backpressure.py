@@ -81,6 +81,30 @@ class InjectionQueue(Generic[Item]):
             return self._qos0.popleft()[1]
         return self._reliable.popleft()[1]
 
+    def take_within(self, reliable: int, room: int) -> list[Item]:
+        """Up to `room` items, oldest first, stopping before the oldest QoS 1/2 item once `reliable` of them
+        were taken (the broker's Receive Maximum: the QoS 0 items behind it wait too, to keep the order)."""
+        if not self._reliable:
+            queue = self._qos0
+            return [queue.popleft()[1] for _ in range(min(room, len(queue)))]
+        out: list[Item] = []
+        qos0, rest = self._qos0, self._reliable
+        while len(out) < room:
+            if rest and (not qos0 or rest[0][0] < qos0[0][0]):
+                if reliable <= 0:
+                    break
+                reliable -= 1
+                out.append(rest.popleft()[1])
+            elif qos0:
+                out.append(qos0.popleft()[1])
+            else:
+                break
+        return out
+
+    def drain(self) -> list[Item]:
+        """Every item, oldest first; the queue is then empty."""
+        return self.take(len(self))
+
     def take(self, room: int) -> list[Item]:
         """Up to `room` items, oldest first."""
         if not self._reliable or not self._qos0:  # one kind only (a flood is all QoS 0): no order to merge

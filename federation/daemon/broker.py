@@ -11,11 +11,13 @@ Two ways to drive paho:
   publications costs one pass through the event loop, not one per message;
   the client (`LeanClient`, federation/daemon/lean_client.py) parses the
   plain QoS 0/1 publications of that burst itself, in one loop, instead of
-  paho's several reads and objects per packet.
+  paho's several reads and objects per packet. It relies on private names
+  of paho's; if the installed paho lacks one, the adapter says so at
+  construction and uses `PublicClient` (paho's documented API) instead.
   Publishing writes to the socket at once, in the caller's thread, which is
   the loop's. Only a connection attempt runs in the loop's default executor,
   because paho's connect blocks (up to its 5 s timeout for an unreachable
-  host); reconnection uses exponential backoff (0.5 s doubling to 10 s) and
+  host); reconnection uses exponential backoff (0.25 s doubling to 1 s) and
   `loop_misc` runs every second for the keepalive. Why: with paho in its own
   thread the two threads handed the GIL back and forth for every message
   (paho wakes its thread through a socket pair on every publish), which
@@ -36,19 +38,45 @@ Subscriptions are made in `on_connect`, so every reconnect subscribes again:
   each publication arrives with the QoS it was published with, with its
   live retain flag, and without the stored retained messages at subscribe
   time.
+* `$SYS/broker/subscriptions/count` (QoS 0, its retained value at once):
+  how many subscriptions the broker holds, to find those the wrapper never
+  saw (federation.daemon.broker_subscriptions).
 
-The session is kept for `SESSION_EXPIRY` seconds after a disconnection
-(clean start 0, session expiry 60 s): when the connection drops, or the
-wrapper restarts quickly, the broker queues the log lines (QoS 2, which it
+Acknowledgements of what the broker sends are manual (paho's `manual_ack`):
+each publication and log line carries its packet id, and the runtime
+acknowledges a pass's items in one place once its node has taken them
+(`acknowledge`), so the broker keeps a publication until then. The
+connection announces a Receive Maximum (`RECEIVE_MAXIMUM`): how many of them
+the broker may have unacknowledged toward us.
+
+The session is persistent (clean start 0, session expiry
+`broker_session_expiry`, 3600 s by default): when the connection drops, or
+the wrapper restarts, the broker queues the log lines (QoS 2, which it
 expires after 20 s) and the QoS 1/2 publications meanwhile and delivers them
-on reconnection, so a subscription made during the gap is not missed. A
-broker restart without persistence loses the session; nothing can be
-recovered then.
+on reconnection, and it keeps its half of our unfinished QoS 1/2 injections.
+A CONNACK without the session after this run had one (`Connected.session_lost`:
+the broker restarted without persistence, or the session expired) means its
+clients lost their subscriptions too (the runtime holds their publications
+until they subscribe again, federation.daemon.broker_subscriptions).
 
-Remote publications are injected with `publish` on this same connection:
-no_local then keeps the broker from echoing them back, which is what stops a
-federated publication from being federated again. MQTT v5 properties travel
-as a plain dict (keys as in docs/protocol.md, `tm.properties`).
+The login (broker_auth.py): a user name and password, and TLS with a CA
+and a client certificate, are set on paho's client before it connects. A
+refused CONNACK is `ConnectRefused`; a failed TLS handshake, or a
+connection the broker closes before its CONNACK (how a TLS 1.3 broker
+refuses a client certificate), is `ConnectFailed(tls=True)`; both are
+retried with the same backoff, and broker_health.py tells the operator what
+to fix. With TLS, a record read may leave decrypted bytes inside the SSL
+object that neither wake the loop nor show in FIONREAD: the read pass
+looks at them too (`_tls_pending`).
+
+
+Remote publications are injected on this same connection by an `Injector`
+(injector.py: runs of packets, packet ids, the injection journal, what a new
+session means for the unfinished ones). The broker's Receive Maximum (read
+from the CONNACK, `receive_maximum`) bounds how many of ours may be
+unfinished: `FlowControl` hands over no more (`injection_window`). MQTT v5
+properties travel as a plain dict (keys as in docs/protocol.md,
+`tm.properties`; converted by mqtt_properties.py).
 """
 
 from __future__ import annotations
@@ -58,18 +86,20 @@ import asyncio
 import fcntl
 import logging
 import socket
+import ssl
 import termios
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from paho.mqtt.exception import MQTTException
+from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from federation.daemon.broker_auth import BrokerAuth
 from federation.daemon.broker_items import (
     BrokerItem,
     Connected,
@@ -79,92 +109,57 @@ from federation.daemon.broker_items import (
     LogLine,
     Publication,
     Subscribed,
+    SubscriptionCount,
 )
 from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
-from federation.daemon.lean_client import LeanClient, lean_qos0_publish
+from federation.daemon.config import DEFAULT_SESSION_EXPIRY
+from federation.daemon.injector import InjectionRecorder, Injector
+from federation.daemon.lean_client import LeanClient, PublicClient, missing_paho_names
+from federation.daemon.mqtt_properties import properties_to_dict
+from federation.protocol.histogram import Histogram
 from federation.protocol.types import Address, Injection
 
 log = logging.getLogger("federation.daemon.broker")
 
 PUBLICATION_FILTER = "#"
-RECONNECT_MIN_DELAY = 0.5
+SUBSCRIPTION_COUNT_TOPIC = "$SYS/broker/subscriptions/count"
+OWN_SUBSCRIPTIONS = 3
+"""subscriptions the wrapper's own connection holds (the log, `#`, the count), all three in the broker's count"""
+RECONNECT_MIN_DELAY = 0.25
 """seconds before the first reconnection attempt; doubles per failed attempt"""
-RECONNECT_MAX_DELAY = 10.0
-"""seconds: the cap of the reconnection backoff"""
+RECONNECT_MAX_DELAY = 1.0
+"""seconds: the cap of the reconnection backoff. Short, because the broker is the wrapper's own (an attempt
+costs one refused TCP connection) and a restarted broker's clients that subscribe again before the wrapper is
+back on its log are not seen doing so (docs/daemon.md "Subscriptions the wrapper did not see"): with 0.5 s
+doubling to 10 s the wrapper came back 7.7 s after a broker killed for 4 s, 3 s after its subscribers"""
 MAX_INFLIGHT = 0
 """QoS 1/2 messages paho keeps in flight to the broker at once: 0, no limit of paho's, because the runtime
-already hands paho at most `BROKER_BACKLOG` unfinished ones, and with a limit paho walks its whole table of
-messages on every PUBACK (`_update_inflight`). 1,000 against 0: 3,824-4,467 against 5,294-5,673 QoS 1
-msg/s through `federation-2` (2 alternating runs)"""
+hands paho at most the broker's Receive Maximum of unfinished ones (`FlowControl`), and with a limit paho
+walks its whole table of messages on every PUBACK (`_update_inflight`). 1,000 against 0: 3,824-4,467 against
+5,294-5,673 QoS 1 msg/s through `federation-2` (2 alternating runs)"""
 KEEPALIVE = 30
 """seconds"""
-SESSION_EXPIRY = 60
-"""seconds the broker keeps the wrapper's session (and queues its QoS 1/2 messages) after a disconnection"""
+RECEIVE_MAXIMUM = 1024
+"""QoS 1/2 publications the broker may send us unacknowledged (our CONNECT's Receive Maximum). The runtime
+acknowledges a read pass's publications once its node has taken them, so this bounds what the wrapper has
+read and not yet taken into custody; a few read passes' worth (`MAX_PACKETS_PER_WAKEUP`), so the broker never
+waits for an acknowledgement while the wrapper keeps up"""
+DEFAULT_RECEIVE_MAXIMUM = 65535
+"""the broker's Receive Maximum when its CONNACK names none (MQTT 5 section 3.2.2.3.3)"""
 MISC_INTERVAL = 1.0
 """seconds between calls of paho's `loop_misc` (keepalive, ping timeout) on an asyncio loop"""
 MAX_PACKETS_PER_WAKEUP = 256
 """packets read from the broker in one pass before the event loop gets to run other callbacks"""
 
-# tm.properties key -> paho Properties attribute, for single-valued properties.
-_SCALAR_PROPERTIES = (
-    ("content_type", "ContentType", str),
-    ("response_topic", "ResponseTopic", str),
-    ("correlation_data", "CorrelationData", bytes),
-    ("payload_format_indicator", "PayloadFormatIndicator", int),
-    ("message_expiry_interval", "MessageExpiryInterval", int),
-)
-_INTEGER_RANGES: dict[str, tuple[int, int]] = {
-    "payload_format_indicator": (0, 1),
-    "message_expiry_interval": (0, 2**32 - 1),
-}
-
-
-# ------------------------------------------------------------------ properties
-
-
-def properties_to_dict(properties: Properties | None) -> dict[str, Any] | None:
-    """The v5 properties worth carrying, as a plain dict (None when there are none)."""
-    if properties is None:
-        return None
-    carried: dict[str, Any] = {}
-    user = getattr(properties, "UserProperty", None)
-    if user:
-        carried["user_property"] = [[str(name), str(value)] for name, value in user]
-    for key, attribute, _kind in _SCALAR_PROPERTIES:
-        value = getattr(properties, attribute, None)
-        if value is not None:
-            carried[key] = bytes(value) if isinstance(value, (bytes, bytearray)) else value
-    return carried or None
-
-
-def dict_to_properties(carried: dict[str, Any] | None) -> tuple[Properties | None, list[str]]:
-    """paho Properties for a publication, and the keys that were skipped as invalid."""
-    if not carried:
-        return None, []
-    properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    skipped: list[str] = []
-    for key, value in carried.items():
-        try:
-            if key == "user_property":
-                pairs = [(str(pair[0]), str(pair[1])) for pair in value]
-                if pairs:
-                    properties.UserProperty = pairs
-                continue
-            spec = next((s for s in _SCALAR_PROPERTIES if s[0] == key), None)
-            if spec is None or not isinstance(value, spec[2]) or isinstance(value, bool):
-                skipped.append(key)
-                continue
-            bounds = _INTEGER_RANGES.get(key)
-            if bounds is not None and isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
-                skipped.append(key)
-                continue
-            setattr(properties, spec[1], value)
-        except (TypeError, ValueError, IndexError, MQTTException):
-            skipped.append(key)
-    return properties, skipped
-
-
 # ------------------------------------------------------------------ the adapter
+
+
+def paho_version() -> str:
+    """The installed paho-mqtt's version, for messages."""
+    try:
+        return metadata.version("paho-mqtt")
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 def _set_cork(sock: Any, on: bool) -> bool:
@@ -175,6 +170,27 @@ def _set_cork(sock: Any, on: bool) -> bool:
     except (OSError, AttributeError):
         return False
     return True
+
+
+def _tls_pending(sock: Any) -> int:
+    """Bytes TLS has decrypted and holds for the next read (0 for a plain socket): a TLS record may carry several
+    MQTT packets, and what is left of it after a read makes the raw socket neither readable nor FIONREAD > 0."""
+    return sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
+
+
+CLOSED_BEFORE_CONNACK = "the broker closed the connection before answering CONNECT"
+RESET_IN_HANDSHAKE = "the broker reset the connection during the TLS handshake"
+
+
+def connect_failure(error: BaseException, tls: bool) -> ConnectFailed:
+    """What a failed connection attempt tells the operator: a TLS handshake failure, or the socket's error."""
+    if isinstance(error, ssl.SSLError):
+        reason = str(getattr(error, "reason", None) or error).replace("_", " ").lower()
+        verify = getattr(error, "verify_message", None)
+        return ConnectFailed(f"{reason}: {verify}" if verify else reason, tls=True)
+    if tls and isinstance(error, (ConnectionResetError, ConnectionAbortedError)):
+        return ConnectFailed(RESET_IN_HANDSHAKE, tls=True)
+    return ConnectFailed(getattr(error, "strerror", None) or str(error))
 
 
 class BrokerAdapter:
@@ -191,10 +207,14 @@ class BrokerAdapter:
     def __init__(self, broker: Address, client_id: str, deliver: Callable[[BrokerItem], None],
                  max_qos: int = 2, loop: asyncio.AbstractEventLoop | None = None,
                  flush: Callable[[], None] | None = None, on_completed: Callable[[], None] | None = None,
-                 hold: Callable[[], None] | None = None) -> None:
+                 hold: Callable[[], None] | None = None, auth: BrokerAuth | None = None,
+                 session_expiry: int = DEFAULT_SESSION_EXPIRY, recorder: InjectionRecorder | None = None) -> None:
+        if recorder is not None and loop is None:
+            raise ValueError("an injection recorder needs the loop-driven adapter (it is told on the loop's thread)")
         self.broker = broker
         self.client_id = client_id
         self.max_qos = max_qos
+        self.session_expiry = session_expiry
         self._deliver = deliver
         self._loop = loop
         self._flush = flush
@@ -203,16 +223,30 @@ class BrokerAdapter:
         """with `loop` and `flush`: called before each burst read (`flush` follows: nothing need be scheduled)"""
         self._stopping = False
         self.connected = False
-        self.injected = 0
-        self.inject_failed = 0
-        self.properties_skipped = 0
-        client = LeanClient(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-        if loop is not None:
+        self.session_present: bool | None = None
+        """the last CONNACK's session present flag (None before the first)"""
+        self.receive_maximum = 0
+        """the broker's Receive Maximum from the last CONNACK (0 before the first)"""
+        self._had_session = False
+        self.sessions_lost = 0
+        """CONNACKs without the session after this run had one"""
+        missing = missing_paho_names()
+        if missing:
+            log.warning("paho-mqtt %s lacks what the wrapper's short data path uses (%s; "
+                        "federation/daemon/lean_client.py is written for paho-mqtt 2.2.0, which setup.cfg pins): "
+                        "using paho's public API instead, which works but costs more CPU per message; install "
+                        "paho-mqtt==2.2.0 to get the short path back", paho_version(), ", ".join(missing))
+        client: LeanClient | PublicClient = (PublicClient if missing else LeanClient)(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=True)
+        if loop is not None and isinstance(client, LeanClient):
             client.lean_publish = self._on_lean_publish  # the buffered reads need `_on_readable`'s draining
         client.max_inflight_messages_set(MAX_INFLIGHT)
         client.max_queued_messages_set(0)  # unlimited
         # paho's signature says int, but it sleeps on floats; the first retry comes after 0.5 s.
         client.reconnect_delay_set(RECONNECT_MIN_DELAY, RECONNECT_MAX_DELAY)  # type: ignore[arg-type]
+        self.auth = auth or BrokerAuth()
+        """user, password and TLS files of the login (`_apply_auth`)"""
+        self._apply_auth(client, self.auth)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
@@ -220,8 +254,9 @@ class BrokerAdapter:
         client.on_message = self._on_message
         client.publish_completed = self._on_publish_completed
         self.client = client
-        self._unfinished: set[int] = set()
-        """mids of the QoS 1/2 publications handed to paho that the broker has not completed (`backlog`)"""
+        self.injector = Injector(client, broker, max_qos, recorder, self._wrote)
+        """what this connection publishes into the broker (injector.py)"""
+        client.pubrec_received = self.injector.on_pubrec
         self._completed = False
         self._on_completed = on_completed
         """with `loop`: called after a read pass in which the broker completed some of our QoS 1/2 publications,
@@ -230,9 +265,11 @@ class BrokerAdapter:
         self._watched: socket.socket | None = None
         self._writing = False
         self._retry_delay = RECONNECT_MIN_DELAY
+        self._refused = False
+        """the broker refused the current connection attempt (CONNACK failure)"""
         self._connect_handle: asyncio.Handle | None = None
         self._connecting: asyncio.Future[Any] | None = None
-        self._misc_handle: asyncio.TimerHandle | None = None
+        self._keepalive_handle: asyncio.TimerHandle | None = None
         self._available = array.array("i", [0])
         self._paused = False
         self._read_retry: asyncio.Handle | None = None
@@ -241,6 +278,29 @@ class BrokerAdapter:
             client.on_socket_open = self._on_socket_open
             client.on_socket_close = self._on_socket_close
 
+    @staticmethod
+    def _apply_auth(client: mqtt.Client, auth: BrokerAuth) -> None:
+        """The login's user and password, and its TLS context, on paho's client (read at the next connection)."""
+        if auth.username is not None:
+            client.username_pw_set(auth.username, auth.password)
+        context = auth.ssl_context()
+        if context is not None:
+            client.tls_set_context(context)
+
+    def update_password(self, auth: BrokerAuth) -> None:
+        """A password re-read from the password file (SIGHUP): used from the next connection on, which is made
+        at once if the wrapper is not connected (the backoff starts again)."""
+        self.auth = auth
+        if auth.username is not None:
+            self.client.username_pw_set(auth.username, auth.password)
+        loop = self._loop
+        if loop is None or self.connected or self._stopping or self._connecting is not None:
+            return
+        if self._connect_handle is not None:
+            self._connect_handle.cancel()
+        self._retry_delay = RECONNECT_MIN_DELAY
+        self._connect_handle = loop.call_soon(self._connect)
+
     @property
     def on_loop(self) -> bool:
         """True when an asyncio loop drives paho (no network thread)."""
@@ -248,10 +308,16 @@ class BrokerAdapter:
 
     # The asyncio side.
 
+    def restore(self, unfinished: Sequence[tuple[int, Injection, bool]]) -> None:
+        """Before `start`: the QoS 1/2 injections a previous run left unfinished (mid, injection, past PUBREC), from
+        the injection journal (`Injector.restore`)."""
+        self.injector.restore(unfinished)
+
     def start(self) -> None:
         """Start connecting; never blocks and never fails on a broker that is down."""
         connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        connect_properties.SessionExpiryInterval = SESSION_EXPIRY
+        connect_properties.SessionExpiryInterval = self.session_expiry
+        connect_properties.ReceiveMaximum = RECEIVE_MAXIMUM
         self.client.connect_async(self.broker.host, self.broker.port, keepalive=KEEPALIVE, clean_start=False,
                                   properties=connect_properties)
         loop = self._loop
@@ -259,36 +325,50 @@ class BrokerAdapter:
             self.client.loop_start()
             return
         self._connect_handle = loop.call_soon(self._connect)
-        self._misc_handle = loop.call_later(MISC_INTERVAL, self._misc)
+        self._keepalive_handle = loop.call_later(MISC_INTERVAL, self._keepalive)
 
     def publish(self, injection: Injection) -> bool:
-        """Publish a remote publication into the broker; False if paho refused it (not connected, QoS 0)."""
-        properties, skipped = dict_to_properties(injection.properties) if injection.properties else (None, ())
-        if skipped:
-            self.properties_skipped += len(skipped)
-            log.debug("publication %s: skipped invalid properties %s", injection.publication, skipped)
-        qos = min(injection.qos, self.max_qos)
+        """Publish one remote publication with paho's `publish` (`Injector.publish`)."""
+        return self.injector.publish(injection)
+
+    def publish_all(self, injections: Sequence[Injection]) -> None:
+        """Publish several, in order (`Injector.publish_all`); on a loop, corked (TCP_CORK), so the broker gets
+        them in as few segments as fit."""
+        sock = self._watched if len(injections) > 1 and self._loop is not None else None
+        corked = sock is not None and _set_cork(sock, True)
         try:
-            info = self.client.publish(injection.topic, injection.payload, qos=qos, retain=injection.retain,
-                                       properties=properties)
-        except (ValueError, MQTTException) as error:
-            log.warning("cannot inject publication on %r: %s", injection.topic, error)
-            self.inject_failed += 1
-            return False
-        if self._loop is not None and not self._writing and self.client.want_write():
-            self._watch_writes()  # the socket was full: the rest goes out when it is writable
-        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS and not (qos > 0 and info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN):
-            # QoS 1/2 messages refused for "no connection" are queued by paho and sent after reconnecting.
-            self.inject_failed += 1
-            return False
-        if qos:
-            self._unfinished.add(info.mid)  # stored by paho until PUBACK / PUBCOMP, also while disconnected
-        self.injected += 1
-        return True
+            self.injector.publish_all(injections)
+        finally:
+            if corked and sock is self._watched:  # not if the connection dropped meanwhile
+                _set_cork(sock, False)
 
     def backlog(self) -> int:
         """QoS 1/2 publications handed to paho that the broker has not completed yet (in flight or queued)."""
-        return len(self._unfinished)
+        return self.injector.backlog()
+
+    def injection_window(self) -> int:
+        """How many more QoS 1/2 injections the broker takes now: its Receive Maximum less those unfinished
+        (0 while not connected: what is handed over then waits for the next connection in our queue)."""
+        if not self.connected:
+            return 0
+        return max(0, self.receive_maximum - self.injector.backlog())
+
+    @property
+    def injected(self) -> int:
+        return self.injector.injected
+
+    @property
+    def inject_failed(self) -> int:
+        return self.injector.inject_failed
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.injector.counts
+
+    @property
+    def injection_latency(self) -> Histogram:
+        """seconds from handing a QoS 1/2 publication to the connection to the broker's PUBACK / PUBCOMP"""
+        return self.injector.injection_latency
 
     @property
     def output_blocked(self) -> bool:
@@ -296,67 +376,18 @@ class BrokerAdapter:
         is slower than what we hand it, so more should wait in our bounded queue, not in paho's unbounded one."""
         return self._writing
 
-    def publish_all(self, injections: Sequence[Injection]) -> None:
-        """Publish several; on a loop, corked (TCP_CORK), so the broker gets them in as few segments as fit.
-        A run of QoS 0 publications without properties is built here and written with one `send`; a run of
-        QoS 1 ones without properties goes to `LeanClient.send_qos1` (one write, paho still tracks each)."""
-        sock = self._watched if len(injections) > 1 and self._loop is not None else None
-        corked = sock is not None and _set_cork(sock, True)
-        client = self.client
-        max_qos = self.max_qos
-        run = bytearray()
-        count = 0
-        qos1: list[Injection] = []
-        try:
-            for injection in injections:
-                if not injection.properties:
-                    qos = injection.qos if injection.qos < max_qos else max_qos
-                    if qos == 1:
-                        if count:
-                            self._send_run(client, run, count)
-                            run, count = bytearray(), 0
-                        qos1.append(injection)
-                        continue
-                    if qos1:
-                        self._send_qos1_run(client, qos1)
-                        qos1 = []
-                    if qos == 0 and lean_qos0_publish(run, injection.topic, injection.payload, injection.retain):
-                        count += 1
-                        continue
-                elif qos1:
-                    self._send_qos1_run(client, qos1)
-                    qos1 = []
-                if count:
-                    self._send_run(client, run, count)
-                    run, count = bytearray(), 0
-                self.publish(injection)
-            if count:
-                self._send_run(client, run, count)
-            if qos1:
-                self._send_qos1_run(client, qos1)
-        finally:
-            if corked and sock is self._watched:  # not if the connection dropped meanwhile
-                _set_cork(sock, False)
+    def _wrote(self) -> None:
+        """paho was handed bytes: on a loop, watch the socket if it could not take them all."""
+        if self._loop is not None and not self._writing and self.client.want_write():
+            self._watch_writes()  # the rest goes out when it is writable
 
-    def _send_run(self, client: LeanClient, run: bytearray, count: int) -> None:
-        if client.send_qos0(run) != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            self.inject_failed += count  # not connected: paho refuses QoS 0 publications too
+    def acknowledge(self, acks: Sequence[tuple[int, int]]) -> None:
+        """Acknowledge received QoS 1/2 publications and log lines (mid, qos): the runtime calls it once its node
+        has taken them, for a whole pass at once (one write)."""
+        if not acks:
             return
-        self.injected += count
-        if self._loop is not None and not self._writing and client.want_write():
-            self._watch_writes()
-
-    def _send_qos1_run(self, client: LeanClient, injections: Sequence[Injection]) -> None:
-        """QoS 1 publications without properties: what `send_qos1` takes, then the rest through `publish`."""
-        # Taken ones join `_unfinished`: in paho's `_out_messages` until PUBACK, also across a reconnection.
-        mids = client.send_qos1([(injection.topic, injection.payload, injection.retain) for injection in injections],
-                                self._unfinished)
-        if mids:
-            self.injected += len(mids)
-            if self._loop is not None and not self._writing and client.want_write():
-                self._watch_writes()
-        for injection in injections[len(mids):]:
-            self.publish(injection)
+        self.client.send_acks(acks)
+        self._wrote()
 
     @property
     def reading_paused(self) -> bool:
@@ -379,7 +410,7 @@ class BrokerAdapter:
         self._paused = self.client.paused = False
         if self._watched is not None:
             self._loop.add_reader(self._watched, self._on_readable)
-            if self.client.buffered():
+            if self.client.buffered() or _tls_pending(self._watched):
                 self._schedule_read_retry()  # what we read before the pause does not make the socket readable
 
     def stop(self) -> None:
@@ -392,10 +423,10 @@ class BrokerAdapter:
             finally:
                 self.client.loop_stop()
             return
-        for handle in (self._connect_handle, self._misc_handle):
+        for handle in (self._connect_handle, self._keepalive_handle):
             if handle is not None:
                 handle.cancel()
-        self._connect_handle = self._misc_handle = None
+        self._connect_handle = self._keepalive_handle = None
         self.client.disconnect()  # writes DISCONNECT at once and closes the socket (paho calls _on_socket_close)
 
     # Driving paho from the asyncio loop (loop thread, except `_blocking_connect`).
@@ -405,6 +436,7 @@ class BrokerAdapter:
         if self._stopping or self._connecting is not None:
             return
         assert self._loop is not None
+        self._refused = False
         self._connecting = self._loop.run_in_executor(None, self._blocking_connect)
         self._connecting.add_done_callback(self._connect_done)
 
@@ -422,14 +454,13 @@ class BrokerAdapter:
         if error is not None:
             if not isinstance(error, OSError):
                 log.error("connecting to broker %s failed: %r", self.broker, error)
-            self._deliver(ConnectFailed())
+            self._deliver(connect_failure(error, self.auth.tls))
             self._schedule_connect()
             return
-        if self.client.socket() is None:  # the connection failed while CONNECT was written
-            self._deliver(ConnectFailed())
+        if self.client.socket() is None:  # closed while CONNECT was written: reported by `_on_disconnect`
             self._schedule_connect()
             return
-        self._after_io()  # CONNECT may still wait in paho's queue
+        self._write_pending()  # CONNECT may still wait in paho's queue
 
     def _schedule_connect(self) -> None:
         if self._stopping or self._connect_handle is not None or self._connecting is not None:
@@ -449,7 +480,7 @@ class BrokerAdapter:
         self._watched = sock
         if not self._paused:
             self._loop.add_reader(sock, self._on_readable)
-        self._after_io()
+        self._write_pending()
 
     def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         """paho is about to close `sock`: stop watching it first, so its descriptor number can be reused."""
@@ -483,17 +514,18 @@ class BrokerAdapter:
             if read <= 0 or client.socket() is not sock:
                 break  # nothing (more) now, or the connection is gone
             budget -= read
-            if client.buffered():
-                continue  # complete packets may wait in the client's read buffer: the socket may be empty
+            if client.buffered() or _tls_pending(sock):
+                continue  # complete packets may wait in the client's (or TLS's) read buffer: the socket may be empty
             try:
                 fcntl.ioctl(fileno, termios.FIONREAD, self._available)
             except OSError:
                 break
             if self._available[0] <= 0:
                 break
-        if client.buffered() and client.socket() is sock:
+        if (client.buffered() or _tls_pending(sock)) and client.socket() is sock:
             self._schedule_read_retry()  # the socket may not wake us for what we hold already
-        self._after_io()
+        self._write_pending()
+        self.injector.flush_finished()
         if self._completed:
             self._completed = False
             if self._on_completed is not None:
@@ -510,7 +542,7 @@ class BrokerAdapter:
         if not self._paused and self._watched is not None:
             self._on_readable()
 
-    def _after_io(self) -> None:
+    def _write_pending(self) -> None:
         """Packets queued inside paho's callbacks (SUBSCRIBE in on_connect) or refused by a full socket wait
         in paho's queue: write them now, and watch for writability if some remain."""
         client = self.client
@@ -538,18 +570,24 @@ class BrokerAdapter:
             if self._on_completed is not None:
                 self._on_completed()
 
-    def _misc(self) -> None:
+    def _keepalive(self) -> None:
+        """paho's `loop_misc` every MISC_INTERVAL: a PINGREQ when due, the connection closed when the broker's
+        answer is overdue."""
         assert self._loop is not None
-        self._misc_handle = self._loop.call_later(MISC_INTERVAL, self._misc)
+        self._keepalive_handle = self._loop.call_later(MISC_INTERVAL, self._keepalive)
         if self._watched is not None:
             self.client.loop_misc()
-            self._after_io()
+            self._write_pending()
 
     # paho's callbacks: paho's thread, or the loop's.
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: ReasonCode,
                     properties: Properties | None) -> None:
+        """CONNACK. Called before paho sends the unfinished messages again: without the session, they are taken
+        back from paho here (they would be new messages to the broker, and a PUBREL of one past PUBREC would be
+        answered as done while the broker never delivered it) and handed over to be published anew."""
         if reason_code.is_failure:
+            self._refused = True
             self._deliver(ConnectRefused(str(reason_code)))
             return
         sock = client.socket()
@@ -558,12 +596,22 @@ class BrokerAdapter:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError as error:
                 log.debug("cannot set TCP_NODELAY: %s", error)
+        session_present = bool(flags.session_present)
+        receive_maximum = int(getattr(properties, "ReceiveMaximum", 0) or DEFAULT_RECEIVE_MAXIMUM)
+        session_lost = not session_present and self._had_session
+        self._had_session = True
+        if session_lost:
+            self.sessions_lost += 1
+        resent, reinjected = self.injector.connected(session_present)
         self.connected = True
+        self.session_present = session_present
+        self.receive_maximum = receive_maximum
         self._retry_delay = RECONNECT_MIN_DELAY
-        self._deliver(Connected())
+        self._deliver(Connected(session_present, session_lost, receive_maximum, resent, tuple(reinjected)))
         client.subscribe([
             (LOG_TOPIC_FILTER, SubscribeOptions(qos=2)),
             (PUBLICATION_FILTER, SubscribeOptions(qos=2, noLocal=True, retainAsPublished=True, retainHandling=2)),
+            (SUBSCRIPTION_COUNT_TOPIC, SubscribeOptions(qos=0)),
         ])
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
@@ -571,14 +619,17 @@ class BrokerAdapter:
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: ReasonCode,
                        properties: Properties | None) -> None:
-        self.connected = False
-        self._deliver(Disconnected(str(reason_code), self._stopping))
+        was_connected, self.connected = self.connected, False
+        if was_connected or self._stopping or self._refused:
+            self._deliver(Disconnected(str(reason_code), self._stopping, self.injector.backlog()))
+        else:  # closed before CONNACK: with TLS, how a broker refuses a client certificate (after the handshake)
+            self._deliver(ConnectFailed(CLOSED_BEFORE_CONNACK, tls=True))
         if self._loop is not None:
             self._schedule_connect()
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: list[ReasonCode],
                       properties: Properties | None) -> None:
-        filters = (LOG_TOPIC_FILTER, PUBLICATION_FILTER)
+        filters = (LOG_TOPIC_FILTER, PUBLICATION_FILTER, SUBSCRIPTION_COUNT_TOPIC)
         refused = tuple(f"{topic_filter}: {code}" for topic_filter, code in zip(filters, reason_codes, strict=False)
                         if code.is_failure)
         self._deliver(Subscribed(refused))
@@ -587,27 +638,45 @@ class BrokerAdapter:
         try:
             topic = message.topic
         except UnicodeDecodeError:
-            return  # the broker checks UTF-8; nothing valid to federate
+            self._acknowledge_now(message.mid, message.qos)  # the broker checks UTF-8; nothing valid to federate
+            return
         if topic.startswith("$"):
-            if topic.startswith(LOG_TOPIC_PREFIX):
-                self._deliver(LogLine(topic, bytes(message.payload)))
+            self._system_message(topic, bytes(message.payload), message.qos, message.mid)
             return
         self._deliver(Publication(topic, bytes(message.payload), message.qos, bool(message.retain),
-                                  properties_to_dict(message.properties)))
+                                  properties_to_dict(message.properties), message.mid))
 
-    def _on_lean_publish(self, topic_bytes: bytes, payload: bytes, qos: int, retain: bool) -> None:
+    def _on_lean_publish(self, topic_bytes: bytes, payload: bytes, qos: int, retain: bool, mid: int) -> None:
         """`LeanClient`'s short path: a PUBLISH without properties, as `_on_message` would see it."""
         try:
             topic = topic_bytes.decode("utf-8")
         except UnicodeDecodeError:
+            self._acknowledge_now(mid, qos)
             return
         if topic.startswith("$"):
-            if topic.startswith(LOG_TOPIC_PREFIX):
-                self._deliver(LogLine(topic, payload))
+            self._system_message(topic, payload, qos, mid)
             return
-        self._deliver(Publication(topic, payload, qos, retain, None))
+        self._deliver(Publication(topic, payload, qos, retain, None, mid))
 
-    def _on_publish_completed(self, mid: int) -> None:
-        if mid in self._unfinished:
-            self._unfinished.discard(mid)
+    def _system_message(self, topic: str, payload: bytes, qos: int, mid: int) -> None:
+        """A `$` topic: a log line (acknowledged by the runtime with the publications), the subscription count,
+        or something not asked for (acknowledged at once)."""
+        if topic.startswith(LOG_TOPIC_PREFIX):
+            self._deliver(LogLine(topic, payload, mid, qos))
+            return
+        self._acknowledge_now(mid, qos)
+        if topic == SUBSCRIPTION_COUNT_TOPIC:
+            try:
+                count = int(payload)
+            except ValueError:
+                log.debug("%s: not a number: %r", topic, payload[:40])
+                return
+            self._deliver(SubscriptionCount(count))
+
+    def _acknowledge_now(self, mid: int, qos: int) -> None:
+        if qos:
+            self.client.send_acks([(mid, qos)])
+
+    def _on_publish_completed(self, mid: int, reason: int) -> None:
+        if self.injector.on_completed(mid, reason):
             self._completed = True

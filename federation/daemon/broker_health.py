@@ -5,12 +5,16 @@ changes as broker items (`Connected`, `Subscribed`, `Disconnected`,
 `ConnectFailed`, `ConnectRefused`). `BrokerHealth` turns them into the
 numbers the status document and the metrics show (connected, connections
 made, log lines read) and into log lines a person can act on. None of it
-touches the protocol node, so it lives apart from the runtime, which owns
-one `BrokerHealth` and hands it every state item and every log line.
+touches the protocol node, so it lives apart from the running wrapper
+(running.py), which owns one `BrokerHealth` and hands it every state item
+and every log line.
 
-Two reports are timed on purpose. A broker that stays unreachable is
-reported once per `BROKER_DOWN_REMINDER` (paho retries every few seconds;
-a line per retry would bury everything else). And mosquitto without
+Two reports are timed on purpose. A broker that stays unreachable, refuses
+the wrapper's login or fails the TLS handshake is reported once, with what
+to fix (broker_auth.py names the setting), and then once per
+`BROKER_DOWN_REMINDER` while it lasts (the adapter retries with backoff;
+a line per retry would bury everything else); a new kind of failure is
+reported at once. And mosquitto without
 `log_dest topic` accepts the subscription to `$SYS/broker/log/#` and then
 says nothing, which leaves the wrapper blind to local subscriptions: so
 `LOG_SILENCE_WARNING_AFTER` seconds after the subscription is acknowledged,
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from federation.daemon.broker import RECONNECT_MAX_DELAY, RECONNECT_MIN_DELAY
+from federation.daemon.broker_auth import BrokerAuth, refusal_hint, tls_failure_hint
 from federation.daemon.broker_items import (
     BrokerItem,
     Connected,
@@ -42,7 +47,11 @@ log = logging.getLogger("federation.daemon")
 LOG_SILENCE_WARNING_AFTER = 5.0
 """seconds after subscribing to $SYS/broker/log/# without a log line before the loud warning"""
 BROKER_DOWN_REMINDER = 60.0
-"""seconds between repeated warnings while the broker stays unreachable"""
+"""seconds between repeated warnings while the broker stays unreachable, refuses the login or fails TLS"""
+FAILURE_KINDS = ("unreachable", "refused", "tls")
+"""why a connection attempt failed: no TCP connection, a CONNACK refusal, a failed TLS handshake"""
+RETRYING = (f"retrying with backoff {RECONNECT_MIN_DELAY:g}-{RECONNECT_MAX_DELAY:g} s (a reminder every "
+            f"{BROKER_DOWN_REMINDER:g} s); the overlay keeps running")
 
 
 class Timer(Protocol):
@@ -58,9 +67,10 @@ CallLater = Callable[[float, Callable[[], None]], Timer]
 class BrokerHealth:
     """Connection state, counters and warnings about the wrapper's one broker connection."""
 
-    def __init__(self, broker: Address, client_id: str, call_later: CallLater) -> None:
+    def __init__(self, broker: Address, client_id: str, call_later: CallLater, auth: BrokerAuth | None = None) -> None:
         self.broker = broker
         self.client_id = client_id
+        self.auth = auth or BrokerAuth()
         self._call_later = call_later
         self.connected = False
         self.connections = 0
@@ -68,6 +78,12 @@ class BrokerHealth:
         self.log_lines = 0
         """broker log lines read, over every connection"""
         self._log_lines_this_connection = 0
+        self.connect_failures = dict.fromkeys(FAILURE_KINDS, 0)
+        """failed connection attempts by kind (`FAILURE_KINDS`)"""
+        self.problem: str | None = None
+        """why the connection is down, as last reported (None while connected, and before the first attempt)"""
+        self._problem_kind: str | None = None
+        """what is reported while it lasts: "unreachable", or the problem's text"""
         self._down_since: float | None = None
         self._down_warned_at = float("-inf")
         self._silence_check: Timer | None = None
@@ -77,7 +93,12 @@ class BrokerHealth:
         """Connections made after the first."""
         return max(0, self.connections - 1)
 
-    def log_line(self) -> None:
+    @property
+    def log_flowing(self) -> bool:
+        """Connected, and the broker has sent a log line on this connection (its log reaches the wrapper)."""
+        return self.connected and self._log_lines_this_connection > 0
+
+    def count_log_line(self) -> None:
         """Count one line read from `$SYS/broker/log/#`."""
         self.log_lines += 1
         self._log_lines_this_connection += 1
@@ -92,34 +113,59 @@ class BrokerHealth:
             down_for = "" if self._down_since is None else f" after {now - self._down_since:.1f} s"
             self._down_since = None
             self._down_warned_at = float("-inf")
-            log.info("connected to broker %s as %r%s", broker, self.client_id, down_for)
+            self.problem = self._problem_kind = None
+            log.info("connected to broker %s as %r %s%s", broker, self.client_id, self.auth.describe(), down_for)
         elif isinstance(item, Subscribed):
             if item.refused:
-                log.error("broker %s refused subscriptions: %s; the wrapper needs both (check the broker's ACLs)",
-                          broker, "; ".join(item.refused))
+                log.error("broker %s refused subscriptions: %s; the wrapper needs both: the broker's ACL must let "
+                          "its user %s read $SYS/broker/log/# and read and write # (configs/mosquitto.conf, "
+                          "PRODUCTION)", broker, "; ".join(item.refused),
+                          repr(self.auth.username) if self.auth.username is not None else "(anonymous)")
             if self._silence_check is not None:
                 self._silence_check.cancel()
             self._silence_check = self._call_later(LOG_SILENCE_WARNING_AFTER, self._check_log_silence)
         elif isinstance(item, Disconnected):
+            if not self.connected:
+                return  # the end of an attempt that failed (a refused login): reported as that
             self.connected = False
             if not item.expected:
                 self._down_since = now
                 self._down_warned_at = now
+                self._problem_kind = "unreachable"  # said again after the reminder time
+                self.problem = f"lost the connection to broker {broker} ({item.reason})"
                 log.warning("lost the connection to broker %s (%s); reconnecting with backoff %g-%g s, "
                             "the overlay keeps running", broker, item.reason, RECONNECT_MIN_DELAY,
                             RECONNECT_MAX_DELAY)
         elif isinstance(item, ConnectFailed):
-            if self._down_since is None:
-                self._down_since = now
-            if now - self._down_warned_at >= BROKER_DOWN_REMINDER:
-                self._down_warned_at = now
-                log.warning("broker %s unreachable (is mosquitto running there?); retrying with backoff %g-%g s, "
-                            "the overlay keeps running", broker, RECONNECT_MIN_DELAY, RECONNECT_MAX_DELAY)
+            if item.tls:
+                what = "TLS with broker" if self.auth.tls else "the connection to broker"
+                self._failed("tls", f"{what} {broker} failed ({item.reason}): "
+                                    f"{tls_failure_hint(item.reason, self.auth)}", logging.ERROR, now)
             else:
-                log.debug("broker %s still unreachable", broker)
+                because = f" ({item.reason})" if item.reason else ""
+                self._failed("unreachable", f"broker {broker} unreachable{because}: is mosquitto running there, "
+                                            f"and is broker (--broker) its address?", logging.WARNING, now)
         elif isinstance(item, ConnectRefused):
-            log.error("broker %s refused the connection of %r: %s; check its listener and authentication settings",
-                      broker, self.client_id, item.reason)
+            self._failed("refused", f"broker {broker} refused the login of {self.client_id!r} "
+                                    f"{self.auth.describe()}: {item.reason}; {refusal_hint(item.reason, self.auth)}",
+                         logging.ERROR, now)
+
+    def _failed(self, kind: str, problem: str, level: int, now: float) -> None:
+        """A failed connection attempt: counted; said at once when its kind is new, else once per reminder time."""
+        self.connect_failures[kind] += 1
+        if self._down_since is None:
+            self._down_since = now
+        # the same problem is said again only as a reminder; a broker that went away is unreachable for a while
+        key = kind if kind == "unreachable" else problem
+        if key != self._problem_kind or now - self._down_warned_at >= BROKER_DOWN_REMINDER:
+            still = (f" (still, for {now - self._down_since:.0f} s)"
+                     if key == self._problem_kind and now > self._down_since else "")
+            self._down_warned_at = now
+            log.log(level, "%s%s; %s", problem, still, RETRYING)
+        else:
+            log.debug("%s (again)", problem)
+        self._problem_kind = key
+        self.problem = problem
 
     def close(self) -> None:
         """Cancel the pending log-silence check (at shutdown)."""

@@ -16,13 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from federation.protocol.types import Injection
+
 
 @dataclass(frozen=True, slots=True)
 class LogLine:
-    """A message on `$SYS/broker/log/...`."""
+    """A message on `$SYS/broker/log/...`; acknowledged by the runtime when `qos` is 1 or 2 (packet id `mid`)."""
 
     topic: str
     payload: bytes
+    mid: int = 0
+    qos: int = 0
 
 
 @dataclass(slots=True)
@@ -37,11 +41,33 @@ class Publication:
     qos: int
     retain: bool
     properties: dict[str, Any] | None
+    mid: int = 0
+    """the broker's packet id of a QoS 1/2 publication: the runtime acknowledges it once the node has taken it
+    (`BrokerAdapter.acknowledge`)"""
 
 
 @dataclass(frozen=True, slots=True)
 class Connected:
     """CONNACK success; the subscriptions are being made."""
+
+    session_present: bool = False
+    session_lost: bool = False
+    """the broker had our session on the previous connection of this run and has it no more: it restarted
+    (without persistence, or the session expired), so its clients' subscriptions are gone too"""
+    receive_maximum: int = 65535
+    """how many QoS 1/2 publications the broker takes unacknowledged from us (its CONNACK; MQTT's default)"""
+    resent: int = 0
+    """unfinished QoS 1/2 injections paho sends again in the session (same packet id, DUP; or PUBREL)"""
+    reinjected: tuple[Injection, ...] = ()
+    """unfinished QoS 1/2 injections the broker cannot have any more (no session): to publish anew, in order"""
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionCount:
+    """`$SYS/broker/subscriptions/count`: how many subscriptions the broker holds (Mosquitto publishes it every
+    `sys_interval` when it changed, and keeps it retained; shared subscriptions are not counted)."""
+
+    count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +79,13 @@ class ConnectRefused:
 
 @dataclass(frozen=True, slots=True)
 class ConnectFailed:
-    """The TCP connection could not be made (broker down or unreachable); paho retries with backoff."""
+    """The TCP connection could not be made (broker down or unreachable), or its TLS handshake failed; the
+    adapter retries with backoff."""
+
+    reason: str = ""
+    """what the socket or the TLS layer said ("" when nothing more is known)"""
+    tls: bool = False
+    """True when the TLS handshake failed (the TCP connection was made)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,17 +93,20 @@ class Disconnected:
     reason: str
     expected: bool
     """True when the wrapper asked for it (shutdown)"""
+    unfinished: int = 0
+    """QoS 1/2 injections the broker had not completed when the connection ended"""
 
 
 @dataclass(frozen=True, slots=True)
 class Subscribed:
-    """SUBACK for the two subscriptions: the reason codes, in order (log, publications)."""
+    """SUBACK for the wrapper's subscriptions: the filters refused."""
 
     refused: tuple[str, ...]
     """filters the broker refused, with its reason ("$SYS/broker/log/#: Not authorized")"""
 
 
-BrokerItem = LogLine | Publication | Connected | ConnectRefused | ConnectFailed | Disconnected | Subscribed
+BrokerItem = (LogLine | Publication | Connected | ConnectRefused | ConnectFailed | Disconnected | Subscribed
+              | SubscriptionCount)
 
 
 class LoopHandOff:
@@ -97,7 +132,7 @@ class LoopHandOff:
         self._held = False
         """set by `hold` until the next `flush`"""
         self._loop_thread = threading.get_ident()
-        """made on the loop's thread (the runtime builds it in a loop callback)"""
+        """made on the loop's thread (the running wrapper builds it there)"""
 
     def put(self, item: BrokerItem) -> None:
         if threading.get_ident() == self._loop_thread:

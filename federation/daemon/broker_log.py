@@ -18,11 +18,16 @@ Three things make this harder than splitting on spaces:
   "New client connected ... as <id> (pN, cN, kN)." lines announced and takes
   the longest one that fits; a line from a client it never saw announced (the
   wrapper started later) is split at the first space that fits and counted.
-* The broker cuts every payload at 999 bytes without saying so. A line that
-  long may have lost the end of its filter, so it is dropped and counted: a
-  missing filter is reported, a wrong one would be federated silently. (A
-  client id of ~900+ bytes can thereby lose its disconnect line and its filters
-  outlive it: over-delivery, never loss.)
+* The broker cuts every payload at 999 bytes without saying so. A subscribe
+  line that long may have lost the end of its filter, so the tracker
+  subscribes to a superset: the whole levels that arrived, then `#`
+  (`widened_filter`: "a/b/cut-lev..." becomes "a/b/#"). Every publication the
+  real filter matches reaches the broker, which filters the rest: over-delivery,
+  never loss, and counted (`widened`). A cut unsubscribe line cannot say which
+  filter went, so the superset stays until the client's session ends; any other
+  cut line is dropped and counted (`truncated`). (A client id of ~900+ bytes can
+  thereby lose its disconnect line and its filters outlive it: over-delivery
+  again.)
 * The log says when a *connection* ends, not when a *session* ends: a
   persistent session keeps its subscriptions with no further line until it
   expires ("Expiring client X due to timeout.") or the same id connects with
@@ -190,7 +195,10 @@ class LogCounters:
     refused: int = 0
     """subscribe lines whose granted qos is a failure code (128, or a v5 reason code)"""
     truncated: int = 0
-    """lines of MAX_PAYLOAD_BYTES or more: possibly cut by the broker, dropped"""
+    """lines of MAX_PAYLOAD_BYTES or more: possibly cut by the broker, dropped (a cut subscribe line is used,
+    widened, instead)"""
+    widened: int = 0
+    """of `used`, subscribe lines possibly cut by the broker, federated as a superset filter (`widened_filter`)"""
     not_understood: dict[str, int] = field(default_factory=dict)
     """by log topic: lines in no known form (a different Mosquitto version?), or not UTF-8"""
     unknown_client: int = 0
@@ -215,6 +223,7 @@ class LogCounters:
             "truncated": self.truncated, "not_understood": dict(sorted(self.not_understood.items())),
             "unknown_client": self.unknown_client, "ambiguous": self.ambiguous,
             "own_client": self.own_client, "dollar_filters": self.dollar_filters, "evicted": self.evicted,
+            "widened": self.widened,
         }
 
 
@@ -269,6 +278,21 @@ UNKNOWN_CLIENT_ID = "<unknown>"
 """What Mosquitto prints for a connection that ended before it sent CONNECT."""
 
 
+def widened_filter(cut: str) -> str | None:
+    """The superset of a filter the broker's log may have cut after `cut`: its whole levels, then `#`.
+
+    The last level may be cut short, so it goes (`a/b/cd` stands for `a/b/cd...` and becomes `a/b/#`); a cut
+    shared subscription keeps its `$share/<group>/` and gets the same treatment after it. None when too little
+    arrived to name a valid filter (the cut fell inside a shared subscription's group name)."""
+    levels = cut.split("/")[:-1]
+    shared = bool(levels) and levels[0] == "$share"
+    if shared and (len(levels) < 2 or not levels[1] or any(char in levels[1] for char in "+#")):
+        return None
+    if levels and "#" in levels[-1]:
+        return None  # `#` only ends a filter: this one ended before the cut, which cannot be
+    return "/".join([*levels, "#"])
+
+
 class BrokerLogTracker:
     """Feed it every `$SYS/broker/log/#` message of one broker; it returns the events each line means.
 
@@ -308,8 +332,10 @@ class BrokerLogTracker:
         if prefix is None:
             return self._not_understood(topic)
         if len(raw) >= MAX_PAYLOAD_BYTES:
-            # Possibly cut: a subscription, connection or disconnection line
+            # Possibly cut: a subscription becomes a superset of itself; a connection or disconnection line
             # that long cannot be trusted; any other long line is just ignored.
+            if topic == SUBSCRIBE_TOPIC:
+                return self._cut_subscribe(topic, raw[prefix.end():].decode("utf-8", "ignore"))
             start = raw[prefix.end():prefix.end() + 40].decode("utf-8", "ignore")
             if topic in TEXT_TOPICS and not start.startswith(_INTERESTING_START):
                 counters.ignored += 1
@@ -383,6 +409,26 @@ class BrokerLogTracker:
         if not self._federable(topic_filter):
             return []
         self.counters.used += 1
+        return [ClientSubscribed(client, topic_filter, qos)]
+
+    def _cut_subscribe(self, topic: str, text: str) -> list[LogEvent]:
+        """A subscribe line the broker may have cut: subscribe to the superset of what arrived."""
+        split = self._split(text, _SUBSCRIBE_REST)
+        if split is None:  # cut inside the client id: nothing to learn
+            self.counters.truncated += 1
+            return []
+        client, rest = split
+        if client == self.own_client_id:
+            return self._own()
+        qos = int(rest.group("qos"))
+        topic_filter = widened_filter(rest.group("filter"))
+        if qos > 2 or topic_filter is None:
+            self.counters.truncated += 1
+            return []
+        if not self._federable(topic_filter):
+            return []
+        self.counters.used += 1
+        self.counters.widened += 1
         return [ClientSubscribed(client, topic_filter, qos)]
 
     def _unsubscribe(self, topic: str, text: str) -> list[LogEvent]:

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -27,13 +28,16 @@ from typing import NoReturn
 from federation import __version__
 from federation.daemon.config import DEFAULT_PORT, LOG_LEVELS, ConfigError, load_config
 from federation.daemon.keys import generate_key
-from federation.daemon.runtime import Runtime, StartupError
+from federation.daemon.runtime import Runtime
+from federation.daemon.startup import StartupError
 from federation.daemon.state import StateError
 from federation.daemon.status import StatusError, query, render
 from federation.daemon.udp import BindError
 from federation.protocol.types import Address
 
 EXIT_OK = 0
+EXIT_NOT_READY = 1
+"""`status`: the wrapper answered and is not ready (health.py; the reasons are printed)"""
 EXIT_USAGE = 2
 DEFAULT_STATUS_NODE = "127.0.0.1:10500"
 PROG = "wrapper.py"
@@ -61,7 +65,19 @@ def build_run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bind", metavar="HOST[:PORT]",
                         help=f"UDP address to listen on and announce (default 0.0.0.0:{DEFAULT_PORT}; with 0.0.0.0 "
                              f"the announced address is the local address that reaches the first neighbour)")
-    parser.add_argument("--broker", metavar="HOST[:PORT]", help="the local Mosquitto broker (default 127.0.0.1:1883)")
+    parser.add_argument("--broker", metavar="HOST[:PORT]",
+                        help="the local Mosquitto broker (default 127.0.0.1:1883; port 8883 with TLS). No "
+                             "credentials in it: use --broker-username and --broker-password-file")
+    parser.add_argument("--broker-username", dest="broker_username", metavar="USER",
+                        help="user name for the broker login (default: anonymous)")
+    parser.add_argument("--broker-password-file", dest="broker_password_file", metavar="FILE",
+                        help="file whose first line is the broker password (never give the password itself)")
+    parser.add_argument("--broker-tls-ca", dest="broker_tls_ca", metavar="FILE",
+                        help="PEM CA certificate(s) that signed the broker's certificate: connect with TLS")
+    parser.add_argument("--broker-tls-cert", dest="broker_tls_cert", metavar="FILE",
+                        help="PEM client certificate for the broker (TLS; with --broker-tls-key)")
+    parser.add_argument("--broker-tls-key", dest="broker_tls_key", metavar="FILE",
+                        help="PEM private key of --broker-tls-cert, not encrypted")
     parser.add_argument("--id", metavar="N", help="virtual id 0..2147483647 for elections (default: random)")
     parser.add_argument("--name", metavar="NAME", help="a label for status and events")
     parser.add_argument("--client-id", dest="client_id", metavar="ID",
@@ -85,7 +101,9 @@ def build_run_parser() -> argparse.ArgumentParser:
 def build_status_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=f"{PROG} status",
                      description="Print what a running wrapper knows: neighbours, federation table, cores, meshes, "
-                                 "local subscriptions and counters. Works only from the wrapper's own host.")
+                                 "local subscriptions and counters. Works only from the wrapper's own host. Exit "
+                                 "status: 0 ready, 1 answered but not ready (the reasons are printed: broker not "
+                                 "connected, no broker log lines, no neighbour up), 2 no answer.")
     parser.add_argument("--node", default=DEFAULT_STATUS_NODE, metavar="HOST[:PORT]",
                         help=f"the wrapper's UDP address, its --bind (default {DEFAULT_STATUS_NODE})")
     parser.add_argument("--json", action="store_true", help="print the raw JSON document")
@@ -106,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_command(arguments: list[str]) -> int:
+    # SIGHUP (logrotate's postrotate, `systemctl reload`) must never end the wrapper, also while it starts: the
+    # runtime handles it once the wrapper runs (runtime.py).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     options = vars(build_run_parser().parse_args(arguments))
     config = load_config(options)
     logging.basicConfig(level=getattr(logging, config.log_level), stream=sys.stderr,
@@ -134,7 +155,8 @@ def status_command(arguments: list[str]) -> int:
         print(json.dumps(document, indent=2, sort_keys=True))
     else:
         print(render(document), end="")
-    return EXIT_OK
+    ready = document.get("daemon", {}).get("ready")
+    return EXIT_NOT_READY if isinstance(ready, dict) and ready.get("ready") is False else EXIT_OK
 
 
 if __name__ == "__main__":

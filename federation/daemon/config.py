@@ -17,6 +17,7 @@ checks they agree).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import socket
@@ -28,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from federation.daemon import wrapper_events
+from federation.daemon.broker_auth import DEFAULT_TLS_PORT, BrokerAuth, BrokerAuthError, load_broker_auth
 from federation.daemon.keys import KeyFileError, read_key_file
 from federation.envelope.datagrams import ENCRYPTION_NONE, ENCRYPTIONS
 from federation.protocol import events
@@ -35,6 +38,14 @@ from federation.protocol.placement import capability
 from federation.protocol.settings import Settings, SettingsError
 from federation.protocol.types import Address
 
+DEFAULT_SESSION_EXPIRY = 3600
+"""seconds the broker keeps the wrapper's session (queues its QoS 1/2 messages and log lines, keeps its half of
+the unfinished injections) after a disconnection"""
+MIN_SESSION_EXPIRY = 60
+MAX_SESSION_EXPIRY = 2**32 - 1
+"""MQTT's largest session expiry interval: the session never expires"""
+DEFAULT_RESUBSCRIBE_GRACE = 30.0
+MAX_RESUBSCRIBE_GRACE = 86400.0
 DEFAULT_PORT = 10500
 """UDP port of the overlay, for --bind and for neighbours given without a port."""
 DEFAULT_BIND = "0.0.0.0:10500"
@@ -68,7 +79,22 @@ FIELDS: tuple[Field, ...] = (
     Field("bind", "--bind", DEFAULT_BIND,
           "UDP address HOST[:PORT] to listen on; it is also the address this node announces, "
           "unless it is 0.0.0.0 (then: the local address that reaches the first neighbour)"),
-    Field("broker", "--broker", DEFAULT_BROKER, "the local Mosquitto broker, HOST[:PORT] (MQTT over TCP, v5)"),
+    Field("broker", "--broker", DEFAULT_BROKER,
+          "the local Mosquitto broker, HOST[:PORT] (MQTT v5 over TCP; port 1883, or 8883 with TLS, if omitted). "
+          "No credentials in it (user:password@host is refused): see broker_username and broker_password_file"),
+    Field("broker_username", "--broker-username", None,
+          "user name the wrapper logs in to its broker with (null: anonymous); the broker's ACL must let it read "
+          "$SYS/broker/log/# and read and write # (configs/mosquitto.conf, PRODUCTION)"),
+    Field("broker_password_file", "--broker-password-file", None,
+          "file whose first line is the broker password of broker_username (chmod 600; never on the command line). "
+          "Re-read on SIGHUP (null: no password)"),
+    Field("broker_tls_ca", "--broker-tls-ca", None,
+          "PEM file of the CA that signed the broker's certificate: the connection uses TLS, and the certificate "
+          "must name the broker host (null: no TLS, unless broker_tls_cert is given; then the system's CAs)"),
+    Field("broker_tls_cert", "--broker-tls-cert", None,
+          "PEM client certificate the wrapper presents to the broker (TLS; needs broker_tls_key)"),
+    Field("broker_tls_key", "--broker-tls-key", None,
+          "PEM private key of broker_tls_cert, not encrypted (chmod 600)"),
     Field("id", "--id", None,
           "virtual id (0 .. 2^31-1) used in elections: the lowest id becomes management core; "
           "null picks a random one at every start"),
@@ -77,7 +103,7 @@ FIELDS: tuple[Field, ...] = (
           "directory for the boot epoch and the local subscription table (null: no persistence)"),
     Field("event_log", "--event-log", None, "JSON-lines event trace file, appended to (null: none)"),
     Field("event_types", None, None,
-          "event types written to event_log (null: all); one of: " + ", ".join(events.ALL)),
+          "event types written to event_log (null: all); one of: " + ", ".join(events.ALL + wrapper_events.ALL)),
     Field("metrics_port", "--metrics-port", None, "Prometheus metrics TCP port (null: no metrics server)"),
     Field("metrics_bind", None, None,
           "address of the metrics server (null: the bind host, or 0.0.0.0 when bound to 0.0.0.0)"),
@@ -90,6 +116,15 @@ FIELDS: tuple[Field, ...] = (
           "the first signs, all are accepted. null: the overlay is OPEN (no authentication: lab use only)"),
     Field("encryption", "--encryption", ENCRYPTION_NONE,
           "payload encryption between wrappers: " + " or ".join(ENCRYPTIONS) + " (encryption needs key_file)"),
+    Field("broker_session_expiry", None, DEFAULT_SESSION_EXPIRY,
+          f"seconds the broker keeps the wrapper's MQTT session after a disconnection ({MIN_SESSION_EXPIRY} to "
+          f"{MAX_SESSION_EXPIRY}): meanwhile it queues the local publications and log lines for the wrapper and "
+          f"keeps its half of the unfinished injections, so a wrapper or connection that is down for less loses "
+          f"nothing"),
+    Field("resubscribe_grace", None, DEFAULT_RESUBSCRIBE_GRACE,
+          "seconds, after the broker restarted (it lost the wrapper's session, and its clients' subscriptions), "
+          "during which the wrapper keeps the filters it knew as interest and holds their publications until a "
+          "matching subscription is logged again; then they are dropped (no_subscriber_after_broker_restart)"),
 )
 KNOWN_KEYS = frozenset(f.key for f in FIELDS) | {"neighbours", "settings"}
 
@@ -118,9 +153,15 @@ class DaemonConfig:
     settings: Settings = field(default_factory=Settings)
     config_file: Path | None = None
     key_file: Path | None = None
+    broker_auth: BrokerAuth = field(default_factory=BrokerAuth)
+    """how the wrapper logs in to its broker (user, password, TLS); the default is anonymous without TLS"""
     keys: tuple[bytes, ...] = field(default=(), repr=False)
     """federation keys read from key_file (the first signs); empty: open overlay"""
     encryption: str = ENCRYPTION_NONE
+    broker_session_expiry: int = DEFAULT_SESSION_EXPIRY
+    """seconds the broker keeps the wrapper's session after a disconnection"""
+    resubscribe_grace: float = DEFAULT_RESUBSCRIBE_GRACE
+    """seconds to hold publications for the filters known before a broker restart"""
 
     @property
     def family(self) -> socket.AddressFamily:
@@ -217,8 +258,17 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
 
     bind_text = _text(value("bind"), origin("bind"), "HOST[:PORT], e.g. 0.0.0.0:10500")
     bind_raw = _address(bind_text, DEFAULT_PORT, origin("bind"))
-    broker = _address(_text(value("broker"), origin("broker"), "HOST[:PORT], e.g. 127.0.0.1:1883"),
-                      DEFAULT_BROKER_PORT, origin("broker"))
+    broker_username = _optional_text(value("broker_username"), origin("broker_username"))
+    try:
+        broker_auth = load_broker_auth(broker_username, _optional_path(value("broker_password_file"),
+                                                                       origin("broker_password_file")),
+                                       _optional_path(value("broker_tls_ca"), origin("broker_tls_ca")),
+                                       _optional_path(value("broker_tls_cert"), origin("broker_tls_cert")),
+                                       _optional_path(value("broker_tls_key"), origin("broker_tls_key")))
+    except BrokerAuthError as error:
+        raise ConfigError(str(error)) from None
+    broker = _broker_address(_text(value("broker"), origin("broker"), "HOST[:PORT], e.g. 127.0.0.1:1883"),
+                             DEFAULT_TLS_PORT if broker_auth.tls else DEFAULT_BROKER_PORT, origin("broker"))
     neighbour_texts = _neighbour_list(value("neighbors"), origin("neighbors"))
     neighbour_raw = [_address(text, DEFAULT_PORT, origin("neighbors")) for text in neighbour_texts]
     vid = _optional_int(value("id"), origin("id"), 0, MAX_VID - 1, "a whole number from 0 to 2147483647")
@@ -233,6 +283,14 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
     client_id = _optional_text(value("client_id"), origin("client_id"))
     key_file = _optional_path(value("key_file"), origin("key_file"))
     encryption = _encryption(value("encryption"), origin("encryption"))
+    session_expiry = _optional_int(value("broker_session_expiry"), origin("broker_session_expiry"),
+                                   MIN_SESSION_EXPIRY, MAX_SESSION_EXPIRY,
+                                   f"whole seconds from {MIN_SESSION_EXPIRY} to {MAX_SESSION_EXPIRY} (how long the "
+                                   f"broker keeps the wrapper's session; the default {DEFAULT_SESSION_EXPIRY} rides "
+                                   f"out a wrapper restart)")
+    resubscribe_grace = _seconds(value("resubscribe_grace"), origin("resubscribe_grace"), MAX_RESUBSCRIBE_GRACE,
+                                 f"seconds above 0 and at most {MAX_RESUBSCRIBE_GRACE:g} (how long clients of a "
+                                 f"restarted broker get to subscribe again; default {DEFAULT_RESUBSCRIBE_GRACE:g})")
     keys: tuple[bytes, ...] = ()
     if key_file is not None:
         try:
@@ -282,7 +340,9 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
         vid=vid, name=name, state_dir=state_dir, event_log=event_log, event_types=event_types,
         metrics_port=metrics_port, metrics_bind=metrics_host, log_level=log_level,
         max_qos=2 if max_qos is None else max_qos, settings=settings, config_file=config_path,
-        key_file=key_file, keys=keys, encryption=encryption,
+        key_file=key_file, broker_auth=broker_auth, keys=keys, encryption=encryption,
+        broker_session_expiry=DEFAULT_SESSION_EXPIRY if session_expiry is None else session_expiry,
+        resubscribe_grace=resubscribe_grace,
     )
 
 
@@ -326,6 +386,20 @@ def _address(text: str, default_port: int, where: str) -> Address:
         raise ConfigError(f"{where}: {error}; write HOST or HOST:PORT (IPv6 as [ADDR]:PORT)") from None
 
 
+def _broker_address(text: str, default_port: int, where: str) -> Address:
+    """The broker's HOST[:PORT]; an address with credentials or a URL scheme is refused without echoing it (the
+    password would be in the message, and so in the journal)."""
+    if "@" in text:
+        raise ConfigError(f"{where}: the broker address holds credentials (USER:PASSWORD@HOST); they are refused "
+                          f"there because the command line and wrapper.yaml are readable and end up in logs. Give "
+                          f"the broker as HOST[:PORT], the user with broker_username (--broker-username) and the "
+                          f"password in a file named by broker_password_file (--broker-password-file)")
+    if "://" in text:
+        raise ConfigError(f"{where}: give the broker as HOST[:PORT], without a scheme such as mqtt:// or mqtts://; "
+                          f"TLS is asked for with broker_tls_ca (--broker-tls-ca)")
+    return _address(text, default_port, where)
+
+
 def _neighbour_list(value: Any, where: str) -> list[str]:
     if value is None:
         return []
@@ -353,6 +427,15 @@ def _optional_int(value: Any, where: str, low: int, high: int, expected: str) ->
     return value
 
 
+def _seconds(value: Any, where: str, high: float, expected: str) -> float:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = float(value.strip())
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= high:
+        raise ConfigError(f"{where}: expected {expected}, got {value!r}")
+    return float(value)
+
+
 def _optional_text(value: Any, where: str) -> str | None:
     if value is None:
         return None
@@ -371,9 +454,10 @@ def _event_types(value: Any, where: str) -> frozenset[str] | None:
         return None
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ConfigError(f"{where}: expected a list of event types, got {value!r}")
+    known = events.ALL + wrapper_events.ALL
     for item in value:
-        if item not in events.ALL:
-            raise ConfigError(f"{where}: unknown event type {item!r}; known types are: {', '.join(events.ALL)}")
+        if item not in known:
+            raise ConfigError(f"{where}: unknown event type {item!r}; known types are: {', '.join(known)}")
     return frozenset(value)
 
 

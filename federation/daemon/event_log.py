@@ -4,7 +4,7 @@ Theory of operation: a wrapper writes three lines per federated publication
 (`publication_originated` and `publication_forwarded` where it is published,
 `publication_delivered` where it arrives), so encoding is on the data path
 (about a fifth of a flooded wrapper's CPU in a profile). The schema is a
-contract (spark/ replays these files), so the fast path must give exactly
+contract (the Spark job, federation/spark/, replays these files), so the fast path must give exactly
 the bytes of `json.JSONEncoder(separators=(",", ":"), default=str)
 .encode(event.to_json_dict())`; tests/protocol/test_hotpath_node.py compares them.
 
@@ -139,20 +139,41 @@ encode_event = EventEncoder().encode
 
 
 class EventLog:
-    """JSON-lines event trace: buffered appends, flushed by the runtime every second and at close."""
+    """JSON-lines event trace: buffered appends, flushed by the runtime every second and at close; `reopen` (the
+    daemon's SIGHUP, after logrotate renamed the file) goes on in a new file at the same path."""
 
     def __init__(self, path: Path, types: frozenset[str] | None) -> None:
         self.path = path
         self.types = types
         self.lines = 0
         self.errors = 0
+        self.reopened = 0
+        """times the file was reopened at its path"""
+        self._file: IO[str] | None = self._open()
+
+    def _open(self) -> IO[str]:
+        path = self.path
         try:
             if path.parent != Path(""):
                 path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[str] | None = open(path, "a", encoding="utf-8", buffering=EVENT_LOG_BUFFER)  # noqa: SIM115
+            return open(path, "a", encoding="utf-8", buffering=EVENT_LOG_BUFFER)  # noqa: SIM115
         except OSError as error:
             raise EventLogError(f"--event-log: cannot open {str(path)!r} for appending: {error.strerror or error}; "
                                 f"give a writable file path") from None
+
+    def reopen(self) -> None:
+        """Write what is buffered to the file open now, then go on in the file at `path` (created if it was
+        renamed away). EventLogError if it cannot be opened: the old file is kept then, and written on."""
+        if self._file is None:
+            return
+        fresh = self._open()
+        old, self._file = self._file, fresh
+        try:
+            old.flush()
+            old.close()
+        except OSError as error:
+            self._failed(error)
+        self.reopened += 1
 
     def write(self, batch: Iterable[Event]) -> None:
         if self._file is None:

@@ -3,14 +3,19 @@
 Theory of operation: publications cross the wrapper in two directions, and
 each direction can outrun the other side. `FlowControl` holds the three
 decisions that keep the queues bounded (docs/daemon.md "Overload"), kept
-apart from the runtime, which owns the loop and calls them once per drain
-of the node's outputs:
+apart from the running wrapper (running.py), which owns the loop and calls
+them once per drain of the node's outputs:
 
-- into the broker (`inject`): remote publications are handed to paho only
-  while fewer than `BROKER_BACKLOG` are unfinished; the rest wait in a
-  bounded `InjectionQueue` that drops the oldest QoS 0 one first, and above
+- into the broker (`inject`): remote QoS 1/2 publications are handed to
+  paho only while fewer than the broker's Receive Maximum (from its
+  CONNACK; Mosquitto announces `max_inflight_messages`, 20 by default, and
+  drops a client that sends more QoS 2 ones) are unfinished, and at most
+  `BROKER_BACKLOG`; nothing is handed over while the broker is not
+  connected or its socket refuses bytes. The rest wait, in order (a QoS 0
+  publication behind a waiting QoS 1/2 one waits too), in a bounded
+  `InjectionQueue` that drops the oldest QoS 0 one first, and above
   `INJECTION_BACKLOG_HIGH` the node stops acknowledging new QoS 1/2 copies
-  (`Node.delivery_backlogged`), so their senders keep them instead;
+  (`Node.report_delivery_backlog`), so their senders keep them instead;
 - out of the broker (`apply_backpressure`): reading stops while
   `BACKPRESSURE_WINDOW` QoS 1/2 copies wait for the next hop's
   acknowledgement, or while the socket's send side is backed up, and
@@ -21,7 +26,7 @@ of the node's outputs:
   backlog is long (`rb`, federation.protocol.pacing), reading stops as well: QoS 0
   has no acknowledgement to hold the wrapper back otherwise.
 
-Every drop is counted on the node; the counts here (`send_shed`,
+Every drop is counted on the node (`Node.drop`); the counts here (`send_shed`,
 `backpressure_pauses`, the queue's `dropped`) are what the status document
 shows. A drop is also emitted as `publication_dropped` with its reason; a
 QoS 0 one only when the node makes the per-publication events
@@ -33,6 +38,7 @@ spend most of its time on what it could not deliver, and so drop more.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from federation.daemon.backpressure import InjectionQueue, qos0_publications, shed_qos0
@@ -50,10 +56,11 @@ BACKPRESSURE_MAX_PAUSE = 10.0
 INJECTION_BACKLOG = 10000
 """remote publications waiting for a slow local broker; beyond it the oldest QoS 0 one is dropped first"""
 INJECTION_BACKLOG_HIGH = INJECTION_BACKLOG * 7 // 8
-"""waiting publications from which new QoS 1/2 copies are left unacknowledged (`Node.delivery_backlogged`)"""
+"""waiting publications from which new QoS 1/2 copies are left unacknowledged (`Node.report_delivery_backlog`)"""
 BROKER_BACKLOG = 2000
-"""QoS 1/2 publications handed to paho and not completed by the broker, above which the rest wait in our queue;
-at most this many handed over at once, and none while paho holds bytes the socket refused"""
+"""QoS 1/2 publications handed to paho and not completed by the broker, above which the rest wait in our queue
+even when the broker's Receive Maximum is larger (MQTT's default, 65535, when it names none); at most this many
+injections handed over at once, and none while paho holds bytes the socket refused"""
 
 
 class FlowControl:
@@ -76,29 +83,42 @@ class FlowControl:
             report_shed(node, "send_backlog_qos0", "send_backlog", packet, now, target)
         return kept
 
-    def inject(self, node: Node, broker: BrokerAdapter, now: float) -> None:
-        """Hand remote publications to the broker while its backlog is small; the rest wait in a bounded
-        queue that drops the oldest QoS 0 publication first (federation.daemon.backpressure), counted and reported."""
+    def inject(self, node: Node, broker: BrokerAdapter, now: float, handed: Sequence[Injection] = ()) -> None:
+        """Hand remote publications (`handed`, then what waits) to the broker within its Receive Maximum; the
+        rest wait in a bounded queue that drops the oldest QoS 0 publication first (federation.daemon.backpressure),
+        counted and reported."""
         queue = self.injection_queue
-        handed = node.injections_to_make()
-        room = BROKER_BACKLOG - broker.backlog()
-        if len(queue) or broker.output_blocked or len(handed) > room:
-            # Some wait already, or the broker cannot take these now: they go behind, in the bounded queue.
-            for injection in handed:
-                dropped = queue.push(injection, injection.qos)
-                if dropped is not None:
-                    node.count_drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
-                    if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
-                        node.emit(events.PUBLICATION_DROPPED, now,
-                                  pub=events.publication_text(dropped.publication), filter=None,
-                                  reason="broker_backlog")
-            # blocked: the rest waits here, bounded, and is paced
-            handed = [] if broker.output_blocked else queue.take(max(0, room))
+        window = min(broker.injection_window(), BROKER_BACKLOG - broker.backlog()) if broker.max_qos else BROKER_BACKLOG
+        blocked = broker.output_blocked or not broker.connected
+        if handed and not len(queue) and not blocked:
+            cut = _within(handed, window)  # the common case: nothing waits, and the window takes them all
+            if cut < len(handed):
+                self._queue(node, handed[cut:], now)
+                handed = handed[:cut]
+        else:
+            if handed:  # some wait already, or the broker cannot take these now: they go behind, in the queue
+                self._queue(node, handed, now)
+            handed = [] if blocked else queue.take_within(window, BROKER_BACKLOG)
         if handed:
             broker.publish_all(handed)
         # QoS 1/2 copies are acknowledged to the previous hop on arrival: stop taking new ones before the
         # queue must drop them (it drops QoS 0 first, but a flood of QoS 1 alone would lose some).
-        node.delivery_backlogged = len(queue) >= INJECTION_BACKLOG_HIGH
+        node.report_delivery_backlog(len(queue) >= INJECTION_BACKLOG_HIGH)
+
+    def requeue(self, node: Node, injections: Sequence[Injection], now: float) -> None:
+        """Injections that wait for `inject` again, behind what waits (held ones released, or those the broker
+        lost with its session: the caller puts them before what waits with `InjectionQueue.drain`)."""
+        self._queue(node, injections, now)
+
+    def _queue(self, node: Node, injections: Sequence[Injection], now: float) -> None:
+        queue = self.injection_queue
+        for injection in injections:
+            dropped = queue.push(injection, injection.qos)
+            if dropped is not None:
+                node.drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
+                if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
+                    node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
+                              filter=None, reason="broker_backlog")
 
     def apply_backpressure(self, node: Node, broker: BrokerAdapter, send_paused: bool, now: float,
                            paced: bool = False) -> None:
@@ -116,7 +136,7 @@ class FlowControl:
         `paced`: a neighbour's receive backlog is long (its `rb`, federation.protocol.pacing): what we read now
         would wait there or be dropped there; do not read until its hold ends or it says it is ready.
         """
-        outstanding = len(node.reliable.unacked)
+        outstanding = node.unacked_copies
         window = min(BACKPRESSURE_WINDOW, node.settings.max_unacked // 2)
         if broker.reading_paused:
             if (outstanding <= window // 2 and not send_paused and not paced) \
@@ -128,15 +148,28 @@ class FlowControl:
             self.backpressure_pauses += 1
 
 
+def _within(injections: Sequence[Injection], window: int) -> int:
+    """How many of `injections`, from the first, hold at most `window` QoS 1/2 ones."""
+    if window >= len(injections):
+        return len(injections)
+    reliable = 0
+    for index, injection in enumerate(injections):
+        if injection.qos:
+            if reliable == window:
+                return index
+            reliable += 1
+    return len(injections)
+
+
 def report_shed(node: Node, counter: str, reason: str, packet: bytes, now: float, to: Address | None = None) -> None:
     """A QoS 0 `tm` or `tb` dropped under overload, still encoded: each publication in it counted as drop
     `counter` and reported as `publication_dropped` when the node makes the per-publication events (a `tm` is
     decoded only for that; a `tb`, to count what it carried)."""
     if not node.publication_events and wire.packet_type(packet) == wire.TOPIC_MESSAGE:
-        node.count_drop(counter)  # one publication: nothing to decode
+        node.drop(counter)  # one publication: nothing to decode
         return
     publications = qos0_publications(packet)
-    node.drops[counter] += len(publications) or 1
+    node.drop(counter, len(publications) or 1)
     if not node.publication_events:
         return
     for publication, filter_ in publications:

@@ -19,67 +19,139 @@ the wrapper publishes) and shortens the data path:
   caller that drains them, `BrokerAdapter._on_readable`, sets it);
 * `read_packets` parses, while paho is between packets, every complete
   QoS 0 or 1 PUBLISH *without properties* at the front of that buffer in one
-  loop, hands each to `lean_publish(topic_bytes, payload, qos, retain)` and
-  writes the PUBACKs of the run (the bytes paho writes) with one `send`.
-  A PUBACK saying success for one of our QoS 1 publications is taken in
-  the same loop (`_complete_lean`): what paho's handler does, without the
-  `ReasonCode` and `Properties` it builds for an `on_publish` nobody set;
-  when the receiving wrapper injects at QoS 1 that construction was most
-  of its CPU. Anything else (QoS 2, a PUBLISH with properties or an empty topic, another
-  packet type, a packet not read whole yet, malformed bytes) goes to paho's
-  own `_packet_read`, one packet at a time, unchanged; a QoS 0/1 PUBLISH
-  without properties read that way still skips `MQTTMessage`
-  (`_handle_publish`);
-* `publish_completed` hears of every completed QoS 1/2 publication;
+  loop and hands each to `lean_publish(topic_bytes, payload, qos, retain,
+  packet id)`. The wrapper's client is made with paho's `manual_ack`, so
+  nothing is acknowledged here: the runtime acknowledges what its node took,
+  in one place, with `send_acks` (one write for a pass's PUBACKs and
+  PUBCOMPs). A PUBACK saying success for one of our QoS 1 publications is
+  taken in the same loop (`_complete_lean`): what paho's handler does,
+  without the `ReasonCode` and `Properties` it builds for an `on_publish`
+  nobody set; when the receiving wrapper injects at QoS 1 that construction
+  was most of its CPU. Anything else (QoS 2, a PUBLISH with properties or an
+  empty topic, another packet type, a packet not read whole yet, malformed
+  bytes) goes to paho's own `_packet_read`, one packet at a time, unchanged;
+  a QoS 0/1 PUBLISH without properties read that way still skips
+  `MQTTMessage` (`_handle_publish`);
+* `publish_completed` hears of every completed QoS 1/2 publication, with
+  the broker's reason code (0x80 and above: refused), and
+  `pubrec_received` of every first PUBREC of a QoS 2 one, before the PUBREL
+  is written (the injection journal records it first: a restarted wrapper
+  then sends the PUBREL again, not the PUBLISH, which the broker would take
+  for a new message once it has completed the old one);
+* a PUBREL for a packet id paho does not hold (a previous run's, or one
+  repeated after a reconnection) is answered with PUBCOMP at once
+  (`_handle_pubrel`): with `manual_ack` paho would never answer it, and
+  the broker would keep that message in flight to us for ever, a slot of
+  our Receive Maximum lost;
 * `send_qos0` writes a run of QoS 0 PUBLISH packets built by
   `lean_qos0_publish` with one `send`, straight to the socket when paho
   has nothing queued and no network thread (else through paho's queue).
-* `send_qos1` publishes a run of QoS 1 messages without properties the
-  way paho's `publish` does, minus its per-message overhead: packet ids
-  from paho's `_mid_generate`, the PUBLISH bytes paho builds (built here),
-  one `_packet_queue` (one `send`) for the run, and each message still
+* `send_reliable` publishes a run of QoS 1 and 2 messages the way paho's
+  `publish` does, minus its per-message overhead: packet ids from paho's
+  `_mid_generate` (skipping ids still in use), the PUBLISH bytes paho
+  builds (built here, properties packed by paho's `Properties.pack`), one
+  `_packet_queue` (one `send`) for the run, and each message still
   registered in paho's `_out_messages` as an `MQTTMessage` waiting for its
-  PUBACK, counted in `_inflight_messages`. So paho's own PUBACK handling
-  completes them (`_do_on_publish`, hence `publish_completed`), and its
-  reconnection logic (`_messages_reconnect_reset_out`, then the CONNACK
-  handler) sends the unacknowledged ones again with DUP, unchanged. What
-  goes is the rest of paho's `publish` per message (about 50-60 µs here:
-  argument checks, `_send_publish`'s formatting and debug-log calls, one
-  `_packet_queue` and `send` each) and the `threading.Condition` of a
-  per-message `MQTTMessageInfo` (built by `MQTTMessage()`, and taken again
-  at completion): the messages share one `_SharedInfo`, safe because
-  nothing waits on it (the caller learns of completions from
-  `publish_completed`; only `_do_on_publish` touches `info`, and only QoS 0
-  packets' `info` is touched on write or reconnect). The alternative, a
-  table of our own with PUBACKs intercepted in `read_packets` and a
-  re-publish through paho after reconnecting, would duplicate paho's
-  session logic, resend in an order of our choosing and hide the messages
-  from anything reading `_out_messages` (federation.tools.bench.hotpath answers
-  them from there). `max_inflight` holds as paho applies it: a run takes
-  at most the free in-flight slots, and nothing at all while paho holds a
-  message not in flight (queued at the limit, or unsent since a
-  reconnection), so new messages never overtake those; the rest go through
-  paho's `publish`, in order. QoS 2 and properties are paho's.
+  PUBACK or PUBREC, counted in `_inflight_messages`. The caller's `taken`
+  sees the packet ids before the bytes are queued (the injection journal
+  records them first). So paho's own acknowledgement handling completes
+  them (`_do_on_publish`, hence `publish_completed`), and its reconnection
+  logic (`_messages_reconnect_reset_out`, then the CONNACK handler) sends
+  the unacknowledged ones again with the same packet id and DUP, or the
+  PUBREL of those past PUBREC, unchanged. What goes is the rest of paho's
+  `publish` per message (about 50-60 µs here: argument checks,
+  `_send_publish`'s formatting and debug-log calls, one `_packet_queue` and
+  `send` each) and the `threading.Condition` of a per-message
+  `MQTTMessageInfo` (built by `MQTTMessage()`, and taken again at
+  completion): the messages share one `_SharedInfo`, safe because nothing
+  waits on it (the caller learns of completions from `publish_completed`;
+  only `_do_on_publish` touches `info`, and only QoS 0 packets' `info` is
+  touched on write or reconnect). The alternative, a table of our own with
+  acknowledgements intercepted in `read_packets` and a re-publish through
+  paho after reconnecting, would duplicate paho's session logic, resend in
+  an order of our choosing and hide the messages from anything reading
+  `_out_messages` (federation.tools.bench.hotpath answers them from there).
+  `max_inflight` holds as paho applies it: a run takes at most the free
+  in-flight slots, and nothing at all while paho holds a message not in
+  flight (queued at the limit, or unsent since a reconnection), so new
+  messages never overtake those; the rest go through paho's `publish`, in
+  order. (The wrapper sets no limit of paho's: `FlowControl` keeps the
+  broker's Receive Maximum itself.)
+* `restore` registers the messages a previous run of the wrapper had in
+  flight (its injection journal) under their packet ids, before the first
+  connection: paho's reconnection logic then sends them again exactly as
+  it would its own (PUBLISH with DUP, or PUBREL), as an MQTT client with
+  file persistence does.
 
-These override or call private paho methods and state (`_sock_recv`,
-`_packet_read`, `_in_packet`, `_handle_publish`, `_do_on_publish`,
-`_last_bytes_received`, `_mid_generate`, `_out_messages`,
-`_inflight_messages`, `_out_message_mutex`, `_packet_queue`, `_out_packet`, `_thread`,
-`_last_msg_out`), checked against paho-mqtt 2.x (setup.cfg pins
-`<3`); tests/daemon/test_hotpath_lean.py feeds the same bytes to both paths and
-compares what comes out.
+These override or call paho's private methods and state, every one of
+them named in `PAHO_PRIVATE_NAMES`; they were checked against paho-mqtt
+2.2.0, which setup.cfg pins, and tests/daemon/test_hotpath_lean.py feeds the
+same bytes to both paths and compares what comes out. Another paho may
+rename what they rely on, so the adapter asks `missing_paho_names` at
+start-up (tests/daemon/test_paho_names.py asks it too, and checks that the
+list names everything this module uses): when a name is missing, it says
+which in one warning and uses `PublicClient`, paho's documented API only
+(every PUBLISH through `on_message`, one `publish` per injection), slower
+but correct, instead of a `LeanClient` that would fail mid-run.
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.client import PUBACK, PUBLISH, MQTTMessage, MQTTMessageInfo, mqtt_ms_wait_for_puback
-from paho.mqtt.enums import MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+
+PAHO_PRIVATE_NAMES: tuple[str, ...] = (
+    # methods of paho's Client that LeanClient overrides or calls
+    "client._sock_recv", "client._packet_read", "client._handle_publish", "client._do_on_publish",
+    "client._send_puback", "client._handle_pubrec", "client._handle_pubrel", "client._send_pubcomp",
+    "client._loop_rc_handle", "client._mid_generate", "client._packet_queue",
+    # the state of a Client it reads or writes
+    "client._sock", "client._protocol", "client._thread", "client._in_packet", "client._manual_ack",
+    "client._on_publish", "client._out_packet", "client._out_messages", "client._out_message_mutex",
+    "client._in_messages", "client._in_message_mutex", "client._last_mid",
+    "client._inflight_messages", "client._max_inflight_messages", "client._max_queued_messages",
+    "client._msgtime_mutex", "client._last_msg_out", "client._last_bytes_received",
+    # the keys of paho's parse state (`_in_packet`) it reads
+    "in_packet.command", "in_packet.remaining_count", "in_packet.packet",
+    # every field of a message `send_reliable` registers (all of MQTTMessage's), and how one is completed
+    "message._topic", "message.mid", "message.payload", "message.qos", "message.retain", "message.dup",
+    "message.properties", "message.timestamp", "message.state", "message.info", "info._set_as_published",
+    # names of the paho.mqtt.client module outside its documented API
+    "module.time_func", "module.PUBLISH", "module.PUBACK", "module.mqtt_ms_wait_for_puback",
+    "module.mqtt_ms_wait_for_pubrec", "module.mqtt_ms_wait_for_pubcomp",
+)
+"""Every name of paho's that the lean path relies on and paho does not document, as `where.name`: `client`
+an `mqtt.Client`, `in_packet` the keys of its `_in_packet`, `message` an `MQTTMessage`, `info` an
+`MQTTMessageInfo`, `module` paho.mqtt.client. `missing_paho_names` checks them."""
+
+
+def missing_paho_names() -> list[str]:
+    """The entries of `PAHO_PRIVATE_NAMES` the installed paho lacks; empty when `LeanClient` may be used."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    owners: dict[str, object] = {"client": client, "message": mqtt.MQTTMessage(), "info": mqtt.MQTTMessageInfo(0),
+                                 "module": mqtt}
+    in_packet = getattr(client, "_in_packet", None)
+    missing = []
+    for entry in PAHO_PRIVATE_NAMES:
+        where, name = entry.split(".", 1)
+        if where == "in_packet":
+            found = isinstance(in_packet, dict) and name in in_packet
+        else:
+            found = hasattr(owners[where], name)
+        if not found:
+            missing.append(entry)
+    # `send_reliable` builds messages without `MQTTMessage.__init__`: a field it does not fill would be missing there
+    filled = {entry.split(".", 1)[1] for entry in PAHO_PRIVATE_NAMES if entry.startswith("message.")}
+    missing += [f"message.{name} (a field send_reliable does not fill)"
+                for name in sorted(set(getattr(mqtt.MQTTMessage, "__slots__", ())) - filled)]
+    return missing
+
 
 READ_CHUNK = 1 << 16
 """bytes asked of the socket per read (paho asks for 1 byte, 1 byte, then the rest per packet)"""
@@ -103,13 +175,13 @@ def lean_qos0_publish(out: bytearray, topic: str, payload: bytes, retain: bool) 
     return True
 
 
-def _publishable_field(topic: str, payload: bytes) -> bytes:
+def _publishable_field(topic: str, payload: bytes, properties: int = 1) -> bytes:
     """`_topic_field`, remembered per topic, or b"" when the packet would pass MQTT's limits (paho's check,
-    with room for a packet id)."""
+    with room for a packet id and `properties` bytes of packed properties)."""
     field = _topic_fields.get(topic)
     if field is None:
         field = _topic_field(topic)
-    return field if len(field) + len(payload) + 3 <= MAX_PACKET_LENGTH else b""
+    return field if len(field) + len(payload) + 2 + properties <= MAX_PACKET_LENGTH else b""
 
 
 def _topic_field(topic: str) -> bytes:
@@ -125,13 +197,25 @@ def _topic_field(topic: str) -> bytes:
     return field
 
 
-def _append_publish(out: bytearray, field: bytes, payload: bytes, retain: bool, mid: int) -> None:
-    """Append a PUBLISH without properties, as paho's `_send_publish` builds it: QoS 1 with packet id `mid`, QoS 0
-    when `mid` is 0; `field` from `_topic_field`."""
-    length = 1 + len(field) + len(payload)  # topic field, property length 0, payload
+NO_PROPERTIES = b"\x00"
+"""the packed properties of a PUBLISH without any: a property length of 0"""
+
+ReliableMessage = tuple[str, bytes, int, bool, Properties | None]
+"""what `LeanClient.send_reliable` publishes: topic, payload, qos (1 or 2), retain, properties"""
+RestoredMessage = tuple[int, str, bytes, int, bool, Properties | None, bool]
+"""what `LeanClient.restore` takes: mid, topic, payload, qos, retain, properties, past PUBREC (QoS 2)"""
+
+
+def _append_publish(out: bytearray, field: bytes, payload: bytes, retain: bool, mid: int, qos: int = 1,
+                    properties: bytes = NO_PROPERTIES) -> None:
+    """Append a PUBLISH as paho's `_send_publish` builds it: QoS `qos` with packet id `mid`, QoS 0 when `mid` is
+    0; `field` from `_topic_field`, `properties` packed (`Properties.pack`, property length first)."""
+    length = len(properties) + len(field) + len(payload)  # topic field, properties, payload
     if mid:
         length += 2
-    out.append((0x33 if retain else 0x32) if mid else (0x31 if retain else 0x30))
+        out.append(0x30 | qos << 1 | retain)
+    else:
+        out.append(0x31 if retain else 0x30)
     while True:
         byte, length = length & 0x7F, length >> 7
         if length:
@@ -142,12 +226,12 @@ def _append_publish(out: bytearray, field: bytes, payload: bytes, retain: bool, 
     out += field
     if mid:
         out += mid.to_bytes(2, "big")
-    out.append(0)
+    out += properties
     out += payload
 
 
-class _SharedInfo(MQTTMessageInfo):
-    """The `info` of every message `send_qos1` registers: nobody waits on it (the adapter learns of completions
+class _SharedInfo(mqtt.MQTTMessageInfo):
+    """The `info` of every message `send_reliable` registers: nobody waits on it (the adapter learns of completions
     from `publish_completed`), so completing one message need not take a `threading.Condition`."""
 
     __slots__ = ()
@@ -156,20 +240,41 @@ class _SharedInfo(MQTTMessageInfo):
         pass
 
 
+class _WrittenInfo(mqtt.MQTTMessageInfo):
+    """The `info` of a run of QoS 0 packets `send_qos0` queued behind a full socket: paho marks it published
+    once its write loop has written the run, which is when the owner counts the run as written."""
+
+    __slots__ = ("run_length", "on_written")
+
+    def __init__(self, count: int, written: Callable[[int], None]) -> None:
+        super().__init__(0)
+        self.run_length = count
+        self.on_written = written
+
+    def _set_as_published(self) -> None:
+        super()._set_as_published()
+        self.on_written(self.run_length)
+
+
 class LeanClient(mqtt.Client):
     """paho's client with the shorter receive and send paths described in the module docstring."""
 
-    lean_publish: Callable[[bytes, bytes, int, bool], None] | None = None
-    """a QoS 0/1 PUBLISH without properties: (topic bytes, payload, qos, retain); None: paho's path only"""
-    publish_completed: Callable[[int], None] | None = None
-    """called with the mid of every QoS 1/2 publication the broker completed (PUBACK, PUBCOMP); unlike
-    `on_publish` it costs nothing per QoS 0 publication (paho builds a ReasonCode and Properties for each)"""
+    lean_publish: Callable[[bytes, bytes, int, bool, int], None] | None = None
+    """a QoS 0/1 PUBLISH without properties: (topic bytes, payload, qos, retain, packet id, 0 for QoS 0); None:
+    paho's path only"""
+    publish_completed: Callable[[int, int], None] | None = None
+    """called with the mid and the broker's reason code of every QoS 1/2 publication the broker completed
+    (PUBACK, PUBCOMP; a code of 0x80 or more says it refused it); unlike `on_publish` it costs nothing per QoS 0
+    publication (paho builds a ReasonCode and Properties for each)"""
+    pubrec_received: Callable[[int, int], None] | None = None
+    """QoS 2: called with the mid and reason code of the first PUBREC for one of ours, before the PUBREL is
+    written"""
     paused = False
     """set while the owner takes no publications (backpressure): `read_packets` stops, also mid-burst"""
     _read_data = b""
     _read_pos = 0
     _read_sock: object = None
-    _lean_info: MQTTMessageInfo | None = None
+    _lean_info: mqtt.MQTTMessageInfo | None = None
 
     def buffered(self) -> int:
         """Bytes read from the socket that have not been consumed yet."""
@@ -200,7 +305,7 @@ class LeanClient(mqtt.Client):
                     except OSError:
                         data = b""  # paho's read below meets the error (or the end) again and handles it
                     self._read_sock, self._read_data, self._read_pos = self._sock, data, 0
-                parsed = self._parse_publishes(limit - count)
+                parsed = self._parse_publishes_and_acks(limit - count)
                 if parsed:
                     count += parsed
                     continue
@@ -213,12 +318,13 @@ class LeanClient(mqtt.Client):
             count += 1
         return count
 
-    def _parse_publishes(self, limit: int) -> int:
+    def _parse_publishes_and_acks(self, limit: int) -> int:
         """At most `limit` complete QoS 0/1 PUBLISH packets without properties from the front of the read
         buffer, to `lean_publish`, and successful PUBACKs (`_complete_lean`); how many. Stops at the first
         packet that is anything else."""
         publish = self.lean_publish
         assert publish is not None
+        acknowledge = not self._manual_ack
         data = self._read_data
         pos = self._read_pos
         end = len(data)
@@ -260,9 +366,13 @@ class LeanClient(mqtt.Client):
                 properties = topic_end + 2 * qos
                 if properties >= stop or data[properties] or topic_end == start + 2:
                     break  # properties (paho decodes them), an empty topic (an alias), or malformed
-                publish(data[start + 2:topic_end], data[properties + 1:stop], qos, bool(command & 0x01))
                 if qos:
-                    acks += bytes((0x40, 2, data[topic_end], data[topic_end + 1]))  # as `_send_puback`
+                    publish(data[start + 2:topic_end], data[properties + 1:stop], 1, bool(command & 0x01),
+                            (data[topic_end] << 8) | data[topic_end + 1])
+                    if acknowledge:
+                        acks += bytes((0x40, 2, data[topic_end], data[topic_end + 1]))  # as `_send_puback`
+                else:
+                    publish(data[start + 2:topic_end], data[properties + 1:stop], 0, bool(command & 0x01), 0)
                 pos = stop
                 count += 1
                 if self.paused:
@@ -272,8 +382,8 @@ class LeanClient(mqtt.Client):
                 self._read_pos = pos
                 with self._msgtime_mutex:  # what `_packet_read` updates per packet: the keepalive's idea of "heard"
                     self._last_bytes_received = mqtt.time_func()
-                if acks and not self._manual_ack:
-                    self._packet_queue(PUBACK, acks, 0, 0)  # several PUBACK packets, one write
+                if acks:
+                    self._packet_queue(mqtt.PUBACK, acks, 0, 0)  # several PUBACK packets, one write
         return count
 
     def _complete_lean(self, mid: int) -> bool:
@@ -290,7 +400,7 @@ class LeanClient(mqtt.Client):
                 return False
             completed = self.publish_completed
             if completed is not None:
-                completed(mid)
+                completed(mid, 0)
             del self._out_messages[mid]
             message.info._set_as_published()
             self._inflight_messages -= 1
@@ -314,9 +424,12 @@ class LeanClient(mqtt.Client):
         self._read_pos = end
         return data[pos:end]
 
-    def send_qos0(self, packets: bytearray) -> MQTTErrorCode:
+    def send_qos0(self, packets: bytearray, count: int = 0, written: Callable[[int], None] | None = None
+                  ) -> MQTTErrorCode:
         """Queue and write already-built QoS 0 PUBLISH packets (`lean_qos0_publish`) as one buffer: one `send`
-        for a run of them, and none of paho's per-publish `MQTTMessageInfo` (with its `threading.Condition`)."""
+        for a run of them, and none of paho's per-publish `MQTTMessageInfo` (with its `threading.Condition`).
+        `written(count)` once the whole buffer is on the socket (at once, or when paho's write loop has
+        written what the socket refused at first; never if the connection drops before)."""
         sock = self._sock
         if sock is None:
             return MQTTErrorCode.MQTT_ERR_NO_CONN
@@ -334,18 +447,21 @@ class LeanClient(mqtt.Client):
                 with self._msgtime_mutex:  # what paho's write updates: the keepalive's idea of "sent"
                     self._last_msg_out = mqtt.time_func()
                 if sent == len(packets):
+                    if written is not None:
+                        written(count)
                     return MQTTErrorCode.MQTT_ERR_SUCCESS
                 packets = packets[sent:]  # the socket is full: the rest waits in paho's queue, written in order
         # One MQTTMessageInfo for the whole run: paho marks it published once the buffer is written.
-        return self._packet_queue(PUBLISH, packets, 0, 0, mqtt.MQTTMessageInfo(0))
+        info = mqtt.MQTTMessageInfo(0) if written is None else _WrittenInfo(count, written)
+        return self._packet_queue(mqtt.PUBLISH, packets, 0, 0, info)
 
-    def send_qos1(self, messages: Sequence[tuple[str, bytes, bool]], pending: set[int]) -> list[int]:
-        """Publish at QoS 1 without properties the leading `messages` (topic, payload, retain) that may go out
-        at once, as paho's `publish` would, with one `_packet_queue` call for the run; their mids, in order,
-        also added to `pending` under the lock paho's PUBACK handling takes (so with paho's network thread a
-        completion cannot come first). The rest (all of them when paho holds messages not in flight, once
-        `max_inflight` is reached, at a topic paho must judge, at a mid still in use) are the caller's to hand
-        to `publish`, in order."""
+    def send_reliable(self, messages: Sequence[ReliableMessage], taken: Callable[[list[int]], None]) -> list[int]:
+        """Publish at QoS 1 or 2 the leading `messages` (topic, payload, qos, retain, properties) that may go out
+        at once, as paho's `publish` would, with one `_packet_queue` call for the run; their mids, in order.
+        `taken(mids)` is called before the bytes are queued, under the lock paho's acknowledgement handling
+        takes (so with paho's network thread a completion cannot come first). The rest (all of them when paho
+        holds messages not in flight, once `max_inflight` is reached, at a topic paho must judge) are the
+        caller's to hand to `publish`, in order."""
         if self._sock is None or self._protocol != MQTTProtocolVersion.MQTTv5:
             return []
         mids: list[int] = []
@@ -364,42 +480,108 @@ class LeanClient(mqtt.Client):
             if info is None:
                 info = self._lean_info = _SharedInfo(0)
             now = mqtt.time_func()
-            new_message = MQTTMessage.__new__
+            new_message = mqtt.MQTTMessage.__new__
+            waiting_for_puback = mqtt.mqtt_ms_wait_for_puback
+            waiting_for_pubrec = mqtt.mqtt_ms_wait_for_pubrec
             for index in range(room):
-                topic, payload, retain = messages[index]
-                field = _publishable_field(topic, payload)
+                topic, payload, qos, retain, properties = messages[index]
+                packed = properties.pack() if properties is not None else NO_PROPERTIES
+                field = _publishable_field(topic, payload, len(packed))
                 if not field:
                     break  # paho's to judge: the caller's `publish`
                 mid = self._mid_generate()
                 if mid in out:
-                    break  # still in use: paho would refuse it (and use up the mid) too
-                _append_publish(packets, field, payload, retain, mid)
-                message = new_message(MQTTMessage)  # `MQTTMessage()` without its own MQTTMessageInfo
+                    mid = self._free_mid(out)
+                _append_publish(packets, field, payload, retain, mid, qos, packed)
+                message = new_message(mqtt.MQTTMessage)  # `MQTTMessage()` without its own MQTTMessageInfo
                 message.mid = mid
                 message._topic = field[2:]
                 message.payload = payload
-                message.qos = 1
+                message.qos = qos
                 message.retain = retain
                 message.dup = False
-                message.properties = None
+                message.properties = properties
                 message.timestamp = now
-                message.state = mqtt_ms_wait_for_puback
+                message.state = waiting_for_puback if qos == 1 else waiting_for_pubrec
                 message.info = info
                 out[mid] = message
                 mids.append(mid)
             if mids:
                 self._inflight_messages = inflight + len(mids)
-                pending.update(mids)
+                taken(mids)
                 # One queued packet for the run. A failed write closes the connection; the messages stay in
                 # `_out_messages` and paho sends them again (DUP) after reconnecting, as it would its own.
-                self._packet_queue(PUBLISH, packets, mids[-1], 1)
+                self._packet_queue(mqtt.PUBLISH, packets, mids[-1], 1)
         return mids
+
+    def _free_mid(self, out: dict[int, mqtt.MQTTMessage]) -> int:
+        """The next packet id of paho's not held by a message in flight (paho's `publish` would reuse one in use)."""
+        mid = self._mid_generate()
+        while mid in out:  # at most len(out) ids are taken, and the broker's Receive Maximum keeps that small
+            mid = self._mid_generate()
+        return mid
+
+    def restore(self, messages: Sequence[RestoredMessage]) -> None:
+        """Hold `messages` (mid, topic, payload, qos, retain, properties, released) as if this client had sent
+        them and not had them completed: QoS 1 waiting for PUBACK, QoS 2 for PUBREC, or for PUBCOMP when
+        `released` (past PUBREC). Call it before connecting: `reconnect` then marks them to be sent again (DUP)
+        and the CONNACK handler sends them, or the PUBREL, as for its own. New packet ids start after them."""
+        with self._out_message_mutex:
+            for mid, topic, payload, qos, retain, properties, released in messages:
+                message = mqtt.MQTTMessage(mid, topic.encode("utf-8"))
+                message.payload = payload
+                message.qos = qos
+                message.retain = retain
+                message.dup = True
+                message.properties = properties
+                message.timestamp = mqtt.time_func()
+                message.state = (mqtt.mqtt_ms_wait_for_puback if qos == 1 else
+                                 mqtt.mqtt_ms_wait_for_pubcomp if released else mqtt.mqtt_ms_wait_for_pubrec)
+                self._out_messages[mid] = message
+                self._inflight_messages += 1
+                self._last_mid = max(self._last_mid, mid)
+
+    def send_acks(self, acks: Sequence[tuple[int, int]]) -> MQTTErrorCode:
+        """Acknowledge publications received with `manual_ack`: (mid, qos) each, a PUBACK for QoS 1 and a PUBCOMP
+        for QoS 2 (paho sent the PUBREC and took the PUBREL), all in one buffer. Not connected: nothing (the
+        broker sends them again on the next connection, not acknowledged)."""
+        if self._sock is None or not acks:
+            return MQTTErrorCode.MQTT_ERR_NO_CONN if self._sock is None else MQTTErrorCode.MQTT_ERR_SUCCESS
+        data = bytearray()
+        for mid, qos in acks:
+            data += bytes((0x40 if qos == 1 else 0x70, 2, mid >> 8, mid & 0xFF))  # as `_send_puback`, `_send_pubcomp`
+        return self._packet_queue(mqtt.PUBACK, data, 0, 0)
 
     def _do_on_publish(self, mid: int, reason_code: ReasonCode, properties: Properties) -> MQTTErrorCode:
         completed = self.publish_completed
         if completed is not None:
-            completed(mid)
+            completed(mid, reason_code.value if reason_code is not None else 0)
         return super()._do_on_publish(mid, reason_code, properties)
+
+    def _handle_pubrec(self) -> MQTTErrorCode:
+        """paho's, after telling `pubrec_received` of the first PUBREC of one of our QoS 2 messages."""
+        hook = self.pubrec_received
+        data = self._in_packet["packet"]
+        if hook is not None and len(data) >= 2:
+            mid = (data[0] << 8) | data[1]
+            with self._out_message_mutex:
+                message = self._out_messages.get(mid)
+                first = message is not None and message.qos == 2 and message.state == mqtt.mqtt_ms_wait_for_pubrec
+            if first:
+                hook(mid, data[2] if len(data) > 2 else 0)
+        return super()._handle_pubrec()
+
+    def _handle_pubrel(self) -> MQTTErrorCode:
+        """paho's, except that a PUBREL for a packet id paho does not hold is answered with PUBCOMP at once when
+        acknowledgements are manual (paho would never answer it: see the module docstring)."""
+        data = self._in_packet["packet"]
+        if self._manual_ack and len(data) >= 2:
+            mid = (data[0] << 8) | data[1]
+            with self._in_message_mutex:
+                held = mid in self._in_messages
+            if not held:
+                return self._send_pubcomp(mid)
+        return super()._handle_pubrel()
 
     def _handle_publish(self) -> MQTTErrorCode:
         """A PUBLISH paho read itself (one that arrived in pieces): QoS 0/1 without properties still skip
@@ -415,7 +597,55 @@ class LeanClient(mqtt.Client):
         position = topic_end + (2 if qos else 0)
         if position >= len(data) or data[position] != 0 or topic_end <= 2:
             return super()._handle_publish()  # properties, or malformed
-        lean(bytes(data[2:topic_end]), bytes(data[position + 1:]), qos, bool(command & 0x01))
+        mid = (data[topic_end] << 8) | data[topic_end + 1] if qos else 0
+        lean(bytes(data[2:topic_end]), bytes(data[position + 1:]), qos, bool(command & 0x01), mid)
         if qos == 1 and not self._manual_ack:
-            return self._send_puback((data[topic_end] << 8) | data[topic_end + 1])
+            return self._send_puback(mid)
         return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+
+class PublicClient(mqtt.Client):
+    """paho's client through its documented API only: what the adapter uses instead of `LeanClient` when the
+    installed paho lacks one of `PAHO_PRIVATE_NAMES`. It offers the attributes and calls of `LeanClient` that
+    the adapter reads with, so the adapter drives either; every PUBLISH goes to `on_message`, and the adapter
+    publishes each injection with `publish` (it never calls `send_qos0`, `send_reliable` or `restore` on this
+    one). paho acknowledges received publications itself here (no `manual_ack`: without `_handle_pubrel`
+    a repeated PUBREL would never be answered), so `send_acks` has nothing to do, and no PUBREC reaches
+    `pubrec_received`."""
+
+    lean_publish: Callable[[bytes, bytes, int, bool, int], None] | None = None
+    """never called: here every PUBLISH takes paho's path"""
+    publish_completed: Callable[[int, int], None] | None = None
+    """called with the mid and reason code of every publication paho reports published (`on_publish`; QoS 0
+    ones too)"""
+    pubrec_received: Callable[[int, int], None] | None = None
+    """never called: paho's public API says nothing of PUBREC"""
+    paused = False
+    """set while the owner takes no publications; the adapter stops calling `read_packets` meanwhile"""
+
+    def __init__(self, *arguments: Any, **options: Any) -> None:
+        options["manual_ack"] = False
+        super().__init__(*arguments, **options)
+
+        def published(client: mqtt.Client, userdata: Any, mid: int, reason_code: ReasonCode,
+                      properties: Properties) -> None:
+            completed = self.publish_completed
+            if completed is not None:
+                completed(mid, reason_code.value if reason_code is not None else 0)
+
+        self.on_publish = published
+
+    def send_acks(self, acks: Sequence[tuple[int, int]]) -> MQTTErrorCode:
+        """Nothing: paho acknowledged them when it handed them over."""
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def buffered(self) -> int:
+        """Nothing is read ahead: paho reads each packet from the socket as it parses it."""
+        return 0
+
+    def read_packets(self, limit: int) -> int:
+        """paho's `loop_read`: the packets it decides to read (at least the next one, if whole; `limit` is not
+        paho's to take). 1, or -1 when the connection is gone (paho has closed it and called `on_disconnect`)."""
+        if self.loop_read() != MQTTErrorCode.MQTT_ERR_SUCCESS or self.socket() is None:
+            return -1
+        return 1

@@ -3,146 +3,238 @@
 Theory of operation: the node already counts everything (packets and bytes
 by type, drops by reason, publication counters); keeping Prometheus counters
 in step on every packet would tax the hot path for a number read every 15 s.
-Instead `SnapshotCollector` asks for one snapshot per scrape. The scrape runs
-in prometheus-client's HTTP thread, and the node belongs to the asyncio
-thread, so the runtime's `snapshot` callable runs the copy on the loop
-(`call_soon_threadsafe`) and waits for it; a scrape never reads the node's
-counters while they change. `METRICS` names and documents every family.
+Instead the metrics port (metrics_server.py) asks for one snapshot per
+scrape, taken on the event loop that owns the numbers
+(`snapshots.metrics_snapshot`), and `metric_families` turns it into
+families here. `METRICS` names, types, labels and documents every family;
+docs/metrics.md is the same table, checked against what a running wrapper
+serves (tests/real/test_metrics_real.py).
+
+Two rules make the families usable in alerts:
+
+- a prefix of our own, `mqttfed_`: Prometheus' own "federation" (the
+  `/federate` endpoint, recording rules named `federation_...`) would
+  clash with `federation_`;
+- every label value from the start: a drop reason, a packet type, an event
+  type, a failure kind or a configured neighbour that never happened yet is
+  exported as 0, not left out, so `rate(...) > 0` and `absent()` alerts see
+  numbers instead of "no data" (dynamic neighbours appear once they say hello).
+
+Latency histograms are counted without Prometheus
+(federation.protocol.histogram): the round trip of every hello exchange per
+neighbour (the per-hop latency that can be measured without a shared clock)
+and the time from handing a QoS 1/2 publication to the broker connection to
+the broker's acknowledgement.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+import math
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from federation.daemon import wrapper_events
+from federation.daemon.broker_health import FAILURE_KINDS
+from federation.envelope.datagrams import DROP_REASONS as ENVELOPE_DROP_REASONS
+from federation.protocol import events, wire
 
 log = logging.getLogger("federation.daemon.metrics")
 
 Snapshot = dict[str, Any]
 
-METRICS: tuple[tuple[str, str, str], ...] = (
-    # (name, kind, help); counters are exposed with the `_total` suffix.
-    ("federation_info", "gauge", "always 1; labels: address, broker_id, name, version"),
-    ("federation_epoch", "gauge", "the node's boot epoch"),
-    ("federation_packets_sent", "counter", "datagrams sent, by message type"),
-    ("federation_bytes_sent", "counter", "bytes sent, by message type"),
-    ("federation_packets_received", "counter", "datagrams received and decoded, by message type"),
-    ("federation_bytes_received", "counter", "bytes received and decoded, by message type"),
-    ("federation_drops", "counter", "packets and publications dropped, by reason"),
-    ("federation_duplicates_suppressed", "counter", "topic messages dropped as already seen"),
-    ("federation_publications", "counter",
+NODE_DROP_REASONS = (
+    "oversized", "malformed", "unknown_type", "version", "wrong_length", "wrong_type", "bad_filter", "bad_topic",
+    "too_many_neighbours", "unknown_neighbour", "own_address", "system_topic", "stale_hello_back", "digest_not_up",
+    "core_announcements_full", "topics_full", "children_evicted", "tc_core_unreachable", "ownership_stale",
+    "ts_core_mismatch", "max_hops", "mesh_copy_neighbour_down", "publication_no_route", "publication_no_core",
+    "publication_hold_overflow", "publication_unacknowledged", "unacked_evicted", "reliable_table_full",
+    "delivery_backlogged", "inject_backlog_qos0", "inject_backlog_qos12", "receive_backlog_qos0",
+    "receive_backlog_qos12", "send_backlog_qos0", "publication_too_large", "no_subscriber_after_broker_restart",
+    "resubscribe_hold_full",
+)
+"""drop reasons the node and the daemon count (docs/drops.md; tests/docs/test_drop_reasons.py checks this list
+against the code), exported at 0 from the start with the envelope's"""
+DROP_REASONS = (*NODE_DROP_REASONS, *ENVELOPE_DROP_REASONS)
+PUBLICATION_STAGES = ("originated", "forwarded", "delivered")
+INJECTION_RESULTS = ("acknowledged", "written", "refused", "failed", "duplicate_suppressed")
+INJECTION_KEYS = ("acknowledged", "written_qos0", "refused", "failed", "duplicate_suppressed")
+"""the status document's names (snapshots.injection_counts) of `INJECTION_RESULTS`, in order"""
+INJECTION_RETRIES = ("resent", "reinjected")
+PENDING_STATES = ("unfinished", "waiting", "held")
+LOG_OUTCOMES = ("used", "ignored", "refused", "truncated", "not_understood")
+
+METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    # (name, kind, labels, help); counters are exposed with the `_total` suffix, histograms as _bucket/_sum/_count.
+    ("mqttfed_info", "gauge", ("address", "broker_id", "name", "version"), "always 1"),
+    ("mqttfed_ready", "gauge", (), "1 when the wrapper is ready (/readyz): broker connected, its log flowing, "
+                                   "a configured neighbour up"),
+    ("mqttfed_epoch", "gauge", (), "the node's boot epoch"),
+    ("mqttfed_packets_sent", "counter", ("type",), "protocol packets sent, by message type"),
+    ("mqttfed_bytes_sent", "counter", ("type",), "bytes of protocol packets sent, by message type"),
+    ("mqttfed_packets_received", "counter", ("type",), "protocol packets received and decoded, by message type"),
+    ("mqttfed_bytes_received", "counter", ("type",), "bytes of protocol packets received and decoded, by type"),
+    ("mqttfed_drops", "counter", ("reason",), "packets and publications dropped, by reason (docs/drops.md)"),
+    ("mqttfed_duplicates_suppressed", "counter", (), "topic messages dropped as already seen"),
+    ("mqttfed_publications", "counter", ("stage",),
      "publications by stage: originated (local, sent into the federation), forwarded (copies sent on), "
      "delivered (remote, matched a local subscription)"),
-    ("federation_injections", "counter", "remote publications published into the local broker, by result"),
-    ("federation_neighbours", "gauge", "neighbours by state (up, down)"),
-    ("federation_members", "gauge", "members of the federation table, this node included"),
-    ("federation_topics", "gauge", "federated filters with a known topic core"),
-    ("federation_is_management_core", "gauge", "1 if this node is the management core"),
-    ("federation_local_clients", "gauge", "local clients holding subscriptions"),
-    ("federation_local_subscriptions", "gauge", "local (client, filter) subscriptions"),
-    ("federation_core_changes", "counter", "core changes seen by this node, by kind (management, topic)"),
-    ("federation_events", "counter", "structured events emitted, by type"),
-    ("federation_broker_connected", "gauge", "1 while the wrapper is connected to its broker"),
-    ("federation_broker_reconnects", "counter", "connections to the broker made after the first"),
-    ("federation_broker_log_lines", "counter", "broker log lines read, by outcome"),
-    ("federation_udp_send_errors", "counter", "UDP send errors (mostly ICMP port unreachable)"),
+    ("mqttfed_injections", "counter", ("result",),
+     "remote publications handed to the local broker, by result: acknowledged (QoS 1/2, the broker completed "
+     "it), written (QoS 0, on its socket), refused (the broker said no), failed (paho refused it), "
+     "duplicate_suppressed (the journal says the broker completed it before)"),
+    ("mqttfed_injection_retries", "counter", ("kind",),
+     "QoS 1/2 injections sent again: resent (same packet id, the session was kept), reinjected (anew, the broker "
+     "lost the session)"),
+    ("mqttfed_injections_pending", "gauge", ("state",),
+     "remote publications not delivered yet, by state: unfinished (handed over, not acknowledged), waiting (in "
+     "the queue toward the broker), held (since the broker restarted, for a subscriber to come back)"),
+    ("mqttfed_broker_sessions_lost", "counter", (),
+     "times the broker came back without the wrapper's session (it restarted): its subscriptions were gone"),
+    ("mqttfed_broker_receive_maximum", "gauge", (), "the broker's Receive Maximum from its last CONNACK"),
+    ("mqttfed_unaccounted_subscriptions", "gauge", (),
+     "subscriptions the broker holds beyond those the wrapper saw ($SYS/broker/subscriptions/count)"),
+    ("mqttfed_over_delivery", "gauge", (),
+     "1 while the wrapper delivers every publication to its broker because of unaccounted subscriptions"),
+    ("mqttfed_filters_widened", "counter", (),
+     "subscriptions whose log line the broker may have cut (999 bytes), federated as a superset filter"),
+    ("mqttfed_injection_latency_seconds", "histogram", (),
+     "QoS 1/2 publications from the wrapper handing them to its broker connection to the broker's PUBACK/PUBCOMP"),
+    ("mqttfed_neighbours", "gauge", ("state",), "neighbours by state: up, down"),
+    ("mqttfed_neighbour_up", "gauge", ("neighbour",), "1 while the neighbour (its address) is up"),
+    ("mqttfed_neighbour_rtt_seconds", "gauge", ("neighbour",),
+     "smoothed round trip of the hello exchange with the neighbour (NaN until measured)"),
+    ("mqttfed_hop_rtt_seconds", "histogram", ("neighbour",),
+     "every round trip of the hello exchange with the neighbour: the per-hop latency, both ways, wrappers' "
+     "loops included"),
+    ("mqttfed_members", "gauge", (), "members of the federation table, this node included"),
+    ("mqttfed_topics", "gauge", (), "federated filters with a known topic core"),
+    ("mqttfed_is_management_core", "gauge", (), "1 if this node is the management core"),
+    ("mqttfed_local_clients", "gauge", (), "local clients holding subscriptions"),
+    ("mqttfed_local_subscriptions", "gauge", (), "local (client, filter) subscriptions"),
+    ("mqttfed_core_changes", "counter", ("kind",), "core changes seen by this node, by kind: management, topic"),
+    ("mqttfed_events", "counter", ("type",), "structured events emitted, by type (docs/events.md)"),
+    ("mqttfed_broker_connected", "gauge", (), "1 while the wrapper is connected to its broker"),
+    ("mqttfed_broker_reconnects", "counter", (), "connections to the broker made after the first"),
+    ("mqttfed_broker_connect_failures", "counter", ("kind",),
+     "failed connection attempts to the broker: unreachable, refused (the login), tls (the handshake)"),
+    ("mqttfed_broker_log_lines", "counter", ("outcome",), "broker log lines read, by outcome"),
+    ("mqttfed_udp_send_errors", "counter", (), "UDP send errors (mostly ICMP port unreachable)"),
+    ("mqttfed_receive_backlog", "gauge", (), "received tm/tb packets waiting to be handled (overload)"),
+    ("mqttfed_injection_backlog", "gauge", (), "remote publications waiting for a slow local broker (overload)"),
+    ("mqttfed_unacked_copies", "gauge", (), "QoS 1/2 copies sent to neighbours and not acknowledged yet"),
+    ("mqttfed_send_paused", "gauge", (), "1 while the UDP socket's send side is backed up (QoS 0 is shed)"),
+    ("mqttfed_broker_reading_paused", "gauge", (), "1 while the wrapper reads nothing from its broker "
+                                                   "(backpressure or pacing)"),
+    ("mqttfed_paced", "gauge", (), "1 while a neighbour asks this wrapper to hold its QoS 0 publications (rb)"),
+    ("mqttfed_kernel_receive_drops", "counter", (),
+     "datagrams the kernel dropped for this wrapper's full UDP receive buffer"),
+    ("mqttfed_reloads", "counter", (), "SIGHUPs handled (event log reopened, key and password files read again)"),
+    ("mqttfed_reload_failures", "counter", (), "files a SIGHUP could not use (the wrapper kept what it had)"),
 )
-_HELP = {name: text for name, _kind, text in METRICS}
+PROCESS_METRICS: tuple[tuple[str, str, str], ...] = (
+    # prometheus-client's process collector, on the same port: (name as exposed, kind, help)
+    ("process_cpu_seconds_total", "counter", "CPU time of the wrapper process, user and system, seconds"),
+    ("process_resident_memory_bytes", "gauge", "resident memory of the wrapper process"),
+    ("process_virtual_memory_bytes", "gauge", "virtual memory of the wrapper process"),
+    ("process_open_fds", "gauge", "open file descriptors"),
+    ("process_max_fds", "gauge", "the limit of open file descriptors"),
+    ("process_start_time_seconds", "gauge", "start time of the process, unix seconds"),
+)
+_SPECS = {name: (kind, labels, text) for name, kind, labels, text in METRICS}
 
 
-def _counter(name: str, labels: list[str] | None = None) -> CounterMetricFamily:
-    return CounterMetricFamily(name, _HELP[name], labels=labels)
+def _family(name: str) -> Any:
+    kind, labels, text = _SPECS[name]
+    cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily}[kind]
+    return cls(name, text, labels=list(labels))
 
 
-def _gauge(name: str, labels: list[str] | None = None) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, _HELP[name], labels=labels)
+def _by_label(name: str, known: tuple[str, ...], counts: dict[str, Any]) -> Metric:
+    """A family with one sample per known label value (0 when not counted yet) and per other value counted."""
+    family = _family(name)
+    for value in sorted(set(known) | set(counts)):
+        family.add_metric([value], counts.get(value, 0))
+    return family
+
+
+def _single(name: str, value: float) -> Metric:
+    family = _family(name)
+    family.add_metric([], float(value))
+    return family
+
+
+def _buckets(cumulative: list[tuple[float, int]]) -> list[tuple[str, float]]:
+    return [("+Inf" if math.isinf(bound) else repr(bound), float(count)) for bound, count in cumulative]
 
 
 def metric_families(snap: Snapshot) -> list[Metric]:
-    """The metric families for one snapshot (see `Runtime.metrics_snapshot` for its keys)."""
+    """The metric families for one snapshot (see `snapshots.metrics_snapshot` for its keys)."""
     out: list[Metric] = []
-    info = _gauge("federation_info", ["address", "broker_id", "name", "version"])
+    info = _family("mqttfed_info")
     info.add_metric([snap["address"], snap["broker_id"], snap.get("name") or "", snap["version"]], 1)
-    out.append(info)
-    epoch = _gauge("federation_epoch")
-    epoch.add_metric([], snap["epoch"])
-    out.append(epoch)
-    for name, key in (("federation_packets_sent", "sent"), ("federation_bytes_sent", "sent_bytes"),
-                      ("federation_packets_received", "received"), ("federation_bytes_received", "received_bytes")):
-        family = _counter(name, ["type"])
-        for kind, value in sorted(snap[key].items()):
-            family.add_metric([kind], value)
-        out.append(family)
-    drops = _counter("federation_drops", ["reason"])
-    for reason, value in sorted(snap["drops"].items()):
-        drops.add_metric([reason], value)
-    out.append(drops)
+    out += [info, _single("mqttfed_ready", snap["ready"]), _single("mqttfed_epoch", snap["epoch"])]
+    types = wire.MESSAGE_TYPES
+    out += [_by_label("mqttfed_packets_sent", types, snap["sent"]),
+            _by_label("mqttfed_bytes_sent", types, snap["sent_bytes"]),
+            _by_label("mqttfed_packets_received", types, snap["received"]),
+            _by_label("mqttfed_bytes_received", types, snap["received_bytes"]),
+            _by_label("mqttfed_drops", DROP_REASONS, snap["drops"])]
     counters = snap["counters"]
-    duplicates = _counter("federation_duplicates_suppressed")
-    duplicates.add_metric([], counters.get("duplicates_dropped", 0))
-    out.append(duplicates)
-    publications = _counter("federation_publications", ["stage"])
-    for stage in ("originated", "forwarded", "delivered"):
-        publications.add_metric([stage], counters.get(f"publications_{stage}", 0))
-    out.append(publications)
-    injections = _counter("federation_injections", ["result"])
-    injections.add_metric(["ok"], snap["injected"])
-    injections.add_metric(["failed"], snap["inject_failed"])
-    out.append(injections)
-    neighbours = _gauge("federation_neighbours", ["state"])
-    neighbours.add_metric(["up"], snap["neighbours_up"])
-    neighbours.add_metric(["down"], snap["neighbours_total"] - snap["neighbours_up"])
-    out.append(neighbours)
-    for name, key in (("federation_members", "members"), ("federation_topics", "topics"),
-                      ("federation_is_management_core", "is_management_core"),
-                      ("federation_local_clients", "local_clients"),
-                      ("federation_local_subscriptions", "local_subscriptions"),
-                      ("federation_broker_connected", "broker_connected")):
-        gauge = _gauge(name)
-        gauge.add_metric([], float(snap[key]))
-        out.append(gauge)
-    core_changes = _counter("federation_core_changes", ["kind"])
-    core_changes.add_metric(["management"], snap["events"].get("management_core_changed", 0))
-    core_changes.add_metric(["topic"], snap["events"].get("topic_core_changed", 0))
-    out.append(core_changes)
-    events = _counter("federation_events", ["type"])
-    for kind, value in sorted(snap["events"].items()):
-        events.add_metric([kind], value)
-    out.append(events)
-    reconnects = _counter("federation_broker_reconnects")
-    reconnects.add_metric([], snap["broker_reconnects"])
-    out.append(reconnects)
-    log_lines = _counter("federation_broker_log_lines", ["outcome"])
-    for outcome, value in sorted(snap["log_outcomes"].items()):
-        log_lines.add_metric([outcome], value)
-    out.append(log_lines)
-    send_errors = _counter("federation_udp_send_errors")
-    send_errors.add_metric([], snap["udp_send_errors"])
-    out.append(send_errors)
+    out.append(_single("mqttfed_duplicates_suppressed", counters.get("duplicates_dropped", 0)))
+    out.append(_by_label("mqttfed_publications", PUBLICATION_STAGES,
+                         {stage: counters.get(f"publications_{stage}", 0) for stage in PUBLICATION_STAGES}))
+    counts = snap["injections"]
+    out.append(_by_label("mqttfed_injections", INJECTION_RESULTS,
+                         {result: counts[key] for result, key in zip(INJECTION_RESULTS, INJECTION_KEYS, strict=True)}))
+    out.append(_by_label("mqttfed_injection_retries", INJECTION_RETRIES,
+                         {kind: counts[kind] for kind in INJECTION_RETRIES}))
+    out.append(_by_label("mqttfed_injections_pending", PENDING_STATES,
+                         {state: counts[state] for state in PENDING_STATES}))
+    latency = _family("mqttfed_injection_latency_seconds")
+    buckets, total = snap["injection_latency"]
+    latency.add_metric([], _buckets(buckets), total)
+    out.append(latency)
+    neighbours = snap["neighbours"]
+    up = sum(1 for neighbour in neighbours if neighbour["up"])
+    out.append(_by_label("mqttfed_neighbours", ("up", "down"), {"up": up, "down": len(neighbours) - up}))
+    neighbour_up, rtt, hops = (_family(name) for name in ("mqttfed_neighbour_up", "mqttfed_neighbour_rtt_seconds",
+                                                          "mqttfed_hop_rtt_seconds"))
+    for neighbour in neighbours:
+        label = [neighbour["address"]]
+        neighbour_up.add_metric(label, float(neighbour["up"]))
+        rtt.add_metric(label, math.nan if neighbour["rtt"] is None else neighbour["rtt"])
+        buckets, total = neighbour["rtt_histogram"]
+        hops.add_metric(label, _buckets(buckets), total)
+    out += [neighbour_up, rtt, hops]
+    for name, key in (("mqttfed_members", "members"), ("mqttfed_topics", "topics"),
+                      ("mqttfed_is_management_core", "is_management_core"),
+                      ("mqttfed_local_clients", "local_clients"),
+                      ("mqttfed_local_subscriptions", "local_subscriptions"),
+                      ("mqttfed_broker_connected", "broker_connected"),
+                      ("mqttfed_broker_reconnects", "broker_reconnects"),
+                      ("mqttfed_udp_send_errors", "udp_send_errors"),
+                      ("mqttfed_receive_backlog", "receive_backlog"),
+                      ("mqttfed_injection_backlog", "injection_backlog"),
+                      ("mqttfed_unacked_copies", "unacked_copies"),
+                      ("mqttfed_send_paused", "send_paused"),
+                      ("mqttfed_broker_reading_paused", "reading_paused"),
+                      ("mqttfed_paced", "paced"),
+                      ("mqttfed_kernel_receive_drops", "kernel_receive_drops"),
+                      ("mqttfed_reloads", "reloads"),
+                      ("mqttfed_reload_failures", "reload_failures"),
+                      ("mqttfed_broker_sessions_lost", "broker_sessions_lost"),
+                      ("mqttfed_broker_receive_maximum", "broker_receive_maximum"),
+                      ("mqttfed_unaccounted_subscriptions", "unaccounted_subscriptions"),
+                      ("mqttfed_over_delivery", "over_delivery"),
+                      ("mqttfed_filters_widened", "filters_widened")):
+        out.append(_single(name, snap[key]))
+    events_counted = snap["events"]
+    out.append(_by_label("mqttfed_core_changes", ("management", "topic"),
+                         {"management": events_counted.get("management_core_changed", 0),
+                          "topic": events_counted.get("topic_core_changed", 0)}))
+    out.append(_by_label("mqttfed_events", events.ALL + wrapper_events.ALL, events_counted))
+    out.append(_by_label("mqttfed_broker_connect_failures", FAILURE_KINDS, snap["connect_failures"]))
+    out.append(_by_label("mqttfed_broker_log_lines", LOG_OUTCOMES, snap["log_outcomes"]))
     return out
-
-
-class SnapshotCollector(Collector):
-    """A prometheus-client collector that builds every family from one snapshot per scrape."""
-
-    def __init__(self, snapshot: Callable[[], Snapshot | None]) -> None:
-        self.snapshot = snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot()
-        if snap is None:
-            return iter(())
-        return iter(metric_families(snap))
-
-
-def start_metrics_server(host: str, port: int, snapshot: Callable[[], Snapshot | None]) -> Any:
-    """Serve /metrics on host:port in a daemon thread; returns the server (call `.shutdown()`); OSError if busy."""
-    from prometheus_client import start_http_server
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(snapshot))
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return server

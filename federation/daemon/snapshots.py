@@ -12,91 +12,175 @@ of numbers that `metrics.py` turns into Prometheus families at each scrape.
 They live here, not in `status.py` or `metrics.py`, because those two read
 documents and never see a running wrapper (`status.py` is also the client
 side of `wrapper.py status`): this module is the one place that knows which
-attributes of the `Runtime` each read-out shows. `Runtime.status_document`
-and `Runtime.metrics_snapshot` call these functions. A metrics scrape runs
-in prometheus-client's HTTP thread: `snapshot_from_thread` has the loop
-take the snapshot (`call_soon_threadsafe`) and waits for it, with a timeout.
+parts of a running wrapper each read-out shows. It reads them through
+`WrapperParts`, the read-only view it declares, which `Running`
+(running.py) provides; so it never imports the running wrapper, which calls
+these functions. A metrics scrape runs in prometheus-client's HTTP thread:
+`on_loop` has the loop take the snapshot
+(`call_soon_threadsafe`) and waits for it, with a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from federation import __version__
+from federation.daemon.backpressure import PacketBacklog
+from federation.daemon.broker import RECEIVE_MAXIMUM, BrokerAdapter
+from federation.daemon.broker_health import BrokerHealth
+from federation.daemon.broker_log import BrokerLogTracker
+from federation.daemon.broker_subscriptions import BrokerSubscriptions
+from federation.daemon.config import DaemonConfig
+from federation.daemon.event_log import EventLog
+from federation.daemon.flow_control import FlowControl
+from federation.daemon.health import Readiness, readiness
+from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
-
-if TYPE_CHECKING:
-    from federation.daemon.runtime import Runtime
+from federation.daemon.reload import Reloads
+from federation.daemon.udp import OverlayProtocol
+from federation.envelope.datagrams import Envelope
+from federation.protocol.node import Node
+from federation.protocol.types import Address
 
 log = logging.getLogger("federation.daemon")
+T = TypeVar("T")
 
 
-def status_document(runtime: Runtime, now: float) -> dict[str, Any]:
+class WrapperParts(Protocol):
+    """What the read-outs read of a running wrapper (read-only)."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+    @property
+    def node(self) -> Node: ...
+    @property
+    def envelope(self) -> Envelope: ...
+    @property
+    def broker(self) -> BrokerAdapter: ...
+    @property
+    def broker_health(self) -> BrokerHealth: ...
+    @property
+    def tracker(self) -> BrokerLogTracker: ...
+    @property
+    def flow(self) -> FlowControl: ...
+    @property
+    def journal(self) -> InjectionJournal | None: ...
+    @property
+    def broker_subscriptions(self) -> BrokerSubscriptions: ...
+    @property
+    def duplicates_suppressed(self) -> int: ...
+    @property
+    def protocol(self) -> OverlayProtocol: ...
+    @property
+    def receive_backlog(self) -> PacketBacklog[Address]: ...
+    @property
+    def event_log(self) -> EventLog | None: ...
+    @property
+    def event_counts(self) -> Counter[str]: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def reloads(self) -> Reloads: ...
+    def unsent_bytes(self) -> int: ...
+    def read_kernel_receive_drops(self) -> int | None: ...
+
+
+def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
     """`Node.status(now)` plus the envelope's status and the wrapper's own `daemon` section."""
-    node = runtime.node
-    assert node is not None
-    config = runtime.config
-    document = node.status(now)
-    broker = runtime.broker
-    health = runtime.broker_health
-    flow = runtime.flow
-    protocol = runtime.protocol
-    if runtime.envelope is not None:
-        document["envelope"] = runtime.envelope.status()
+    config = wrapper.config
+    document = wrapper.node.status(now)
+    broker = wrapper.broker
+    health = wrapper.broker_health
+    flow = wrapper.flow
+    protocol = wrapper.protocol
+    document["envelope"] = wrapper.envelope.status()
     document["daemon"] = {
-        "version": __version__, "pid": os.getpid(), "uptime_s": round(now - runtime.started_at, 3),
+        "version": __version__, "pid": os.getpid(), "uptime_s": round(now - wrapper.started_at, 3),
         "bind": str(config.bind), "announced": str(config.announced),
         "broker": {
             "address": str(config.broker), "client_id": config.client_id,
             "connected": health.connected, "reconnects": health.reconnects,
-            "log_lines": health.log_lines, "log": runtime.tracker.counters.as_dict(),
-            "injected": broker.injected if broker else 0, "inject_failed": broker.inject_failed if broker else 0,
+            "connect_failures": dict(health.connect_failures), "problem": health.problem,
+            "log_lines": health.log_lines, "log": wrapper.tracker.counters.as_dict(),
+            "injected": broker.injected, "inject_failed": broker.inject_failed,
             "backpressure_pauses": flow.backpressure_pauses,
-            "reading_paused": broker.reading_paused if broker else False,
+            "reading_paused": broker.reading_paused,
             "injection_backlog": len(flow.injection_queue),
             "injection_dropped": dict(sorted(flow.injection_queue.dropped.items())),
+            "session": {"present": broker.session_present, "expiry_s": config.broker_session_expiry,
+                        "lost": broker.sessions_lost, "receive_maximum": broker.receive_maximum,
+                        "announced_receive_maximum": RECEIVE_MAXIMUM},
+            "injections": injection_counts(wrapper),
+            "journal": wrapper.journal.status() if wrapper.journal is not None else None,
+            **wrapper.broker_subscriptions.status(),
         },
         "overload": {
-            "receive_backlog": len(runtime.receive_backlog),
-            "receive_dropped": dict(sorted(runtime.receive_backlog.dropped.items())),
-            "send_paused": protocol.writing_paused if protocol else False,
-            "send_pauses": protocol.write_pauses if protocol else 0,
-            "send_buffer_bytes": runtime.unsent_bytes(),
+            "receive_backlog": len(wrapper.receive_backlog),
+            "receive_dropped": dict(sorted(wrapper.receive_backlog.dropped.items())),
+            "send_paused": protocol.writing_paused,
+            "send_pauses": protocol.write_pauses,
+            "send_buffer_bytes": wrapper.unsent_bytes(),
             "send_shed_qos0": flow.send_shed,
-            "kernel_receive_drops": runtime.read_kernel_receive_drops(),
+            "kernel_receive_drops": wrapper.read_kernel_receive_drops(),
         },
         "event_log": str(config.event_log) if config.event_log else None,
-        "event_log_lines": runtime.event_log.lines if runtime.event_log else 0,
+        "event_log_lines": wrapper.event_log.lines if wrapper.event_log else 0,
         "state_dir": str(config.state_dir) if config.state_dir else None,
         "metrics": f"{config.metrics_bind}:{config.metrics_port}" if config.metrics_port is not None else None,
-        "events": dict(sorted(runtime.event_counts.items())),
-        "udp_send_errors": protocol.send_errors if protocol else 0,
+        "events": dict(sorted(wrapper.event_counts.items())),
+        "udp_send_errors": protocol.send_errors,
+        "reloads": dataclasses.asdict(wrapper.reloads),
+        "ready": wrapper_readiness(wrapper).as_dict(),
     }
     return document
 
 
-def metrics_snapshot(runtime: Runtime) -> Snapshot:
+def injection_counts(wrapper: WrapperParts) -> dict[str, int]:
+    """What became of the remote publications handed to the broker (docs/daemon.md "Honest counters"):
+    `delivered` is what the broker acknowledged (QoS 1/2) plus what was written to its socket (QoS 0)."""
+    broker = wrapper.broker
+    counts = broker.counts
+    return {
+        "delivered": counts["acknowledged"] + counts["written_qos0"],
+        "acknowledged": counts["acknowledged"], "written_qos0": counts["written_qos0"],
+        "refused": counts["refused"], "failed": broker.inject_failed, "unfinished": broker.backlog(),
+        "waiting": len(wrapper.flow.injection_queue), "held": len(wrapper.broker_subscriptions.hold.held),
+        "resent": counts["resent"], "reinjected": counts["reinjected"],
+        "duplicate_suppressed": wrapper.duplicates_suppressed,
+    }
+
+
+def wrapper_readiness(wrapper: WrapperParts) -> Readiness:
+    """health.py's judgement on the running wrapper: broker connected, its log flowing, a neighbour up when
+    neighbours are configured."""
+    health = wrapper.broker_health
+    up = sum(1 for neighbour in wrapper.node.neighbours.all() if neighbour.up)
+    return readiness(wrapper.config.broker, health.connected, health.log_flowing, health.problem,
+                     len(wrapper.config.neighbours), up)
+
+
+def metrics_snapshot(wrapper: WrapperParts, now: float) -> Snapshot:
     """Copies of every number the metrics expose (on the loop thread); `metrics.metric_families` reads it."""
-    node = runtime.node
-    assert node is not None
+    node = wrapper.node
     view = node.view()
     neighbours = node.neighbours.all()
-    health = runtime.broker_health
-    log_counters = runtime.tracker.counters
-    broker = runtime.broker
-    protocol = runtime.protocol
+    health = wrapper.broker_health
+    log_counters = wrapper.tracker.counters
+    broker = wrapper.broker
+    protocol = wrapper.protocol
     return {
         "address": str(node.address), "broker_id": str(node.broker_id), "name": node.name,
         "version": __version__, "epoch": node.epoch,
         "sent": dict(node.sent_by_type), "sent_bytes": dict(node.sent_bytes_by_type),
         "received": dict(node.received_by_type), "received_bytes": dict(node.received_bytes_by_type),
-        "drops": dict(node.drops), "counters": dict(node.counters), "events": dict(runtime.event_counts),
-        "neighbours_up": sum(1 for n in neighbours if n.up), "neighbours_total": len(neighbours),
+        "drops": dict(node.drops), "counters": dict(node.counters), "events": dict(wrapper.event_counts),
         "members": len(view.members), "topics": sum(1 for core in view.topic_cores.values() if core is not None),
         "is_management_core": view.management_core == view.broker_id,
         "local_clients": len(node.clients), "local_subscriptions": sum(len(f) for f in node.clients.values()),
@@ -104,19 +188,36 @@ def metrics_snapshot(runtime: Runtime) -> Snapshot:
         "log_outcomes": {"used": log_counters.used, "ignored": log_counters.ignored,
                          "refused": log_counters.refused, "truncated": log_counters.truncated,
                          "not_understood": log_counters.not_understood_total},
-        "injected": broker.injected if broker else 0,
-        "inject_failed": broker.inject_failed if broker else 0,
-        "udp_send_errors": protocol.send_errors if protocol else 0,
-        "receive_backlog": len(runtime.receive_backlog),
-        "send_paused": protocol.writing_paused if protocol else False,
+        "injected": broker.injected,
+        "inject_failed": broker.inject_failed,
+        "injections": injection_counts(wrapper),
+        "broker_sessions_lost": broker.sessions_lost,
+        "broker_receive_maximum": broker.receive_maximum,
+        "unaccounted_subscriptions": wrapper.broker_subscriptions.audit.unaccounted,
+        "over_delivery": wrapper.broker_subscriptions.audit.over_delivery,
+        "filters_widened": log_counters.widened,
+        "udp_send_errors": protocol.send_errors,
+        "receive_backlog": len(wrapper.receive_backlog),
+        "send_paused": protocol.writing_paused,
+        "ready": wrapper_readiness(wrapper).ready,
+        "connect_failures": dict(health.connect_failures),
+        "neighbours": [{"address": str(n.transport), "up": n.up, "rtt": n.rtt,
+                        "rtt_histogram": (n.rtt_histogram.cumulative(), n.rtt_histogram.total)} for n in neighbours],
+        "injection_latency": (broker.injection_latency.cumulative(), broker.injection_latency.total),
+        "injection_backlog": len(wrapper.flow.injection_queue),
+        "unacked_copies": node.unacked_copies,
+        "reading_paused": broker.reading_paused,
+        "paced": any(until > now for until in node.pacing.paced_until.values()),  # read only: not paced_until()
+        "kernel_receive_drops": wrapper.read_kernel_receive_drops() or 0,
+        "reloads": wrapper.reloads.signals,
+        "reload_failures": wrapper.reloads.failures,
     }
 
 
-def snapshot_from_thread(loop: asyncio.AbstractEventLoop, take: Callable[[], Snapshot],
-                         timeout: float) -> Snapshot | None:
+def on_loop(loop: asyncio.AbstractEventLoop, take: Callable[[], T], timeout: float) -> T | None:
     """From another thread: run `take` on `loop` and wait for its result; None if the loop does not answer
-    within `timeout` seconds, is closed, or `take` fails (logged: a scrape must not kill the server thread)."""
-    future: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
+    within `timeout` seconds, is closed, or `take` fails (logged: a request must not kill the server thread)."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def fill() -> None:
         if not future.set_running_or_notify_cancel():
@@ -133,5 +234,5 @@ def snapshot_from_thread(loop: asyncio.AbstractEventLoop, take: Callable[[], Sna
         future.cancel()
         return None
     except Exception as error:  # noqa: BLE001 - a scrape must not kill the server thread
-        log.error("metrics snapshot failed: %s", error)
+        log.error("reading the wrapper for the metrics port failed: %s", error)
         return None

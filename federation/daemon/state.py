@@ -16,8 +16,10 @@ therefore writes in an executor thread: the loop only serialises the
 snapshot (`StateStore.encode`, cheap, and it must see a consistent table),
 one write runs at a time (the temporary file name is per process), and a
 snapshot taken while a write is running waits, replacing any older waiting
-one (the latest wins: only the newest table matters). Startup and shutdown
-write synchronously (`StateStore.save`), after waiting for the thread.
+one (the latest wins: only the newest table matters). `StateSaver` takes
+at most one snapshot per `STATE_SAVE_DELAY` however many changes come in
+that time. Startup and shutdown write synchronously (`StateStore.save`,
+`StateSaver.save_now`), after waiting for the thread.
 
 The epoch must never go backwards, or peers would take a restarted node's
 new announcements and publications for stale ones: the next epoch is
@@ -37,6 +39,7 @@ import concurrent.futures
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -54,10 +57,15 @@ from federation.daemon.broker_log import (
     filters_end_with_session,
 )
 
+log = logging.getLogger("federation.daemon")
+"""the wrapper's own logger"""
+
 STATE_FILE = "wrapper-state.json"
 LOCK_FILE = "wrapper.lock"
 STATE_VERSION = 1
 MAX_TRACKED_CONNECTIONS = 100_000
+STATE_SAVE_DELAY = 0.5
+"""seconds: while running, writes of the state file are debounced to at most one per this delay"""
 
 
 class StateError(Exception):
@@ -349,3 +357,52 @@ class BackgroundWriter:
         while self._running is not None:
             await asyncio.wait([self._running])
             await asyncio.sleep(0)  # let `_done` start the waiting snapshot
+
+
+class StateSaver:
+    """A running wrapper's `PersistedState`, saved at most once per `STATE_SAVE_DELAY` after a change.
+
+    Used from the event loop's thread. The snapshot is encoded on the loop (it must see a consistent table)
+    and written by a `BackgroundWriter`; `save_now` writes on the calling thread once the writer is idle
+    (shutdown). `epoch` reads the node's epoch, which the file never lags behind."""
+
+    def __init__(self, store: StateStore, state: PersistedState, loop: asyncio.AbstractEventLoop,
+                 epoch: Callable[[], int], now: Callable[[], float]) -> None:
+        self.store = store
+        self.state = state
+        self._loop = loop
+        self._epoch = epoch
+        self._now = now
+        self._writer = BackgroundWriter(store, loop, self._failed)
+        self._handle: asyncio.TimerHandle | None = None
+
+    def schedule(self) -> None:
+        """The state changed: save it within `STATE_SAVE_DELAY`, once for every change made meanwhile."""
+        if self._handle is None:
+            self._handle = self._loop.call_later(STATE_SAVE_DELAY, self._save)
+
+    def _save(self) -> None:
+        self._handle = None
+        self._writer.submit(self._content())  # the fsync must not stall the loop
+
+    def _content(self) -> bytes:
+        self.state.epoch = max(self.state.epoch or 0, self._epoch())
+        return self.store.encode(self.state, self._now())
+
+    async def save_now(self) -> None:
+        """Write the state on this thread, after the writer thread's write (one writer at a time)."""
+        self.cancel()
+        await self._writer.drain()
+        try:
+            self.store.write(self._content())
+        except OSError as error:
+            self._failed(error)
+
+    def cancel(self) -> None:
+        """Forget the pending save."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _failed(self, error: OSError) -> None:
+        log.error("cannot save the state file %s: %s (will retry at the next change)", self.store.path, error)

@@ -131,6 +131,11 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _client_name(client: str) -> str:
+    """A client id for the table; the wrapper's pseudo clients (their ids start with U+0000) in parentheses."""
+    return f"({client[1:]})" if client.startswith("\x00") else client
+
+
 def render(document: dict[str, Any]) -> str:
     """The status document as sections of aligned tables."""
     out: list[str] = []
@@ -145,8 +150,26 @@ def render(document: dict[str, Any]) -> str:
         state = "connected" if broker.get("connected") else "NOT CONNECTED"
         out.append(f"broker: {broker.get('address')} {state} as {broker.get('client_id')!r}; "
                    f"log lines {broker.get('log_lines', 0)}, reconnects {broker.get('reconnects', 0)}")
+        session = broker.get("session") or {}
+        if session:
+            out.append(f"broker session: present {session.get('present')}, lost {session.get('lost', 0)} times, "
+                       f"receive maximum {session.get('receive_maximum')}")
+        injections = broker.get("injections") or {}
+        if injections:
+            out.append("injections: " + ", ".join(f"{key} {value}" for key, value in injections.items()))
+        grace = broker.get("resubscribe_grace") or {}
+        if grace.get("active"):
+            out.append(f"BROKER RESTARTED: holding {grace.get('held')} publications for "
+                       f"{len(grace.get('pending_filters') or [])} filters until their subscribers come back")
+        count = broker.get("subscription_count") or {}
+        if count.get("over_delivery"):
+            out.append(f"OVER-DELIVERY: the broker holds {count.get('unaccounted_subscriptions')} subscriptions the "
+                       f"wrapper never saw; every publication is delivered to it")
         out.append(f"uptime {daemon.get('uptime_s', 0):.0f} s, pid {daemon.get('pid')}, "
                    f"version {daemon.get('version')}")
+        ready = daemon.get("ready")
+        if isinstance(ready, dict):
+            out.append("ready" if ready.get("ready") else "NOT READY: " + "; ".join(ready.get("reasons", [])))
     if document.get("truncated"):
         out.append("(reply truncated: too large for one datagram; topics, subscriptions and table omitted)")
 
@@ -169,7 +192,8 @@ def render(document: dict[str, Any]) -> str:
          t.get("children"), t.get("local_subscribers"), t.get("held")] for t in topics]))
 
     subscriptions = document.get("local_subscriptions", {})
-    rows = [[client, filter_, qos] for client, filters in subscriptions.items() for filter_, qos in filters.items()]
+    rows = [[_client_name(client), filter_, qos] for client, filters in subscriptions.items()
+            for filter_, qos in filters.items()]
     out += ["", f"Local subscriptions ({len(rows)})"]
     out.append(table(["client", "filter", "qos"], rows))
 

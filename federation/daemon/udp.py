@@ -175,18 +175,25 @@ def source_address(addr: Any) -> Address:
     return Address(str(addr[0]), int(addr[1]))
 
 
-class OverlayProtocol(asyncio.DatagramProtocol):
-    """Routes each datagram: status requests to `on_status`, the rest to `on_datagram`."""
+def _unattached(*_arguments: Any) -> None:
+    """What a datagram, a status request or a resumption meets before `OverlayProtocol.attach` (nothing is
+    read before it, where the transport can pause reading)."""
 
-    def __init__(self, on_datagram: Callable[[bytes, Address], None], on_status: Callable[[Any], None],
-                 local: LocalAddresses, sock: socket.socket | None = None,
-                 on_resume_writing: Callable[[], None] | None = None) -> None:
-        self.on_datagram = on_datagram
-        self.on_status = on_status
+
+class OverlayProtocol(asyncio.DatagramProtocol):
+    """Routes each datagram: status requests to `on_status`, the rest to `on_datagram`.
+
+    The endpoint is made before what handles its datagrams (which needs the transport): reading starts
+    paused, and `attach` names the handlers and starts it; datagrams wait in the socket until then."""
+
+    def __init__(self, local: LocalAddresses, sock: socket.socket | None = None) -> None:
+        self.on_datagram: Callable[[bytes, Address], None] = _unattached
+        self.on_status: Callable[[Any], None] = _unattached
+        self.on_resume_writing: Callable[[], None] = _unattached
+        self._attached = False
         self.local = local
         self.sock = sock
         """the transport's own (non-blocking) socket, read directly by `read_waiting`"""
-        self.on_resume_writing = on_resume_writing
         self.transport: asyncio.DatagramTransport | None = None
         self.send_errors = 0
         self.status_refused = 0
@@ -205,6 +212,21 @@ class OverlayProtocol(asyncio.DatagramProtocol):
         set_limits = getattr(transport, "set_write_buffer_limits", None)  # asyncio's; not in the typed ABC
         if set_limits is not None:
             set_limits(high=SEND_BUFFER_HIGH, low=SEND_BUFFER_LOW)
+        pause = getattr(transport, "pause_reading", None)
+        if not self._attached and pause is not None:
+            pause()
+
+    def attach(self, on_datagram: Callable[[bytes, Address], None], on_status: Callable[[Any], None],
+               on_resume_writing: Callable[[], None]) -> None:
+        """Hand datagrams to `on_datagram` and status requests (their source) to `on_status` from now on, and
+        call `on_resume_writing` when the send side drains; starts reading."""
+        self.on_datagram = on_datagram
+        self.on_status = on_status
+        self.on_resume_writing = on_resume_writing
+        self._attached = True
+        resume = getattr(self.transport, "resume_reading", None)
+        if resume is not None:
+            resume()
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -212,14 +234,13 @@ class OverlayProtocol(asyncio.DatagramProtocol):
 
     def resume_writing(self) -> None:
         self.writing_paused = False
-        if self.on_resume_writing is not None:
-            self.on_resume_writing()
+        self.on_resume_writing()
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        if self._overlay(data, addr):
+        if self._for_node(data, addr):
             self.on_datagram(data, source_address(addr))
 
-    def _overlay(self, data: bytes, addr: Any) -> bool:
+    def _for_node(self, data: bytes, addr: Any) -> bool:
         """False for a status request (handled here), True for a datagram for the node."""
         if data.startswith(STATUS_MAGIC):
             if addr[0] in self.local:
@@ -252,7 +273,7 @@ class OverlayProtocol(asyncio.DatagramProtocol):
                 if self.transport is None or self.transport.is_closing():
                     break
                 continue
-            if self._overlay(data, addr):
+            if self._for_node(data, addr):
                 out.append((data, source_address(addr)))
         return out
 

@@ -50,7 +50,7 @@ import math
 import struct
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from federation.envelope.reassembly import Reassembler
@@ -209,7 +209,7 @@ class Envelope:
     def __init__(self, sender: Address, epoch: int, config: EnvelopeConfig | None = None,
                  drop_sink: Callable[[str], None] | None = None) -> None:
         """`sender`: our announced address; `epoch`: see `envelope_epoch`; `drop_sink(reason)` is called
-        for every drop too (the daemon passes `node.count_drop`, so drops show with the node's)."""
+        for every drop too (the daemon passes `Node.drop`, so drops show with the node's)."""
         config = config if config is not None else EnvelopeConfig()
         config.validate()
         self.config = config
@@ -220,13 +220,7 @@ class Envelope:
         if not 0 < epoch <= MAX_EPOCH:
             raise EnvelopeConfigError(f"epoch must be 1 to 2^64-1 (0 means unknown on the wire), got {epoch}")
         self.epoch = epoch
-        self.keys = [FederationKey(secret) for secret in config.keys]
-        self._keys_by_id: dict[int, FederationKey] = {}
-        for position, key in enumerate(self.keys):
-            if key.key_id in self._keys_by_id:
-                raise EnvelopeConfigError(f"key {position + 1} repeats an earlier key (or shares its id); "
-                                          f"remove the duplicate")
-            self._keys_by_id[key.key_id] = key
+        self.keys, self._keys_by_id = _key_table(config.keys)
         if not self.keys:
             self.kind = KIND_OPEN
         else:
@@ -517,6 +511,21 @@ class Envelope:
     def key_ids(self) -> list[str]:
         return [f"{key.key_id:08x}" for key in self.keys]
 
+    def replace_keys(self, secrets: Sequence[bytes]) -> None:
+        """Rotate the federation keys while running (the daemon's SIGHUP): the first signs from now on, all are
+        accepted. EnvelopeConfigError, the old keys kept, for no key or a repeated one; an envelope started open
+        stays open (its frame kind and capacity are chosen at start: restart it with a key instead)."""
+        if not self.keys:
+            raise EnvelopeConfigError("the overlay was started open (no key file): it cannot take keys while it "
+                                      "runs; restart the wrapper with key_file")
+        if not secrets:
+            raise EnvelopeConfigError("no key: a keyed overlay cannot become open while it runs")
+        keys, keys_by_id = _key_table(secrets)
+        self.keys, self._keys_by_id = keys, keys_by_id
+        self._signing = keys[0]
+        self._cipher = self._signing.cipher(self.sender, self.epoch) if self.kind == KIND_AEAD else None
+        self.config = replace(self.config, keys=tuple(secrets))
+
     def status(self) -> dict[str, Any]:
         return {
             "mode": self.mode, "encryption": self.config.encryption if self.keys else ENCRYPTION_NONE,
@@ -562,6 +571,18 @@ class FirstContact:
     def release(self, to: Address, now: float) -> list[bytes]:
         kept = self._kept.pop(to, ())
         return [packet for sent_at, packet in kept if now - sent_at <= self.window]
+
+
+def _key_table(secrets: Sequence[bytes]) -> tuple[list[FederationKey], dict[int, FederationKey]]:
+    """The keys in order, and by key id; EnvelopeConfigError for a key given twice (or sharing an id)."""
+    keys = [FederationKey(secret) for secret in secrets]
+    by_id: dict[int, FederationKey] = {}
+    for position, key in enumerate(keys):
+        if key.key_id in by_id:
+            raise EnvelopeConfigError(f"key {position + 1} repeats an earlier key (or shares its id); "
+                                      f"remove the duplicate")
+        by_id[key.key_id] = key
+    return keys, by_id
 
 
 def envelope_epoch(boot_epoch: int, unix_time: float) -> int:

@@ -14,15 +14,22 @@ event log.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+from federation import shipped
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = shipped.CHECKOUT_ROOT
 WRAPPER_SCRIPT = REPO_ROOT / "wrapper.py"
-MOSQUITTO_CONF_TEMPLATE = REPO_ROOT / "configs" / "mosquitto.conf"
+"""the checkout's entry point; an installed package has none and runs WRAPPER_MODULE"""
+WRAPPER_MODULE = "federation.daemon.cli"
+MOSQUITTO_CONF_TEMPLATE = shipped.ROOT / "configs" / "mosquitto.conf"
 BROKER_PORT = 1883
 WRAPPER_PORT = 10500
 
@@ -47,10 +54,14 @@ BROKER_RUNNING = re.compile(r"^\d+: mosquitto version \S+ running$", re.MULTILIN
 
 
 def mosquitto_template(path: Path | None = None) -> str:
-    """The broker config template (configs/mosquitto.conf by default; a minimal one if it is missing)."""
+    """The broker config template (configs/mosquitto.conf by default; a minimal one, with a warning, if it
+    is missing)."""
+    template = path or MOSQUITTO_CONF_TEMPLATE
     try:
-        return (path or MOSQUITTO_CONF_TEMPLATE).read_text(encoding="utf-8")
+        return template.read_text(encoding="utf-8")
     except FileNotFoundError:
+        log.warning("broker config template %s is missing: the brokers get a minimal config without its "
+                    "tuning (set_tcp_nodelay, the log types without debug), slower under load", template)
         return "\n".join(FALLBACK_CONF_LINES) + "\n"
 
 
@@ -92,11 +103,17 @@ def wrapper_yaml(name: str, settings: Mapping[str, Any] | None, writer: str = "f
     return "\n".join(lines) + "\n"
 
 
+def wrapper_program() -> list[str]:
+    """What follows the interpreter to start the wrapper: the checkout's wrapper.py (so the code beside it
+    runs, whatever else is installed), else the installed module."""
+    return [str(WRAPPER_SCRIPT)] if WRAPPER_SCRIPT.is_file() else ["-m", WRAPPER_MODULE]
+
+
 def wrapper_command(*, config: Path, bind: str, broker: str, vid: int | None, name: str, state_dir: Path,
                     event_log: Path, neighbours: Sequence[str], log_level: str = "INFO",
-                    python: str = sys.executable, script: Path = WRAPPER_SCRIPT) -> list[str]:
+                    python: str = sys.executable) -> list[str]:
     """The `wrapper.py` command line of one node (neighbours as `host:port`, in the order given)."""
-    command = [python, str(script), "--config", str(config)]
+    command = [python, *wrapper_program(), "--config", str(config)]
     if neighbours:
         command += ["--neighbors", ",".join(neighbours)]
     command += ["--bind", bind, "--broker", broker]

@@ -82,6 +82,11 @@ class ExecResult:
     stderr: str
 
 
+INSTALLED_WRAPPER_ENTRY = (b"import sys\n\nfrom federation.daemon.cli import main\n\n"
+                           b"if __name__ == \"__main__\":\n    sys.exit(main())\n")
+"""the containers' wrapper.py when the host runs an installed package, which has no wrapper.py of its own"""
+
+
 def project_bundle(repo_root: Path = REPO_ROOT) -> bytes:
     """federation/ (without caches) and wrapper.py as a gzipped tarball, what runs in every container."""
     buffer = io.BytesIO()
@@ -90,7 +95,12 @@ def project_bundle(repo_root: Path = REPO_ROOT) -> bytes:
             if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
                 continue
             bundle.add(path, arcname=str(path.relative_to(repo_root)), recursive=False)
-        bundle.add(repo_root / "wrapper.py", arcname="wrapper.py")
+        if (repo_root / "wrapper.py").is_file():
+            bundle.add(repo_root / "wrapper.py", arcname="wrapper.py")
+        else:
+            entry = tarfile.TarInfo("wrapper.py")
+            entry.size, entry.mode, entry.mtime = len(INSTALLED_WRAPPER_ENTRY), 0o644, int(time.time())
+            bundle.addfile(entry, io.BytesIO(INSTALLED_WRAPPER_ENTRY))
     return buffer.getvalue()
 
 
@@ -370,7 +380,7 @@ class LxdCluster:
             return None
         result = self.exec(name, ["timeout", str(STATUS_COMMAND_TIMEOUT), CONTAINER_PYTHON, WRAPPER_SCRIPT,
                                   "status", "--node", self.wrapper_address(name), "--json"], check=False)
-        if result.exit_code != 0:
+        if result.exit_code not in (0, 1):  # 1: answered, not ready
             return None
         try:
             document: dict[str, Any] = json.loads(result.stdout)

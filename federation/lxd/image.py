@@ -4,7 +4,8 @@ Theory of operation: the containers have no internet and no image server is
 reachable, so the image is built on the host, which can reach the Debian and
 PyPI registries: `debootstrap` makes a minimal Debian root file system with
 the Debian packages (`PACKAGES`), host-side `pip install --target` puts the
-wrapper's Python requirements (read from setup.cfg) into the rootfs for the
+wrapper's Python requirements (read from setup.cfg, or from the installed
+package's metadata outside a checkout) into the rootfs for the
 image's Python version and CPU, the rootfs and a `metadata.yaml` are packed
 into one tarball, and LXD imports it under an alias.
 
@@ -26,9 +27,11 @@ import configparser
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -50,6 +53,8 @@ PACKAGES = ("iproute2", "ifupdown", "isc-dhcp-client", "python3", "systemd-sysv"
 """minbase has no networking, init or Python; ifupdown + dhclient configure eth0 (systemd-networkd does not)"""
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 ALIAS_PREFIX = "mqtt-federation-"
+DISTRIBUTION = "mqtt-federation"
+"""this project's distribution name: its installed metadata stands in for setup.cfg outside a checkout"""
 NETWORK_INTERFACES = "auto lo\niface lo inet loopback\n\nauto eth0\niface eth0 inet dhcp\n"
 DEBOOTSTRAP_TIMEOUT = 1200.0
 PIP_TIMEOUT = 600.0
@@ -114,11 +119,28 @@ def project_extra(setup_cfg: Path, extra: str) -> tuple[str, ...]:
 
 
 def _setup_cfg_list(setup_cfg: Path, section: str, key: str) -> tuple[str, ...]:
+    if not setup_cfg.is_file():  # an installed package: its metadata holds the same lists
+        return _installed_requirements(None if section == "options" else key)
     parser = configparser.ConfigParser()
     parser.read(setup_cfg, encoding="utf-8")
     text = parser.get(section, key, fallback="")
     entries = (line.split("#", 1)[0].strip() for line in text.splitlines())
     return tuple(sorted(entry for entry in entries if entry))
+
+
+def _installed_requirements(extra: str | None) -> tuple[str, ...]:
+    """The installed distribution's requirements: unconditional ones (extra None) or one extra's, sorted."""
+    try:
+        declared = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        return ()
+    chosen = []
+    for entry in declared:
+        requirement, _, marker = (part.strip() for part in entry.partition(";"))
+        wanted = re.fullmatch(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        if (not marker and extra is None) or (wanted is not None and wanted.group(1) == extra):
+            chosen.append(requirement)
+    return tuple(sorted(chosen))
 
 
 def host_architecture() -> str:

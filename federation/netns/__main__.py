@@ -13,8 +13,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+import federation.netns.system as system
 from federation.harness.platform import PlatformError
-from federation.netns import system
 
 
 def main(argv: Sequence[str] | None = None) -> int:

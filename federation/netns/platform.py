@@ -45,6 +45,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import federation.netns.system as system
 from federation.daemon.status import STATUS_MAGIC, StatusError, decode_reply
 from federation.harness.nodeconfig import (
     BROKER_PORT,
@@ -65,7 +66,6 @@ from federation.harness.platform import (
     StatusDocument,
 )
 from federation.harness.processes import LaunchError, end_all, end_process, poll, spawn, tail
-from federation.netns import system
 from federation.netns.system import TOOLS, RunNames, node_address
 
 BROKER_START_TIMEOUT = 15.0

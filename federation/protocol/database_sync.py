@@ -25,28 +25,37 @@ buckets; the receiver of a summary requests (`dr`) what it lacks or holds
 older, and pushes (`tu`) what it holds newer. Both sides send digests, so
 what either misses is repaired within an interval or two.
 
-This module owns no table: it reads the node's `lsdb` and `routes` and
-sends through the node, so it never changes what the node computes, only
-what its neighbours learn.
+This part owns no table: it reads the federation table through
+`context.TableView` and sends through its outbox, so it never changes what
+the node computes, only what its neighbours learn. What a neighbour must
+learn of the topic cores comes from the one function the node hands it
+(`topic_announcements`, the mesh's claims and ownerships).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from federation.protocol import wire
+from federation.protocol.context import IdentityView, NeighboursView, Outbox, TableView
+from federation.protocol.linkstate import StoredRecord
 from federation.protocol.neighbours import Neighbour
 from federation.protocol.types import Address
-from federation.protocol.wire import DatabaseDigest, DatabaseRequest, DatabaseSummary
-
-if TYPE_CHECKING:
-    from federation.protocol.linkstate import StoredRecord
-    from federation.protocol.node import Node
+from federation.protocol.wire_types import DatabaseDigest, DatabaseRequest, DatabaseSummary, TopicCore
 
 
 class DatabaseSync:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    """What our neighbours learn of our table: the sync of a neighbour that comes up, anti-entropy digests."""
+
+    def __init__(self, identity: IdentityView, table: TableView, neighbours: NeighboursView, outbox: Outbox,
+                 topic_announcements: Callable[[], list[TopicCore]]) -> None:
+        self._identity = identity
+        self._settings = identity.settings
+        self._table = table
+        self._neighbours = neighbours
+        self._outbox = outbox
+        self._topic_announcements = topic_announcements
+        """what a neighbour that just came up must learn of the topic cores (the mesh's claims, ownerships)"""
         self.left_out: dict[Address, tuple[float, set[Address]]] = {}
         """neighbour transport -> (when synced, origins of the records we held but left out of that
         database exchange as unreachable): sent to it when routes show them reachable"""
@@ -61,39 +70,39 @@ class DatabaseSync:
         """Teach a neighbour that just came up what we know (the `tu` database exchange): the records
         of our reachable members. Unreachable ones stay behind: they are on their way to expiry (after
         a partition, the other side's stale records; the neighbour has the current ones)."""
-        node = self.node
+        own = self._identity.address
         neighbour.extra["synced_at"] = now
         # Our own record goes too, unless a newer one is about to be originated (it will follow as `fd`):
         # the stale one would only flood everywhere for nothing.
-        pending_own = node.table.origination_due is not None
-        records = node.lsdb.records
-        members = node.routes.members
-        node.send_records([records[address] for address in sorted(members)
-                           if address in records and not (pending_own and address == node.address)],
-                          [neighbour.transport])
+        pending_own = self._table.origination_due is not None
+        records = self._table.lsdb.records
+        members = self._table.routes.members
+        self._outbox.send_records([records[address] for address in sorted(members)
+                                   if address in records and not (pending_own and address == own)],
+                                  [neighbour.transport])
         # A record left out only because it is not reachable *yet* (the record linking it to us is
         # still on its way, or routes are about to be recomputed) follows when it is (rule 1):
         # it was flooded before this neighbour was up, so nothing else would bring it there
         # before the next anti-entropy round, an announce interval later.
-        left_out = {address for address in records if address not in members and address != node.address}
+        left_out = {address for address in records if address not in members and address != own}
         if left_out:
             self.left_out[neighbour.transport] = (now, left_out)
         else:
             self.left_out.pop(neighbour.transport, None)
-        for announcement in node.mesh.announcements_for_sync(node.last_input_at):
-            node.send(wire.TOPIC_CORE, announcement, [neighbour.transport])
+        for announcement in self._topic_announcements():
+            self._outbox.send(wire.TOPIC_CORE, announcement, [neighbour.transport])
 
     def resync(self, neighbour: Neighbour, now: float) -> None:
         """Send a neighbour the database again, at most once per `hello_interval`: a key holder that
         announced a new id on every packet would otherwise get the whole table for every packet it sends."""
-        hello_interval = self.node.settings.hello_interval
+        hello_interval = self._settings.hello_interval
         last = neighbour.extra.get("synced_at")
         if last is None or now - last >= hello_interval:
             self.deferred.pop(neighbour.transport, None)
             self.sync(neighbour, now)
         elif not self._deferred(neighbour):
             self.deferred[neighbour.transport] = (neighbour, last + hello_interval)
-            self.node.counters["resyncs_deferred"] += 1
+            self._outbox.counters["resyncs_deferred"] += 1
 
     def _deferred(self, neighbour: Neighbour) -> bool:
         entry = self.deferred.get(neighbour.transport)
@@ -102,7 +111,7 @@ class DatabaseSync:
     def due_resyncs(self, now: float) -> None:
         if not self.deferred:
             return
-        neighbours = self.node.neighbours
+        neighbours = self._neighbours
         for transport, (neighbour, _) in list(self.deferred.items()):
             if neighbours.get(transport) is not neighbour:
                 del self.deferred[transport]  # removed from the table since: its resync went with it
@@ -117,7 +126,7 @@ class DatabaseSync:
         """When the earliest deferred resync is due (None: none is)."""
         if not self.deferred:
             return None
-        neighbours = self.node.neighbours
+        neighbours = self._neighbours
         return min((due for transport, (neighbour, due) in self.deferred.items()
                     if neighbours.get(transport) is neighbour), default=None)
 
@@ -134,14 +143,14 @@ class DatabaseSync:
             origins -= now_reachable
             if not origins:
                 del self.left_out[transport]
-            records = self.node.lsdb.records
-            self.node.send_records([records[a] for a in sorted(now_reachable) if a in records], [transport])
+            records = self._table.lsdb.records
+            self._outbox.send_records([records[a] for a in sorted(now_reachable) if a in records], [transport])
 
     def neighbour_down(self, transport: Address) -> None:
         self.left_out.pop(transport, None)
 
     def expire_left_out(self, now: float) -> None:
-        lifetime = self.node.settings.announcement_lifetime
+        lifetime = self._settings.announcement_lifetime
         for transport, (synced_at, _) in list(self.left_out.items()):
             if now - synced_at > lifetime:  # still unreachable: on their way to expiry
                 del self.left_out[transport]
@@ -151,50 +160,52 @@ class DatabaseSync:
     def _digest(self) -> tuple[int, tuple[int, ...]]:
         """The digest of our reachable members' records, cached until the table or the routes change."""
         cached = self._digest_cache
-        members = self.node.routes.members
-        changes = self.node.table.changes
+        members = self._table.routes.members
+        changes = self._table.changes
         if cached is not None and cached[0] == changes and cached[1] is members:
             return cached[2]
-        digest = self.node.lsdb.digest(members)
+        digest = self._table.lsdb.digest(members)
         self._digest_cache = (changes, members, digest)
         return digest
 
     def send_digests(self) -> None:
         count, buckets = self._digest()
-        self.node.send_up(wire.DATABASE_DIGEST, DatabaseDigest(count, buckets), exclude=None)
+        self._outbox.send_up(wire.DATABASE_DIGEST, DatabaseDigest(count, buckets), exclude=None)
 
     def on_digest(self, digest: DatabaseDigest, neighbour: Neighbour) -> None:
         """A neighbour's periodic digest: where it differs from ours, send our summary of those buckets."""
-        node = self.node
+        outbox = self._outbox
         if not neighbour.up:
-            node.drops["digest_not_up"] += 1
+            outbox.drop("digest_not_up")
             return
         count, buckets = self._digest()
         if count == digest.count and buckets == digest.buckets:
             return
         differing = frozenset(i for i in range(wire.DIGEST_BUCKETS) if buckets[i] != digest.buckets[i])
-        entries = node.lsdb.summary(node.routes.members, differing or frozenset(range(wire.DIGEST_BUCKETS)))
-        node.counters["digest_mismatches"] += 1
-        for run in node.split(entries, wire.summary_entry_size):
-            node.send(wire.DATABASE_SUMMARY, DatabaseSummary(tuple(run)), [neighbour.transport])
+        entries = self._table.lsdb.summary(self._table.routes.members,
+                                           differing or frozenset(range(wire.DIGEST_BUCKETS)))
+        outbox.counters["digest_mismatches"] += 1
+        for run in outbox.split(entries, wire.summary_entry_size):
+            outbox.send(wire.DATABASE_SUMMARY, DatabaseSummary(tuple(run)), [neighbour.transport])
 
     def on_summary(self, summary: DatabaseSummary, neighbour: Neighbour) -> None:
         """Request what the neighbour has newer; send it what we have newer."""
-        node = self.node
+        outbox = self._outbox
+        records = self._table.lsdb.records
         wanted: list[Address] = []
         push: list[StoredRecord] = []
         for entry in summary.entries:
-            held = node.lsdb.records.get(entry.origin)
+            held = records.get(entry.origin)
             if held is None or held.record.freshness < entry.freshness:
                 wanted.append(entry.origin)
             elif held.record.freshness > entry.freshness:
                 push.append(held)
         if push:
-            node.send_records(push, [neighbour.transport])
-        for run in node.split(sorted(set(wanted)), wire.address_size):
-            node.send(wire.DATABASE_REQUEST, DatabaseRequest(tuple(run)), [neighbour.transport])
+            outbox.send_records(push, [neighbour.transport])
+        for run in outbox.split(sorted(set(wanted)), wire.address_size):
+            outbox.send(wire.DATABASE_REQUEST, DatabaseRequest(tuple(run)), [neighbour.transport])
 
     def on_request(self, request: DatabaseRequest, neighbour: Neighbour) -> None:
-        records = self.node.lsdb.records
-        self.node.send_records([records[a] for a in sorted(set(request.origins)) if a in records],
-                               [neighbour.transport])
+        records = self._table.lsdb.records
+        self._outbox.send_records([records[a] for a in sorted(set(request.origins)) if a in records],
+                                  [neighbour.transport])

@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from federation.protocol.histogram import Histogram
 from federation.protocol.types import Address, BrokerId
 
 CLOCK_SAMPLES = 8
@@ -57,6 +58,8 @@ class Neighbour:
     up_since: float | None = None
     flaps: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    rtt_histogram: Histogram = field(default_factory=Histogram)
+    """every round trip measured by the hello exchange (the daemon exports it: the per-hop latency)"""
 
 
 class NeighbourTable:
@@ -101,6 +104,7 @@ class NeighbourTable:
         """Account for a valid hello back; return True when the neighbour just came up."""
         neighbour.last_back = now
         neighbour.rtt = rtt if neighbour.rtt is None else (1 - alpha) * neighbour.rtt + alpha * rtt
+        neighbour.rtt_histogram.observe(rtt)
         neighbour.clock_samples.append((rtt, peer_clock_offset))
         fastest_rtt, neighbour.clock_offset = min(neighbour.clock_samples, key=lambda sample: sample[0])
         neighbour.clock_error = fastest_rtt / 2

@@ -1,24 +1,33 @@
 """The protocol node: one wrapper's brain, with no I/O of its own.
 
-Inputs: datagrams (`receive_datagram`), timer ticks (`handle_timer`), local
-client activity (`local_subscribe`, `local_unsubscribe`, `local_disconnect`)
-and local publications (`local_publish`). Outputs are drained by the caller:
-`datagrams_to_send`, `injections_to_make`, `events_emitted`. Time is always
-passed in and randomness comes from the RNG given at construction, so a run
-replays exactly (the simulator relies on it).
+Inputs: protocol packets (`receive_packet`; the envelope, federation.envelope,
+makes and opens the datagrams that carry them), timer ticks (`handle_timer`),
+local client activity (`local_subscribe`, `local_unsubscribe`,
+`local_disconnect`) and local publications (`local_publish`,
+`local_publish_run`). Outputs are drained by the caller: `packets_to_send`,
+`injections_to_make`, `events_emitted`. Time is always passed in and
+randomness comes from the RNG given at construction, so a run replays
+exactly (the simulator relies on it). The embedder tells the node about its
+own queues through explicit methods (`report_delivery_backlog`,
+`on_receive_backlog`) and reads what it needs from read-only properties
+(`unacked_copies`, `receive_busy`, `paced_until`); it never writes the
+node's counters or flags.
 
-This module is the node's boundary and its small parts: decoding and
-dispatching packets, neighbour liveness (hellos), node identity, local
-clients and publications, counters and status. The rest hangs off the node,
-one concern each, sharing its state (`lsdb`, `routes`, `management_core`):
-`table` (`federation.protocol.table`) keeps the federation table current (records,
-flooding, debounced route computation, management core, id collisions);
-`sync` (`federation.protocol.database_sync`) brings neighbours' copies up to date
-(sync when a link comes up, anti-entropy digests); `mesh`
-(`federation.protocol.mesh`) runs topic cores, meshes and publication routing;
-`reliable` (`federation.protocol.reliable`) retransmits QoS 1/2 copies. After every
-input, `_settle` runs what the input made due and reconciles the topics it
-affected.
+This module is the node's boundary and what no part owns: decoding and
+dispatching packets, neighbour liveness (hellos), local clients, counters
+and status. The rest is parts with narrow contexts (federation.protocol.context
+says what each is given): `table` keeps the federation table current
+(records, flooding, route computation, management core, id collisions);
+`sync` brings neighbours' copies up to date (sync when a link comes up,
+anti-entropy digests); `mesh` runs topic cores, meshes and the routing of
+publications; `reliable` retransmits QoS 1/2 copies; `publications` numbers,
+deduplicates and delivers publications; `pacing` paces QoS 0 between
+neighbours. Only the node composes them and tells one what another's change
+means: a route change goes to the mesh and the database exchange
+(`_update_routes`), a new vid to the mesh, an acknowledgement to neighbour
+liveness, a publication forwarded to a neighbour pacing us to pacing. After
+every input, `_settle` runs what the input made due and reconciles the
+topics it affected.
 """
 
 from __future__ import annotations
@@ -29,32 +38,30 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from federation.protocol import events, publication_batch, wire
+from federation.protocol import events, wire
+from federation.protocol.context import Identity, Outbox
 from federation.protocol.database_sync import DatabaseSync
-from federation.protocol.dedup import SeenCache, StreamNumbers, injected_key, seen_key
-from federation.protocol.events import addresses_text, id_text, publication_text
-from federation.protocol.linkstate import LinkStateDatabase, Routes, StoredRecord
+from federation.protocol.events import addresses_text, id_text
+from federation.protocol.forwarding import SENT_TO_PACED
+from federation.protocol.linkstate import Routes
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.neighbours import Neighbour, NeighbourTable
 from federation.protocol.pacing import Pacing
+from federation.protocol.publications import Publications
 from federation.protocol.reliable import ReliableForwarding
 from federation.protocol.settings import Settings
 from federation.protocol.table import VID_RANGE, FederationTable
-from federation.protocol.topic_filter import FilterIndex, federated_filter, is_system
+from federation.protocol.topic_filter import FilterIndex, federated_filter
 from federation.protocol.types import Address, BrokerId, Event, Injection, PublicationId
-from federation.protocol.wire import (
-    FLAG_LEAVING,
-    MODE_TOWARD_CORE,
-    Body,
+from federation.protocol.wire import DecodeError
+from federation.protocol.wire_types import (
     CoreAnnouncement,
     DatabaseDigest,
     DatabaseRequest,
     DatabaseSummary,
-    DecodeError,
     Federate,
     Hello,
     HelloBack,
-    LinkStateRecord,
     Packet,
     ReceiverBusy,
     Reconsider,
@@ -66,10 +73,6 @@ from federation.protocol.wire import (
     TopicSubscribe,
     TopologyUpdate,
 )
-
-
-def _stored_size(stored: StoredRecord) -> int:
-    return stored.size
 
 
 @dataclass(frozen=True)
@@ -86,63 +89,44 @@ class NodeView:
 class Node:
     def __init__(self, address: Address, neighbours: Iterable[Address], epoch: int, rng: random.Random,
                  settings: Settings | None = None, vid: int | None = None, name: str | None = None,
-                 decode: wire.DecodeFunction = wire.decode) -> None:
+                 decode: wire.DecodeFunction = wire.decode, publication_events: bool = True) -> None:
         neighbours = [a for a in neighbours if a != address]
         settings = (settings if settings is not None else Settings()).with_datagram_for(
             [address.host, *(a.host for a in neighbours)])
         self._decode = decode
-        """`wire.decode`; the simulator passes a cache that decodes each distinct datagram once"""
+        """`wire.decode`; the simulator passes a cache that decodes each distinct packet once"""
         self.address = address
         self.settings = settings
         self.rng = rng
-        self.epoch = epoch
-        self.vid = vid if vid is not None else rng.randrange(VID_RANGE)
         self.name = name
-        self._address_text = str(address)
-        """`str(self.address)`, which every event carries"""
-        self.publication_events = True
-        """emit the events made per publication and hop (`events.PER_PUBLICATION`); the daemon turns them off
-        when its event log would not keep them, as they cost 25-30% of the data path's CPU"""
-        self._broker_id: BrokerId | None = None
-        self._sender: wire.Sender | None = None
-        """the header of the packets we send, rebuilt when the id or the epoch changes"""
+        self.identity = Identity(address, vid if vid is not None else rng.randrange(VID_RANGE), epoch, settings,
+                                 name)
         self.neighbours = NeighbourTable(neighbours, settings.max_neighbours)
-        self.lsdb = LinkStateDatabase(address, settings.max_nodes)
-        self.routes = Routes(frozenset([address]), {address: 0}, {}, {})
-        self.management_core = self.broker_id
-        self.mesh = MeshEngine(self)
-        self.table = FederationTable(self)
+        self.outbox = Outbox(self.identity, self.neighbours, publication_events)
+        """what the parts send, emit and count (`packets_to_send`, `events_emitted`, `injections_to_make`)"""
+        self.drop = self.outbox.drop
+        """count a drop by reason, optionally with its event (`Outbox.drop`: the one way drops are counted)"""
+        self.emit = self.outbox.emit
+        self.table = FederationTable(self.identity, self.neighbours, self.outbox, rng)
         """origination and flooding of records, route computation, management core, id collisions"""
-        self.sync = DatabaseSync(self)
-        """the database exchange with neighbours: sync when a link comes up, anti-entropy digests"""
-        self.counters: Counter[str] = Counter()
-        self.sent_by_type: Counter[str] = Counter()
-        self.sent_bytes_by_type: Counter[str] = Counter()
-        self.received_by_type: Counter[str] = Counter()
-        self.received_bytes_by_type: Counter[str] = Counter()
-        self.drops: Counter[str] = Counter()
+        self.pacing = Pacing(self._send_receiver_busy)
+        """QoS 0 pacing with the neighbours (`rb`): see `on_receive_backlog` and `paced_until`"""
+        self.reliable = ReliableForwarding(settings, self.neighbours, self.outbox, rng, self._route_again)
+        """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
         # Local subscriptions: client -> raw filter -> qos; federated filter -> number of (client, filter) pairs.
         self.clients: dict[str, dict[str, int]] = {}
         self.filter_refs: Counter[str] = Counter()
         self.local_index = FilterIndex()
-        self.streams = StreamNumbers(settings.duplicate_cache_size)
-        """the numbers that make the keys of `seen` and `injected` ints (dedup.seen_key, dedup.injected_key)"""
-        self.seen = SeenCache(settings.duplicate_cache_size)
-        self.reliable = ReliableForwarding(self)
-        """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
-        self.injected = SeenCache(settings.duplicate_cache_size)
-        self.delivery_backlogged = False
-        """set by the embedder while the publications waiting for the local broker are nearly too many to
-        keep: new QoS 1/2 copies are then left unacknowledged (their senders send them again) instead of
-        being acknowledged and then dropped on the way into the broker"""
-        self.pacing = Pacing(self._send_receiver_busy)
-        """QoS 0 pacing with the neighbours (`rb`): the embedder reports its receive backlog to it and reads
-        no publications from its broker while `pacing.paced(now)`"""
-        self._datagrams: list[tuple[bytes, Address]] = []
-        self._injections: list[Injection] = []
-        self._events: list[Event] = []
-        self._version = 0
-        self.publication_seq = 0
+        self.mesh = MeshEngine(self.identity, self.table, self.neighbours, self.outbox, rng, self.filter_refs,
+                               self.pacing.paced_until, self.reliable.track, self.reliable.mesh_neighbour_added)
+        """topic cores, meshes and the routing of publications"""
+        self.sync = DatabaseSync(self.identity, self.table, self.neighbours, self.outbox,
+                                 self._topic_announcements)
+        """the database exchange with neighbours: sync when a link comes up, anti-entropy digests"""
+        self.publications = Publications(self.identity, self.outbox, self.mesh, self.local_index.matching)
+        """our publications and the ones received: numbering, duplicate caches, local delivery"""
+        self.received_by_type: Counter[str] = Counter()
+        self.received_bytes_by_type: Counter[str] = Counter()
         self.hello_seq = 0
         self.last_input_at = 0.0
         self.started_at: float | None = None
@@ -151,110 +135,120 @@ class Node:
         self.next_announce = float("inf")
         self.next_stats = float("inf")
 
-    # ------------------------------------------------------------ identity and view
+    # ------------------------------------------------------------ identity, view, counters (read-only)
 
     @property
     def broker_id(self) -> BrokerId:
-        # Read for every packet sent and many received: remembered until `vid` or `address` changes.
-        broker_id = self._broker_id
-        if broker_id is None or broker_id[0] != self.vid or broker_id[1] is not self.address:
-            broker_id = self._broker_id = BrokerId(self.vid, self.address)
-        return broker_id
+        return self.identity.broker_id
 
-    def bump_version(self) -> None:
-        self._version += 1
+    @property
+    def vid(self) -> int:
+        return self.identity.vid
+
+    @property
+    def epoch(self) -> int:
+        return self.identity.epoch
+
+    @property
+    def routes(self) -> Routes:
+        return self.table.routes
+
+    @property
+    def management_core(self) -> BrokerId:
+        return self.table.management_core
 
     @property
     def version(self) -> int:
         """Changes whenever `view()` may have changed (cheaper than building the view)."""
-        return self._version
+        return self.outbox.version
 
     def view(self) -> NodeView:
-        return NodeView(self.broker_id, self.routes.members, self.management_core, self.mesh.cores(), self._version)
+        return NodeView(self.broker_id, self.routes.members, self.management_core, self.mesh.cores(), self.version)
 
     def local_count(self, filter_: str) -> int:
         return self.filter_refs.get(filter_, 0)
 
+    @property
+    def counters(self) -> Mapping[str, int]:
+        return self.outbox.counters
+
+    @property
+    def drops(self) -> Mapping[str, int]:
+        return self.outbox.drops
+
+    @property
+    def sent_by_type(self) -> Mapping[str, int]:
+        return self.outbox.sent_by_type
+
+    @property
+    def sent_bytes_by_type(self) -> Mapping[str, int]:
+        return self.outbox.sent_bytes_by_type
+
+    @property
+    def publication_events(self) -> bool:
+        """Whether the node makes the events made per publication and hop (`events.PER_PUBLICATION`); the
+        daemon leaves them out (constructor argument) when its event log would not keep them, as they cost
+        25-30% of the data path's CPU."""
+        return self.outbox.publication_events
+
     # ------------------------------------------------------------ outputs
 
-    def datagrams_to_send(self) -> list[tuple[bytes, Address]]:
-        out, self._datagrams = self._datagrams, []
-        return out
+    def packets_to_send(self) -> list[tuple[bytes, Address]]:
+        return self.outbox.take_packets()
 
     def injections_to_make(self) -> list[Injection]:
-        out, self._injections = self._injections, []
-        return out
+        return self.outbox.take_injections()
 
     def events_emitted(self) -> list[Event]:
-        out, self._events = self._events, []
-        return out
+        return self.outbox.take_events()
 
-    def emit(self, kind: str, now: float, **fields: Any) -> None:
-        self._events.append(Event(now, self._address_text, kind, fields))
+    # ------------------------------------------------------------ the embedder's queues
 
-    def count_drop(self, reason: str) -> None:
-        self.drops[reason] += 1
+    def report_delivery_backlog(self, backlogged: bool) -> None:
+        """The embedder says whether the publications waiting for the local broker are nearly too many to
+        keep: while they are, new QoS 1/2 copies are left unacknowledged (their senders send them again)
+        instead of being acknowledged and then dropped on the way into the broker."""
+        self.reliable.delivery_backlogged = backlogged
 
-    def send(self, kind: str, body: Body, transports: list[Address], track: bool = True) -> None:
-        if not transports or self.stopped:
-            return
-        if track and kind == wire.TOPIC_MESSAGE and isinstance(body, TopicMessage) and body.qos:
-            self.reliable.track(body, transports)  # retransmitted until the next hop acknowledges it
-        sender = self._sender
-        broker_id = self.broker_id
-        if sender is None or sender.broker_id is not broker_id or sender.epoch != self.epoch:
-            sender = self._sender = wire.Sender(broker_id, self.epoch)
-        data = wire.encode(kind, sender, body)
-        for transport in transports:
-            self._datagrams.append((data, transport))
-        paced_until = self.pacing.paced_until
-        if paced_until and kind in wire.DATA_TYPES and not paced_until.keys().isdisjoint(transports):
-            self.pacing.forwarded_to_paced = True  # `_dispatch` relays the pace to where the copy came from
-        self.sent_by_type[kind] += len(transports)
-        self.sent_bytes_by_type[kind] += len(data) * len(transports)
+    @property
+    def delivery_backlogged(self) -> bool:
+        return self.reliable.delivery_backlogged
 
-    def _send_receiver_busy(self, neighbour: Address, hold: float) -> None:
-        self.send(wire.RECEIVER_BUSY, ReceiverBusy(hold), [neighbour])
+    @property
+    def unacked_copies(self) -> int:
+        """QoS 1/2 copies sent and not yet acknowledged by the next hop (the embedder's backpressure window)."""
+        return len(self.reliable.unacked)
 
-    def send_up(self, kind: str, body: Body, exclude: Address | None) -> None:
-        """Send to every up neighbour except `exclude` (a transport address)."""
-        self.send(kind, body, [n.transport for n in self.neighbours.up() if n.transport != exclude])
+    def on_receive_backlog(self, length: int, sources: Iterable[Address], now: float) -> None:
+        """The embedder's receive backlog holds `length` packets after a read that queued `tm` from `sources`
+        (transport addresses; empty after a pass that only handled some). Only neighbours are told to pace
+        (`rb`): a datagram's source address may be forged."""
+        neighbours = self.neighbours
+        self.pacing.on_receive_backlog(length, (source for source in sources if neighbours.get(source)), now)
 
-    def send_records(self, records: list[StoredRecord], transports: list[Address]) -> None:
-        """Send records as `tu` bundles that each fit in one datagram."""
-        for bundle in self.split(records, _stored_size):
-            self.send(wire.TOPOLOGY_UPDATE, TopologyUpdate(tuple(stored.record for stored in bundle)), transports)
+    @property
+    def receive_busy(self) -> bool:
+        """Our receive backlog went over the pacing mark and has not fallen back yet (`Pacing.busy`)."""
+        return self.pacing.busy
 
-    def split(self, items: list[Any], size_of: Any, header: int = 0) -> list[list[Any]]:
-        """Cut `items` into runs whose encoded sizes fit one datagram (with room for the envelope's framing and
-        `header` more bytes); an item larger than that alone in its run."""
-        budget = self.settings.max_datagram - 64 - header
-        runs: list[list[Any]] = []
-        run: list[Any] = []
-        size = 0
-        for item in items:
-            item_size = size_of(item)
-            if run and size + item_size > budget:
-                runs.append(run)
-                run, size = [], 0
-            run.append(item)
-            size += item_size
-        if run:
-            runs.append(run)
-        return runs
+    def paced_until(self, now: float) -> float | None:
+        """The end of the longest hold a neighbour put on us (`rb`), or None when none paces us: the embedder
+        reads no publications from its broker meanwhile. Asked first when draining the outputs: a hold that
+        ended makes the ready we owe the neighbours we paced."""
+        return self.pacing.paced(now)
 
     # ------------------------------------------------------------ lifecycle
 
     def start(self, now: float) -> None:
         self.started_at = now
-        self.mesh.claim_allowed_at = now + 2 * self.settings.hello_interval
+        self.mesh.allow_claims_at(now + 2 * self.settings.hello_interval)
         self.emit(events.NODE_STARTED, now, broker_id=id_text(self.broker_id), epoch=self.epoch, name=self.name,
                   neighbours=addresses_text([n.transport for n in self.neighbours.all()]))
         self.table.originate(now)
         self._send_hellos(now)
         self.next_announce = now + self.settings.announce_interval * (1 + 0.1 * self.rng.random())
         self.next_stats = now + self.settings.stats_interval
-        self.bump_version()
+        self.outbox.view_changed()
         self._settle(now)
 
     def shutdown(self, now: float) -> None:
@@ -262,28 +256,19 @@ class Node:
         if self.stopped:
             return
         self.mesh.prune_all()
-        self.table.own_seq += 1
-        record = LinkStateRecord(self.broker_id, self.epoch, self.table.own_seq, 0, FLAG_LEAVING, ())
-        self.send_up(wire.FEDERATE, Federate(record), exclude=None)
+        self.table.announce_leaving()
         self.emit(events.NODE_STOPPED, now, counters=self._counter_snapshot())
-        self.stopped = True
+        self.stopped = self.outbox.closed = True
 
     def get_timer(self) -> float | None:
         if self.started_at is None or self.stopped:
             return None
         candidates = [self.next_hello, self.next_announce, self.next_stats, *self.table.next_deadlines()]
-        dead = self.neighbours.next_deadline(self.settings.neighbour_dead_after)
-        if dead is not None:
-            candidates.append(dead)
-        held = self.mesh.next_deadline()
-        if held is not None:
-            candidates.append(held)
-        retransmit = self.reliable.next_deadline()
-        if retransmit is not None:
-            candidates.append(retransmit)
-        resync = self.sync.next_deadline()
-        if resync is not None:
-            candidates.append(resync)
+        for deadline in (self.neighbours.next_deadline(self.settings.neighbour_dead_after),
+                         self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
+                         self.sync.next_deadline()):
+            if deadline is not None:
+                candidates.append(deadline)
         return min(candidates)
 
     def handle_timer(self, now: float) -> None:
@@ -347,39 +332,34 @@ class Node:
             self.local_index.discard(federated)
             self.mesh.on_local_change(federated)
 
+    # ------------------------------------------------------------ local publications
+
     def local_publish(self, topic: str, payload: bytes, qos: int, retain: bool,
                       properties: dict[str, Any] | None, now: float) -> PublicationId | None:
         """A publication made on the local broker; returns its id, or None for `$` topics."""
-        if is_system(topic) or self.stopped:
+        if self.stopped:
             return None
-        self.publication_seq += 1
-        publication: PublicationId = (self.address, self.epoch, self.publication_seq)
-        self.injected.add(injected_key(self.streams, *publication))  # the local broker has it already
-        filters = self.mesh.matching(topic)
-        self.counters["publications_originated"] += 1
-        pub_text = None
-        if self.publication_events:
-            pub_text = publication_text(publication)
-            self.emit(events.PUBLICATION_ORIGINATED, now, pub=pub_text, topic=topic, qos=qos,
-                      retain=retain, size=len(payload), filters=filters)
-        for filter_ in self.mesh.publication_filters(filters):
-            state = self.mesh.topics[filter_]
-            self.seen.add(seen_key(self.streams, *publication, filter_))
-            message = TopicMessage(filter_, self.address, self.epoch, self.publication_seq, MODE_TOWARD_CORE, 0,
-                                   topic, payload, qos, retain, properties)
-            self.mesh.route(state, message, None, now, pub_text)
-        self._settle(now)
+        publication = self.publications.local_publish(topic, payload, qos, retain, properties, now)
+        if publication is not None:
+            self._settle(now)
         return publication
 
     def local_publish_run(self, run: list[tuple[str, bytes]], now: float) -> list[PublicationId | None]:
         """QoS 0 publications (topic, payload) read together from the local broker, neither retained nor with
-        properties: each as `local_publish` would handle it, sent as `tb` runs
-        (federation.protocol.publication_batch)."""
-        return publication_batch.originate(self, run, now)
+        properties: each as `local_publish` would handle it, sent as `tb` runs (federation.protocol.publications)."""
+        if self.stopped:
+            return [None] * len(run)
+        if len(run) == 1:
+            topic, payload = run[0]
+            return [self.local_publish(topic, payload, 0, False, None, now)]
+        made = self.publications.originate_run(run, now)
+        self._settle(now)
+        return made
 
-    # ------------------------------------------------------------ datagrams
+    # ------------------------------------------------------------ packets
 
-    def receive_datagram(self, data: bytes, source: Address, now: float) -> None:
+    def receive_packet(self, data: bytes, source: Address, now: float) -> None:
+        """One protocol packet from the transport address `source` (opened by the envelope)."""
         if self.started_at is None or self.stopped:
             return
         try:
@@ -403,8 +383,8 @@ class Node:
         self._settle(now)
 
     def _drop_packet(self, reason: str, detail: str, source: Address, size: int, now: float) -> None:
-        self.drops[reason] += 1
-        self.emit(events.PACKET_DROPPED, now, reason=reason, detail=detail, source=str(source), size=size)
+        self.drop(reason, event=events.PACKET_DROPPED, now=now, reason=reason, detail=detail, source=str(source),
+                  size=size)
 
     def _note_sender(self, neighbour: Neighbour, sender: Sender, now: float) -> None:
         previous_epoch = neighbour.extra.get("epoch")
@@ -421,24 +401,18 @@ class Node:
         announced = packet.sender.broker_id.address
         if isinstance(body, TopicMessage):  # first: one per publication, the most frequent packet
             if body.qos:
-                refusal = self.reliable.refusal(body)
-                if refusal is not None:
-                    self.drops[refusal] += 1  # unacknowledged: its sender sends it again
+                refusal = self.reliable.pressure()
+                if refusal is not None and not self.publications.handled(body):
+                    self.drop(refusal)  # a new copy, unacknowledged: its sender sends it again
                     return
                 self.reliable.on_message(body, sender, now)  # acknowledged hop by hop, duplicates too
-            pacing = self.pacing
-            pacing.forwarded_to_paced = False  # set by `send` (a local publication may have left it set)
-            self._on_topic_message(body, announced, now)
-            if pacing.forwarded_to_paced:
-                pacing.relay(sender, now)
+            if self.publications.on_message(body, announced, now) is SENT_TO_PACED:
+                self.pacing.relay(sender, now)  # the pace reaches back to where the copy came from
         elif isinstance(body, TopicBatch):
-            pacing = self.pacing
-            pacing.forwarded_to_paced = False
-            publication_batch.receive(self, body, announced, now)
-            if pacing.forwarded_to_paced:
-                pacing.relay(sender, now)
+            if self.publications.on_batch(body, announced, now) is SENT_TO_PACED:
+                self.pacing.relay(sender, now)
         elif isinstance(body, Hello):
-            self.send(wire.HELLO_BACK, HelloBack(body.seq, body.sent_at, now), [sender])
+            self.outbox.send(wire.HELLO_BACK, HelloBack(body.seq, body.sent_at, now), [sender])
             if not neighbour.up:
                 self._send_hello(neighbour, now)  # answer at once: the link comes up in one round trip
         elif isinstance(body, HelloBack):
@@ -450,19 +424,18 @@ class Node:
         elif isinstance(body, CoreAnnouncement):
             self.table.on_core_announcement(body, sender, now)
         elif isinstance(body, Reconsider):
-            self.table.on_reconsider(body, now)
+            if self.table.on_reconsider(body, now):
+                self.mesh.renumbered(now)
         elif isinstance(body, ReceiverBusy):
             self.pacing.on_receiver_busy(sender, body.hold, now)
         elif isinstance(body, TopicCore):
             # Whether a core is alive (reachable) decides adoption: judge claims on current routes.
-            self.table.compute_pending_routes(now)
+            self._update_routes(now, pending=True)
             self.mesh.on_topic_core(packet.type, body, sender, announced, now)
         elif isinstance(body, TopicSubscribe):
             self.mesh.on_topic_subscribe(body, announced, now)
         elif isinstance(body, TopicAck):
-            acks = self.counters["acks"]
-            self.reliable.on_ack(body, sender)
-            if self.counters["acks"] > acks:  # it echoes a `tm` we sent: both directions work (rule 1)
+            if self.reliable.on_ack(body, sender):  # it echoes a `tm` we sent: both directions work (rule 1)
                 self.neighbours.record_echo(neighbour, now)
         elif isinstance(body, DatabaseDigest):
             self.sync.on_digest(body, neighbour)
@@ -470,6 +443,9 @@ class Node:
             self.sync.on_summary(body, neighbour)
         elif isinstance(body, DatabaseRequest):
             self.sync.on_request(body, neighbour)
+
+    def _send_receiver_busy(self, neighbour: Address, hold: float) -> None:
+        self.outbox.send(wire.RECEIVER_BUSY, ReceiverBusy(hold), [neighbour])
 
     # ------------------------------------------------------------ hello
 
@@ -481,12 +457,12 @@ class Node:
 
     def _send_hello(self, neighbour: Neighbour, now: float) -> None:
         self.hello_seq += 1
-        self.send(wire.HELLO, Hello(self.hello_seq, now), [neighbour.transport])
+        self.outbox.send(wire.HELLO, Hello(self.hello_seq, now), [neighbour.transport])
 
     def _on_hello_back(self, neighbour: Neighbour, body: HelloBack, now: float) -> None:
         rtt = now - body.echo_sent_at
         if not self.hello_seq - 64 < body.echo_seq <= self.hello_seq or rtt < 0:
-            self.drops["stale_hello_back"] += 1
+            self.drop("stale_hello_back")
             return
         offset = body.replied_at - (body.echo_sent_at + rtt / 2)
         if self.neighbours.record_back(neighbour, rtt, offset, self.settings.rtt_smoothing, now):
@@ -497,12 +473,11 @@ class Node:
             # Announce the new link (rate-limited: neighbours that come up together share one
             # origination); when allowed at once, first, so the bundle we send carries it.
             self.table.trigger_origination(now)
-            if self.table.origination_due is not None and self.table.origination_due <= now:
-                self.table.originate(now)
+            self.table.originate_if_due(now)
             self.sync.sync(neighbour, now)
             if all(n.up for n in self.neighbours.all() if n.configured):
                 # Everything we can hear is syncing: claims need wait only for that exchange.
-                self.mesh.claim_allowed_at = min(self.mesh.claim_allowed_at, now + max(4 * rtt, 0.01))
+                self.mesh.allow_claims_by(now + max(4 * rtt, 0.01))
 
     def _neighbour_down(self, neighbour: Neighbour, now: float) -> None:
         self.emit(events.NEIGHBOUR_DOWN, now, neighbour=str(neighbour.transport),
@@ -514,19 +489,45 @@ class Node:
         self.pacing.forget(neighbour.transport)
         self.table.trigger_origination(now)
 
-    # ------------------------------------------------------------ settling after an input
+    # ------------------------------------------------------------ composing the parts
 
     def _settle(self, now: float) -> None:
-        """Run after every input: pending origination, routes, management core, topics."""
+        """Run after every input: pending origination, floods, routes, then the topics the input affected."""
         self.last_input_at = now
-        self.table.settle(now, self._about_to_claim)
+        table = self.table
+        if table.stale and self.mesh.about_to_claim(now):
+            # Never claim a topic core on a stale table: the live core we have just been told about
+            # may become reachable once our own record lists our new neighbours and routes are computed.
+            table.originate_pending(now)
+            self._update_routes(now, pending=True)
+        table.run_due(now)
+        self._update_routes(now)
         self.mesh.reconcile(now)
         self.reliable.arm(now)  # the QoS 1/2 copies sent by this input get their retransmission deadline
 
-    def _about_to_claim(self, now: float) -> bool:
-        """Would the mesh claim a topic core now (a subscribed filter without a core, claims allowed)?"""
-        return now >= self.mesh.claim_allowed_at and any(
-            state.core is None and self.mesh.wants(filter_) for filter_, state in self.mesh.topics.items())
+    def _update_routes(self, now: float, pending: bool = False) -> None:
+        """Compute the routes when due (`pending`: whenever a computation is pending), and tell the parts
+        what the change means: the topics' parents may have moved (mesh), records a neighbour was not sent
+        may be reachable now (sync), our vid may collide (table, then the mesh announces the new one), the
+        management core may change (table)."""
+        change = self.table.recompute_routes(now, pending)
+        if change is None:
+            return
+        if change.moved:
+            self.mesh.mark_all_dirty()
+        self.sync.members_added(change.added)
+        if self.table.resolve_collisions(now):
+            self.mesh.renumbered(now)
+        self.table.elect_management_core(change, now)
+
+    def _route_again(self, message: TopicMessage, now: float) -> bool | None:
+        """Reliable forwarding's reroute of a copy whose next hop went down: the mesh routes it again."""
+        return self.mesh.route_again(message, now)
+
+    def _topic_announcements(self) -> list[TopicCore]:
+        """What a neighbour that just came up must learn of the topic cores (for the database exchange).
+        Judged at the time of the previous input (`last_input_at`), as the sync has always done."""
+        return self.mesh.announcements_for_sync(self.last_input_at)
 
     def _periodic(self, now: float) -> None:
         """Every announce interval: anti-entropy digests, management-core refresh, expiry, topics.
@@ -537,46 +538,16 @@ class Node:
         self.mesh.periodic(now)
         self.next_announce = now + self.settings.announce_interval
 
-    # ------------------------------------------------------------ publications
-
-    def _on_topic_message(self, message: TopicMessage, from_announced: Address, now: float) -> None:
-        publication = message.publication
-        if not self.seen.add(seen_key(self.streams, *publication, message.filter)):
-            self.counters["duplicates_dropped"] += 1
-            if self.publication_events:
-                self.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(publication), filter=message.filter,
-                          source=str(from_announced))
-            return
-        if is_system(message.topic):
-            self._drop_packet("system_topic", message.topic[:64], from_announced, 0, now)
-            return
-        pub_text = None
-        if self.local_index.matching(message.topic) and self.injected.add(injected_key(self.streams, *publication)):
-            self._injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
-                                              message.properties, publication))
-            self.counters["publications_delivered"] += 1
-            if self.publication_events:
-                pub_text = publication_text(publication)
-                self.emit(events.PUBLICATION_DELIVERED, now, pub=pub_text, topic=message.topic,
-                          filter=message.filter, hops=message.hops + 1)
-        if message.hops + 1 >= self.settings.max_hops:
-            self.count_drop("max_hops")
-            return
-        state = self.mesh.state(message.filter)
-        if state is None:
-            self.count_drop("topics_full")
-            return
-        self.mesh.route(state, message, from_announced, now, pub_text)
-
     # ------------------------------------------------------------ status
 
     def _counter_snapshot(self) -> dict[str, Any]:
+        sent, sent_bytes = self.outbox.sent_by_type, self.outbox.sent_bytes_by_type
         return {
-            "sent": {k: [self.sent_by_type[k], self.sent_bytes_by_type[k]] for k in sorted(self.sent_by_type)},
+            "sent": {k: [sent[k], sent_bytes[k]] for k in sorted(sent)},
             "received": {k: [self.received_by_type[k], self.received_bytes_by_type[k]]
                          for k in sorted(self.received_by_type)},
-            "drops": dict(sorted(self.drops.items())),
-            "counters": dict(sorted(self.counters.items())),
+            "drops": dict(sorted(self.outbox.drops.items())),
+            "counters": dict(sorted(self.outbox.counters.items())),
         }
 
     def status(self, now: float) -> dict[str, Any]:

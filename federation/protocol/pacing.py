@@ -53,8 +53,7 @@ MAX_PACE_HOLD = 5.0
 class Pacing:
     """One node's receiver-busy state, the neighbours pacing it, and the neighbours it told."""
 
-    __slots__ = ("_send", "high", "low", "hold", "busy", "paced_until", "forwarded_to_paced", "told",
-                 "sent", "received")
+    __slots__ = ("_send", "high", "low", "hold", "busy", "paced_until", "told", "sent", "received")
 
     def __init__(self, send: Callable[[Address, float], None], high: int = PACE_HIGH, low: int = PACE_LOW,
                  hold: float = PACE_HOLD) -> None:
@@ -69,9 +68,8 @@ class Pacing:
         """our receive backlog went over `high` and has not yet fallen to `low`"""
         self.paced_until: dict[Address, float] = {}
         """neighbour transport -> end of the hold it asked for (kept empty when nothing paces us: one
-        truth test on the data path)"""
-        self.forwarded_to_paced = False
-        """set by the node when it sends a `tm` to a neighbour in `paced_until` (see `Node.send`)"""
+        truth test on the data path). Changed in place, never replaced: the mesh engine reads it to say
+        whether a publication went to a neighbour pacing us (`forwarding.Routed.SENT_TO_PACED`)"""
         self.told: dict[Address, float] = {}
         """neighbour transport -> when we last told it `rb` with a hold"""
         self.sent = 0
@@ -119,7 +117,6 @@ class Pacing:
 
     def relay(self, upstream: Address, now: float) -> None:
         """We forwarded `upstream`'s `tm` to a neighbour pacing us: pace `upstream` too."""
-        self.forwarded_to_paced = False
         self._tell(upstream, now)
 
     def forget(self, neighbour: Address) -> None:

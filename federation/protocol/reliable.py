@@ -47,29 +47,41 @@ sender's table and come again, so a lagging hop slows the ones before it
 instead of losing what it had to forget.
 Deadlines live in a heap with lazy deletion, so the node's timer costs
 O(log n) per copy instead of a scan.
+
+Whoever sends a QoS >= 1 copy tracks it (`track`), as an explicit step of
+its sending: the mesh when it routes a publication (the node hands it
+`track`), this part when it replays one to a new mesh neighbour; a
+retransmission is the same copy and stays tracked. To route a publication
+again this part has one function from the node (`route_again`, the mesh's
+routing), and it answers the node with outcomes: `on_ack` says whether the
+ack matched a copy, `pressure` why new copies are refused now.
 """
 
 from __future__ import annotations
 
 import heapq
+import random
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from federation.protocol import events, wire
-from federation.protocol.dedup import seen_key
+from federation.protocol.context import NeighboursView, Outbox
 from federation.protocol.events import publication_text
+from federation.protocol.settings import Settings
 from federation.protocol.types import Address, PublicationId
-from federation.protocol.wire import MODE_IN_MESH, TopicAck, TopicMessage
-
-if TYPE_CHECKING:
-    from federation.protocol.node import Node
+from federation.protocol.wire import MODE_IN_MESH
+from federation.protocol.wire_types import TopicAck, TopicMessage
 
 JITTER = 0.25
 """a timeout is stretched by up to this fraction, drawn from the node's RNG"""
 
 Key = tuple[Address, PublicationId, str]
 """(transport of the next hop, publication, filter): one tracked copy"""
+
+RouteAgain = Callable[[TopicMessage, float], bool | None]
+"""routes a publication again through the current mesh: True when it was sent on or held, False when it found
+no way yet, None when its filter has no topic any more (the mesh's `route_again`)"""
 
 
 @dataclass
@@ -88,16 +100,22 @@ class Unacked:
 class ReliableForwarding:
     """The node's table of unacknowledged QoS >= 1 copies, with their timers."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.settings = node.settings
+    def __init__(self, settings: Settings, neighbours: NeighboursView, outbox: Outbox, rng: random.Random,
+                 route_again: RouteAgain) -> None:
+        self.settings = settings
+        self._neighbours = neighbours
+        self._outbox = outbox
+        self._rng = rng
+        self._route_again = route_again
+        self.delivery_backlogged = False
+        """the embedder says the publications waiting for the local broker are nearly too many to keep
+        (`Node.report_delivery_backlog`): new copies are refused (`pressure`)"""
         self.unacked: OrderedDict[Key, Unacked] = OrderedDict()
         """oldest first: the first entry is evicted when the table is full"""
         self._heap: list[tuple[float, int, Key]] = []
         self._fresh: list[Key] = []
         self._pushes = 0
         self._armed_at = float("-inf")
-        self._tracked = 0
         self.recent: OrderedDict[tuple[PublicationId, str], tuple[TopicMessage, float, Address | None]] = OrderedDict()
         """(publication, filter) -> (message, when handled, neighbour it came from): replayed to new mesh neighbours"""
         self.recent_evicted = 0
@@ -106,10 +124,9 @@ class ReliableForwarding:
     # ------------------------------------------------------------ sending side
 
     def track(self, message: TopicMessage, transports: list[Address]) -> None:
-        """Remember copies just sent (called by `Node.send` for every QoS >= 1 `tm`)."""
+        """Remember copies of a QoS >= 1 `tm` sent now (by whoever sends them), until acknowledged."""
         publication = message.publication
         limit = self.settings.max_unacked
-        self._tracked += 1
         for transport in transports:
             key = (transport, publication, message.filter)
             entry = self.unacked.pop(key, None)
@@ -121,7 +138,7 @@ class ReliableForwarding:
             self._fresh.append(key)
             while len(self.unacked) > limit:
                 self.unacked.popitem(last=False)
-                self.node.count_drop("unacked_evicted")
+                self._outbox.drop("unacked_evicted")
 
     def arm(self, now: float) -> None:
         """Give the copies sent in this step their first deadline (the node calls it after every input)."""
@@ -134,10 +151,10 @@ class ReliableForwarding:
             if entry is None or entry.due is not None:
                 continue
             self.remember(entry.message, None, now)
-            neighbour = self.node.neighbours.get(entry.transport)
+            neighbour = self._neighbours.get(entry.transport)
             rtt = neighbour.rtt if neighbour is not None and neighbour.rtt is not None else 0.0
             entry.timeout = min(max(self.settings.retransmit_timeout, 2 * rtt), self.settings.retransmit_timeout_max)
-            self._schedule(key, entry, now + entry.timeout * (1 + JITTER * self.node.rng.random()))
+            self._schedule(key, entry, now + entry.timeout * (1 + JITTER * self._rng.random()))
 
     def _schedule(self, key: Key, entry: Unacked, due: float) -> None:
         entry.due = due
@@ -174,7 +191,7 @@ class ReliableForwarding:
             key = (entry.transport, entry.message.publication, entry.message.filter)
             if self.unacked.get(key) is not entry:
                 continue  # handled by an earlier reroute in this loop
-            neighbour = self.node.neighbours.get(entry.transport)
+            neighbour = self._neighbours.get(entry.transport)
             if entry.reroute or neighbour is None or not neighbour.up:
                 del self.unacked[key]
                 self._reroute(entry, now)
@@ -185,40 +202,39 @@ class ReliableForwarding:
                 self._retransmit(key, entry, now)
 
     def _retransmit(self, key: Key, entry: Unacked, now: float) -> None:
-        node = self.node
+        outbox = self._outbox
         entry.retransmissions += 1
-        node.send(wire.TOPIC_MESSAGE, entry.message, [entry.transport], track=False)
-        node.counters["retransmissions"] += 1
-        node.emit(events.PUBLICATION_RETRANSMITTED, now, pub=publication_text(entry.message.publication),
-                  filter=entry.message.filter, to=str(entry.transport), attempt=entry.retransmissions)
+        outbox.send(wire.TOPIC_MESSAGE, entry.message, [entry.transport])  # the same copy: tracked already
+        outbox.counters["retransmissions"] += 1
+        outbox.emit(events.PUBLICATION_RETRANSMITTED, now, pub=publication_text(entry.message.publication),
+                    filter=entry.message.filter, to=str(entry.transport), attempt=entry.retransmissions)
         entry.timeout = min(entry.timeout * 2, self.settings.retransmit_timeout_max)
-        self._schedule(key, entry, now + entry.timeout * (1 + JITTER * node.rng.random()))
+        self._schedule(key, entry, now + entry.timeout * (1 + JITTER * self._rng.random()))
 
     def _give_up(self, entry: Unacked, now: float) -> None:
-        node = self.node
-        node.count_drop("publication_unacknowledged")
-        node.emit(events.PUBLICATION_DROPPED, now, pub=publication_text(entry.message.publication),
-                  filter=entry.message.filter, reason="unacknowledged", to=str(entry.transport))
+        self._outbox.drop("publication_unacknowledged", event=events.PUBLICATION_DROPPED, now=now,
+                          pub=publication_text(entry.message.publication), filter=entry.message.filter,
+                          reason="unacknowledged", to=str(entry.transport))
 
     def _reroute(self, entry: Unacked, now: float) -> None:
         """The next hop went down: route the publication again with the current mesh (new copies are tracked).
         While the mesh offers no next hop yet, try again later, with the backoff and limit of retransmissions."""
-        node = self.node
-        state = node.mesh.topics.get(entry.message.filter)
-        if state is None or entry.retransmissions >= self.settings.retransmit_limit:
+        if entry.retransmissions >= self.settings.retransmit_limit:
             self._give_up(entry, now)
             return
-        before = (self._tracked, node.mesh.held_count)
-        node.mesh.route(state, entry.message, None, now)
-        if (self._tracked, node.mesh.held_count) != before:
-            node.counters["reroutes"] += 1
+        routed = self._route_again(entry.message, now)
+        if routed is None:  # the filter has no topic any more
+            self._give_up(entry, now)
+            return
+        if routed:
+            self._outbox.counters["reroutes"] += 1
             return
         entry.retransmissions += 1
         entry.reroute = True
         key = (entry.transport, entry.message.publication, entry.message.filter)
         self.unacked[key] = entry
         entry.timeout = min(entry.timeout * 2, self.settings.retransmit_timeout_max)
-        self._schedule(key, entry, now + entry.timeout * (1 + JITTER * node.rng.random()))
+        self._schedule(key, entry, now + entry.timeout * (1 + JITTER * self._rng.random()))
 
     def neighbour_down(self, transport: Address, now: float) -> None:
         """Copies waiting for this neighbour are routed elsewhere once routes have been recomputed."""
@@ -230,36 +246,37 @@ class ReliableForwarding:
 
     # ------------------------------------------------------------ receiving side
 
-    def refusal(self, message: TopicMessage) -> str | None:
-        """Why to leave this QoS >= 1 `tm` unacknowledged (and unhandled), as a drop reason, or None to take it.
+    def pressure(self) -> str | None:
+        """Why to leave new QoS >= 1 copies from neighbours unacknowledged (and unhandled) now, as a drop
+        reason, or None to take them. The node refuses only a copy it has not handled yet.
 
-        Only a new one is refused, and only while taking it could lose it: when the table of copies we
-        forward is nearly full (`reliable_table_full`; accepting it would push the oldest copy out, lost
-        if the next hop had missed it), or when the embedder says the local broker is backed up
-        (`delivery_backlogged`; it is acknowledged on arrival, so it could only be dropped on its way
+        New copies are refused only while taking one could lose it: when the table of copies we forward
+        is nearly full (`reliable_table_full`; accepting it would push the oldest copy out, lost if the
+        next hop had missed it), or when the embedder says the local broker is backed up
+        (`delivery_backlogged`; a copy is acknowledged on arrival, so it could only be dropped on its way
         into the broker). Its sender keeps it and sends it again with its backoff, so the pressure
         travels back hop by hop to the wrapper where publications enter, whose reading from the broker
         pauses (the runtime's backpressure window)."""
         unacked = self.settings.max_unacked
         full = len(self.unacked) >= unacked - max(1, unacked // 8)  # room kept for a copy to each mesh neighbour
-        if not (full or self.node.delivery_backlogged):
-            return None
-        if seen_key(self.node.streams, message.origin, message.epoch, message.seq, message.filter) in self.node.seen:
-            return None
-        return "reliable_table_full" if full else "delivery_backlogged"
+        if full:
+            return "reliable_table_full"
+        return "delivery_backlogged" if self.delivery_backlogged else None
 
     def on_message(self, message: TopicMessage, transport: Address, now: float) -> None:
         """A QoS >= 1 `tm` from a neighbour: acknowledge it (duplicates too) and stop sending it that copy."""
         self.unacked.pop((transport, message.publication, message.filter), None)
         self.remember(message, transport, now)
-        self.node.send(wire.TOPIC_ACK, TopicAck(message.filter, message.origin, message.epoch, message.seq),
-                       [transport])
+        self._outbox.send(wire.TOPIC_ACK, TopicAck(message.filter, message.origin, message.epoch, message.seq),
+                          [transport])
 
-    def on_ack(self, ack: TopicAck, transport: Address) -> None:
+    def on_ack(self, ack: TopicAck, transport: Address) -> bool:
+        """A `ta` from a neighbour; True when it acknowledged a copy we still waited for."""
         if self.unacked.pop((transport, ack.publication, ack.filter), None) is None:
-            self.node.counters["acks_unmatched"] += 1  # late (after a retransmission was also acked) or stray
-        else:
-            self.node.counters["acks"] += 1
+            self._outbox.counters["acks_unmatched"] += 1  # late (after a retransmission was also acked) or stray
+            return False
+        self._outbox.counters["acks"] += 1
+        return True
 
     # ------------------------------------------------------------ repair of changing meshes
 
@@ -282,8 +299,7 @@ class ReliableForwarding:
 
     def mesh_neighbour_added(self, filter_: str, announced: Address, now: float) -> None:
         """A new child or parent in `filter_`'s mesh: send it the recent QoS >= 1 publications of that filter."""
-        node = self.node
-        transport = node.neighbours.transport_for(announced)
+        transport = self._neighbours.transport_for(announced)
         if transport is None:
             return
         horizon = now - self.replay_window
@@ -291,10 +307,12 @@ class ReliableForwarding:
         for (_, message_filter), (message, handled_at, source) in list(self.recent.items()):
             if message_filter != filter_ or handled_at < horizon or source == transport:
                 continue
-            node.send(wire.TOPIC_MESSAGE, replace(message, mode=MODE_IN_MESH, hops=message.hops + 1), [transport])
+            copy = replace(message, mode=MODE_IN_MESH, hops=message.hops + 1)
+            self.track(copy, [transport])
+            self._outbox.send(wire.TOPIC_MESSAGE, copy, [transport])
             replayed += 1
         if replayed:
-            node.counters["replayed_to_new_mesh_neighbours"] += replayed
+            self._outbox.counters["replayed_to_new_mesh_neighbours"] += replayed
 
     def status(self) -> dict[str, int]:
         return {"unacked": len(self.unacked), "limit": self.settings.max_unacked, "recent": len(self.recent),

@@ -3,10 +3,11 @@
 Theory of operation
 -------------------
 Every node holds a copy of the federation table (`federation.protocol.linkstate`):
-one link-state record per broker, listing its up neighbours. This module
-keeps that copy current and derives from it what the rest of the node reads
-(`node.routes`, `node.management_core`); the exchange that brings a new or
-forgetful neighbour up to date is `federation.protocol.database_sync`.
+one link-state record per broker, listing its up neighbours. This part
+keeps that copy (`lsdb`) current and derives from it what the rest of the
+node reads (`routes`, `management_core`; the others read them through
+`context.TableView`); the exchange that brings a new or forgetful neighbour
+up to date is `federation.protocol.database_sync`.
 
 *Origination*: our own record is originated when our set of up neighbours
 changes, at most once per `min_announce_gap`, so neighbours that come up
@@ -29,30 +30,57 @@ the reachable members is the management core (it announces itself with
 reachable members share a virtual id, the lowest address keeps it and tells
 the others (`rc`, forwarded along the routes) to draw a new one from the
 node's RNG.
+
+*What the node does with it*: a route computation returns a `RouteChange`
+(members added and removed, whether next hops moved); the node tells the
+mesh and the database exchange, then has the table settle what follows
+from it here (`resolve_collisions`, `elect_management_core`). A new vid
+(`resolve_collisions`, `on_reconsider` return True) means our topic cores
+must be announced again under it, which the node asks of the mesh.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import random
+from dataclasses import dataclass
 
 from federation.protocol import events, wire
+from federation.protocol.context import Identity, NeighboursView, Outbox
 from federation.protocol.dedup import SeenCache
 from federation.protocol.events import addresses_text, id_text
-from federation.protocol.linkstate import Routes, StoredRecord
+from federation.protocol.linkstate import LinkStateDatabase, Routes, StoredRecord
 from federation.protocol.neighbours import Neighbour
 from federation.protocol.types import Address, BrokerId
-from federation.protocol.wire import CoreAnnouncement, Federate, LinkStateRecord, Reconsider
-
-if TYPE_CHECKING:
-    from federation.protocol.node import Node
+from federation.protocol.wire_types import CoreAnnouncement, Federate, LinkStateRecord, Reconsider
 
 VID_RANGE = 2**31
 
 
+@dataclass(frozen=True, slots=True)
+class RouteChange:
+    """What a route computation changed, for the node to tell the other parts."""
+
+    added: frozenset[Address]
+    """members now reachable that were not"""
+    removed: frozenset[Address]
+    """members no longer reachable"""
+    moved: bool
+    """next hops, members or ids changed: any topic's parents may have moved"""
+
+
 class FederationTable:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    """Our copy of the federation table, the routes and the management core derived from it."""
+
+    def __init__(self, identity: Identity, neighbours: NeighboursView, outbox: Outbox, rng: random.Random) -> None:
+        self._identity = identity
+        self._settings = identity.settings
+        self._neighbours = neighbours
+        self._outbox = outbox
+        self._rng = rng
+        address = identity.address
+        self.lsdb = LinkStateDatabase(address, self._settings.max_nodes)
+        self.routes = Routes(frozenset([address]), {address: 0}, {}, {})
+        self.management_core = identity.broker_id
         self.own_seq = 0
         self.core_seq = 0
         self.changes = 0
@@ -74,53 +102,62 @@ class FederationTable:
     def next_deadlines(self) -> list[float]:
         return [due for due in (self.origination_due, self.spf_due, self.flood_due) if due is not None]
 
-    def settle(self, now: float, about_to_claim: Callable[[float], bool]) -> None:
-        """Run what is due after an input: origination, flooding, route computation."""
-        pending = self.origination_due is not None or self.routes_dirty
-        if pending and about_to_claim(now):
-            # Never claim a topic core on a stale table: the live core we have just been told about
-            # may become reachable once our own record lists our new neighbours and routes are computed.
-            if self.origination_due is not None:
-                self.originate(now)
-            if self.routes_dirty:
-                self.recompute_routes(now)
+    @property
+    def stale(self) -> bool:
+        """An origination or a route computation is pending."""
+        return self.origination_due is not None or self.routes_dirty
+
+    def originate_pending(self, now: float) -> None:
+        """Originate now if an origination is pending, due or not."""
+        if self.origination_due is not None:
+            self.originate(now)
+
+    def originate_if_due(self, now: float) -> None:
         if self.origination_due is not None and now >= self.origination_due:
             self.originate(now)
+
+    def run_due(self, now: float) -> None:
+        """After an input: the origination and the floods whose time has come (routes: `recompute_routes`)."""
+        self.originate_if_due(now)
         if self.flood_due is not None and now >= self.flood_due:
             self.flush_floods()
-        if self.routes_dirty and self.spf_due is not None and now >= self.spf_due:
-            self.recompute_routes(now)
 
     # ------------------------------------------------------------ our own record
 
     def trigger_origination(self, now: float) -> None:
-        due = max(now, self.last_origination + self.node.settings.min_announce_gap)
+        due = max(now, self.last_origination + self._settings.min_announce_gap)
         if self.origination_due is None or due < self.origination_due:
             self.origination_due = due
 
     def originate(self, now: float) -> None:
-        node = self.node
+        identity = self._identity
         self.own_seq += 1
-        neighbours = tuple(sorted(n.announced.address for n in node.neighbours.up() if n.announced is not None))
-        record = LinkStateRecord(node.broker_id, node.epoch, self.own_seq, 0, 0, neighbours)
-        node.lsdb.store_own(record, now)
-        node.send_up(wire.FEDERATE, Federate(record), exclude=None)
+        neighbours = tuple(sorted(n.announced.address for n in self._neighbours.up() if n.announced is not None))
+        record = LinkStateRecord(identity.broker_id, identity.epoch, self.own_seq, 0, 0, neighbours)
+        self.lsdb.store_own(record, now)
+        self._outbox.send_up(wire.FEDERATE, Federate(record), exclude=None)
         self.last_origination = now
         self.origination_due = None
         self.changed(now)
 
+    def announce_leaving(self) -> None:
+        """On a clean shutdown: tell the neighbours we leave (a record with the leaving flag)."""
+        identity = self._identity
+        self.own_seq += 1
+        record = LinkStateRecord(identity.broker_id, identity.epoch, self.own_seq, 0, wire.FLAG_LEAVING, ())
+        self._outbox.send_up(wire.FEDERATE, Federate(record), exclude=None)
+
     def on_own_record(self, record: LinkStateRecord, now: float) -> None:
         """A record of ours from an earlier life that is newer than our counters: jump past it."""
-        node = self.node
-        if record.freshness <= (node.epoch, self.own_seq):
+        identity = self._identity
+        if record.freshness <= (identity.epoch, self.own_seq):
             return
-        if record.epoch > node.epoch:
-            previous = node.epoch
-            node.epoch = record.epoch + 1
+        if record.epoch > identity.epoch:
+            previous = identity.epoch
+            identity.jump_epoch(record.epoch + 1)
             self.own_seq = 0
-            node.publication_seq = 0
-            node.emit(events.EPOCH_CHANGED, now, epoch=node.epoch, previous=previous,
-                      reason="older life announced a newer epoch")
+            self._outbox.emit(events.EPOCH_CHANGED, now, epoch=identity.epoch, previous=previous,
+                              reason="older life announced a newer epoch")
         else:
             self.own_seq = record.seq
         self.trigger_origination(now)
@@ -129,20 +166,19 @@ class FederationTable:
 
     def changed(self, now: float) -> None:
         """The table changed: if that moves any route, schedule the route computation."""
-        node = self.node
         self.changes += 1
-        if not self.routes_dirty and node.lsdb.routes_affected(node.routes):
+        if not self.routes_dirty and self.lsdb.routes_affected(self.routes):
             self.routes_dirty = True
-            self.spf_due = max(now + node.settings.spf_delay, self.last_spf + node.settings.spf_hold)
+            self.spf_due = max(now + self._settings.spf_delay, self.last_spf + self._settings.spf_hold)
 
     def on_records(self, records: list[LinkStateRecord], neighbour: Neighbour, bundle: bool, now: float) -> None:
-        node = self.node
+        address = self._identity.address
         forward: list[StoredRecord] = []
         for record in records:
-            if record.origin.address == node.address:
+            if record.origin.address == address:
                 self.on_own_record(record, now)
                 continue
-            outcome = node.lsdb.accept(record, 1, now)
+            outcome = self.lsdb.accept(record, 1, now)
             if outcome in ("old", "shorter"):
                 # Only newer records are forwarded; a shorter path changes nothing we compute. A copy of
                 # a record waiting to be forwarded tells us this neighbour needs no copy from us.
@@ -151,170 +187,174 @@ class FederationTable:
                     queued[1].add(neighbour.transport)
                 continue
             self.changed(now)
-            stored = node.lsdb.records[record.origin.address]
-            if node.settings.flood_delay > 0:
+            stored = self.lsdb.records[record.origin.address]
+            if self._settings.flood_delay > 0:
                 self.flood_queue[record.origin.address] = (stored, {neighbour.transport})
                 if self.flood_due is None:
-                    self.flood_due = now + node.settings.flood_delay
+                    self.flood_due = now + self._settings.flood_delay
             else:
                 forward.append(stored)
         if not forward:
             return
-        others = [n.transport for n in node.neighbours.up() if n.transport != neighbour.transport]
+        others = [n.transport for n in self._neighbours.up() if n.transport != neighbour.transport]
         if bundle:
-            node.send_records(forward, others)
+            self._outbox.send_records(forward, others)
         else:
-            node.send(wire.FEDERATE, Federate(forward[0].record), others)
+            self._outbox.send(wire.FEDERATE, Federate(forward[0].record), others)
 
     def flush_floods(self) -> None:
         """Forward the records that waited `flood_delay`: one `fd` or `tu` bundle per group of neighbours
         that need the same records (not to those that sent us a copy)."""
-        node = self.node
         queue, self.flood_queue = self.flood_queue, {}
         self.flood_due = None
         groups: dict[tuple[Address, ...], list[Address]] = {}
-        for neighbour in node.neighbours.up():
+        for neighbour in self._neighbours.up():
             wanted = tuple(origin for origin, (_, have) in sorted(queue.items()) if neighbour.transport not in have)
             if wanted:
                 groups.setdefault(wanted, []).append(neighbour.transport)
         for origins, transports in groups.items():
             records = [queue[origin][0] for origin in origins]
             if len(records) == 1:
-                node.send(wire.FEDERATE, Federate(records[0].record), transports)
+                self._outbox.send(wire.FEDERATE, Federate(records[0].record), transports)
             else:
-                node.send_records(records, transports)
+                self._outbox.send_records(records, transports)
 
     # ------------------------------------------------------------ routes
 
-    def compute_pending_routes(self, now: float) -> None:
-        """Compute the routes now if a computation is pending (for decisions that need current routes)."""
-        if self.routes_dirty:
-            self.recompute_routes(now)
-
-    def recompute_routes(self, now: float) -> None:
-        node = self.node
+    def recompute_routes(self, now: float, pending: bool = False) -> RouteChange | None:
+        """Compute the routes if the computation is due (with `pending`: if one is pending at all, for
+        decisions that need current routes); None when nothing was computed. What the change means to the
+        rest of the node, the node says; then it calls `resolve_collisions` and `elect_management_core`."""
+        if not self.routes_dirty or not (pending or (self.spf_due is not None and now >= self.spf_due)):
+            return None
         self.routes_dirty = False
         self.spf_due = None
         self.last_spf = now
-        previous = node.routes
-        node.routes = node.lsdb.compute_routes(previous)
-        added = node.routes.members - previous.members
-        removed = previous.members - node.routes.members
+        previous = self.routes
+        routes = self.routes = self.lsdb.compute_routes(previous)
+        added = routes.members - previous.members
+        removed = previous.members - routes.members
         if added or removed:
-            node.bump_version()
-            node.emit(events.TABLE_CHANGED, now, added=addresses_text(added), removed=addresses_text(removed),
-                      size=len(node.routes.members))
-        if previous.next_hops != node.routes.next_hops or added or removed or previous.ids != node.routes.ids:
-            node.mesh.mark_all_dirty()
-        node.sync.members_added(added)
-        self.check_collisions(now)
-        # Every member has a record (links exist only between stored records), hence an id.
-        core = min(node.broker_id, min(map(node.routes.ids.__getitem__, node.routes.members - {node.address}),
-                                       default=node.broker_id))
-        if core != node.management_core:
-            previous_core = node.management_core
-            node.management_core = core
-            node.bump_version()
-            node.emit(events.MANAGEMENT_CORE_CHANGED, now, core=id_text(core), previous=id_text(previous_core))
-            if core == node.broker_id:
-                self.announce_management_core()
-        if node.management_core == node.broker_id and (added or removed):
-            self.flood_membership_change(added, removed, previous)
+            self._outbox.view_changed()
+            self._outbox.emit(events.TABLE_CHANGED, now, added=addresses_text(added), removed=addresses_text(removed),
+                              size=len(routes.members))
+        moved = bool(previous.next_hops != routes.next_hops or added or removed or previous.ids != routes.ids)
+        return RouteChange(added, removed, moved)
 
-    def flood_membership_change(self, added: frozenset[Address], removed: frozenset[Address],
-                                previous: Routes) -> None:
+    def elect_management_core(self, change: RouteChange, now: float) -> None:
+        """After a route computation: the lowest id among the reachable members is the management core; as
+        management core, announce it, and flood the records that changed membership."""
+        identity = self._identity
+        routes = self.routes
+        # Every member has a record (links exist only between stored records), hence an id.
+        core = min(identity.broker_id, min(map(routes.ids.__getitem__, routes.members - {identity.address}),
+                                           default=identity.broker_id))
+        if core != self.management_core:
+            previous_core = self.management_core
+            self.management_core = core
+            self._outbox.view_changed()
+            self._outbox.emit(events.MANAGEMENT_CORE_CHANGED, now, core=id_text(core), previous=id_text(previous_core))
+            if core == identity.broker_id:
+                self.announce_management_core()
+        if self.management_core == identity.broker_id and (change.added or change.removed):
+            self.flood_membership_change(change.added, change.removed)
+
+    def flood_membership_change(self, added: frozenset[Address], removed: frozenset[Address]) -> None:
         """As management core, tell everyone at once which records changed membership."""
-        node = self.node
+        records = self.lsdb.records
         touched = set(added)
         for gone in removed:
-            stored = node.lsdb.records.get(gone)
+            stored = records.get(gone)
             if stored is not None:
-                touched.update(a for a in stored.record.neighbours if a in node.routes.members)
-        touched.add(node.address)
-        records = [node.lsdb.records[a] for a in sorted(touched) if a in node.lsdb.records]
-        node.send_records(records, [n.transport for n in node.neighbours.up()])
+                touched.update(a for a in stored.record.neighbours if a in self.routes.members)
+        touched.add(self._identity.address)
+        self._outbox.send_records([records[a] for a in sorted(touched) if a in records],
+                                  [n.transport for n in self._neighbours.up()])
 
     # ------------------------------------------------------------ id collisions (`rc`)
 
-    def check_collisions(self, now: float) -> None:
-        node = self.node
-        same = sorted(a for a in node.lsdb.by_vid.get(node.vid, ())
-                      if a != node.address and a in node.routes.members and node.routes.ids.get(a, node.broker_id).vid
-                      == node.vid)
+    def resolve_collisions(self, now: float) -> bool:
+        """After a route computation: reachable members that share our vid. The lowest address keeps it and
+        tells the others (`rc`); returns True when we took a new vid (our topic cores must announce it)."""
+        identity = self._identity
+        routes = self.routes
+        same = sorted(a for a in self.lsdb.by_vid.get(identity.vid, ())
+                      if a != identity.address and a in routes.members
+                      and routes.ids.get(a, identity.broker_id).vid == identity.vid)
         if not same:
-            return
-        if same[0] < node.address:
+            return False
+        if same[0] < identity.address:
             self.change_vid(now, reason=f"collision with {same[0]}")
-            return
+            return True
         for other in same:
-            self.send_reconsider(Reconsider(BrokerId(node.vid, other), node.broker_id))
+            self.send_reconsider(Reconsider(BrokerId(identity.vid, other), identity.broker_id))
+        return False
 
     def send_reconsider(self, message: Reconsider) -> None:
-        node = self.node
-        hops = node.routes.next_hops.get(message.target.address)
+        hops = self.routes.next_hops.get(message.target.address)
         if not hops:
             return
-        transport = node.neighbours.transport_for(min(hops))
+        transport = self._neighbours.transport_for(min(hops))
         if transport is not None:
-            node.send(wire.RECONSIDER, message, [transport])
+            self._outbox.send(wire.RECONSIDER, message, [transport])
 
-    def on_reconsider(self, message: Reconsider, now: float) -> None:
-        node = self.node
+    def on_reconsider(self, message: Reconsider, now: float) -> bool:
+        """An `rc`: forwarded toward its target; when we are the target, we take a new vid (returns True)."""
+        identity = self._identity
         if not self.reconsiders_seen.add((message.target, message.holder)):
-            return
-        if message.target.address != node.address:
+            return False
+        if message.target.address != identity.address:
             self.send_reconsider(message)
-            return
-        if message.target.vid == node.vid and message.holder.vid == node.vid and message.holder.address < node.address:
+            return False
+        if message.target.vid == identity.vid and message.holder.vid == identity.vid and \
+                message.holder.address < identity.address:
             self.change_vid(now, reason=f"reconsider from {message.holder.address}")
+            return True
+        return False
 
     def change_vid(self, now: float, reason: str) -> None:
-        node = self.node
-        taken = {broker_id.vid for broker_id in node.routes.ids.values()}
-        previous = node.vid
-        while node.vid in taken:
-            node.vid = node.rng.randrange(VID_RANGE)
-        node.emit(events.ID_CHANGED, now, vid=node.vid, previous=previous, reason=reason)
-        node.bump_version()
+        """Draw a vid no reachable member has, and announce our record under it."""
+        identity = self._identity
+        taken = {broker_id.vid for broker_id in self.routes.ids.values()}
+        previous = identity.vid
+        vid = previous
+        while vid in taken:
+            vid = self._rng.randrange(VID_RANGE)
+        identity.renumber(vid)
+        self._outbox.emit(events.ID_CHANGED, now, vid=vid, previous=previous, reason=reason)
+        self._outbox.view_changed()
         self.originate(now)
-        for state in node.mesh.topics.values():
-            if state.core is not None and state.core.address == node.address:
-                state.core = node.broker_id
-                node.mesh.announce(state, now)
-                state.core_seq = state.own_seq
-        node.management_core = min(node.management_core, node.broker_id)
+        self.management_core = min(self.management_core, identity.broker_id)
 
     # ------------------------------------------------------------ management core (`ca`)
 
     def announce_management_core(self) -> None:
-        node = self.node
+        identity = self._identity
         self.core_seq += 1
-        node.send_up(wire.CORE_ANNOUNCEMENT, CoreAnnouncement(node.broker_id, node.epoch, self.core_seq, 0),
-                     exclude=None)
+        self._outbox.send_up(wire.CORE_ANNOUNCEMENT,
+                             CoreAnnouncement(identity.broker_id, identity.epoch, self.core_seq, 0), exclude=None)
 
     def on_core_announcement(self, message: CoreAnnouncement, sender: Address, now: float) -> None:
         """`ca` is advisory: everyone computes the core from the table; this confirms it is alive."""
-        node = self.node
         held = self.core_announcements.get(message.core.address)
         distance = message.distance + 1
         fresh = (message.epoch, message.seq)
         if held is not None and (fresh < held[:2] or (fresh == held[:2] and distance >= held[2])):
             return
-        if held is None and len(self.core_announcements) >= node.settings.max_nodes:
-            node.drops["core_announcements_full"] += 1
+        if held is None and len(self.core_announcements) >= self._settings.max_nodes:
+            self._outbox.drop("core_announcements_full")
             return
         self.core_announcements[message.core.address] = (message.epoch, message.seq, distance, now)
-        node.send_up(wire.CORE_ANNOUNCEMENT, CoreAnnouncement(message.core, message.epoch, message.seq, distance),
-                     exclude=sender)
+        self._outbox.send_up(wire.CORE_ANNOUNCEMENT,
+                             CoreAnnouncement(message.core, message.epoch, message.seq, distance), exclude=sender)
 
     def periodic(self, now: float) -> None:
         """Every announce interval: management-core refresh and expiry of records and announcements.
         Our own record is not re-flooded: it is originated only when our neighbours change."""
-        node = self.node
-        if node.management_core == node.broker_id:
+        if self.management_core == self._identity.broker_id:
             self.announce_management_core()
-        lifetime = node.settings.announcement_lifetime
-        if node.lsdb.expire(lifetime, node.routes.members, now):
+        lifetime = self._settings.announcement_lifetime
+        if self.lsdb.expire(lifetime, self.routes.members, now):
             self.changed(now)
         for address, held in list(self.core_announcements.items()):
             if now - held[3] > lifetime:

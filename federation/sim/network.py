@@ -63,13 +63,13 @@ class SimNode(Protocol):
 
     def start(self, now: float) -> None: ...
 
-    def receive_datagram(self, data: bytes, source: Address, now: float) -> None: ...
+    def receive_packet(self, data: bytes, source: Address, now: float) -> None: ...
 
     def handle_timer(self, now: float) -> None: ...
 
     def get_timer(self) -> float | None: ...
 
-    def datagrams_to_send(self) -> list[tuple[bytes, Address]]: ...
+    def packets_to_send(self) -> list[tuple[bytes, Address]]: ...
 
     def injections_to_make(self) -> list[Injection]: ...
 
@@ -416,7 +416,7 @@ class Network(Generic[NodeT]):
         node = host.node
         if node is None:
             return
-        for data, target in node.datagrams_to_send():
+        for data, target in node.packets_to_send():
             self._transmit(host, data, target)
         injections = node.injections_to_make()
         events = node.events_emitted()
@@ -502,5 +502,5 @@ class Network(Generic[NodeT]):
             self.traffic.drops["dead"] += 1
             return
         self.traffic.delivered += 1
-        node.receive_datagram(entry.data, entry.source, self.now)
+        node.receive_packet(entry.data, entry.source, self.now)
         self.after_input(host)

@@ -147,7 +147,7 @@ class Simulation(Observer[Node]):
             if isinstance(event, Publish):
                 if event.count > 1 and not event.interval and not event.qos and not event.retain:
                     # All at one instant: read from the broker together, as the daemon hands such a burst
-                    # to the node (federation.protocol.publication_batch: `tb` runs).
+                    # to the node (federation.protocol.publications: `tb` runs).
                     self.network.schedule(event.at, functools.partial(self.publish_burst, event))
                     continue
                 for number in range(event.count):

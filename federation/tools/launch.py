@@ -66,6 +66,7 @@ from federation.harness.nodeconfig import (
     mosquitto_template,
     render_mosquitto_conf,
     wrapper_command,
+    wrapper_program,
     wrapper_yaml,
 )
 from federation.harness.processes import (
@@ -138,6 +139,8 @@ class FederationNode:
     wrapper_process: subprocess.Popen[bytes] | None = None
     wrapper_exits: list[int] = field(default_factory=list)
     """exit statuses of the wrapper processes that ended, in order"""
+    paused: set[str] = field(default_factory=set)
+    """"wrapper" and/or "broker" while `LocalFederation.pause` holds them stopped (SIGSTOP)"""
 
     @property
     def broker_port(self) -> int:
@@ -258,8 +261,6 @@ class LocalFederation:
     def start_brokers(self, timeout: float = START_TIMEOUT) -> None:
         """The first half of `start`: check, write every config, start every broker and wait until all run."""
         self._mosquitto = find_mosquitto()
-        if not WRAPPER_SCRIPT.exists():
-            raise LaunchError(f"{WRAPPER_SCRIPT} does not exist: the wrapper daemon is missing from this checkout")
         self.check_addresses_free()
         self._stopped = False
         if not self._atexit_registered:
@@ -317,6 +318,9 @@ class LocalFederation:
 
     def _stop_all(self) -> None:
         nodes = list(self.nodes.values())
+        for node in nodes:  # a stopped process would take SIGTERM only after SIGCONT: wake it first
+            for which in sorted(node.paused):
+                self.resume(node.name, which)
         # Wrappers first (they leave the overlay cleanly), then brokers; each group costs one timeout.
         wrappers = [(node, node.wrapper_process) for node in nodes if node.wrapper_process is not None]
         end_all([process for _, process in wrappers if process is not None])
@@ -349,6 +353,8 @@ class LocalFederation:
     def stop_wrapper(self, name: str, kill: bool = False) -> int | None:
         """SIGTERM (clean leave) or SIGKILL (a crash) one wrapper; its exit status (None if not running)."""
         node = self.node(name)
+        if "wrapper" in node.paused:
+            self.resume(name, "wrapper")
         status = end_process(node.wrapper_process, kill)
         if status is not None:
             node.wrapper_exits.append(status)
@@ -367,6 +373,8 @@ class LocalFederation:
 
     def stop_broker(self, name: str, kill: bool = False) -> int | None:
         node = self.node(name)
+        if "broker" in node.paused:
+            self.resume(name, "broker")
         status = end_process(node.broker_process, kill)
         node.broker_process = None
         return status
@@ -382,6 +390,30 @@ class LocalFederation:
         """Stop the broker cleanly and start it again on the same address (its wrapper reconnects by itself)."""
         self.stop_broker(name)
         self.start_broker(name, timeout)
+
+    def pause(self, name: str, which: str = "wrapper") -> None:
+        """SIGSTOP the node's wrapper (or broker): it keeps its sockets and state but does nothing until
+        `resume`, as a process descheduled for a long time. LaunchError if it is not running."""
+        node = self.node(name)
+        process = self._process(node, which)
+        if process is None or process.poll() is not None:
+            raise LaunchError(f"cannot pause the {which} of {name}: it is not running")
+        process.send_signal(signal.SIGSTOP)
+        node.paused.add(which)
+
+    def resume(self, name: str, which: str = "wrapper") -> None:
+        """SIGCONT what `pause` stopped (nothing if it is not paused or has exited meanwhile)."""
+        node = self.node(name)
+        process = self._process(node, which)
+        node.paused.discard(which)
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+
+    @staticmethod
+    def _process(node: FederationNode, which: str) -> subprocess.Popen[bytes] | None:
+        if which not in ("wrapper", "broker"):
+            raise ValueError(f"which: wrapper or broker, not {which!r}")
+        return node.wrapper_process if which == "wrapper" else node.broker_process
 
     def wait_wrapper_ready(self, name: str, timeout: float = START_TIMEOUT) -> dict[str, Any]:
         """Wait until the wrapper answers status, is connected to its broker and gets its log lines."""
@@ -414,11 +446,12 @@ class LocalFederation:
             raise LaunchError(f"status of {name}: {error}") from None
 
     def status_cli(self, name: str, timeout: float = 10.0) -> dict[str, Any]:
-        """The same document, through the real command line `python wrapper.py status --node ... --json`."""
+        """The same document, through the real command line `python wrapper.py status --node ... --json` (which
+        exits 1 when the wrapper answered and is not ready)."""
         node = self.node(name)
-        result = subprocess.run([sys.executable, str(WRAPPER_SCRIPT), "status", "--node", node.address, "--json"],
+        result = subprocess.run([sys.executable, *wrapper_program(), "status", "--node", node.address, "--json"],
                                 capture_output=True, text=True, timeout=timeout, check=False)
-        if result.returncode != 0:
+        if result.returncode not in (0, 1):
             raise LaunchError(f"`wrapper.py status --node {node.address} --json` exited with "
                               f"{result.returncode}: {result.stderr.strip()}")
         document: dict[str, Any] = json.loads(result.stdout)

@@ -71,7 +71,7 @@ def test_hellos_from_fake_sources_cannot_fill_the_neighbour_table_for_good() -> 
     for index in range(10):
         fake = Address(f"10.9.9.{index}", 10500)
         hello = wire.encode(wire.HELLO, wire.Sender(BrokerId(50 + index, fake), 1), wire.Hello(1, 0.0))
-        node.receive_datagram(hello, fake, 0.1)
+        node.receive_packet(hello, fake, 0.1)
     assert len(node.neighbours.all()) == 4 and node.neighbours.refused == 7
     node.handle_timer(settings.neighbour_dead_after + 0.2)   # they never answered our hello
     assert [str(n.transport) for n in node.neighbours.all()] == ["10.0.0.2:10500"]

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from federation.daemon import broker_health
+from federation.daemon.broker_auth import BrokerAuth
 from federation.daemon.broker_health import BrokerHealth
 from federation.daemon.broker_items import Connected, ConnectFailed, ConnectRefused, Disconnected, Subscribed
 from federation.protocol.types import Address
@@ -49,11 +51,11 @@ def test_connections_and_log_lines_are_counted() -> None:
     health, _timers = make()
     assert (health.connected, health.connections, health.reconnects) == (False, 0, 0)
     health.on_state(Connected(), 1.0)
-    health.log_line()
+    health.count_log_line()
     health.on_state(Disconnected("keepalive", expected=False), 2.0)
     assert not health.connected
     health.on_state(Connected(), 3.0)
-    health.log_line()
+    health.count_log_line()
     assert (health.connected, health.connections, health.reconnects, health.log_lines) == (True, 2, 1, 2)
 
 
@@ -73,7 +75,7 @@ def test_no_warning_once_a_log_line_arrived(caplog: pytest.LogCaptureFixture) ->
     health, timers = make()
     health.on_state(Connected(), 0.0)
     health.on_state(Subscribed(refused=()), 0.1)
-    health.log_line()
+    health.count_log_line()
     timers.started[0].callback()
     assert "log_dest topic" not in caplog.text
 
@@ -105,6 +107,49 @@ def test_an_unreachable_broker_is_reported_once_a_reminder_interval(caplog: pyte
 def test_refusals_say_what_to_check(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="federation.daemon")
     health, _timers = make()
-    health.on_state(ConnectRefused("not authorised"), 0.0)
-    health.on_state(Subscribed(refused=("$SYS/broker/log/#: not authorised",)), 0.0)
-    assert "authentication settings" in caplog.text and "ACLs" in caplog.text
+    health.on_state(ConnectRefused("Not authorized"), 0.0)
+    health.on_state(Subscribed(refused=("$SYS/broker/log/#: Not authorized",)), 0.0)
+    assert "does not accept anonymous clients: give a user of its password_file with broker_username " \
+           "(--broker-username)" in caplog.text
+    assert "ACL must let its user (anonymous) read $SYS/broker/log/#" in caplog.text
+
+
+def test_a_refused_login_is_said_once_then_reminded_and_names_the_settings(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="federation.daemon")
+    timers = Timers()
+    auth = BrokerAuth(username="fed", password="not shown", password_file=Path("/etc/x/broker.password"))
+    health = BrokerHealth(BROKER, "wrapper-1", timers.call_later, auth)
+    reminder = broker_health.BROKER_DOWN_REMINDER
+    for now in (0.0, 0.5, 1.5, 3.5, reminder - 1):  # the adapter's backoff: every attempt refused
+        health.on_state(ConnectRefused("Not authorized"), now)
+        health.on_state(Disconnected("Protocol error", expected=False), now)  # paho closes after a refusal
+    assert len(caplog.records) == 1, caplog.text
+    text = caplog.text
+    assert "refused the login of 'wrapper-1' as user 'fed' with a password: Not authorized" in text
+    assert "user 'fed' with the password in /etc/x/broker.password" in text
+    assert "broker_username (--broker-username)" in text and "broker_password_file (--broker-password-file)" in text
+    assert "the overlay keeps running" in text and "lost the connection" not in text
+    assert "not shown" not in text
+    health.on_state(ConnectRefused("Not authorized"), reminder + 0.5)
+    assert len(caplog.records) == 2 and "(still, for 60 s)" in caplog.records[1].getMessage()
+    assert health.connect_failures == {"unreachable": 0, "refused": 6, "tls": 0}
+    assert health.problem is not None and "Not authorized" in health.problem
+    # A new kind of failure is said at once; a connection clears the problem.
+    health.on_state(ConnectFailed("certificate verify failed: self-signed certificate", tls=True), reminder + 1)
+    assert len(caplog.records) == 3 and "TLS with broker" not in caplog.records[2].getMessage()
+    health.on_state(Connected(), reminder + 2)
+    assert health.problem is None and health.connected
+
+
+def test_a_failed_tls_handshake_names_the_tls_settings(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="federation.daemon")
+    timers = Timers()
+    auth = BrokerAuth(tls_ca=Path("/etc/x/ca.crt"))
+    health = BrokerHealth(BROKER, "wrapper-1", timers.call_later, auth)
+    health.on_state(ConnectFailed("certificate verify failed: self-signed certificate in certificate chain",
+                                  tls=True), 0.0)
+    health.on_state(ConnectFailed("the broker closed the connection before answering CONNECT", tls=True), 1.0)
+    first, second = (record.getMessage() for record in caplog.records)
+    assert first.startswith("TLS with broker 127.0.0.1:1883 failed (certificate verify failed")
+    assert "not signed by the CA in broker_tls_ca (--broker-tls-ca) (/etc/x/ca.crt)" in first
+    assert "may ask for a client certificate: give broker_tls_cert (--broker-tls-cert)" in second

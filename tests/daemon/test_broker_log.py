@@ -19,7 +19,9 @@ from federation.daemon.broker_log import (
     LogCounters,
     connect_discards_session,
     filters_end_with_session,
+    widened_filter,
 )
+from federation.protocol.topic_filter import matches as topic_matches
 
 OWN = "fed-wrapper"
 N = "$SYS/broker/log/N"
@@ -289,7 +291,7 @@ def test_dollar_filters_are_ignored_except_shared_subscriptions() -> None:
     assert_outcomes_add_up(tracker.counters)
 
 
-def test_lines_the_broker_may_have_cut_are_dropped() -> None:
+def test_lines_the_broker_may_have_cut_are_widened_or_dropped() -> None:
     tracker = BrokerLogTracker(OWN)
     tracker.feed(N, line(connect_text("c")))
     head = line("c 0 f/")
@@ -297,18 +299,44 @@ def test_lines_the_broker_may_have_cut_are_dropped() -> None:
     assert len(fits) == MAX_PAYLOAD_BYTES - 1
     assert tracker.feed(SUB, fits) == [ClientSubscribed("c", "f/" + "x" * (len(fits) - len(head)), 0)]
     cut = head + b"x" * (MAX_PAYLOAD_BYTES - len(head))  # what 2.0.11 sends for a 1200-byte filter
-    assert tracker.feed(SUB, cut) == []
-    assert tracker.feed(UNSUB, line("c ") + b"y" * 1200) == []
-    # Cut inside a UTF-8 character (observed for an id of 600 x "ü").
-    assert tracker.feed(SUB, (line("c 0 ") + "ü".encode() * 600)[:MAX_PAYLOAD_BYTES]) == []
+    assert tracker.feed(SUB, cut) == [ClientSubscribed("c", "f/#", 0)]  # a superset: over-delivery, never loss
+    deeper = line("c 1 a/b/") + b"c" * 2000
+    assert tracker.feed(SUB, deeper[:MAX_PAYLOAD_BYTES]) == [ClientSubscribed("c", "a/b/#", 1)]
+    assert tracker.feed(SUB, (line("c 2 ") + b"z" * 2000)[:MAX_PAYLOAD_BYTES]) == [ClientSubscribed("c", "#", 2)]
+    shared = (line("c 1 $share/g/k/") + b"m" * 2000)[:MAX_PAYLOAD_BYTES]
+    assert tracker.feed(SUB, shared) == [ClientSubscribed("c", "$share/g/k/#", 1)]
+    assert tracker.counters.widened == 4
+    assert tracker.feed(SUB, (line("c 1 $share/") + b"g" * 2000)[:MAX_PAYLOAD_BYTES]) == []  # cut in the group
+    assert tracker.feed(UNSUB, line("c ") + b"y" * 1200) == []  # which filter went cannot be told
+    # Cut inside a UTF-8 character (observed for an id of 600 x "ü"): the id is cut, nothing to learn.
+    assert tracker.feed(SUB, (line("c 0 ") + "ü".encode() * 600)[:MAX_PAYLOAD_BYTES]) == [
+        ClientSubscribed("c", "#", 0)]
     long_id = "L" * 950
     assert tracker.feed(N, line(connect_text(long_id))[:MAX_PAYLOAD_BYTES]) == []
+    assert tracker.feed(SUB, line("L" * 990)[:MAX_PAYLOAD_BYTES]) == []  # cut inside an unknown client id
     assert tracker.counters.truncated == 4
     assert tracker.feed(I, line("Opening listen socket on " + "x" * 1000)) == []  # long, but nothing to learn
     assert tracker.feed("$SYS/broker/log/D", line("x" * 1000)) == []
     assert (tracker.counters.truncated, tracker.counters.ignored) == (4, 2)
     assert tracker.last_line_time == 1795277416
     assert_outcomes_add_up(tracker.counters)
+
+
+@pytest.mark.parametrize(("cut", "widened"), [
+    ("a/b/cd", "a/b/#"), ("a/b/", "a/b/#"), ("abc", "#"), ("a/+/c", "a/+/#"), ("+/x", "+/#"),
+    ("$share/g/a/b", "$share/g/a/#"), ("$share/g/", "$share/g/#"), ("$share/g", None), ("$share/", None),
+    ("$share/g+/x", None), ("a/#", "a/#"), ("a/#/b", None),
+])
+def test_widened_filter_is_a_superset_of_every_filter_the_cut_could_have_been(cut: str, widened: str | None) -> None:
+    assert widened_filter(cut) == widened
+    if widened is not None:
+        plain = widened.split("/", 2)[2] if widened.startswith("$share/") else widened
+        cut_plain = cut.split("/", 2)[2] if cut.startswith("$share/") else cut
+        for completion in ("", "x", "/more/levels", "x/y"):
+            complete = cut_plain + completion
+            if "#" not in complete and complete:
+                topic = complete.replace("+", "any")
+                assert topic_matches(plain, topic), (plain, topic)
 
 
 def test_garbage_never_raises() -> None:
@@ -445,7 +473,7 @@ def test_counters_as_dict() -> None:
     assert tracker.counters.as_dict() == {
         "lines": 2, "used": 0, "ignored": 0, "refused": 0, "truncated": 0,
         "not_understood": {N: 1, SUB: 1}, "unknown_client": 0, "ambiguous": 0,
-        "own_client": 0, "dollar_filters": 0, "evicted": 0,
+        "own_client": 0, "dollar_filters": 0, "evicted": 0, "widened": 0,
     }
 
 

@@ -197,10 +197,10 @@ def test_two_wrappers_federate_two_brokers(tmp_path: Path, wrappers: list[Wrappe
 
         with urllib.request.urlopen(f"http://{host_a}:{metrics_port}/metrics", timeout=5) as response:
             metrics = response.read().decode()
-        for line in ('federation_neighbours{state="up"} 1.0', 'federation_publications_total{stage="originated"} 1.0',
-                     'federation_members 2.0', 'federation_broker_connected 1.0'):
+        for line in ('mqttfed_neighbours{state="up"} 1.0', 'mqttfed_publications_total{stage="originated"} 1.0',
+                     'mqttfed_members 2.0', 'mqttfed_broker_connected 1.0', 'mqttfed_ready 1.0'):
             assert line in metrics, metrics
-        assert 'federation_packets_sent_total{type="hl"}' in metrics
+        assert 'mqttfed_packets_sent_total{type="hl"}' in metrics and "federation_" not in metrics
 
         assert wrapper_a.stop() == 0, diagnostics()
         assert wrapper_b.stop(signal.SIGINT) == 0, diagnostics()
@@ -234,6 +234,12 @@ def test_port_in_use_exits_2(tmp_path: Path) -> None:
     ([], "bind: 127.0.0.1:10500\nsetings: {}\n", "unknown key 'setings'"),
     (["--bind", "192.0.2.250:10500"], None, "is not an address of this host"),
     (["--log-level", "chatty"], None, "--log-level: expected one of"),
+    (["--broker", "fed:hunter2@127.0.0.1"], None, "the broker address holds credentials"),
+    ([], "broker: fed:hunter2@127.0.0.1:1883\n", "the broker address holds credentials"),
+    (["--broker-tls-cert", "/etc/hostname"], None, "broker_tls_cert (--broker-tls-cert) needs broker_tls_key"),
+    (["--broker-username", "fed", "--broker-password-file", "/nonexistent/broker.password"], None,
+     "broker_password_file (--broker-password-file): file '/nonexistent/broker.password' not found"),
+    (["--broker-tls-ca", "/etc/hostname"], None, "holds no usable CA certificate"),
 ])
 def test_bad_configuration_exits_2(tmp_path: Path, arguments: list[str], yaml_text: str | None,
                                    expected: str) -> None:
@@ -243,7 +249,7 @@ def test_bad_configuration_exits_2(tmp_path: Path, arguments: list[str], yaml_te
     result = subprocess.run([*WRAPPER, *arguments], capture_output=True, text=True, timeout=20, cwd=REPO)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("wrapper.py: error: ") and expected in result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
 
 
 def test_state_dir_shared_by_two_wrappers_exits_2(tmp_path: Path, wrappers: list[Wrapper]) -> None:
@@ -326,6 +332,7 @@ def test_docs_describe_every_flag_and_metric() -> None:
             for flag in action.option_strings:
                 if flag not in ("-h", "--help"):
                     assert f"`{flag}" in text or f"{flag}`" in text or f" {flag} " in text, flag
-    for name, kind, _help in METRICS:
+    metrics = (REPO / "docs" / "metrics.md").read_text()  # checked against a live endpoint: test_metrics_real.py
+    for name, kind, _labels, _help in METRICS:
         exposed = f"{name}_total" if kind == "counter" else name
-        assert f"`{exposed}`" in text, exposed
+        assert f"`{exposed}`" in metrics, exposed

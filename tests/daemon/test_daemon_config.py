@@ -167,12 +167,27 @@ def test_flag_errors_name_the_field_and_the_fix(flags: dict[str, Any], expected:
     ("neighbors: [10.0.0.2, 7]\n", "neighbors[1]: expected HOST[:PORT]"),
     ("bind: [\n", "not valid YAML"),
     ("- a\n- b\n", "expected a mapping of settings"),
+    ("broker_session_expiry: 0\n", "broker_session_expiry: expected whole seconds from 60 to 4294967295 (how long "
+                                    "the broker keeps the wrapper's session; the default 3600 rides out a wrapper "
+                                    "restart), got 0"),
+    ("broker_session_expiry: 1.5\n", "broker_session_expiry: expected whole seconds from 60"),
+    ("resubscribe_grace: -1\n", "resubscribe_grace: expected seconds above 0 and at most 86400"),
+    ("resubscribe_grace: soon\n", "resubscribe_grace: expected seconds above 0"),
 ])
 def test_yaml_errors_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
     message = error_of(yaml_text=text, tmp_path=tmp_path)
     assert expected in message
     if "YAML" not in expected and "mapping of settings" not in expected:
         assert str(tmp_path / "wrapper.yaml") in message  # which file
+
+
+def test_the_broker_session_settings(tmp_path: Path) -> None:
+    config = load()
+    assert config.broker_session_expiry == 3600 and config.resubscribe_grace == 30.0
+    config = load(yaml_text="broker_session_expiry: 86400\nresubscribe_grace: 2.5\n", tmp_path=tmp_path)
+    assert config.broker_session_expiry == 86400 and config.resubscribe_grace == 2.5
+    assert load(yaml_text="event_types: [broker_connected, unaccounted_subscriptions]\n",
+                tmp_path=tmp_path).event_types == {"broker_connected", "unaccounted_subscriptions"}
 
 
 def test_missing_file_and_state_dir_that_is_a_file(tmp_path: Path) -> None:
@@ -226,3 +241,86 @@ def test_cli_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "settings.redundancy: must be greater than 0" in capsys.readouterr().err
     assert cli.main(["status", "--node", "127.0.0.1:0"]) == 2
     assert "--node: bad port" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ broker credentials and TLS
+
+
+def test_a_broker_address_with_credentials_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    for message in (error_of({"broker": "fed:s3cret-pass@127.0.0.1:1883"}),
+                    error_of(yaml_text="broker: 'fed:s3cret-pass@127.0.0.1'\n", tmp_path=tmp_path)):
+        assert "s3cret-pass" not in message and "fed:" not in message
+        assert "holds credentials" in message
+        assert "broker_username (--broker-username)" in message and "(--broker-password-file)" in message
+    assert "without a scheme" in error_of({"broker": "mqtts://127.0.0.1"})
+
+
+def test_broker_login_and_tls_options_load(tmp_path: Path) -> None:
+    from tls_util import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    password_file = tmp_path / "broker.password"
+    password_file.write_text("pass word with spaces\nignored second line\n")
+    password_file.chmod(0o600)
+    config = load({"broker_username": "fed", "broker_password_file": str(password_file),
+                   "broker_tls_ca": str(pki.ca), "broker_tls_cert": str(pki.client_cert),
+                   "broker_tls_key": str(pki.client_key), "broker": "localhost"})
+    auth = config.broker_auth
+    assert (auth.username, auth.password, auth.tls) == ("fed", "pass word with spaces", True)
+    assert config.broker == Address("localhost", 8883)  # the TLS port when none is given
+    assert "pass word" not in repr(config) and "pass word" not in auth.describe()
+    assert auth.describe() == (f"as user 'fed' with a password over TLS (CA {pki.ca}, client certificate "
+                               f"{pki.client_cert})")
+    assert auth.permission_warnings() == []
+    password_file.chmod(0o644)
+    assert auth.permission_warnings() == [f"broker_password_file (--broker-password-file): {password_file} can be "
+                                          f"read or written by other users (mode 0644): chmod 600 {password_file}"]
+    yaml_config = load(yaml_text=f"broker_username: fed\nbroker_password_file: {password_file}\n"
+                                 f"broker_tls_ca: {pki.ca}\n", tmp_path=tmp_path)
+    assert yaml_config.broker_auth.password == "pass word with spaces"
+    assert yaml_config.broker == Address("127.0.0.1", 1883)  # a port given stays (the default broker has one)
+    plain = load({"broker_username": "fed"})
+    assert (plain.broker_auth.password, plain.broker_auth.tls, plain.broker_auth.ssl_context()) == (None, False, None)
+
+
+def test_every_bad_broker_credential_option_names_the_option_and_the_fix(tmp_path: Path) -> None:
+    from tls_util import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    empty = tmp_path / "empty"
+    empty.write_text("\nsecond line\n")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    unreadable = tmp_path / "unreadable"
+    unreadable.write_text("x\n")
+    cases = [
+        ({"broker_password_file": str(empty)}, "broker_password_file (--broker-password-file) needs broker_username"),
+        ({"broker_username": "fed", "broker_password_file": str(tmp_path / "missing")},
+         f"broker_password_file (--broker-password-file): file '{tmp_path / 'missing'}' not found; write the "
+         f"broker password on the first line"),
+        ({"broker_username": "fed", "broker_password_file": str(empty)}, "the first line of"),
+        ({"broker_username": "fed", "broker_password_file": str(tmp_path)}, "is a directory"),
+        ({"broker_tls_cert": str(pki.client_cert)}, "broker_tls_cert (--broker-tls-cert) needs broker_tls_key"),
+        ({"broker_tls_key": str(pki.client_key)}, "broker_tls_key (--broker-tls-key) needs broker_tls_cert"),
+        ({"broker_tls_ca": str(tmp_path / "nope.crt")}, "broker_tls_ca (--broker-tls-ca): file"),
+        ({"broker_tls_ca": str(garbage)}, "holds no usable CA certificate"),
+        ({"broker_tls_ca": str(pki.ca), "broker_tls_cert": str(pki.client_cert), "broker_tls_key": str(pki.server_key)},
+         "cannot load the client certificate"),
+        ({"broker_tls_ca": str(pki.ca), "broker_tls_cert": str(pki.client_cert),
+          "broker_tls_key": str(tmp_path / "missing.key")}, "broker_tls_key (--broker-tls-key): file"),
+        ({"broker_username": ""}, "--broker-username: expected a non-empty string"),
+    ]
+    for flags, expected in cases:
+        message = error_of(flags)
+        assert expected in message, (flags, message)
+    unreadable.chmod(0)
+    import os
+    if os.geteuid() != 0:  # root reads anything
+        assert "cannot read" in error_of({"broker_username": "fed", "broker_password_file": str(unreadable)})
+
+
+def test_a_password_file_is_never_shown(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.pem"
+    secret.write_text("hunter2-not-a-cert\n")
+    message = error_of({"broker_tls_ca": str(secret)})
+    assert "hunter2" not in message

@@ -29,6 +29,8 @@ from federation.protocol.types import Address, Injection
 from federation.tools.bench.hotpath import main as hotpath_main
 from federation.tools.bench.hotpath import publish_packet
 
+from mqtt_bytes import acknowledgements, split_packets
+
 BROKER = Address("127.0.0.1", 1883)
 
 
@@ -48,6 +50,11 @@ def adapter() -> Iterator[tuple[BrokerAdapter, socket.socket, list[BrokerItem]]]
         ours.close()
         peer.close()
         loop.close()
+
+
+def _acknowledge(adapter: BrokerAdapter, items: Sequence[BrokerItem]) -> None:
+    """What the runtime does once its node has taken a pass's items: acknowledge the QoS 1/2 ones."""
+    adapter.acknowledge(acknowledgements(items))
 
 
 def _read_all(peer: socket.socket) -> bytes:
@@ -73,6 +80,8 @@ def test_a_burst_of_publishes_in_one_read_yields_every_publication_in_order(adap
     assert [(p.topic, p.payload, p.qos, p.retain, p.properties) for p in publications] == \
         [(f"a/{i}", bytes([i % 256]) * i, i % 2, False, None) for i in range(300)]
     assert items[5] == LogLine("$SYS/broker/log/N", b"line")
+    assert _read_all(peer) == b""  # acknowledged by the runtime, once its node has taken them
+    _acknowledge(adapter_, items)
     acks = _read_all(peer)  # a PUBACK (40 02 mid) for every QoS 1 publication, as paho sends them
     assert acks == b"".join(bytes([0x40, 2]) + (i + 1).to_bytes(2, "big") for i in range(300) if i % 2)
 
@@ -242,10 +251,12 @@ def _through_paho(chunks: Sequence[bytes]) -> tuple[list[BrokerItem], bytes]:
     written = b""
     try:
         for chunk in chunks:
+            before = len(items)
             peer.sendall(chunk)
             while (rc := reference.client._packet_read()) == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 pass
             assert rc == MQTTErrorCode.MQTT_ERR_AGAIN
+            _acknowledge(reference, items[before:])
             written += _read_all(peer)
     finally:
         reference.client._sock = None
@@ -276,10 +287,12 @@ def _through_lean(chunks: Sequence[bytes]) -> tuple[list[BrokerItem], bytes, int
     written = b""
     try:
         for chunk in chunks:
+            before = len(items)
             peer.sendall(chunk)
             adapter._on_readable()
             while client.buffered():  # what the scheduled retry would read
                 adapter._on_readable()
+            _acknowledge(adapter, items[before:])
             written += _read_all(peer)
     finally:
         client._sock = None
@@ -318,10 +331,12 @@ def test_plain_publishes_never_take_pahos_read_path_and_the_rest_do() -> None:
 def test_a_stream_cut_anywhere_gives_what_paho_gives() -> None:
     names = ("qos0", "two_length_bytes", "qos1", "properties", "log_line", "qos2", "retained1")
     stream = b"".join(PACKETS[name] for name in names)
-    expected_items, expected_written = _through_paho([stream])
+    expected_items, _expected_written = _through_paho([stream])
     for cut in range(1, len(stream)):  # every place one packet can be split across two reads
-        items, written, _ = _through_lean(_cut(stream, [cut]))
-        assert (items, written) == (expected_items, expected_written), f"cut at byte {cut}"
+        chunks = _cut(stream, [cut])
+        items, written, _ = _through_lean(chunks)
+        # The acknowledgements follow each read (the runtime's, after a pass): compare with paho's on the same.
+        assert (items, written) == (expected_items, _through_paho(chunks)[1]), f"cut at byte {cut}"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -355,6 +370,7 @@ def test_pausing_stops_reading_mid_burst_and_resuming_reads_the_rest(adapter) ->
     peer.sendall(b"".join(publish_packet(f"p/{i}", b"x", 1, i + 1) for i in range(10)))
     adapter_._on_readable()
     assert [item.topic for item in items if isinstance(item, Publication)] == ["p/0", "p/1", "p/2"]
+    _acknowledge(adapter_, items)
     assert _read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in (1, 2, 3))  # only what was taken
     adapter_._on_readable()  # a pending wake-up while paused reads nothing
     assert len(items) == 3
@@ -363,6 +379,7 @@ def test_pausing_stops_reading_mid_burst_and_resuming_reads_the_rest(adapter) ->
     loop.run_until_complete(asyncio.sleep(0))
     loop.remove_reader(adapter_._watched)
     assert [item.topic for item in items if isinstance(item, Publication)] == [f"p/{i}" for i in range(10)]
+    _acknowledge(adapter_, items[3:])
     assert _read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in range(4, 11))
 
 
@@ -407,9 +424,9 @@ class _Side:
         recorded = self.client.publish_completed
         assert recorded is not None
 
-        def completed(mid: int) -> None:
+        def completed(mid: int, reason: int) -> None:
             self.completed.append(mid)
-            recorded(mid)
+            recorded(mid, reason)
 
         self.client.publish_completed = completed
         self.socks: list[socket.socket] = []
@@ -555,7 +572,7 @@ def test_unacknowledged_lean_injections_are_sent_again_with_dup_after_reconnecti
     assert again == paho.reconnect()
     assert lean.completed == paho.completed == [mids[1], mids[3]]
     # SUBSCRIBE (on_connect), then the three unacknowledged PUBLISH packets again, flagged DUP (0x08).
-    packets = _packets(first)
+    packets = split_packets(first)
     resent = b"".join(bytes([packet[0] | 0x08]) + packet[1:] for mid, packet in zip(mids, packets, strict=True)
                       if mid not in (mids[1], mids[3]))
     assert again.endswith(resent) and again[0] & 0xF0 == 0x80
@@ -597,28 +614,10 @@ def test_a_qos1_run_mixed_with_others_keeps_the_order_paho_gives(sides) -> None:
     assert lean.adapter.inject_failed == 1
     # The same packets in the same order; the mids differ: paho uses up one per QoS 0 publication, the lean
     # QoS 0 path none.
-    assert [_without_mid(p) for p in _packets(written)] == [_without_mid(p) for p in _packets(expected)]
-    assert len(_packets(written)) == 8
+    assert [_without_mid(p) for p in split_packets(written)] == [_without_mid(p) for p in split_packets(expected)]
+    assert len(split_packets(written)) == 8
     assert [m.topic for m in lean.client._out_messages.values()] == ["t", "a/b/c", "p/q", "z", "y", "t", "a/b/c"]
     assert lean.adapter.backlog() == 7
-
-
-def _packets(stream: bytes) -> list[bytes]:
-    """MQTT packets, split."""
-    packets = []
-    pos = 0
-    while pos < len(stream):
-        length, shift, start = 0, 0, pos + 1
-        while True:
-            byte = stream[start]
-            start += 1
-            length |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
-        packets.append(stream[pos:start + length])
-        pos = start + length
-    return packets
 
 
 def _without_mid(packet: bytes) -> bytes:

@@ -8,19 +8,23 @@ import dataclasses
 import random
 import socket
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_util import free_port, packets_in, peer_envelope, peer_socket, started_runtime
 
-from federation.daemon import runtime as runtime_module
+from federation.daemon import clock as clock_module
 from federation.daemon.backpressure import InjectionQueue, PacketBacklog, shed_qos0
+from federation.daemon.clock import Clock
 from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG, INJECTION_BACKLOG_HIGH, FlowControl
-from federation.daemon.runtime import DATA_SLICE, Clock, Runtime
+from federation.daemon.running import DATA_SLICE, Running
 from federation.daemon.udp import MAX_DATAGRAM_READ, LocalAddresses, OverlayProtocol, kernel_receive_drops
 from federation.protocol import wire
 from federation.protocol.node import Node
 from federation.protocol.types import Address, BrokerId, Injection
+
+from runtime_util import free_port, packets_in, peer_envelope, peer_socket, started_wrapper
 
 ORIGIN = Address("127.0.0.9", 10500)
 
@@ -90,7 +94,7 @@ def test_a_data_slice_is_bounded_in_bytes_too() -> None:
     assert len(backlog.take(100)) == 6 and backlog.bytes == 0
 
 
-# ------------------------------------------------------------ the runtime with a real socket
+# ------------------------------------------------------------ the wrapper with a real socket
 
 
 class FakeBroker:
@@ -98,10 +102,16 @@ class FakeBroker:
     injected = 0
     inject_failed = 0
     output_blocked = False
+    max_qos = 2
+    connected = True
+    receive_maximum = 65535
+    session_present = True
+    sessions_lost = 0
 
     def __init__(self) -> None:
         self.reading_paused = False
         self.pauses = 0
+        self.counts: Counter[str] = Counter()
 
     def pause_reading(self) -> None:
         self.reading_paused = True
@@ -113,6 +123,9 @@ class FakeBroker:
     def backlog(self) -> int:
         return 0
 
+    def injection_window(self) -> int:
+        return max(0, self.receive_maximum - self.backlog()) if self.connected else 0
+
     def publish_all(self, items: Any) -> None:
         pass
 
@@ -122,12 +135,12 @@ def test_hello_is_answered_before_the_queued_data() -> None:
     answered) in the first pass, the data a slice per pass after it."""
 
     async def scenario() -> None:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper()
         try:
             with peer_socket() as (peer, peer_address):
                 peer.setblocking(False)
-                envelope = peer_envelope(runtime, peer_address)
-                target = runtime.config.bind
+                envelope = peer_envelope(wrapper, peer_address)
+                target = wrapper.config.bind
                 count = DATA_SLICE + 200
                 for seq in range(1, count + 1):
                     envelope.send(tm(seq, origin=peer_address), target)
@@ -136,15 +149,14 @@ def test_hello_is_answered_before_the_queued_data() -> None:
                 envelope.send(hello(peer_address), target)
                 for data, _ in envelope.datagrams_to_send():
                     peer.sendto(data, (target.host, target.port))
-                node = runtime.node
-                assert node is not None
+                node = wrapper.node
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + 5
                 while node.received_by_type[wire.HELLO] == 0 and loop.time() < deadline:
                     await asyncio.sleep(0)
                 assert node.received_by_type[wire.HELLO] == 1
                 assert node.received_by_type[wire.TOPIC_MESSAGE] <= DATA_SLICE  # the hello did not wait for them
-                assert len(runtime.receive_backlog) > 0
+                assert len(wrapper.receive_backlog) > 0
                 answered = False
                 while not answered and loop.time() < deadline:
                     await asyncio.sleep(0.001)
@@ -157,41 +169,41 @@ def test_hello_is_answered_before_the_queued_data() -> None:
                 while node.received_by_type[wire.TOPIC_MESSAGE] < count and loop.time() < deadline:
                     await asyncio.sleep(0.001)
                 assert node.received_by_type[wire.TOPIC_MESSAGE] == count  # nothing lost, only reordered
-                assert len(runtime.receive_backlog) == 0
+                assert len(wrapper.receive_backlog) == 0
         finally:
-            runtime._close_resources()
+            wrapper.close()
 
     asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("publication_events", [True, False])
-def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publication_events: bool) -> None:
+def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publication_events: bool,
+                                                                            tmp_path: Path) -> None:
     """The shed publication is always counted, and reported as `publication_dropped` only by a node that
     makes the per-publication events (docs/daemon.md "Overload")."""
 
     async def scenario() -> None:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper(tmp_path / "events.jsonl" if publication_events else None)
         try:
             with peer_socket() as (peer, peer_address):
-                node = runtime.node
-                protocol = runtime.protocol
-                assert node is not None and protocol is not None
-                node.publication_events = publication_events
+                node = wrapper.node
+                protocol = wrapper.protocol
+                assert node.publication_events is publication_events
                 broker = FakeBroker()
-                runtime.broker = broker  # type: ignore[assignment]
+                wrapper.broker = broker  # type: ignore[assignment]
                 neighbour = peer_address
-                peer_envelope(runtime, peer_address)  # as after a first exchange: the runtime stamps the peer's epoch
+                peer_envelope(wrapper, peer_address)  # as after a first exchange: the wrapper stamps the peer's epoch
                 protocol.pause_writing()  # as asyncio does above the write-buffer high-water mark
                 message = wire.TopicMessage("t/#", node.address, node.epoch, 1, 1, 0, "t/x", b"p", 0, False, None)
                 reliable = dataclasses.replace(message, seq=2, qos=1)
-                node.send(wire.TOPIC_MESSAGE, message, [neighbour])
-                node.send(wire.TOPIC_MESSAGE, reliable, [neighbour])
-                node.send(wire.HELLO, wire.Hello(99, 0.0), [neighbour])
-                runtime._drain_outputs(runtime.clock.now())
+                node.outbox.send(wire.TOPIC_MESSAGE, message, [neighbour])
+                node.outbox.send(wire.TOPIC_MESSAGE, reliable, [neighbour])
+                node.outbox.send(wire.HELLO, wire.Hello(99, 0.0), [neighbour])
+                wrapper._drain_outputs(wrapper.clock.now())
                 assert node.drops["send_backlog_qos0"] == 1
-                assert runtime.event_counts["publication_dropped"] == (1 if publication_events else 0)
+                assert wrapper.event_counts["publication_dropped"] == (1 if publication_events else 0)
                 assert broker.reading_paused and broker.pauses == 1
-                overload = runtime.status_document()["daemon"]["overload"]
+                overload = wrapper.status_document()["daemon"]["overload"]
                 assert overload["send_shed_qos0"] == 1 and overload["kernel_receive_drops"] == 0
                 data, _ = peer.recvfrom(65535)  # the hello and the QoS 1 copy went out, batched
                 packets = packets_in(data)
@@ -199,37 +211,35 @@ def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publi
                 assert wire.decode(packets[0], len(packets[0]), 1 << 16).body.qos == 1  # type: ignore[union-attr]
                 protocol.resume_writing()  # the buffer drained: read from the broker again
                 assert not broker.reading_paused
-                node.send(wire.TOPIC_MESSAGE, dataclasses.replace(message, seq=3), [neighbour])
-                runtime._drain_outputs(runtime.clock.now())
+                node.outbox.send(wire.TOPIC_MESSAGE, dataclasses.replace(message, seq=3), [neighbour])
+                wrapper._drain_outputs(wrapper.clock.now())
                 assert node.drops["send_backlog_qos0"] == 1  # not paused: sent
                 data, _ = peer.recvfrom(65535)
         finally:
-            runtime.broker = None
-            runtime._close_resources()
+            wrapper.close()
 
     asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("publication_events", [True, False])
 def test_a_full_receive_backlog_counts_every_drop_and_reports_them_with_the_publication_events(
-        publication_events: bool) -> None:
+        publication_events: bool, tmp_path: Path) -> None:
     """Shedding from the receive backlog: each dropped QoS 0 `tm` is counted; it becomes a
     `publication_dropped` event (naming the publication) only on a node that makes the per-publication events."""
 
     async def scenario() -> None:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper(tmp_path / "events.jsonl" if publication_events else None)
         try:
-            node = runtime.node
-            assert node is not None
-            node.publication_events = publication_events
+            node = wrapper.node
+            assert node.publication_events is publication_events
             node.events_emitted()
-            runtime.receive_backlog = PacketBacklog(max_packets=3, max_bytes=1 << 20)
-            envelope = peer_envelope(runtime, ORIGIN)
+            wrapper.receive_backlog = PacketBacklog(max_packets=3, max_bytes=1 << 20)
+            envelope = peer_envelope(wrapper, ORIGIN)
             for seq in range(1, 9):
-                envelope.send(tm(seq), runtime.config.bind)
+                envelope.send(tm(seq), wrapper.config.bind)
             datagrams = [(data, ORIGIN) for data, _ in envelope.datagrams_to_send()]
-            runtime._receive(node, datagrams)
-            assert len(runtime.receive_backlog) == 3
+            wrapper._receive_datagrams(node, datagrams)
+            assert len(wrapper.receive_backlog) == 3
             assert node.drops["receive_backlog_qos0"] == 5
             dropped = [e for e in node.events_emitted() if e.type == "publication_dropped"]
             if publication_events:
@@ -238,7 +248,7 @@ def test_a_full_receive_backlog_counts_every_drop_and_reports_them_with_the_publ
             else:
                 assert dropped == []
         finally:
-            runtime._close_resources()
+            wrapper.close()
 
     asyncio.run(scenario())
 
@@ -246,21 +256,20 @@ def test_a_full_receive_backlog_counts_every_drop_and_reports_them_with_the_publ
 @pytest.mark.parametrize("limit", [1, 5])
 def test_read_waiting_takes_at_most_limit(limit: int) -> None:
     async def scenario() -> None:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper()
         try:
             with peer_socket() as (peer, peer_address):
-                protocol = runtime.protocol
-                assert protocol is not None
-                runtime.transport.pause_reading()  # type: ignore[union-attr]  # keep asyncio off the socket
+                protocol = wrapper.protocol
+                wrapper.transport.pause_reading()  # type: ignore[attr-defined]  # keep asyncio off the socket
                 for index in range(8):
-                    peer.sendto(b"\xfe" + bytes([index]) * 40, ("127.0.0.1", runtime.config.bind.port))
+                    peer.sendto(b"\xfe" + bytes([index]) * 40, ("127.0.0.1", wrapper.config.bind.port))
                 await asyncio.sleep(0.05)
                 first = protocol.read_waiting(limit)
                 rest = protocol.read_waiting(100)
                 assert len(first) == limit and len(first) + len(rest) == 8
                 assert protocol.read_waiting(100) == []
         finally:
-            runtime._close_resources()
+            wrapper.close()
 
     asyncio.run(scenario())
 
@@ -269,13 +278,13 @@ def test_an_empty_datagram_first_hides_none_behind_it() -> None:
     """`read_waiting` asks FIONREAD first, which says 0 for an empty datagram as for none: it then reads
     nothing, and what waits behind is read once the empty one is taken (asyncio's read does that)."""
     async def scenario() -> None:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper()
         try:
             with peer_socket() as (peer, _peer_address):
-                protocol = runtime.protocol
-                assert protocol is not None and protocol.sock is not None
-                runtime.transport.pause_reading()  # type: ignore[union-attr]  # keep asyncio off the socket
-                target = ("127.0.0.1", runtime.config.bind.port)
+                protocol = wrapper.protocol
+                assert protocol.sock is not None
+                wrapper.transport.pause_reading()  # type: ignore[attr-defined]  # keep asyncio off the socket
+                target = ("127.0.0.1", wrapper.config.bind.port)
                 peer.sendto(b"", target)
                 for index in range(3):  # on loopback, queued at the receiver when sendto returns
                     peer.sendto(b"\xfe" + bytes([index]) * 40, target)
@@ -283,7 +292,7 @@ def test_an_empty_datagram_first_hides_none_behind_it() -> None:
                 assert protocol.sock.recvfrom(MAX_DATAGRAM_READ)[0] == b""
                 assert [data[1] for data, _source in protocol.read_waiting(100)] == [0, 1, 2]
         finally:
-            runtime._close_resources()
+            wrapper.close()
 
     asyncio.run(scenario())
 
@@ -301,7 +310,8 @@ def test_the_largest_datagram_arrives_whole_through_asyncio() -> None:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(("127.0.0.1", 0))
-        protocol = OverlayProtocol(on_datagram, lambda _addr: None, LocalAddresses({"127.0.0.1"}), sock=sock)
+        protocol = OverlayProtocol(LocalAddresses({"127.0.0.1"}), sock=sock)
+        protocol.attach(on_datagram, lambda _addr: None, lambda: None)
         transport, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=sock)
         try:
             assert getattr(transport, "max_size", MAX_DATAGRAM_READ) == MAX_DATAGRAM_READ
@@ -351,29 +361,28 @@ def test_a_backed_up_broker_stops_the_wrapper_taking_new_qos1_copies() -> None:
     to leave new QoS 1/2 copies unacknowledged, and told again to take them once the queue empties."""
 
     async def scenario() -> None:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper()
         try:
-            node = runtime.node
-            assert node is not None
+            node = wrapper.node
             broker = SlowBroker()
-            runtime.broker = broker  # type: ignore[assignment]
+            wrapper.broker = broker  # type: ignore[assignment]
             injection = Injection("a/b", b"x", 1, False, None, (ORIGIN, 1, 1))
-            now = runtime.clock.now()
-            node._injections.extend([injection] * BROKER_BACKLOG)
-            runtime._drain_outputs(now)
-            assert broker.handed == BROKER_BACKLOG and len(runtime.flow.injection_queue) == 0
-            node._injections.extend([injection] * (INJECTION_BACKLOG_HIGH - 1))
-            runtime._drain_outputs(now)
+            now = wrapper.clock.now()
+            node.outbox.injections.extend([injection] * BROKER_BACKLOG)
+            wrapper._drain_outputs(now)
+            assert broker.handed == BROKER_BACKLOG and len(wrapper.flow.injection_queue) == 0
+            node.outbox.injections.extend([injection] * (INJECTION_BACKLOG_HIGH - 1))
+            wrapper._drain_outputs(now)
             assert not node.delivery_backlogged
-            node._injections.append(injection)
-            runtime._drain_outputs(now)
-            assert len(runtime.flow.injection_queue) == INJECTION_BACKLOG_HIGH and node.delivery_backlogged
-            assert runtime.flow.injection_queue.dropped["qos12"] == 0
+            node.outbox.injections.append(injection)
+            wrapper._drain_outputs(now)
+            assert len(wrapper.flow.injection_queue) == INJECTION_BACKLOG_HIGH and node.delivery_backlogged
+            assert wrapper.flow.injection_queue.dropped["qos12"] == 0
             broker.handed = 0  # the broker caught up
-            runtime._on_broker_completed()
+            wrapper._on_broker_completed()
             assert not node.delivery_backlogged
         finally:
-            runtime._close_resources()
+            wrapper.close()
 
     asyncio.run(scenario())
 
@@ -387,13 +396,12 @@ def test_publications_dropped_toward_a_slow_broker_are_counted_and_qos12_always_
         def backlog(self) -> int:
             return BROKER_BACKLOG  # takes nothing now: everything waits in the queue
 
-    node = Node(ORIGIN, [], 1, random.Random(1))
-    node.publication_events = publication_events
+    node = Node(ORIGIN, [], 1, random.Random(1), publication_events=publication_events)
     flow = FlowControl()
     flow.injection_queue = InjectionQueue(2)
     made = [Injection("t/x", b"p", qos, False, None, (ORIGIN, 1, seq)) for seq, qos in enumerate((1, 0, 1, 1), 1)]
-    node._injections.extend(made)
-    flow.inject(node, BusyBroker(), 0.0)  # type: ignore[arg-type]
+    node.outbox.injections.extend(made)
+    flow.inject(node, BusyBroker(), 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert node.drops["inject_backlog_qos0"] == 1 and node.drops["inject_backlog_qos12"] == 1
     reported = [e.fields["pub"] for e in node.events_emitted() if e.type == "publication_dropped"]
     assert reported == ([f"{ORIGIN}/1/2", f"{ORIGIN}/1/1"] if publication_events else [f"{ORIGIN}/1/1"])
@@ -412,16 +420,16 @@ def test_injections_skip_an_empty_queue_and_queue_behind_a_waiting_one() -> None
     node = Node(ORIGIN, [], 1, random.Random(1))
     flow = FlowControl()
     made = [Injection("t/x", b"p", seq % 2, False, None, (ORIGIN, 1, seq)) for seq in range(1, 7)]
-    node._injections.extend(made[:2])
-    flow.inject(node, broker, 0.0)  # type: ignore[arg-type]
+    node.outbox.injections.extend(made[:2])
+    flow.inject(node, broker, 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert handed == [made[:2]] and not len(flow.injection_queue) and not node.delivery_backlogged
     broker.output_blocked = True
-    node._injections.extend(made[2:4])
-    flow.inject(node, broker, 0.0)  # type: ignore[arg-type]
+    node.outbox.injections.extend(made[2:4])
+    flow.inject(node, broker, 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert len(handed) == 1 and len(flow.injection_queue) == 2
     broker.output_blocked = False
-    node._injections.extend(made[4:])
-    flow.inject(node, broker, 0.0)  # type: ignore[arg-type]
+    node.outbox.injections.extend(made[4:])
+    flow.inject(node, broker, 0.0, node.injections_to_make())  # type: ignore[arg-type]
     assert handed[1:] == [made[2:]] and not len(flow.injection_queue)
 
 
@@ -430,7 +438,7 @@ def test_nothing_is_handed_to_a_broker_whose_socket_is_full_and_the_queue_paces(
     unbounded one), where the pacing level sees them; all are handed over once the socket drains."""
 
     async def scenario() -> None:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper()
         handed: list[Injection] = []
 
         class BlockedBroker(FakeBroker):
@@ -440,24 +448,23 @@ def test_nothing_is_handed_to_a_broker_whose_socket_is_full_and_the_queue_paces(
                 handed.extend(items)
 
         broker = BlockedBroker()
-        node = runtime.node
-        assert node is not None
+        node = wrapper.node
         try:
-            runtime.broker = broker  # type: ignore[assignment]
+            wrapper.broker = broker  # type: ignore[assignment]
             count = INJECTION_BACKLOG // 2
-            node._injections.extend(Injection("t/x", b"p", 0, False, None, (ORIGIN, 1, seq))
+            node.outbox.injections.extend(Injection("t/x", b"p", 0, False, None, (ORIGIN, 1, seq))
                                     for seq in range(1, count + 1))
-            runtime._drain_outputs(runtime.clock.now())
-            assert not handed and len(runtime.flow.injection_queue) == count
-            assert runtime._backlog_level() == runtime.receive_backlog.max_packets // 2
+            wrapper._drain_outputs(wrapper.clock.now())
+            assert not handed and len(wrapper.flow.injection_queue) == count
+            assert wrapper._backlog_level() == wrapper.receive_backlog.max_packets // 2
             broker.output_blocked = False
-            while len(runtime.flow.injection_queue):
+            while len(wrapper.flow.injection_queue):
                 before = len(handed)
-                runtime._on_broker_completed()  # what the adapter calls once its socket took the bytes
+                wrapper._on_broker_completed()  # what the adapter calls once its socket took the bytes
                 assert len(handed) > before
             assert len(handed) == count and not node.drops
         finally:
-            runtime._close_resources()
+            wrapper.close()
 
     asyncio.run(scenario())
 
@@ -470,10 +477,10 @@ def test_the_clock_anchors_on_its_tightest_bracketed_read(monkeypatch: pytest.Mo
     monotonic = iter([10.0, 10.005,  # preempted for 5 ms: not this one
                       20.0, 20.000002, 30.0, 30.001, 40.0, 40.001, 50.0, 50.001])
     walls = iter([1000.0, 2000.0, 3000.0, 4000.0, 5000.0])
-    monkeypatch.setattr(runtime_module.time, "monotonic", lambda: next(monotonic))
-    monkeypatch.setattr(runtime_module.time, "time", lambda: next(walls))
+    monkeypatch.setattr(clock_module.time, "monotonic", lambda: next(monotonic))
+    monkeypatch.setattr(clock_module.time, "time", lambda: next(walls))
     clock = Clock()
-    monkeypatch.setattr(runtime_module.time, "monotonic", lambda: 20.5)
+    monkeypatch.setattr(clock_module.time, "monotonic", lambda: 20.5)
     assert clock.now() == pytest.approx(2000.0 + 20.5 - 20.000001, abs=1e-9)
 
 
@@ -493,13 +500,12 @@ def test_a_hello_drained_from_the_socket_is_answered_with_a_time_after_it_was_re
     read; stamped before, a neighbour on the same clock would measure an offset beyond its error bound."""
 
     async def scenario() -> None:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper()
         try:
             with peer_socket() as (peer, peer_address):
                 clock = TickingClock()
-                runtime.clock = clock  # type: ignore[assignment]
-                protocol = runtime.protocol
-                assert protocol is not None
+                wrapper.clock = clock  # type: ignore[assignment]
+                protocol = wrapper.protocol
                 read_at: list[float] = []
                 read_waiting = protocol.read_waiting
 
@@ -508,15 +514,15 @@ def test_a_hello_drained_from_the_socket_is_answered_with_a_time_after_it_was_re
                     return read_waiting(limit)
 
                 protocol.read_waiting = recorded_read_waiting  # type: ignore[method-assign]
-                envelope = peer_envelope(runtime, peer_address)
-                envelope.send(hello(peer_address, seq=7), runtime.config.bind)
+                envelope = peer_envelope(wrapper, peer_address)
+                envelope.send(hello(peer_address, seq=7), wrapper.config.bind)
                 for data, _ in envelope.datagrams_to_send():
-                    peer.sendto(data, (runtime.config.bind.host, runtime.config.bind.port))
+                    peer.sendto(data, (wrapper.config.bind.host, wrapper.config.bind.port))
                 deadline = time.monotonic() + 5
-                while not _readable(runtime) and time.monotonic() < deadline:
+                while not _readable(wrapper) and time.monotonic() < deadline:
                     pass  # no await: the loop must not read the hello itself
-                assert _readable(runtime)
-                runtime._on_datagram(b"not a packet", peer_address)  # the hello waits in the socket behind it
+                assert _readable(wrapper)
+                wrapper._on_datagram(b"not a packet", peer_address)  # the hello waits in the socket behind it
                 assert read_at
                 data, _ = peer.recvfrom(65535)
                 packets = packets_in(data)
@@ -525,15 +531,14 @@ def test_a_hello_drained_from_the_socket_is_answered_with_a_time_after_it_was_re
                 assert isinstance(body, wire.HelloBack) and body.echo_seq == 7
                 assert body.replied_at > read_at[0]
         finally:
-            runtime._close_resources()
+            wrapper.close()
 
     asyncio.run(scenario())
 
 
-def _readable(runtime: Runtime) -> bool:
-    """a datagram waits in the runtime's socket (peeked, not taken)"""
-    sock = runtime._sock
-    assert sock is not None
+def _readable(wrapper: Running) -> bool:
+    """a datagram waits in the wrapper's socket (peeked, not taken)"""
+    sock = wrapper.sock
     try:
         return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
     except BlockingIOError:
@@ -544,26 +549,25 @@ def _readable(runtime: Runtime) -> bool:
 
 def test_a_long_receive_backlog_tells_its_source_rb_and_ready_once_worked_off() -> None:
     async def scenario() -> None:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper()
         try:
             with peer_socket() as (peer, peer_address):
-                node = runtime.node
-                assert node is not None
+                node = wrapper.node
                 node.neighbours.add_dynamic(peer_address)  # known, as a configured neighbour would be
-                envelope = peer_envelope(runtime, peer_address)
+                envelope = peer_envelope(wrapper, peer_address)
                 for seq in range(1, node.pacing.high + 1):
-                    envelope.send(tm(seq, origin=peer_address), runtime.config.bind)
-                runtime._receive(node, [(data, peer_address) for data, _ in envelope.datagrams_to_send()])
-                runtime._drain_outputs(runtime.clock.now())
-                assert node.pacing.busy and len(runtime.receive_backlog) == node.pacing.high
+                    envelope.send(tm(seq, origin=peer_address), wrapper.config.bind)
+                wrapper._receive_datagrams(node, [(data, peer_address) for data, _ in envelope.datagrams_to_send()])
+                wrapper._drain_outputs(wrapper.clock.now())
+                assert node.pacing.busy and len(wrapper.receive_backlog) == node.pacing.high
                 assert kinds_received(peer) == [(wire.RECEIVER_BUSY, node.pacing.hold)]
-                while len(runtime.receive_backlog) > 0:  # worked off a slice at a time
-                    runtime._data_pass(runtime.clock.now())
+                while len(wrapper.receive_backlog) > 0:  # worked off a slice at a time
+                    wrapper._data_pass(wrapper.clock.now())
                 assert not node.pacing.busy
                 assert kinds_received(peer) == [(wire.RECEIVER_BUSY, 0.0)]
                 assert node.drops["receive_backlog_qos0"] == 0
         finally:
-            runtime._close_resources()
+            wrapper.close()
 
     asyncio.run(scenario())
 
@@ -580,28 +584,26 @@ def kinds_received(peer: socket.socket) -> list[tuple[str, float | None]]:
 
 def test_a_paced_wrapper_stops_reading_its_broker_until_the_hold_ends() -> None:
     async def scenario() -> None:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper()
         try:
-            node = runtime.node
-            assert node is not None
+            node = wrapper.node
             broker = FakeBroker()
-            runtime.broker = broker  # type: ignore[assignment]
+            wrapper.broker = broker  # type: ignore[assignment]
             neighbour = Address("127.0.0.1", free_port())
-            node.pacing.on_receiver_busy(neighbour, 0.05, runtime.clock.now())
-            runtime._drain_outputs(runtime.clock.now())
+            node.pacing.on_receiver_busy(neighbour, 0.05, wrapper.clock.now())
+            wrapper._drain_outputs(wrapper.clock.now())
             assert broker.reading_paused and broker.pauses == 1
             deadline = time.monotonic() + 5
             while broker.reading_paused and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)  # nothing arrives: the hold's end alone wakes the wrapper
-            assert not broker.reading_paused and node.pacing.paced(runtime.clock.now()) is None
-            node.pacing.on_receiver_busy(neighbour, 5.0, runtime.clock.now())
-            runtime._drain_outputs(runtime.clock.now())
+            assert not broker.reading_paused and node.pacing.paced(wrapper.clock.now()) is None
+            node.pacing.on_receiver_busy(neighbour, 5.0, wrapper.clock.now())
+            wrapper._drain_outputs(wrapper.clock.now())
             assert broker.reading_paused and broker.pauses == 2
-            node.pacing.on_receiver_busy(neighbour, 0.0, runtime.clock.now())  # ready: read again at once
-            runtime._drain_outputs(runtime.clock.now())
+            node.pacing.on_receiver_busy(neighbour, 0.0, wrapper.clock.now())  # ready: read again at once
+            wrapper._drain_outputs(wrapper.clock.now())
             assert not broker.reading_paused
         finally:
-            runtime.broker = None
-            runtime._close_resources()
+            wrapper.close()
 
     asyncio.run(scenario())

@@ -28,12 +28,12 @@ class LossyHarness(Harness):
         node = self.nodes.get(index)
         if node is not None and self.lossy:
             kept = []
-            for data, target in node.datagrams_to_send():
+            for data, target in node.packets_to_send():
                 target_index = int(target.host.rsplit(".", 1)[1])
                 if (index, target_index) in self.lossy and wire.packet_type(data) in self.drop_types:
                     continue
                 kept.append((data, target))
-            node._datagrams = kept
+            node.outbox.packets = kept
         super().flush(index)
 
 

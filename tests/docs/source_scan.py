@@ -20,6 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS_MODULE = "federation.protocol.events"
+WRAPPER_EVENTS_MODULE = "federation.daemon.wrapper_events"
+"""the kinds only a wrapper makes (its broker connection)"""
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -109,6 +111,12 @@ class Source:
             for node in ast.walk(module.tree):
                 if isinstance(node, ast.Call):
                     yield module, node
+
+    def _defined_count(self, name: str) -> int:
+        """How many functions or methods named `name` the scanned modules define (a part's base class may live
+        in another module than the subclass that calls its methods through `self`)."""
+        return sum(1 for module in self.modules.values() for node in ast.walk(module.tree)
+                   if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name)
 
     @staticmethod
     def callee(call: ast.Call) -> str | None:
@@ -207,8 +215,8 @@ class Source:
                 continue
             via_self = isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
                 and call.func.value.id == "self"
-            if via_self and caller is not module:
-                continue  # self.f() reaches the f of its own class, in its own module
+            if via_self and caller is not module and self._defined_count(function.name) > 1:
+                continue  # self.f() reaches the f of its own class: another module's only if f is defined once
             keyword = next((k.value for k in call.keywords if k.arg == name), None)
             if keyword is not None:
                 found |= self.strings(caller, keyword, seen)
@@ -285,14 +293,21 @@ class Source:
             return given, later, closed and assigned
         return set(), set(), False
 
-    def event_sites(self, kinds: Iterable[str]) -> list[EmitSite]:
-        """Every call that makes a node event: a positional argument names a constant of the events module."""
+    def event_sites(self, kinds: Iterable[str], declared_in: str = EVENTS_MODULE) -> list[EmitSite]:
+        """Every call that makes an event of `kinds`: a positional argument names a constant of `declared_in`, or
+        the keyword `event=` does (`Outbox.drop(reason, event=events.X, now=now, **fields)`)."""
         known = set(kinds)
         sites: list[EmitSite] = []
         for module, call in self.calls():
+            keyword_event = next((k.value for k in call.keywords if k.arg == "event"), None)
+            named = self.constant(module, keyword_event) if keyword_event is not None else None
+            if named is not None and named[0] == declared_in and named[1] in known:
+                fields = {k.arg for k in call.keywords if k.arg not in (None, "event", "now")}
+                sites.append(EmitSite(named[1], frozenset(fields), frozenset(), True, self.where(module, call)))
+                continue
             for position, argument in enumerate(call.args):
                 named = self.constant(module, argument)
-                if named is None or named[0] != EVENTS_MODULE or named[1] not in known:
+                if named is None or named[0] != declared_in or named[1] not in known:
                     continue
                 fields = {k.arg for k in call.keywords if k.arg is not None}
                 optional: set[str] = set()
@@ -317,6 +332,13 @@ class Source:
         for module, call in self.calls():
             position = next((i for i, a in enumerate(call.args) if self.constant(module, a) == (EVENTS_MODULE, kind)),
                             None)
+            keyword_event = next((k.value for k in call.keywords if k.arg == "event"), None)
+            if position is None and keyword_event is not None \
+                    and self.constant(module, keyword_event) == (EVENTS_MODULE, kind):
+                for keyword in call.keywords:  # Outbox.drop(reason, event=events.X, now=now, **fields)
+                    if keyword.arg == name:
+                        found |= self.strings(module, keyword.value)
+                continue
             if position is None:
                 continue
             for keyword in call.keywords:
@@ -360,16 +382,19 @@ class Source:
                 for text in self.strings(module, call.args[0])}
 
     def drop_reasons(self) -> dict[str, list[str]]:
-        """Reason -> where it is counted: `<x>.drops[reason]`, `count_drop(reason)`, `DecodeError(reason, ...)`
-        (the node counts a decoding error under its reason)."""
+        """Reason -> where it is counted: `<x>.drops[reason]`, `<outbox or node>.drop(reason, ...)`,
+        `DecodeError(reason, ...)` (the node counts a decoding error under its reason). The store inside a
+        `drop` method is the sink every caller goes through: its reasons are its callers' first arguments."""
         found: dict[str, list[str]] = {}
         for module in self.modules.values():
             for node in ast.walk(module.tree):
                 reason: ast.expr | None = None
                 if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
                         and node.value.attr == "drops" and isinstance(node.ctx, ast.Store):
-                    reason = node.slice
-                elif isinstance(node, ast.Call) and self.callee(node) in ("count_drop", "DecodeError") and node.args:
+                    function = module.function_of.get(id(node))
+                    if function is None or function.name != "drop":
+                        reason = node.slice
+                elif isinstance(node, ast.Call) and self.callee(node) in ("drop", "DecodeError") and node.args:
                     reason = node.args[0]
                 if reason is not None:
                     for text in self.strings(module, reason):

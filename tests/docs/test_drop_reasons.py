@@ -87,3 +87,14 @@ def test_the_protocol_spec_names_no_reason_the_table_lacks() -> None:
     named = {reason for heading in ("Strict decoding", "Receiving")
              for row in table("protocol.md", heading) for reason in backticked(row["reason"])}
     assert named <= set(rows()), f"docs/protocol.md names reasons docs/drops.md lacks: {sorted(named - set(rows()))}"
+
+
+def test_the_metrics_export_every_reason_from_the_start() -> None:
+    """`mqttfed_drops_total` has a sample for every reason from the start (0 until counted): its list is the code's."""
+    from federation.daemon.metrics import DROP_REASONS
+
+    listed = set(DROP_REASONS)
+    assert len(listed) == len(DROP_REASONS), "federation/daemon/metrics.py lists a drop reason twice"
+    counted = code_reasons()
+    assert listed == counted, (f"counted but not in metrics.NODE_DROP_REASONS: {sorted(counted - listed)}; "
+                               f"listed but never counted: {sorted(listed - counted)}")

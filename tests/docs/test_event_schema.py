@@ -1,6 +1,7 @@
 """docs/events.md against the code: the kinds, the fields every call gives, the fixed values, Spark's schema.
 
-The node's kinds come from `federation.protocol.events.ALL`; everything else is read from the source
+The node's kinds come from `federation.protocol.events.ALL`, the wrapper's own from
+`federation.daemon.wrapper_events.ALL`; everything else is read from the source
 (tests/docs/source_scan.py), so a new event, field or value that the docs do not describe fails here.
 """
 
@@ -13,18 +14,20 @@ from pathlib import Path
 
 import pytest
 from doc_tables import backticked, names, table
-from source_scan import ROOT, EmitSite, Source
+from source_scan import ROOT, WRAPPER_EVENTS_MODULE, EmitSite, Source
 
+from federation.daemon import wrapper_events
 from federation.protocol import events
 
 DOC = "events.md"
-SECTIONS = {"node": "Node events", "sim": "Simulator records", "run": "Scenario driver records"}
+SECTIONS = {"node": "Node events", "wrapper": "Wrapper events", "sim": "Simulator records",
+            "run": "Scenario driver records"}
 HEADER = {"v", "t", "node", "type", "name"}
 
 KNOWN_SPARK_MISMATCHES = {"to"}
 """Fields whose documented type Spark's schema cannot read. `to` is one string in
 `publication_retransmitted` and `publication_dropped` (`unacknowledged`) but a list elsewhere, and
-spark/reader.py reads it as a list of strings, so Spark counts those two kinds of lines as corrupt.
+federation/spark/reader.py reads it as a list of strings, so Spark counts those two kinds of lines as corrupt.
 Remove the entry when the code writes one type."""
 
 
@@ -56,7 +59,12 @@ def source() -> Source:
 
 
 def _sites(section: str) -> dict[str, list[EmitSite]]:
-    found = source().event_sites(events.ALL) if section == "node" else source().record_sites(f"{section}_")
+    if section == "node":
+        found = source().event_sites(events.ALL)
+    elif section == "wrapper":
+        found = source().event_sites(wrapper_events.ALL, WRAPPER_EVENTS_MODULE)
+    else:
+        found = source().record_sites(f"{section}_")
     by_kind: dict[str, list[EmitSite]] = defaultdict(list)
     for site in found:
         by_kind[site.kind].append(site)
@@ -66,6 +74,12 @@ def _sites(section: str) -> dict[str, list[EmitSite]]:
 def test_the_node_event_kinds_are_the_declared_ones() -> None:
     assert set(documented("node")) == set(events.ALL), \
         "docs/events.md 'Node events' and federation/protocol/events.py ALL differ"
+
+
+def test_the_wrapper_event_kinds_are_the_declared_ones() -> None:
+    assert set(documented("wrapper")) == set(wrapper_events.ALL), \
+        "docs/events.md 'Wrapper events' and federation/daemon/wrapper_events.py ALL differ"
+    assert not set(events.ALL) & set(wrapper_events.ALL)
 
 
 @pytest.mark.parametrize("section", sorted(SECTIONS))
@@ -145,22 +159,22 @@ def _spark_accepts(spark_type: object, json_type: str) -> bool:
 
 def test_the_spark_schema_reads_documented_fields_with_their_types() -> None:
     pytest.importorskip("pyspark")
-    from spark.reader import CORRUPT, EVENT_SCHEMA
+    from federation.spark.reader import CORRUPT, EVENT_SCHEMA
 
     types = field_types()
     unknown = [f.name for f in EVENT_SCHEMA.fields if f.name not in HEADER | {CORRUPT} and f.name not in types]
-    assert not unknown, f"spark/reader.py reads fields docs/events.md does not describe: {unknown}"
+    assert not unknown, f"federation/spark/reader.py reads fields docs/events.md does not describe: {unknown}"
     mismatched = {f.name for f in EVENT_SCHEMA.fields if f.name in types
                   and not all(_spark_accepts(f.dataType, json_type) for json_type in types[f.name])}
     assert mismatched == KNOWN_SPARK_MISMATCHES, (
-        f"spark/reader.py's types that cannot read every documented type: {sorted(mismatched)} "
+        f"federation/spark/reader.py's types that cannot read every documented type: {sorted(mismatched)} "
         f"(known: {sorted(KNOWN_SPARK_MISMATCHES)})")
 
 
 def _spark_literals() -> tuple[set[str], set[str]]:
     """(every string literal in spark/*.py, the literals given as column names to col/select/explode)."""
     literals, columns = set(), set()
-    for path in sorted(Path(ROOT, "spark").glob("*.py")):
+    for path in sorted(Path(ROOT, "federation", "spark").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 literals.add(node.value)
@@ -171,9 +185,9 @@ def _spark_literals() -> tuple[set[str], set[str]]:
 
 def test_the_spark_schema_covers_what_the_job_reads() -> None:
     pytest.importorskip("pyspark")
-    from spark.analysis import DETECTED_TYPES, HARNESS_TIMELINE_TYPES, SIM_TIMELINE_TYPES
-    from spark.reader import EVENT_SCHEMA
-    from spark.replay import VIEW_EVENT_TYPES
+    from federation.spark.analysis import DETECTED_TYPES, HARNESS_TIMELINE_TYPES, SIM_TIMELINE_TYPES
+    from federation.spark.reader import EVENT_SCHEMA
+    from federation.spark.replay import VIEW_EVENT_TYPES
 
     kinds = {kind: required | optional for section in SECTIONS for kind, (required, optional)
              in documented(section).items()}
@@ -183,4 +197,4 @@ def test_the_spark_schema_covers_what_the_job_reads() -> None:
     read = named | (literals & set(kinds))
     schema = {f.name for f in EVENT_SCHEMA.fields}
     missing = {f"{kind}.{field}" for kind in read for field in kinds[kind] & columns if field not in schema}
-    assert not missing, f"the job reads these fields by name, but spark/reader.py's schema lacks them: {missing}"
+    assert not missing, f"the job reads these fields by name, but federation/spark/reader.py's schema lacks: {missing}"

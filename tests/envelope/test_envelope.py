@@ -429,13 +429,13 @@ def test_two_nodes_federate_a_200k_publication_through_their_envelopes(mode: str
         for _ in range(20):
             moved = False
             for address, node in nodes.items():
-                for data, to in node.datagrams_to_send():
+                for data, to in node.packets_to_send():
                     envelopes[address].send(data, to, now)
                 for datagram, to in envelopes[address].datagrams_to_send(now):
                     sizes.append(len(datagram))
                     moved = True
                     for packet in envelopes[to].receive_datagram(datagram, address, now):
-                        nodes[to].receive_datagram(packet, address, now)
+                        nodes[to].receive_packet(packet, address, now)
             if not moved:
                 return
 

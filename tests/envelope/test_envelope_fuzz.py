@@ -88,7 +88,7 @@ class Rig:
         packets = envelope.receive_datagram(data, SENDER, now)
         assert isinstance(packets, list) and all(type(p) is bytes for p in packets)
         for packet in packets:
-            node.receive_datagram(packet, SENDER, now)
+            node.receive_packet(packet, SENDER, now)
         self.fed += 1
         self.packets_to_nodes += len(packets)
 
@@ -103,7 +103,7 @@ class Rig:
             envelope.events_emitted()
             node = self.nodes[mode]
             node.handle_timer(now)
-            node.datagrams_to_send()
+            node.packets_to_send()
             node.events_emitted()
             node.injections_to_make()
 

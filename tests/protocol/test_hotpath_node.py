@@ -234,7 +234,7 @@ def test_remembered_publication_ids_are_not_tracked_by_the_garbage_collector(qos
         pipeline.close()
     gc.collect()
     for node in (pipeline.a, pipeline.b):
-        keys = [*node.seen, *node.injected]
+        keys = [*node.publications.seen, *node.publications.injected]
         assert len(keys) >= 2 * 9
         assert not [key for key in keys if gc.is_tracked(key)]
 
@@ -333,14 +333,15 @@ def test_sent_header_follows_id_and_epoch_changes() -> None:
     node.start(0.0)
     first = node.broker_id
     assert first == BrokerId(5, a) and node.broker_id is first
-    node.datagrams_to_send()
+    node.packets_to_send()
     message = TopicMessage("x/#", a, 1, 1, 0, 0, "x/y", b"p", 0, False, None)
-    node.send(wire.TOPIC_MESSAGE, message, [b])
-    assert wire.decode(node.datagrams_to_send()[0][0]).sender == Sender(BrokerId(5, a), 1)
-    node.vid, node.epoch = 9, 3
+    node.outbox.send(wire.TOPIC_MESSAGE, message, [b])
+    assert wire.decode(node.packets_to_send()[0][0]).sender == Sender(BrokerId(5, a), 1)
+    node.identity.renumber(9)  # as the table does after an id collision
+    node.identity.jump_epoch(3)  # and when an older life announced a newer epoch
     assert node.broker_id == BrokerId(9, a)
-    node.send(wire.TOPIC_MESSAGE, message, [b])
-    assert wire.decode(node.datagrams_to_send()[0][0]).sender == Sender(BrokerId(9, a), 3)
+    node.outbox.send(wire.TOPIC_MESSAGE, message, [b])
+    assert wire.decode(node.packets_to_send()[0][0]).sender == Sender(BrokerId(9, a), 3)
     assert node.view().broker_id == BrokerId(9, a)
 
 
@@ -349,7 +350,7 @@ def test_originated_and_forwarded_tm_carry_mode_and_hops() -> None:
     pipeline = Pipeline(0, b"x" * 8)
     try:
         pipeline.a.local_publish("bench/one", b"payload", 0, False, None, pipeline.now)
-        sent = pipeline.a.datagrams_to_send()
+        sent = pipeline.a.packets_to_send()
         emitted = pipeline.a.events_emitted()
     finally:
         pipeline.close()

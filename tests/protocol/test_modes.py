@@ -249,10 +249,10 @@ SLOW_MODE_SEEDS = 300
 
 
 def moded(seed: int, variant: str) -> Any:
-    """The random fault schedule of tests/sim/test_sim_random_faults.py for `seed`, with a mode variant."""
+    """The random fault schedule (federation.sim.random_faults) for `seed`, with a mode variant."""
     import dataclasses
 
-    from test_sim_random_faults import random_scenario
+    from federation.sim.random_faults import random_scenario
 
     common, per_node = MODE_VARIANTS[variant]
     scenario = random_scenario(seed)
@@ -278,7 +278,7 @@ def test_random_fault_schedule_in_each_mode_slow(seed: int, variant: str) -> Non
 
 
 def check_moded_case(seed: int, variant: str) -> None:
-    from test_sim_random_faults import Timeline
+    from federation.sim.random_faults import Timeline
 
     simulation = Simulation(moded(seed, variant), seed=seed)
     report = simulation.run()

@@ -158,8 +158,8 @@ def test_malformed_packets_are_counted_and_change_nothing() -> None:
     h.run(1.0)
     before = h.nodes[0].view()
     for data in (b"", b"\x93\xa2hl", b"garbage" * 10):
-        h.nodes[0].receive_datagram(data, address(1), h.now)
-    h.nodes[0].receive_datagram(b"\x91", address(9), h.now)
+        h.nodes[0].receive_packet(data, address(1), h.now)
+    h.nodes[0].receive_packet(b"\x91", address(9), h.now)
     assert h.nodes[0].drops["malformed"] == 4
     assert h.nodes[0].view() == before
     dropped = [e for e in h.nodes[0].events_emitted() if e.type == "packet_dropped"]
@@ -199,7 +199,7 @@ def test_hello_exchange_measures_a_clock_offset_within_half_the_round_trip() -> 
     true_time = 0.0
 
     def drain(index: int) -> None:
-        for data, _ in nodes[index].datagrams_to_send():
+        for data, _ in nodes[index].packets_to_send():
             heapq.heappush(queue, (true_time + delay[(index, 1 - index)], len(queue), 1 - index, data))
         emitted.extend((index, event) for event in nodes[index].events_emitted())
 
@@ -211,7 +211,7 @@ def test_hello_exchange_measures_a_clock_offset_within_half_the_round_trip() -> 
         next_timer, which = min(timers)
         if queue and queue[0][0] <= next_timer:
             true_time, _, index, data = heapq.heappop(queue)
-            nodes[index].receive_datagram(data, address(1 - index), true_time + skew[index])
+            nodes[index].receive_packet(data, address(1 - index), true_time + skew[index])
         else:
             true_time, index = max(true_time, next_timer), which
             nodes[index].handle_timer(true_time + skew[index])

@@ -145,13 +145,13 @@ class Rig:
 
     def answer_hellos(self) -> None:
         """Play the two friends' part of the hello exchange (they stay up for the whole run)."""
-        for data, target in self.node.datagrams_to_send():
+        for data, target in self.node.packets_to_send():
             if target in FRIENDS and wire.packet_type(data) == wire.HELLO:
                 hello = wire.decode(data).body
                 assert isinstance(hello, wire.Hello)
                 back = wire.encode(wire.HELLO_BACK, wire.Sender(BrokerId(1 + FRIENDS.index(target), target), 1),
                                    wire.HelloBack(hello.seq, hello.sent_at, self.now))
-                self.node.receive_datagram(back, target, self.now)
+                self.node.receive_packet(back, target, self.now)
         self.node.injections_to_make()
         self.node.events_emitted()
 
@@ -174,7 +174,7 @@ class Rig:
             data = mutate(rng, data)
         elif roll < 0.12:
             data = os.urandom(rng.randrange(60))
-        node.receive_datagram(data, source, self.now)
+        node.receive_packet(data, source, self.now)
         if rng.random() < 0.02:  # local activity too: subscriptions and QoS 1 publications
             node.local_subscribe(f"c{rng.randrange(50)}", random_filter(rng), 1, self.now)
         if rng.random() < 0.02:
@@ -204,8 +204,8 @@ def check_bounds(node: Node) -> None:
     s = node.settings
     assert len(node.neighbours.all()) <= s.max_neighbours
     assert len(node.pacing.paced_until) <= s.max_neighbours and len(node.pacing.told) <= s.max_neighbours
-    assert len(node.lsdb.records) <= s.max_nodes
-    assert sum(len(a) for a in node.lsdb.by_vid.values()) <= len(node.lsdb.records)
+    assert len(node.table.lsdb.records) <= s.max_nodes
+    assert sum(len(a) for a in node.table.lsdb.by_vid.values()) <= len(node.table.lsdb.records)
     assert len(node.table.flood_queue) <= s.max_nodes
     assert len(node.table.core_announcements) <= s.max_nodes
     assert len(node.mesh.topics) <= s.max_topics
@@ -218,12 +218,13 @@ def check_bounds(node: Node) -> None:
     assert held == node.mesh.held_count <= s.max_held_publications
     assert len(node.mesh.ownership.entries) <= s.max_topics
     assert len(node.mesh.ownership.withdrawn) <= s.max_topics
-    assert len(node.seen) <= s.duplicate_cache_size and len(node.injected) <= s.duplicate_cache_size
+    publications = node.publications
+    assert len(publications.seen) <= s.duplicate_cache_size and len(publications.injected) <= s.duplicate_cache_size
     assert len(node.table.reconsiders_seen) <= 1024
     reliable = node.reliable
     assert len(reliable.unacked) <= s.max_unacked and len(reliable.recent) <= s.max_unacked
     assert len(reliable._heap) <= 4 * len(reliable.unacked) + 65
-    assert len(node.datagrams_to_send()) < 100_000  # the caller drains outputs; nothing piles up unseen
+    assert len(node.packets_to_send()) < 100_000  # the caller drains outputs; nothing piles up unseen
 
 
 def run_fuzz(count: int, seed: int) -> Counter[str]:
@@ -231,11 +232,11 @@ def run_fuzz(count: int, seed: int) -> Counter[str]:
     rig.run(count)
     node = rig.node
     figures = Counter({
-        "packets": rig.fed, "records": len(node.lsdb.records), "topics": len(node.mesh.topics),
+        "packets": rig.fed, "records": len(node.table.lsdb.records), "topics": len(node.mesh.topics),
         "neighbours": len(node.neighbours.all()), "unacked": len(node.reliable.unacked),
-        "seen": len(node.seen), "neighbours_refused": node.neighbours.refused,
+        "seen": len(node.publications.seen), "neighbours_refused": node.neighbours.refused,
         "neighbours_forgotten": node.neighbours.forgotten, "topics_refused": node.mesh.refused_topics,
-        "seen_evictions": node.seen.evictions,
+        "seen_evictions": node.publications.seen.evictions,
     })
     figures.update({f"drop:{reason}": count for reason, count in node.drops.items()})
     return figures
@@ -267,7 +268,7 @@ RIG = Rig(3)
 @given(data=st.binary(max_size=600), source=st.sampled_from(FRIENDS))
 def test_arbitrary_bytes_from_a_neighbour(data: bytes, source: Address) -> None:
     RIG.now += 0.01
-    RIG.node.receive_datagram(data, source, RIG.now)
+    RIG.node.receive_packet(data, source, RIG.now)
     RIG.tick()
     check_bounds(RIG.node)
 

@@ -8,7 +8,7 @@ import random
 from federation.protocol import wire
 from federation.protocol.node import Node
 from federation.protocol.settings import Settings
-from federation.protocol.table import FederationTable
+from federation.protocol.table import FederationTable, RouteChange
 from federation.protocol.types import Address, BrokerId
 
 from node_harness import Harness, address
@@ -25,12 +25,12 @@ class LossyHarness(Harness):
         node = self.nodes.get(index)
         if node is not None and getattr(self, "deaf", None):
             kept = []
-            for data, target in node.datagrams_to_send():
+            for data, target in node.packets_to_send():
                 target_index = int(target.host.rsplit(".", 1)[1])
                 if target_index in self.deaf and wire.packet_type(data) in (wire.FEDERATE, wire.TOPOLOGY_UPDATE):
                     continue
                 kept.append((data, target))
-            node._datagrams = kept
+            node.outbox.packets = kept
         super().flush(index)
 
 
@@ -81,10 +81,12 @@ def test_route_computation_is_debounced_and_convergence_stays_fast() -> None:
     computations: dict[int, int] = {}
     original = FederationTable.recompute_routes
 
-    def counting(self: FederationTable, now: float) -> None:
-        index = int(self.node.address.host.rsplit(".", 1)[1])
-        computations[index] = computations.get(index, 0) + 1
-        original(self, now)
+    def counting(self: FederationTable, now: float, pending: bool = False) -> RouteChange | None:
+        change = original(self, now, pending)
+        if change is not None:  # None: nothing was due, nothing computed
+            index = int(self.lsdb.own.host.rsplit(".", 1)[1])
+            computations[index] = computations.get(index, 0) + 1
+        return change
 
     FederationTable.recompute_routes = counting  # type: ignore[method-assign]
     try:
@@ -109,14 +111,14 @@ def up_node(neighbours: int, settings: Settings) -> tuple[Node, list[Address]]:
     peers = [address(i) for i in range(1, neighbours + 1)]
     node = Node(address(0), peers, 1, random.Random(1), settings, vid=0)
     node.start(0.0)
-    hellos = [wire.decode(data) for data, _ in node.datagrams_to_send() if wire.packet_type(data) == wire.HELLO]
+    hellos = [wire.decode(data) for data, _ in node.packets_to_send() if wire.packet_type(data) == wire.HELLO]
     for packet, peer in zip(hellos, peers, strict=True):
         assert isinstance(packet.body, wire.Hello)
         sender = wire.Sender(BrokerId(peers.index(peer) + 1, peer), 1)
         back = wire.HelloBack(packet.body.seq, packet.body.sent_at, 0.001)
-        node.receive_datagram(wire.encode(wire.HELLO_BACK, sender, back), peer, 0.002)
+        node.receive_packet(wire.encode(wire.HELLO_BACK, sender, back), peer, 0.002)
     node.handle_timer(1.0)  # the rate-limited origination
-    node.datagrams_to_send()
+    node.packets_to_send()
     return node, peers
 
 
@@ -127,11 +129,11 @@ def test_records_wait_flood_delay_and_skip_neighbours_that_sent_them() -> None:
     record = wire.LinkStateRecord(far, 1, 1, 0, 0, (peers[0], peers[1]))
     for number, peer in enumerate(peers[:2]):  # the same record from two neighbours, 1 ms apart
         sender = wire.Sender(BrokerId(number + 1, peer), 1)
-        node.receive_datagram(wire.encode(wire.FEDERATE, sender, wire.Federate(record)), peer, 1.0 + 0.001 * number)
-        assert not [d for d, _ in node.datagrams_to_send() if wire.packet_type(d) == wire.FEDERATE]
+        node.receive_packet(wire.encode(wire.FEDERATE, sender, wire.Federate(record)), peer, 1.0 + 0.001 * number)
+        assert not [d for d, _ in node.packets_to_send() if wire.packet_type(d) == wire.FEDERATE]
     assert node.get_timer() is not None and node.get_timer() <= 1.0 + 0.005
     node.handle_timer(1.005)
-    forwarded = [(wire.decode(d).body, target) for d, target in node.datagrams_to_send()
+    forwarded = [(wire.decode(d).body, target) for d, target in node.packets_to_send()
                  if wire.packet_type(d) == wire.FEDERATE]
     assert [target for _, target in forwarded] == [peers[2]]
     body = forwarded[0][0]
@@ -142,8 +144,8 @@ def test_without_flood_delay_records_are_forwarded_at_once() -> None:
     node, peers = up_node(3, Settings(flood_delay=0.0))
     record = wire.LinkStateRecord(BrokerId(9, address(9)), 1, 1, 0, 0, (peers[0],))
     sender = wire.Sender(BrokerId(1, peers[0]), 1)
-    node.receive_datagram(wire.encode(wire.FEDERATE, sender, wire.Federate(record)), peers[0], 1.0)
-    targets = sorted(t for d, t in node.datagrams_to_send() if wire.packet_type(d) == wire.FEDERATE)
+    node.receive_packet(wire.encode(wire.FEDERATE, sender, wire.Federate(record)), peers[0], 1.0)
+    targets = sorted(t for d, t in node.packets_to_send() if wire.packet_type(d) == wire.FEDERATE)
     assert targets == peers[1:]
 
 
@@ -157,7 +159,7 @@ def test_a_claim_that_overtakes_the_records_of_its_core_is_kept_until_the_core_i
     middle, core = BrokerId(8, address(8)), BrokerId(9, address(9))
 
     def receive(kind: str, body: wire.Body, at: float) -> None:
-        node.receive_datagram(wire.encode(kind, sender, body), peers[0], at)
+        node.receive_packet(wire.encode(kind, sender, body), peers[0], at)
         node.handle_timer(at + 0.1)  # the debounced route computation
 
     receive(wire.FEDERATE, wire.Federate(wire.LinkStateRecord(sender.broker_id, 1, 5, 0, 0,
@@ -174,9 +176,9 @@ def test_a_claim_that_overtakes_the_records_of_its_core_is_kept_until_the_core_i
     assert node.view().members == {node.address, peers[0], middle.address, core.address}
     assert node.view().topic_cores == {"a/+/c": core}  # without a new claim: the kept one
     node.events_emitted()
-    node.datagrams_to_send()
+    node.packets_to_send()
     publication = node.local_publish("a/b/c", b"probe", 0, False, None, 2.0)
-    sent = [(wire.decode(d).body, target) for d, target in node.datagrams_to_send()
+    sent = [(wire.decode(d).body, target) for d, target in node.packets_to_send()
             if wire.packet_type(d) == wire.TOPIC_MESSAGE]
     assert [target for _, target in sent] == [peers[0]], publication
 
@@ -189,14 +191,14 @@ def test_a_record_left_out_of_a_database_exchange_as_unreachable_follows_when_it
     near, far_side = address(1), address(2)
     node = Node(address(0), [near, far_side], 1, random.Random(1), Settings(), vid=5)  # not the management core
     node.start(0.0)
-    hellos = {target: wire.decode(data).body for data, target in node.datagrams_to_send()
+    hellos = {target: wire.decode(data).body for data, target in node.packets_to_send()
               if wire.packet_type(data) == wire.HELLO}
     senders = {near: wire.Sender(BrokerId(1, near), 1), far_side: wire.Sender(BrokerId(2, far_side), 1)}
 
     def receive(peer: Address, kind: str, body: wire.Body, at: float) -> list[tuple[wire.Packet, Address]]:
-        node.receive_datagram(wire.encode(kind, senders[peer], body), peer, at)
+        node.receive_packet(wire.encode(kind, senders[peer], body), peer, at)
         node.handle_timer(at + 0.1)  # the origination and route computation
-        return [(wire.decode(d), t) for d, t in node.datagrams_to_send()]
+        return [(wire.decode(d), t) for d, t in node.packets_to_send()]
 
     def hello_back(peer: Address, at: float) -> list[tuple[wire.Packet, Address]]:
         hello = hellos[peer]

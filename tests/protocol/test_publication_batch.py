@@ -1,4 +1,4 @@
-"""`tb`, a run of QoS 0 publications in one packet (federation.protocol.publication_batch, docs/protocol.md rule 7c).
+"""`tb`, a run of QoS 0 publications in one packet (federation.protocol.publications, docs/protocol.md rule 7c).
 
 The wire format is strict and its shortcut decodes what the general path decodes; a run handed to the node
 gives the same deliveries, counters and per-publication events as the same publications one at a time; runs
@@ -16,17 +16,18 @@ from typing import Any
 
 import msgpack
 import pytest
-from runtime_util import started_runtime
 
 from federation.daemon.backpressure import is_qos0_publication, qos0_publications
 from federation.daemon.broker_items import LogLine, Publication
 from federation.daemon.flow_control import report_shed
-from federation.protocol import events, publication_batch, wire
+from federation.protocol import events, wire
 from federation.protocol.node import Node
+from federation.protocol.publications import batch_item_size
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import DecodeError, Sender, TopicBatch
 
 from node_harness import Harness
+from runtime_util import started_wrapper
 
 ORIGIN = Address("127.0.0.10", 10500)
 SENDER = Sender(BrokerId(12345, Address("127.0.0.11", 10501)), 4)
@@ -125,9 +126,11 @@ def test_a_tb_is_shed_as_qos0_and_every_publication_in_it_is_counted() -> None:
     assert node.drops["send_buffer_qos0"] == 3
     dropped = [e for e in node.events_emitted() if e.type == events.PUBLICATION_DROPPED]
     assert [e.fields["pub"] for e in dropped] == [events.publication_text(m.publication) for m in BATCH.messages()]
-    node.publication_events = False
-    report_shed(node, "send_buffer_qos0", "send_buffer", data, 1.0)
-    assert node.drops["send_buffer_qos0"] == 6 and not node.events_emitted()
+    quiet = Node(ORIGIN, [], 1, random.Random(1), publication_events=False)
+    quiet.start(0.0)
+    quiet.events_emitted()
+    report_shed(quiet, "send_buffer_qos0", "send_buffer", data, 1.0)
+    assert quiet.drops["send_buffer_qos0"] == 3 and not quiet.events_emitted()
 
 
 # ------------------------------------------------------------ the node
@@ -205,7 +208,7 @@ def test_a_repeated_tb_is_all_duplicates() -> None:
     before = end.counters["duplicates_dropped"]
     harness.delivered.clear()
     harness.events.clear()
-    end.receive_datagram(data, source, harness.now)
+    end.receive_packet(data, source, harness.now)
     harness.flush(3)
     assert not harness.delivered
     assert end.counters["duplicates_dropped"] - before == carried > 1
@@ -217,14 +220,14 @@ def test_runs_are_cut_to_fit_a_datagram_and_a_single_publication_goes_as_tm() ->
     first = harness.nodes[1]
     run = [("f/big", bytes([i]) * 200) for i in range(50)] + [("f/huge", b"h" * 5000)]
     first.local_publish_run(run, harness.now)
-    out = [data for data, _ in first.datagrams_to_send()]
+    out = [data for data, _ in first.packets_to_send()]
     assert {wire.packet_type(d) for d in out} == {wire.TOPIC_BATCH}
     budget = first.settings.max_datagram - 64
     assert all(len(d) <= budget for d in out[:-1]) and len(out) >= 8
-    assert wire.decode(out[-1], 1 << 20).body.items == [first.publication_seq, "f/huge", b"h" * 5000]  # alone
+    assert wire.decode(out[-1], 1 << 20).body.items == [first.identity.publication_seq, "f/huge", b"h" * 5000]  # alone
     assert sum(len(wire.publication_ids_of(d, 1 << 20)) for d in out) == 51
     first.local_publish_run([("f/one", b"1")], harness.now)
-    assert [wire.packet_type(d) for d, _ in first.datagrams_to_send()] == [wire.TOPIC_MESSAGE]
+    assert [wire.packet_type(d) for d, _ in first.packets_to_send()] == [wire.TOPIC_MESSAGE]
 
 
 def test_on_loopback_a_run_of_hundreds_travels_in_one_datagram() -> None:
@@ -234,27 +237,25 @@ def test_on_loopback_a_run_of_hundreds_travels_in_one_datagram() -> None:
     assert node.settings.max_datagram == 65507
     run = [(f"f/{i % 4}", bytes(64)) for i in range(600)]
     budget = node.settings.max_datagram - 64
-    parts = node.split([(i, topic, payload) for i, (topic, payload) in enumerate(run)],
-                       publication_batch._item_size, 100)
-    assert len(parts) == 1 and sum(map(publication_batch._item_size, parts[0])) <= budget
+    parts = node.outbox.split([(i, topic, payload) for i, (topic, payload) in enumerate(run)], batch_item_size, 100)
+    assert len(parts) == 1 and sum(map(batch_item_size, parts[0])) <= budget
     elsewhere = Node(here, [Address("10.0.0.2", 10500)], 1, random.Random(1), vid=1)
     assert elsewhere.settings.max_datagram == 1400
-    assert len(elsewhere.split([(i, t, p) for i, (t, p) in enumerate(run)], publication_batch._item_size, 100)) > 30
+    assert len(elsewhere.outbox.split([(i, t, p) for i, (t, p) in enumerate(run)], batch_item_size, 100)) > 30
 
 
 def test_the_runtime_hands_plain_qos0_runs_over_in_order() -> None:
     """QoS 1, retained and property-carrying publications and log lines end a run: order is kept."""
 
     async def scenario() -> list[tuple[str, Any]]:
-        runtime = await started_runtime()
+        wrapper = await started_wrapper()
         calls: list[tuple[str, Any]] = []
-        node = runtime.node
-        assert node is not None
+        node = wrapper.node
         node.local_publish_run = lambda run, now: calls.append(("run", [t for t, _ in run])) or []  # type: ignore
         node.local_publish = (  # type: ignore[method-assign]
             lambda topic, payload, qos, retain, properties, now: calls.append(("one", topic)))
         try:
-            runtime._on_broker_items([
+            wrapper._on_broker_items([
                 Publication("a/1", b"", 0, False, None), Publication("a/2", b"", 0, False, None),
                 Publication("a/3", b"", 1, False, None), Publication("a/4", b"", 0, False, None),
                 Publication("a/5", b"", 0, True, None), Publication("a/6", b"", 0, False, {"content_type": "x"}),
@@ -262,7 +263,7 @@ def test_the_runtime_hands_plain_qos0_runs_over_in_order() -> None:
                 Publication("a/8", b"", 0, False, None), Publication("a/9", b"", 0, False, None),
             ])
         finally:
-            runtime._close_resources()
+            wrapper.close()
         return calls
 
     assert asyncio.run(scenario()) == [("run", ["a/1", "a/2"]), ("one", "a/3"), ("run", ["a/4"]), ("one", "a/5"),

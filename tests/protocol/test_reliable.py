@@ -31,12 +31,12 @@ class LossyHarness(Harness):
         if node is None:
             return
         kept = []
-        for data, target in node.datagrams_to_send():
+        for data, target in node.packets_to_send():
             if self.drop(data, node.address, int(target.host.rsplit(".", 1)[1])):
                 self.lost.append(wire.packet_type(data) or "?")
             else:
                 kept.append((data, target))
-        node._datagrams = kept  # what the network carries; the rest is lost on the way
+        node.outbox.packets = kept  # what the network carries; the rest is lost on the way
         super().flush(index)
 
 
@@ -211,11 +211,11 @@ def test_a_backlogged_delivery_leaves_new_copies_to_their_sender() -> None:
     the publisher sends it again, and it arrives once after the backlog clears."""
     harness = converged_line()
     core = harness.nodes[0]
-    core.delivery_backlogged = True
+    core.report_delivery_backlog(True)
     harness.do(1, "local_publish", "a/b", b"x", 1, False, None)
     harness.run(harness.now + 0.5)
     assert harness.delivered == [] and core.drops["delivery_backlogged"] >= 1
     assert core.sent_by_type[wire.TOPIC_ACK] == 0 and harness.nodes[1].reliable.unacked
-    core.delivery_backlogged = False
+    core.report_delivery_backlog(False)
     harness.run(harness.now + 10)
     assert len(harness.delivered) == 1 and not harness.nodes[1].reliable.unacked

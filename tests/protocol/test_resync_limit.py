@@ -19,11 +19,11 @@ def test_a_key_holder_changing_its_id_on_every_packet_gets_the_table_once_per_he
         now = 2.0 + step * 0.01
         packets += 1
         sender = wire.Sender(BrokerId(1000 + packets, peer), 1)
-        node.receive_datagram(wire.encode(wire.HELLO, sender, wire.Hello(packets, now)), peer, now)
+        node.receive_packet(wire.encode(wire.HELLO, sender, wire.Hello(packets, now)), peer, now)
         timer = node.get_timer()
         if timer is not None and timer <= now + 0.01:
             node.handle_timer(now + 0.01)
-        database_sends += sum(1 for data, target in node.datagrams_to_send()
+        database_sends += sum(1 for data, target in node.packets_to_send()
                               if target == peer and wire.packet_type(data) == wire.TOPOLOGY_UPDATE)
     assert packets == 200
     # one resend at once, then at most one per hello interval (2 s / 1 s): not one per packet
@@ -35,6 +35,6 @@ def test_a_restarted_neighbour_is_resynchronised_at_once() -> None:
     node, peers = up_node(2, Settings())
     peer = peers[0]
     sender = wire.Sender(BrokerId(1, peer), 2)  # epoch 1 -> 2: it restarted
-    node.receive_datagram(wire.encode(wire.HELLO, sender, wire.Hello(1, 5.0)), peer, 5.0)
+    node.receive_packet(wire.encode(wire.HELLO, sender, wire.Hello(1, 5.0)), peer, 5.0)
     assert any(target == peer and wire.packet_type(data) == wire.TOPOLOGY_UPDATE
-               for data, target in node.datagrams_to_send())
+               for data, target in node.packets_to_send())

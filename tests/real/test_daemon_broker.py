@@ -2,13 +2,11 @@
 
 `BrokerAdapter` tests collect what paho's thread hands over in a list; runtime
 tests run a whole `Runtime` (UDP, timer, node) in a background thread with
-its own asyncio loop and record the calls its node receives.
+its own asyncio loop and record the calls its started wrapper's node receives.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import os
 import socket
@@ -20,13 +18,15 @@ from typing import Any
 
 import pytest
 
-from federation.daemon import broker_health
-from federation.daemon.broker import BrokerAdapter, dict_to_properties, properties_to_dict
+from federation.daemon import broker_health, lean_client
+from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem, Connected, Disconnected, LogLine, Publication, Subscribed
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon.config import DaemonConfig
+from federation.daemon.lean_client import PAHO_PRIVATE_NAMES, PublicClient
+from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
+from federation.daemon.running import Running
 from federation.daemon.runtime import Runtime
-from federation.protocol.node import Node
 from federation.protocol.types import Address, Injection
 
 from broker_util import (
@@ -40,6 +40,8 @@ from broker_util import (
     start_broker,
     wait_for,
 )
+from mqtt_bytes import acknowledgements
+from runtime_util import RuntimeThread, runtime_config
 
 pytestmark = requires_mosquitto
 
@@ -62,15 +64,19 @@ PUB_PROPERTY_ARGS = [
 
 
 class Collector:
-    """Items handed over by the adapter (from paho's thread)."""
+    """Items handed over by the adapter (from paho's thread), each acknowledged once taken, as the runtime does
+    (`adapter`, set once it is built)."""
 
     def __init__(self) -> None:
         self.items: list[BrokerItem] = []
         self.lock = threading.Lock()
+        self.adapter: BrokerAdapter | None = None
 
     def __call__(self, item: BrokerItem) -> None:
         with self.lock:
             self.items.append(item)
+        if self.adapter is not None:
+            self.adapter.acknowledge(acknowledgements([item]))
 
     def of(self, kind: type) -> list[Any]:
         with self.lock:
@@ -101,6 +107,7 @@ def adapter_factory() -> Iterator[Callable[..., tuple[BrokerAdapter, Collector]]
     def make(broker: Broker, max_qos: int = 2) -> tuple[BrokerAdapter, Collector]:
         collected = Collector()
         adapter = BrokerAdapter(Address("127.0.0.1", broker.port), WRAPPER_ID, collected, max_qos)
+        collected.adapter = adapter
         adapters.append(adapter)
         adapter.start()
         wait_for(lambda: collected.of(Subscribed), timeout=5, message="the adapter to subscribe")
@@ -283,8 +290,9 @@ class RecordingRuntime(Runtime):
         super().__init__(config)
         self.published: list[tuple[str, bytes, int, bool, dict[str, Any] | None]] = []
 
-    def _start_node(self) -> Node:
-        node = super()._start_node()
+    async def build(self) -> Running:
+        wrapper = await super().build()
+        node = wrapper.node
         original = node.local_publish
 
         def local_publish(topic: str, payload: bytes, qos: int, retain: bool, properties: dict[str, Any] | None,
@@ -293,58 +301,20 @@ class RecordingRuntime(Runtime):
             return original(topic, payload, qos, retain, properties, now)
 
         node.local_publish = local_publish  # type: ignore[method-assign]
-        return node
-
-
-class RuntimeThread:
-    """A Runtime on its own loop in a daemon thread; `stop()` shuts it down cleanly and returns its status."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.result: list[int | BaseException] = []
-        self.thread = threading.Thread(target=self._main, daemon=True)
-        self.thread.start()
-        wait_for(lambda: self.result or (runtime.node is not None and runtime.node.started_at is not None),
-                 timeout=10, message="the runtime to start")
-        if self.result:
-            raise AssertionError(f"runtime failed to start: {self.result[0]!r}")
-
-    def _main(self) -> None:
-        try:
-            self.result.append(asyncio.run(self.runtime.run(handle_signals=False)))
-        except BaseException as error:  # noqa: BLE001 - reported by the test thread
-            self.result.append(error)
-
-    def stop(self) -> int | BaseException:
-        self.runtime.request_stop()
-        self.thread.join(10)
-        assert not self.thread.is_alive(), "runtime did not stop"
-        return self.result[0]
-
-
-def udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def runtime_config(broker_port: int, **changes: Any) -> DaemonConfig:
-    port = udp_port()
-    config = DaemonConfig(bind=Address("127.0.0.1", port), announced=Address("127.0.0.1", port), neighbours=(),
-                          broker=Address("127.0.0.1", broker_port), client_id=f"federation-wrapper-127.0.0.1-{port}")
-    return dataclasses.replace(config, **changes)
+        return wrapper
 
 
 def test_runtime_feeds_the_node(broker: Broker, processes: Processes, tmp_path: Path) -> None:
     runtime = RecordingRuntime(runtime_config(broker.port, state_dir=tmp_path / "state"))
-    running = RuntimeThread(runtime)
+    thread = RuntimeThread(runtime)
+    wrapper = thread.wrapper
+    store = wrapper.resources.store
+    assert store is not None
     try:
-        wait_for(lambda: runtime.log_lines > 0, timeout=5, message="log lines reaching the runtime")
+        wait_for(lambda: wrapper.broker_health.log_lines > 0, timeout=5, message="log lines reaching the wrapper")
         clean = processes.start(mosquitto_sub(broker.port, "-i", "clean-sub", "-t", "c/#"))
         processes.start(mosquitto_sub(broker.port, "-i", "kept-sub", "-c", "-q", "1", "-t", "k/+"))
-        node = runtime.node
-        assert node is not None
+        node = wrapper.node
         wait_for(lambda: node.clients == {"clean-sub": {"c/#": 0}, "kept-sub": {"k/+": 1}}, timeout=5,
                  message=lambda: f"both subscriptions in the node; it has {node.clients}")
         subprocess.run(mosquitto_pub(broker.port, "-V", "mqttv5", "-t", "c/1", "-m", "hello", "-q", "2", "-r",
@@ -354,17 +324,39 @@ def test_runtime_feeds_the_node(broker: Broker, processes: Processes, tmp_path: 
         # A clean client's disconnect removes its filters; a persistent session keeps them.
         Processes.end(clean)
         wait_for(lambda: "clean-sub" not in node.clients, timeout=5, message="the clean client's filters to go")
-        wait_for(lambda: runtime.store is not None and '"clean-sub"' not in runtime.store.path.read_text(),
-                 timeout=5, message="the state file to drop the clean client")
+        wait_for(lambda: '"clean-sub"' not in store.path.read_text(), timeout=5,
+                 message="the state file to drop the clean client")
         for process in processes.started:
             Processes.end(process)
-        wait_for(lambda: "kept-sub" not in runtime.tracker.connected_clients, timeout=5,
+        wait_for(lambda: "kept-sub" not in wrapper.tracker.connected_clients, timeout=5,
                  message="the persistent client's disconnect line")
         assert node.clients == {"kept-sub": {"k/+": 1}}
     finally:
-        assert running.stop() == 0
-    saved = runtime.store.path.read_text() if runtime.store else ""
+        assert thread.stop() == 0
+    saved = store.path.read_text()
     assert '"kept-sub"' in saved and '"persistent": true' in saved
+
+
+def test_runtime_on_pahos_public_path_feeds_the_node(broker: Broker, processes: Processes,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed paho lacks a name the lean path relies on: the wrapper still learns subscriptions and
+    hands publications to its node, through paho's documented API."""
+    monkeypatch.setattr(lean_client, "PAHO_PRIVATE_NAMES", (*PAHO_PRIVATE_NAMES, "client._renamed_by_a_later_paho"))
+    runtime = RecordingRuntime(runtime_config(broker.port))
+    thread = RuntimeThread(runtime)
+    try:
+        assert type(thread.wrapper.broker.client) is PublicClient
+        # The subscribe line must come after the wrapper's subscription to the log (or it is never seen).
+        wait_for(lambda: thread.wrapper.broker_health.log_lines > 0, timeout=5, message="log lines reaching it")
+        processes.start(mosquitto_sub(broker.port, "-i", "public-sub", "-t", "p/#"))
+        node = thread.wrapper.node
+        wait_for(lambda: node.clients == {"public-sub": {"p/#": 0}}, timeout=5,
+                 message=lambda: f"the subscription in the node; it has {node.clients}")
+        subprocess.run(mosquitto_pub(broker.port, "-t", "p/1", "-m", "hello", "-q", "1"), check=True, timeout=10)
+        wait_for(lambda: runtime.published, timeout=5, message="node.local_publish")
+        assert runtime.published[0] == ("p/1", b"hello", 1, False, None)
+    finally:
+        assert thread.stop() == 0
 
 
 def test_runtime_warns_when_the_broker_sends_no_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -375,26 +367,25 @@ def test_runtime_warns_when_the_broker_sends_no_log(tmp_path: Path, monkeypatch:
                     f"listener {port} 127.0.0.1\nallow_anonymous true\nlog_dest none\n")
     monkeypatch.setattr(broker_health, "LOG_SILENCE_WARNING_AFTER", 0.5)
     caplog.set_level(logging.WARNING, logger="federation.daemon")
-    runtime = Runtime(runtime_config(port))
-    running = RuntimeThread(runtime)
+    thread = RuntimeThread(Runtime(runtime_config(port)))
     try:
         wait_for(lambda: "log_dest topic" in caplog.text, timeout=5, message="the missing-log warning")
         assert "log_type all" in caplog.text and f"127.0.0.1:{port}" in caplog.text
-        assert runtime.broker_connected
+        assert thread.wrapper.broker_health.connected
     finally:
-        assert running.stop() == 0
+        assert thread.stop() == 0
 
 
 def test_runtime_survives_a_broker_that_is_down_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()
     caplog.set_level(logging.INFO, logger="federation.daemon")
-    runtime = Runtime(runtime_config(port))
-    running = RuntimeThread(runtime)
+    thread = RuntimeThread(Runtime(runtime_config(port)))
+    health = thread.wrapper.broker_health
     try:
         wait_for(lambda: "unreachable" in caplog.text, timeout=5, message="the unreachable-broker warning")
-        assert not runtime.broker_connected
+        assert not health.connected
         with start_broker(tmp_path, port=port, name="late"):
-            wait_for(lambda: runtime.broker_connected and runtime.log_lines > 0, timeout=15,
+            wait_for(lambda: health.connected and health.log_lines > 0, timeout=15,
                      message="the connection once the broker is up")
     finally:
-        assert running.stop() == 0
+        assert thread.stop() == 0

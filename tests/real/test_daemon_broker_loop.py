@@ -13,10 +13,11 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
+from federation.daemon import lean_client
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import (
     BrokerItem,
@@ -29,57 +30,42 @@ from federation.daemon.broker_items import (
     Subscribed,
 )
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
+from federation.daemon.lean_client import PAHO_PRIVATE_NAMES, PublicClient
 from federation.protocol.types import Address, Injection
 
 from broker_util import (
     Broker,
+    LoopThread,
     Processes,
     free_port,
+    loop_thread_fixture,  # noqa: F401 - the `loop_thread` fixture
     mosquitto_pub,
     mosquitto_sub,
     requires_mosquitto,
     start_broker,
     wait_for,
 )
+from mqtt_bytes import acknowledgements
 
 pytestmark = requires_mosquitto
 
 WRAPPER_ID = "federation-wrapper-loop-test"
-T = TypeVar("T")
-
-
-class LoopThread:
-    """An asyncio loop in a daemon thread; `call` runs a function on it and returns its result."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
-        self.thread.start()
-
-    def call(self, function: Callable[[], T], timeout: float = 5.0) -> T:
-        async def run() -> T:
-            return function()
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
-
-
 class Batches:
-    """What the hand-off gives the consumer: batches of items (on the loop thread)."""
+    """What the hand-off gives the consumer: batches of items (on the loop thread), each acknowledged once taken,
+    as the runtime does (`adapter`, set once it is built)."""
 
     def __init__(self) -> None:
         self.batches: list[list[BrokerItem]] = []
         self.threads: set[str] = set()
         self.lock = threading.Lock()
+        self.adapter: BrokerAdapter | None = None
 
     def __call__(self, batch: list[BrokerItem]) -> None:
         with self.lock:
             self.batches.append(batch)
             self.threads.add(threading.current_thread().name)
+        if self.adapter is not None:
+            self.adapter.acknowledge(acknowledgements(batch))
 
     def of(self, kind: type) -> list[Any]:
         with self.lock:
@@ -88,13 +74,6 @@ class Batches:
     def log_events(self) -> list[Any]:
         tracker = BrokerLogTracker(WRAPPER_ID)
         return [event for line in self.of(LogLine) for event in tracker.feed(line.topic, line.payload)]
-
-
-@pytest.fixture
-def loop_thread() -> Iterator[LoopThread]:
-    running = LoopThread()
-    yield running
-    running.close()
 
 
 @pytest.fixture
@@ -115,6 +94,7 @@ def make_adapter(loop_thread: LoopThread) -> Iterator[Callable[[int], tuple[Brok
             hand_off = LoopHandOff(loop_thread.loop, batches)
             adapter = BrokerAdapter(Address("127.0.0.1", port), WRAPPER_ID, hand_off.put, loop=loop_thread.loop,
                                     flush=hand_off.flush, hold=hand_off.hold)
+            batches.adapter = adapter
             adapter.start()
             return adapter
 
@@ -247,3 +227,35 @@ def test_paused_reading_lets_the_broker_queue_until_resumed(tmp_path: Path, make
         loop_thread.call(adapter.resume_reading)
         wait_for(lambda: [p.topic for p in batches.of(Publication)] == ["held/x", "held/marker"], timeout=5,
                  message="both queued publications after resuming")
+
+
+def test_without_a_private_name_paho_s_public_path_carries_publications_both_ways(
+        tmp_path: Path, make_adapter: Any, loop_thread: LoopThread, processes: Processes,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed paho lacks a name the lean path relies on (as after a rename): the adapter reads and
+    injects through paho's documented API, in order, and the broker's acknowledgements complete the
+    QoS 1 injections."""
+    monkeypatch.setattr(lean_client, "PAHO_PRIVATE_NAMES", (*PAHO_PRIVATE_NAMES, "client._renamed_by_a_later_paho"))
+    with start_broker(tmp_path) as broker:
+        adapter, batches = make_adapter(broker.port)
+        assert type(adapter.client) is PublicClient
+        wait_for(lambda: batches.of(Subscribed) and batches.of(LogLine), timeout=5, message="subscriptions and logs")
+        lines = "".join(f"message {index}\n" for index in range(500))
+        subprocess.run(mosquitto_pub(broker.port, "-t", "burst/x", "-l", "-q", "1"), input=lines.encode(),
+                       check=True, timeout=20)
+        wait_for(lambda: len(batches.of(Publication)) >= 500, timeout=10, message="500 publications")
+        assert [p.payload for p in batches.of(Publication)] == [f"message {index}".encode() for index in range(500)]
+        reader = processes.start(mosquitto_sub(broker.port, "-i", "reader", "-t", "fed/#", "-q", "1", "-C", "20"),
+                                 stdout=subprocess.PIPE)
+        wait_for(lambda: ClientSubscribed("reader", "fed/#", 1) in batches.log_events(), timeout=5,
+                 message="the reader's subscription")
+        origin = Address("10.0.0.9", 10500)
+        injections = [Injection(f"fed/{index}", b"p%d" % index, index % 2, False, None, (origin, 1, index))
+                      for index in range(20)]
+        loop_thread.call(lambda: adapter.publish_all(injections))
+        output, _ = reader.communicate(timeout=10)
+        received = output.decode().split()
+        for qos in (0, 1):
+            assert [p for p in received if int(p[1:]) % 2 == qos] == [f"p{i}" for i in range(qos, 20, 2)]
+        assert adapter.injected == 20 and adapter.inject_failed == 0
+        wait_for(lambda: loop_thread.call(adapter.backlog) == 0, timeout=5, message="the QoS 1 injections completed")

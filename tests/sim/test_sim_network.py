@@ -56,7 +56,7 @@ class FakeNode:
             if neighbour != exclude:
                 self.send(packet("fd", message), neighbour)
 
-    def receive_datagram(self, data: bytes, source: Address, now: float) -> None:
+    def receive_packet(self, data: bytes, source: Address, now: float) -> None:
         self.received.append((now, source, data))
         message = body_of(data)
         if data[2:4] == b"fd" and message not in self.seen:
@@ -72,7 +72,7 @@ class FakeNode:
     def get_timer(self) -> float | None:
         return self.timer
 
-    def datagrams_to_send(self) -> list[tuple[bytes, Address]]:
+    def packets_to_send(self) -> list[tuple[bytes, Address]]:
         out, self.outbox = self.outbox, []
         return out
 

@@ -26,8 +26,8 @@ from federation.netns import system as netns_system  # noqa: E402
 from federation.scenario.loader import load_scenario  # noqa: E402
 from federation.sim import run_scenario  # noqa: E402
 from federation.sim.runner import Simulation  # noqa: E402
-from spark.convergence import main as job  # noqa: E402
-from spark.session import build_session  # noqa: E402
+from federation.spark.convergence import main as job  # noqa: E402
+from federation.spark.session import build_session  # noqa: E402
 
 NETNS_UNAVAILABLE = netns_system.unavailable_reason()
 

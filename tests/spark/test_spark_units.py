@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from federation.protocol.topic_filter import matches, validate_filter
-from spark import clocks
-from spark.replay import Replay, parse_broker_id
-from spark.timeline import Disruption, Timeline, World, from_sim_events, inferred
-from spark.topics import filter_regex
+from federation.spark import clocks
+from federation.spark.replay import Replay, parse_broker_id
+from federation.spark.timeline import Disruption, Timeline, World, from_sim_events, inferred
+from federation.spark.topics import filter_regex
 
 # ---------------------------------------------------------------- topic filters as regexes
 

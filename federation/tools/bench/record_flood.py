@@ -59,9 +59,9 @@ class Line:
         for _ in range(20):
             moved = False
             for address, node in self.nodes.items():
-                for data, to in node.datagrams_to_send():
+                for data, to in node.packets_to_send():
                     moved = True
-                    self.nodes[to].receive_datagram(data, address, self.now)
+                    self.nodes[to].receive_packet(data, address, self.now)
                 node.events_emitted()
             if not moved:
                 return
@@ -71,11 +71,11 @@ class Line:
         node = self.nodes[A]
         for index in range(first, first + count):
             self.now += 1 / rate
-            node.receive_datagram(wire.encode(wire.FEDERATE, self.sender, wire.Federate(fake_record(index))), B,
+            node.receive_packet(wire.encode(wire.FEDERATE, self.sender, wire.Federate(fake_record(index))), B,
                                   self.now)
             if index % 64 == 0:
                 node.handle_timer(self.now)
-                self.forwarded += len(node.datagrams_to_send())
+                self.forwarded += len(node.packets_to_send())
                 node.events_emitted()
 
 
@@ -92,8 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.process_time()
     line.flood(0, args.max_nodes, args.rate)
     filling = time.process_time() - started
-    full = len(node.lsdb.records)
-    steps = getattr(node.lsdb, "eviction_steps", None)
+    full = len(node.table.lsdb.records)
+    steps = getattr(node.table.lsdb, "eviction_steps", None)
     started = time.process_time()
     line.flood(args.max_nodes, args.records, args.rate)
     spent = time.process_time() - started
@@ -101,8 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"table full ({full} records, capacity {args.max_nodes}): {args.records} more records in {spent:.2f} s "
           f"CPU: {args.records / spent:,.0f} records/s, {spent / args.records * 1e6:,.0f} µs per record")
     if steps is not None:
-        print(f"eviction work: {(node.lsdb.eviction_steps - steps) / args.records:.2f} heap entries per record")
-    print(f"table after: {len(node.lsdb.records)} records, refused {node.lsdb.refused}; "
+        print(f"eviction work: {(node.table.lsdb.eviction_steps - steps) / args.records:.2f} heap entries per record")
+    print(f"table after: {len(node.table.lsdb.records)} records, refused {node.table.lsdb.refused}; "
           f"datagrams forwarded to C: {line.forwarded}")
     return 0
 

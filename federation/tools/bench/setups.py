@@ -72,16 +72,27 @@ class SetupSpec:
         raise ValueError(f"setup {text!r}: expected single, bridge-N or federation-N with N >= 2")
 
 
-def bridge_lines(index: int, target_host: str, port: int = BROKER_PORT) -> list[str]:
-    """The mosquitto.conf bridge section that forwards every bench message from broker `index` to the next."""
+def bridge_lines(index: int, target_host: str, port: int = BROKER_PORT, *, topic: str = BRIDGE_TOPIC, qos: int = 1,
+                 clean_session: bool = True, label: str = "bench",
+                 restart_timeout: str = str(BRIDGE_RESTART_TIMEOUT), direction: str = "out",
+                 protocol: str | None = None) -> list[str]:
+    """The mosquitto.conf bridge section that forwards every message on `topic` from broker `index` to the next
+    (QoS kept up to `qos`; `direction` "both" forwards the next broker's messages back too). `clean_session=False`
+    makes the brokers keep the bridge's session and queue for it while it is down. `restart_timeout`:
+    Mosquitto's value, seconds or "base cap" (2.0.11 backs off even with a single value: 5 s, then 8 s, ...
+    between attempts). `protocol`: `bridge_protocol_version` (None: Mosquitto's default, mqttv311, which
+    carries no MQTT 5 properties)."""
+    if direction not in ("out", "in", "both"):
+        raise ValueError(f"bridge direction {direction!r}: out, in or both")
     return [
         "",
-        "# bench: bridge to the next broker of the line",
-        f"connection bench-bridge-{index}",
+        f"# {label}: bridge to the next broker of the line",
+        f"connection {label}-bridge-{index}",
         f"address {target_host}:{port}",
-        f"topic {BRIDGE_TOPIC} out 1",
-        "cleansession true",
-        f"restart_timeout {BRIDGE_RESTART_TIMEOUT}",
+        f"topic {topic} {direction} {qos}",
+        *([f"bridge_protocol_version {protocol}"] if protocol is not None else []),
+        f"cleansession {'true' if clean_session else 'false'}",
+        f"restart_timeout {restart_timeout}",
         "notifications false",
     ]
 
@@ -105,13 +116,20 @@ class BenchBrokers(LocalFederation):
         self.bridges = bridges
         self.publication_events = publication_events
 
+    def next_broker(self, node: FederationNode) -> FederationNode | None:
+        """The broker after `node` in name order (the one its bridge connects to), None for the last."""
+        order = list(self.nodes)
+        return self.nodes[order[node.index + 1]] if node.index + 1 < len(order) else None
+
+    def extra_conf(self, node: FederationNode) -> list[str] | None:
+        """Lines added at the end of the node's broker config: with `bridges`, the bridge to the next broker
+        (subclasses add other lines or choose other bridge settings)."""
+        target = self.next_broker(node)
+        return bridge_lines(node.index, target.host) if self.bridges and target is not None else None
+
     def _write_configs(self, node: FederationNode) -> None:  # extends LocalFederation's rendering
         super()._write_configs(node)
-        order = list(self.nodes)
-        bridge = None
-        if self.bridges and node.index + 1 < len(order):
-            bridge = bridge_lines(node.index, self.nodes[order[node.index + 1]].host)
-        node.broker_conf.write_text(bench_conf(node.broker_conf.read_text(encoding="utf-8"), bridge),
+        node.broker_conf.write_text(bench_conf(node.broker_conf.read_text(encoding="utf-8"), self.extra_conf(node)),
                                     encoding="utf-8")
         if not self.publication_events:
             config = yaml.safe_load(node.wrapper_config.read_text(encoding="utf-8")) or {}

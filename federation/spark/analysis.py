@@ -5,7 +5,7 @@ Theory of operation
 Publications, deliveries, forwards and counters are nearly all of a log,
 so they never leave Spark: joins and aggregations in the JVM, no Python
 UDF. What the driver computed from the small share of the log (phases and
-their components, subscription intervals, filter regexes; spark/replay.py)
+their components, subscription intervals, filter regexes; federation/spark/replay.py)
 comes back as small broadcast tables.
 
 Deliveries follow `federation.scenario.report.classify` and the
@@ -40,12 +40,12 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark import DATA_TYPES
-from spark.clocks import Sample
-from spark.reader import SNAPSHOT_SCHEMA
-from spark.replay import VIEW_EVENT_TYPES, SubscriptionInterval
-from spark.timeline import Phase
-from spark.topics import filter_regex
+from federation.spark import DATA_TYPES
+from federation.spark.clocks import Sample
+from federation.spark.reader import SNAPSHOT_SCHEMA
+from federation.spark.replay import VIEW_EVENT_TYPES, SubscriptionInterval
+from federation.spark.timeline import Phase
+from federation.spark.topics import filter_regex
 
 SIM_TIMELINE_TYPES = ("sim_start", "sim_cut", "sim_heal", "sim_kill", "sim_restart", "sim_loss")
 HARNESS_TIMELINE_TYPES = ("run_start", "run_cut", "run_heal", "run_kill", "run_restart", "run_loss")

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark.timeline import Phase
+from federation.spark.timeline import Phase
 
 BrokerKey = tuple[int, str, int]
 """(vid, host, port): ordered as federation.protocol.types.BrokerId"""

@@ -33,7 +33,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 from matplotlib.lines import Line2D  # noqa: E402
 
-from spark import DATA_TYPES  # noqa: E402
+from federation.spark import DATA_TYPES  # noqa: E402
 
 FILTER_COLOURS = ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:cyan", "tab:brown", "tab:pink",
                   "tab:olive")

@@ -2,13 +2,13 @@
 
 Theory of operation
 -------------------
-`python spark/convergence.py` starts its own JVM: we choose the master
+`federation-analyze` starts its own JVM: we choose the master
 (`local[2]` unless `--master` says otherwise) and, for local masters, bind
 the driver to 127.0.0.1 with no UI, so a run opens no port beyond loopback.
 Under `spark-submit` (the JVM exists already and hands us
 PYSPARK_GATEWAY_PORT) the submitter's master and settings win; we only add
 what is harmless everywhere: few shuffle partitions for small logs, no
-console progress bar. Logs are errors only: `spark/log4j2.properties` for a
+console progress bar. Logs are errors only: `log4j2.properties` (beside this file) for a
 JVM we start, `setLogLevel("ERROR")` for one we join.
 """
 

@@ -1,0 +1,270 @@
+"""The receiver's injection journal: what the wrapper has published into its broker at QoS 1/2, and how far.
+
+Theory of operation
+-------------------
+A remote QoS 1/2 publication reaches a subscriber once the wrapper's broker has taken it: PUBACK for QoS 1;
+for QoS 2 the broker answers PUBREC, holds the message until our PUBREL and only then delivers it (Mosquitto
+2.0), then answers PUBCOMP. paho keeps this exchange in memory, and the wrapper's broker session (clean
+start 0, `broker_session_expiry`) keeps the broker's half across a disconnection: on reconnecting with the
+session present paho sends the unfinished ones again with the same packet id and DUP, or the PUBREL of those
+past PUBREC, and the broker delivers each once. A wrapper that is killed loses paho's half. This journal is
+that half on disk, as an MQTT client with file persistence keeps it, in a `RecordLog`
+(`injections.log` in the state directory, durable against a killed process when a write returns):
+
+- `started`, before the PUBLISH packets are queued: one record per injection, with what a PUBLISH needs to
+  be sent again (publication id, packet id, topic, payload, qos, retain, properties), in one write per run;
+- `released`, when the first PUBREC of a QoS 2 injection arrives and **before** our PUBREL is written: a
+  restarted wrapper then sends the PUBREL again, not the PUBLISH (once the broker has completed a packet id,
+  a PUBLISH with it is a new message, delivered again);
+- `finished`, after PUBACK / PUBCOMP, a pass's completions in one write: the injection leaves the in-flight
+  table and its publication id joins the completed ids (also when the broker refused it: it would refuse a
+  copy again).
+
+At start `in_flight()` is what a previous run left unfinished; the adapter hands it to paho under its old
+packet ids before connecting (`LeanClient.restore`), so paho sends it again exactly as it would its own, or
+publishes it anew (new packet ids, `abandoned` here, then `started` again) when the broker lost the session.
+The completed ids of the last `completed_window` injections (the node's `duplicate_cache_size`) are kept
+across restarts: an upstream wrapper that never got our acknowledgement sends its copy again after we
+restart, and the daemon does not inject what the journal says is done (`is_completed`, counted as
+`duplicate_suppressed`; the protocol side will load these into the node's injection cache instead).
+
+Records (msgpack arrays): `["i", mid, host, port, epoch, seq, topic, payload, qos, retain, properties]`,
+`["r", mid]`, `["c", mid]` (finished), `["a", mid]` (abandoned: forgotten, not completed), and, written only
+by compaction, `["k", host, port, epoch, seq]` (a completed id). Packet ids are reused (16 bits), so a record
+refers to the latest `i` of its packet id before it. The file is rewritten with the live records
+(`RecordLog.rewrite`: atomic) when it is over `COMPACT_MIN_BYTES` and `COMPACT_RATIO` times their size.
+No fsync per record: a power loss is not covered (the spool's `spool_fsync` will say how for both).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from federation.daemon.record_log import RecordLog, RecordLogError
+from federation.protocol.types import Address, Injection, PublicationId
+
+log = logging.getLogger("federation.daemon")
+
+JOURNAL_FILE = "injections.log"
+"""the journal's file in the state directory"""
+COMPACT_RATIO = 4
+"""compact when the file holds more than this many times the bytes of the live records"""
+COMPACT_MIN_BYTES = 1024 * 1024
+"""never compact a file smaller than this"""
+COMPLETED_RECORD_BYTES = 40
+"""about what one completed id costs in a compacted file (for the compaction estimate)"""
+WRITE_ERROR_LOG_INTERVAL = 60.0
+"""seconds between log lines about failed journal writes (each one is counted)"""
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One injection the broker has not completed: its packet id, what it is, and whether it is past PUBREC."""
+
+    mid: int
+    injection: Injection
+    released: bool = False
+    """QoS 2 past PUBREC: the broker holds it and waits for our PUBREL"""
+
+
+def _publication(fields: Sequence[Any]) -> PublicationId:
+    return (Address(str(fields[0]), int(fields[1])), int(fields[2]), int(fields[3]))
+
+
+def _id_fields(publication: PublicationId) -> list[Any]:
+    origin, epoch, seq = publication
+    return [origin.host, origin.port, epoch, seq]
+
+
+def _encode(kind: str, *fields: Any) -> bytes:
+    data: bytes = msgpack.packb([kind, *fields], use_bin_type=True)
+    return data
+
+
+def _started(mid: int, injection: Injection) -> bytes:
+    return _encode("i", mid, *_id_fields(injection.publication), injection.topic, injection.payload, injection.qos,
+                   injection.retain, injection.properties)
+
+
+class InjectionJournal:
+    """The journal of one wrapper's QoS 1/2 injections (see the module docstring). Used on the loop's thread."""
+
+    def __init__(self, log: RecordLog, completed_window: int) -> None:
+        if completed_window < 1:
+            raise ValueError(f"completed_window must be >= 1, got {completed_window}")
+        self.log = log
+        self.completed_window = completed_window
+        self._in_flight: dict[int, JournalEntry] = {}
+        """mid -> entry, in the order they were started"""
+        self._sizes: dict[int, int] = {}
+        """mid -> bytes of its `i` record (for the compaction estimate)"""
+        self._completed: OrderedDict[PublicationId, None] = OrderedDict()
+        self.undecodable = 0
+        """records found at open that could not be read (counted, skipped)"""
+        self.write_errors = 0
+        """appends or compactions that failed (a full disk): the injections go on, unrecorded"""
+        self._error_logged_at = float("-inf")
+        self.compactions = 0
+        for record in log.loaded():
+            self._load(record)
+        self.recovered = len(self._in_flight)
+        """injections a previous run left unfinished"""
+
+    # ------------------------------------------------------------ reading the file
+
+    def _load(self, record: bytes) -> None:
+        try:
+            fields = msgpack.unpackb(record, raw=False)
+            kind = fields[0]
+            if kind == "i":
+                mid = int(fields[1])
+                properties = fields[10]
+                if properties is not None and not isinstance(properties, dict):
+                    raise ValueError("properties")
+                injection = Injection(str(fields[6]), bytes(fields[7]), int(fields[8]), bool(fields[9]), properties,
+                                      _publication(fields[2:6]))
+                self._start(mid, injection, len(record))
+            elif kind == "r":
+                self._release(int(fields[1]))
+            elif kind == "c":
+                self._finish(int(fields[1]))
+            elif kind == "a":
+                self._forget(int(fields[1]))
+            elif kind == "k":
+                self._complete(_publication(fields[1:5]))
+            else:
+                self.undecodable += 1
+        except (ValueError, TypeError, IndexError, msgpack.UnpackException):
+            self.undecodable += 1
+
+    # ------------------------------------------------------------ the tables
+
+    def _start(self, mid: int, injection: Injection, size: int) -> None:
+        self._in_flight.pop(mid, None)  # a packet id in use again: the old entry is over
+        self._in_flight[mid] = JournalEntry(mid, injection)
+        self._sizes[mid] = size
+
+    def _release(self, mid: int) -> bool:
+        entry = self._in_flight.get(mid)
+        if entry is None or entry.released:
+            return False
+        self._in_flight[mid] = JournalEntry(mid, entry.injection, True)
+        return True
+
+    def _finish(self, mid: int) -> bool:
+        entry = self._forget(mid)
+        if entry is None:
+            return False
+        self._complete(entry.injection.publication)
+        return True
+
+    def _forget(self, mid: int) -> JournalEntry | None:
+        self._sizes.pop(mid, None)
+        return self._in_flight.pop(mid, None)
+
+    def _complete(self, publication: PublicationId) -> None:
+        completed = self._completed
+        completed[publication] = None
+        completed.move_to_end(publication)
+        while len(completed) > self.completed_window:
+            completed.popitem(last=False)
+
+    # ------------------------------------------------------------ what the adapter tells it
+
+    def in_flight(self) -> list[JournalEntry]:
+        """The injections not completed, oldest first: at start, what a previous run left in flight."""
+        return list(self._in_flight.values())
+
+    @property
+    def has_completed(self) -> bool:
+        return bool(self._completed)
+
+    def is_completed(self, publication: PublicationId) -> bool:
+        """The broker completed an injection of this publication (within the last `completed_window`)."""
+        return publication in self._completed
+
+    def started(self, injections: Sequence[tuple[int, Injection]]) -> None:
+        """(mid, injection) about to be written to the broker: recorded, in one write, before they are."""
+        if not injections:
+            return
+        records = [_started(mid, injection) for mid, injection in injections]
+        self._append(records)
+        for (mid, injection), record in zip(injections, records, strict=True):
+            self._start(mid, injection, len(record))
+
+    def released(self, mid: int) -> None:
+        """The first PUBREC of a QoS 2 injection: recorded before our PUBREL is written."""
+        if self._release(mid):
+            self._append([_encode("r", mid)])
+
+    def finished(self, mids: Iterable[int]) -> None:
+        """The broker completed these (PUBACK, PUBCOMP; also a refusal): one write for them all."""
+        done = [mid for mid in mids if self._finish(mid)]
+        if done:
+            self._append([_encode("c", mid) for mid in done])
+            self._maybe_compact()
+
+    def abandoned(self, mids: Iterable[int]) -> None:
+        """These packet ids will not be completed (the broker lost the session: published anew, under new ids)."""
+        gone = [mid for mid in mids if self._forget(mid) is not None]
+        if gone:
+            self._append([_encode("a", mid) for mid in gone])
+            self._maybe_compact()
+
+    def _append(self, records: list[bytes]) -> None:
+        """Write records; a failure (a full disk) is counted and logged, and the injections go on: delivery must
+        not stop because what a restart would need cannot be kept."""
+        try:
+            self.log.append(records)
+        except (OSError, RecordLogError) as error:
+            self._write_failed(error)
+
+    def _write_failed(self, error: Exception) -> None:
+        self.write_errors += 1
+        now = time.monotonic()
+        if now - self._error_logged_at >= WRITE_ERROR_LOG_INTERVAL:
+            self._error_logged_at = now
+            log.error("cannot write the injection journal %s: %s; injections go on, but a wrapper restart may now "
+                      "inject some twice or lose the unfinished ones (free disk space; %d failed writes so far)",
+                      self.log.path, error, self.write_errors)
+
+    # ------------------------------------------------------------ compaction
+
+    def live_bytes(self) -> int:
+        """About what a compacted file would hold."""
+        return sum(self._sizes.values()) + COMPLETED_RECORD_BYTES * len(self._completed)
+
+    def _maybe_compact(self) -> None:
+        size = self.log.size_bytes
+        if size >= COMPACT_MIN_BYTES and size > COMPACT_RATIO * max(self.live_bytes(), 1):
+            self.compact()
+
+    def compact(self) -> None:
+        """Rewrite the file with the live records only (atomically)."""
+        records = [_encode("k", *_id_fields(publication)) for publication in self._completed]
+        for entry in self._in_flight.values():
+            records.append(_started(entry.mid, entry.injection))
+            if entry.released:
+                records.append(_encode("r", entry.mid))
+        try:
+            self.log.rewrite(records)
+        except OSError as error:
+            self._write_failed(error)
+            return
+        self.compactions += 1
+
+    def status(self) -> dict[str, Any]:
+        return {"in_flight": len(self._in_flight), "completed_ids": len(self._completed),
+                "completed_window": self.completed_window, "file_bytes": self.log.size_bytes,
+                "recovered": self.recovered, "undecodable": self.undecodable, "compactions": self.compactions,
+                "write_errors": self.write_errors}
+
+    def close(self) -> None:
+        self.log.close()

@@ -1,0 +1,306 @@
+"""What the wrapper publishes into its broker: runs of injections, their packet ids, their journal, their end.
+
+Theory of operation: remote publications are injected on the wrapper's one broker connection (broker.py),
+so no_local keeps the broker from echoing them back, which is what stops a federated publication from being
+federated again. `Injector` does the publishing half of that connection:
+
+- `publish_all` writes a run of QoS 0 publications without properties as one buffer
+  (`LeanClient.send_qos0`) and a run of QoS 1/2 ones with `LeanClient.send_reliable`, which gives them paho's
+  packet ids and tells the injection journal (`InjectionRecorder`, federation.daemon.injections) before the
+  bytes are queued; paho then tracks each until PUBACK or PUBCOMP, also across a reconnection. Anything else
+  (QoS 0 with properties, a topic paho must judge, paho's public API) goes through paho's `publish`, whose
+  packet id the journal learns only after the write.
+- It keeps the unfinished QoS 1/2 injections (`backlog`): `FlowControl` hands over no more than the broker's
+  Receive Maximum allows. It hears of each first PUBREC (`on_pubrec`: journaled before paho's PUBREL goes
+  out) and completion (`on_completed`; a reason code of 0x80 or more is a refusal), and tells the journal of
+  a read pass's completions at once (`flush_finished`).
+- At a CONNACK (`connected`): with the session, paho sends the unfinished ones again (same packet id and
+  DUP, or the PUBREL of those past PUBREC) and the broker delivers each once; without it, they are taken
+  back from paho before it resends anything (a PUBREL would be answered "done" by a broker that never
+  delivered the message) and handed to the runtime to publish anew, in order.
+- A restarted wrapper gives paho the journal's unfinished injections under their packet ids (`restore`)
+  before it connects, so the first CONNACK treats them as above; with paho's public API they are published
+  anew at the first connection.
+
+What it counts (`counts`, plain attributes): `acknowledged` (QoS 1/2 the broker completed), `refused` (completed with a
+reason code of 0x80 or more), `written_qos0` (QoS 0 on the socket: those paho still held when the
+connection dropped are not), `resent` (sent again in a kept session), `reinjected` (published anew into a
+new one); `injected` (handed to paho) and `inject_failed` (paho refused it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from paho.mqtt.enums import MQTTErrorCode
+from paho.mqtt.exception import MQTTException
+
+from federation.daemon.lean_client import LeanClient, PublicClient, ReliableMessage, RestoredMessage, lean_qos0_publish
+from federation.daemon.mqtt_properties import dict_to_properties
+from federation.protocol.histogram import Histogram
+from federation.protocol.types import Address, Injection
+
+log = logging.getLogger("federation.daemon.broker")
+
+REFUSED = 0x80
+"""reason codes from this one up say the broker refused a publication (MQTT 5 section 2.4)"""
+REFUSAL_LOG_INTERVAL = 60.0
+"""seconds between log lines about injections the broker refused (every one is counted)"""
+
+
+class InjectionRecorder(Protocol):
+    """Where the injector tells how its QoS 1/2 injections progress (`federation.daemon.injections.InjectionJournal`
+    is one): before they are written, at the first PUBREC (before the PUBREL), when the broker completed them,
+    and when they are published anew under other packet ids."""
+
+    def started(self, injections: Sequence[tuple[int, Injection]]) -> None: ...
+
+    def released(self, mid: int) -> None: ...
+
+    def finished(self, mids: Sequence[int]) -> None: ...
+
+    def abandoned(self, mids: Sequence[int]) -> None: ...
+
+
+class Injector:
+    """The injections of one broker connection; `wrote` is called after paho was handed bytes (the adapter
+    watches the socket for writability when paho could not write them all)."""
+
+    def __init__(self, client: LeanClient | PublicClient, broker: Address, max_qos: int,
+                 recorder: InjectionRecorder | None, wrote: Callable[[], None]) -> None:
+        self.client = client
+        self.broker = broker
+        self.max_qos = max_qos
+        self._recorder = recorder
+        self._wrote = wrote
+        self.injected = 0
+        """QoS 0/1/2 publications handed to paho (written or queued)"""
+        self.inject_failed = 0
+        self.properties_skipped = 0
+        self.acknowledged = 0
+        self.refused = 0
+        self.written_qos0 = 0
+        self.resent = 0
+        self.reinjected = 0
+        """what became of the injections (see the module docstring; plain numbers: some count per message)"""
+        self._unfinished: dict[int, Injection] = {}
+        """mid -> the QoS 1/2 injection handed to paho that the broker has not completed (`backlog`), oldest first"""
+        self._handed_at: dict[int, float] = {}
+        """monotonic time each of `_unfinished` was handed to paho (this run's only)"""
+        self.injection_latency = Histogram()
+        """seconds from handing a QoS 1/2 publication to the connection to the broker's PUBACK / PUBCOMP"""
+        self._finished: list[int] = []
+        """mids completed since the last `flush_finished` (one journal write per read pass)"""
+        self._refused_pubrec: dict[int, int] = {}
+        """mid -> the reason code of a PUBREC that refused it (paho completes it anyway)"""
+        self._orphans: list[Injection] = []
+        """unfinished injections of a previous run that paho's public API cannot send again under their old
+        packet ids (`PublicClient`): published anew at the first connection"""
+        self._refusal_logged_at = float("-inf")
+
+    def backlog(self) -> int:
+        """QoS 1/2 publications handed to paho that the broker has not completed yet (in flight or queued)."""
+        return len(self._unfinished)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """The counts of the module docstring, by name."""
+        return {"acknowledged": self.acknowledged, "refused": self.refused, "written_qos0": self.written_qos0,
+                "resent": self.resent, "reinjected": self.reinjected}
+
+    # ------------------------------------------------------------ a previous run, a new session
+
+    def restore(self, unfinished: Sequence[tuple[int, Injection, bool]]) -> None:
+        """Before the first connection: what a previous run left unfinished (mid, injection, past PUBREC)."""
+        if not unfinished:
+            return
+        client = self.client
+        if not isinstance(client, LeanClient):
+            self._orphans += [injection for _mid, injection, _released in unfinished]
+            if self._recorder is not None:
+                self._recorder.abandoned([mid for mid, _injection, _released in unfinished])
+            return
+        messages: list[RestoredMessage] = []
+        for mid, injection, released in unfinished:
+            properties, _skipped = dict_to_properties(injection.properties)
+            messages.append((mid, injection.topic, injection.payload, min(injection.qos, self.max_qos) or 1,
+                             injection.retain, properties, released))
+            self._unfinished[mid] = injection
+        client.restore(messages)
+
+    def connected(self, session_present: bool) -> tuple[int, list[Injection]]:
+        """A CONNACK, before paho sends anything again: (how many paho sends again in the kept session, those to
+        publish anew in order, the broker having none of them)."""
+        reinjected, self._orphans = self._orphans, []
+        resent = 0
+        if session_present:
+            resent = len(self._unfinished)
+        elif self._unfinished:
+            self._refused_pubrec.clear()
+            self.client.drop_out_messages()
+            mids = list(self._unfinished)
+            reinjected += self._unfinished.values()
+            self._unfinished.clear()
+            self._handed_at.clear()
+            if self._recorder is not None:
+                self._recorder.abandoned(mids)
+        self.resent += resent
+        self.reinjected += len(reinjected)
+        return resent, reinjected
+
+    # ------------------------------------------------------------ publishing
+
+    def publish(self, injection: Injection) -> bool:
+        """Publish one with paho's `publish`; False if paho refused it (not connected, QoS 0). A QoS 1/2 one is
+        told to the recorder after paho has written it (paho's public API gives the packet id only then);
+        `publish_all` tells it before."""
+        properties, skipped = dict_to_properties(injection.properties) if injection.properties else (None, ())
+        if skipped:
+            self.properties_skipped += len(skipped)
+            log.debug("publication %s: skipped invalid properties %s", injection.publication, skipped)
+        qos = min(injection.qos, self.max_qos)
+        try:
+            info = self.client.publish(injection.topic, injection.payload, qos=qos, retain=injection.retain,
+                                       properties=properties)
+        except (ValueError, MQTTException) as error:
+            log.warning("cannot inject publication on %r: %s", injection.topic, error)
+            self.inject_failed += 1
+            return False
+        self._wrote()
+        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS and not (qos > 0 and info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN):
+            # QoS 1/2 messages refused for "no connection" are queued by paho and sent after reconnecting.
+            self.inject_failed += 1
+            return False
+        if qos:
+            self._unfinished[info.mid] = injection  # stored by paho until PUBACK / PUBCOMP, also while disconnected
+            self._handed_at[info.mid] = time.monotonic()
+            if self._recorder is not None:
+                self._recorder.started([(info.mid, injection)])
+        else:
+            self.written_qos0 += 1
+        self.injected += 1
+        return True
+
+    def publish_all(self, injections: Sequence[Injection]) -> None:
+        """Publish several, in order: runs of QoS 0 ones without properties as one buffer, runs of QoS 1/2 ones
+        with `LeanClient.send_reliable`; the rest, and everything with paho's public API, with `publish`."""
+        client = self.client
+        if not isinstance(client, LeanClient):
+            for injection in injections:
+                self.publish(injection)
+            return
+        max_qos = self.max_qos
+        run = bytearray()
+        count = 0
+        reliable: list[Injection] = []
+        for injection in injections:
+            qos = injection.qos if injection.qos < max_qos else max_qos
+            if qos:
+                if count:
+                    self._send_qos0_run(client, run, count)
+                    run, count = bytearray(), 0
+                reliable.append(injection)
+                continue
+            if reliable:
+                self._send_reliable_run(client, reliable)
+                reliable = []
+            if not injection.properties and lean_qos0_publish(run, injection.topic, injection.payload,
+                                                              injection.retain):
+                count += 1
+                continue
+            if count:
+                self._send_qos0_run(client, run, count)
+                run, count = bytearray(), 0
+            self.publish(injection)
+        if count:
+            self._send_qos0_run(client, run, count)
+        if reliable:
+            self._send_reliable_run(client, reliable)
+
+    def _send_qos0_run(self, client: LeanClient, run: bytearray, count: int) -> None:
+        """`count` QoS 0 PUBLISH packets built in `run`, written with one `send`."""
+        if client.send_qos0(run, count, self._written_qos0) != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            self.inject_failed += count  # not connected: paho refuses QoS 0 publications too
+            return
+        self.injected += count
+        self._wrote()
+
+    def _written_qos0(self, count: int) -> None:
+        self.written_qos0 += count
+
+    def _send_reliable_run(self, client: LeanClient, injections: Sequence[Injection]) -> None:
+        """QoS 1/2 publications: what `send_reliable` takes, then the rest through `publish`."""
+        max_qos = self.max_qos
+        messages: list[ReliableMessage] = []
+        for injection in injections:
+            properties = None
+            if injection.properties:
+                properties, skipped = dict_to_properties(injection.properties)
+                if skipped:
+                    self.properties_skipped += len(skipped)
+                    log.debug("publication %s: skipped invalid properties %s", injection.publication, skipped)
+            qos = injection.qos if injection.qos < max_qos else max_qos
+            messages.append((injection.topic, injection.payload, qos, injection.retain, properties))
+        unfinished = self._unfinished
+        recorder = self._recorder
+
+        def taken(mids: list[int]) -> None:
+            # They join `_unfinished`: in paho's `_out_messages` until PUBACK / PUBCOMP, also across a
+            # reconnection; the recorder has them before the bytes are queued.
+            unfinished.update(zip(mids, injections, strict=False))
+            if recorder is not None:
+                recorder.started(list(zip(mids, injections, strict=False)))
+
+        mids = client.send_reliable(messages, taken)
+        if mids:
+            self.injected += len(mids)
+            self._handed_at.update(dict.fromkeys(mids, time.monotonic()))
+            self._wrote()
+        for injection in injections[len(mids):]:
+            self.publish(injection)
+
+    # ------------------------------------------------------------ what the broker answers
+
+    def on_pubrec(self, mid: int, reason: int) -> None:
+        """The first PUBREC of one of our QoS 2 injections; the PUBREL follows when this returns (paho sends it
+        also after a refusal, and the broker completes it: the refusal is remembered for the completion)."""
+        if mid not in self._unfinished:
+            return
+        if reason >= REFUSED:
+            self._refused_pubrec[mid] = reason
+        if self._recorder is not None:
+            self._recorder.released(mid)
+
+    def on_completed(self, mid: int, reason: int) -> bool:
+        """PUBACK or PUBCOMP; True when it completed one of ours (room for more)."""
+        injection = self._unfinished.pop(mid, None)
+        if injection is None:
+            return False
+        handed = self._handed_at.pop(mid, None)
+        if handed is not None:
+            self.injection_latency.observe(time.monotonic() - handed)
+        reason = self._refused_pubrec.pop(mid, reason) if self._refused_pubrec else reason
+        if reason >= REFUSED:
+            self.refused += 1
+            now = time.monotonic()
+            if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL:
+                self._refusal_logged_at = now
+                log.warning("broker %s refused an injected publication on %r (reason code 0x%02x): it is not "
+                            "delivered there; check the wrapper's ACL (it must be allowed to publish on every "
+                            "federated topic). Further refusals are counted (status daemon.broker.injections."
+                            "refused) and logged once a minute", self.broker, injection.topic, reason)
+        else:
+            self.acknowledged += 1
+        if self._recorder is not None:
+            self._finished.append(mid)
+        return True
+
+    def flush_finished(self) -> None:
+        """Tell the recorder what completed since the last call (after a read pass: one journal write)."""
+        if self._finished:
+            finished, self._finished = self._finished, []
+            if self._recorder is not None:
+                self._recorder.finished(finished)

@@ -1,0 +1,258 @@
+"""The publication path: our publications numbered and handed to the meshes; received ones checked against
+the duplicate caches, delivered to the local broker once, and routed on.
+
+Theory of operation
+-------------------
+A publication is named by its origin's address, boot epoch and sequence
+number (`types.PublicationId`); our own are numbered here
+(`Identity.publication_seq`, which starts again with every epoch). Each node
+handles a (publication, filter) pair once (the `seen` cache: a copy that
+comes back over another link of the mesh is dropped and counted) and gives
+the local broker each publication once, whatever the number of filters it
+matched (`injected`); both caches are bounded and keyed by ints
+(`federation.protocol.dedup`). Every publication is then handed to the mesh
+engine's routing (`forwarding.PublicationRouting`), and this part tells the
+node where it went (`forwarding.Routed`), which the node needs for pacing.
+
+QoS 0 publications also travel a run at a time (docs/protocol.md rule 7c).
+Under load the wrapper reads publications from its broker in bursts, and
+each `tm` then costs a whole packet's work for one publication: its header
+encoded and decoded, its sender noted, its route looked up, the node
+settled. A `tb` carries a run of QoS 0 publications of one origin on one
+filter (not retained, no properties: what such a publication's `tm` would
+carry beyond its seq, topic and payload is the same for the whole run), so
+that work is done once per run and only the duplicate check, the local match
+and the injection remain per publication (`originate_run`, `on_batch`). The
+outcome is the `tm` rules' exactly: the same duplicate cache entries,
+deliveries, drops, counters and per-publication events; where a run cannot
+be forwarded whole (no core yet, no route) each publication takes the `tm`
+path alone. What changes is the grain of forwarding: one parent is drawn per
+run, not per publication, toward the core. A run of one publication goes
+out as a plain `tm`, so traffic at a low rate looks as before. Runs are cut
+to fit one datagram (`max_datagram`).
+
+This is the data path: per publication it allocates nothing it can avoid
+and reads nothing twice (the cache keys of a run are made from one stream
+number each, `StreamNumbers.base`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from federation.protocol import events
+from federation.protocol.context import Identity, Outbox
+from federation.protocol.dedup import SeenCache, StreamNumbers, injected_key, seen_key
+from federation.protocol.events import publication_text
+from federation.protocol.forwarding import NOT_SENT, PublicationRouting, Routed
+from federation.protocol.topic_filter import is_system
+from federation.protocol.types import Address, Injection, PublicationId
+from federation.protocol.wire import MODE_TOWARD_CORE, TOPIC_BATCH, encode
+from federation.protocol.wire_types import Sender, TopicBatch, TopicMessage
+
+ITEM_OVERHEAD = 17
+"""bytes msgpack adds to a run entry at most beyond its topic and payload: seq (9), topic and payload headers"""
+
+
+def batch_item_size(item: tuple[int, str, bytes]) -> int:
+    """Bytes one publication (seq, topic, payload) adds to a `tb`, at most (for `Outbox.split`)."""
+    _seq, topic, payload = item
+    return ITEM_OVERHEAD + len(payload) + (len(topic) if topic.isascii() else len(topic.encode()))
+
+
+class Publications:
+    """Our publications and the ones we receive: numbering, duplicate caches, local delivery, routing."""
+
+    def __init__(self, identity: Identity, outbox: Outbox, router: PublicationRouting,
+                 local_matching: Callable[[str], list[str]]) -> None:
+        settings = identity.settings
+        self._identity = identity
+        self._max_hops = settings.max_hops
+        self._outbox = outbox
+        self._router = router
+        self._local_matching = local_matching
+        """the federated filters with local subscribers that match a topic"""
+        self.streams = StreamNumbers(settings.duplicate_cache_size)
+        """the numbers that make the keys of `seen` and `injected` ints (dedup.seen_key, dedup.injected_key)"""
+        self.seen = SeenCache(settings.duplicate_cache_size)
+        """(publication, filter) pairs handled"""
+        self.injected = SeenCache(settings.duplicate_cache_size)
+        """publications given to the local broker (or made there)"""
+
+    def handled(self, message: TopicMessage) -> bool:
+        """Has this (publication, filter) been handled here already?"""
+        return seen_key(self.streams, message.origin, message.epoch, message.seq, message.filter) in self.seen
+
+    # ------------------------------------------------------------ our publications
+
+    def local_publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: dict[str, Any] | None,
+                      now: float) -> PublicationId | None:
+        """A publication made on the local broker; returns its id, or None for a `$` topic (not federated)."""
+        if is_system(topic):
+            return None
+        identity = self._identity
+        identity.publication_seq += 1
+        address, epoch, seq = identity.address, identity.epoch, identity.publication_seq
+        publication: PublicationId = (address, epoch, seq)
+        self.injected.add(injected_key(self.streams, *publication))  # the local broker has it already
+        router, outbox = self._router, self._outbox
+        filters = router.matching(topic)
+        outbox.counters["publications_originated"] += 1
+        pub_text = None
+        if outbox.publication_events:
+            pub_text = publication_text(publication)
+            outbox.emit(events.PUBLICATION_ORIGINATED, now, pub=pub_text, topic=topic, qos=qos,
+                        retain=retain, size=len(payload), filters=filters)
+        for filter_ in router.publication_filters(filters):
+            state = router.topics[filter_]
+            self.seen.add(seen_key(self.streams, *publication, filter_))
+            message = TopicMessage(filter_, address, epoch, seq, MODE_TOWARD_CORE, 0, topic, payload, qos, retain,
+                                   properties)
+            router.route(state, message, None, now, pub_text)
+        return publication
+
+    def originate_run(self, run: list[tuple[str, bytes]], now: float) -> list[PublicationId | None]:
+        """QoS 0 publications made on the local broker, neither retained nor with properties, in the order read,
+        sent as `tb` runs per filter; returns their ids (None for a `$` topic), as `local_publish` does."""
+        identity, outbox, router = self._identity, self._outbox, self._router
+        address, epoch = identity.address, identity.epoch
+        streams = self.streams  # the cache keys are `dedup.seen_key` and `injected_key`, made a run at a time
+        injected_base = streams.base(address.host, address.port, epoch, None)
+        seen_bases: dict[str, int] = {}
+        injected_add, seen_add = self.injected.add, self.seen.add
+        matching, publication_filters = router.matching, router.publication_filters
+        events_on = outbox.publication_events
+        first = seq = identity.publication_seq
+        runs: dict[str, list[tuple[int, str, bytes]]] = {}
+        made: list[PublicationId | None] = []
+        for topic, payload in run:
+            if is_system(topic):
+                made.append(None)
+                continue
+            seq += 1
+            publication: PublicationId = (address, epoch, seq)
+            made.append(publication)
+            injected_add(injected_base | seq)  # the local broker has it already
+            filters = matching(topic)
+            if events_on:
+                outbox.emit(events.PUBLICATION_ORIGINATED, now, pub=publication_text(publication), topic=topic,
+                            qos=0, retain=False, size=len(payload), filters=filters)
+            for filter_ in publication_filters(filters):
+                base = seen_bases.get(filter_)
+                if base is None:
+                    base = seen_bases[filter_] = streams.base(address.host, address.port, epoch, filter_)
+                seen_add(base | seq)
+                items = runs.get(filter_)
+                if items is None:
+                    items = runs[filter_] = []
+                items.append((seq, topic, payload))
+        outbox.counters["publications_originated"] += seq - first
+        identity.publication_seq = seq
+        for filter_, items in runs.items():
+            state = router.topics[filter_]
+            if len(items) == 1:  # alone on its filter: a plain `tm`
+                seq, topic, payload = items[0]
+                message = TopicMessage(filter_, address, epoch, seq, MODE_TOWARD_CORE, 0, topic, payload, 0, False,
+                                       None)
+                router.route(state, message, None, now)
+                continue
+            header = len(encode(TOPIC_BATCH, Sender(identity.broker_id, epoch),
+                                TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 255, [])))
+            for part in outbox.split(items, batch_item_size, header):
+                flat = [field for item in part for field in item]
+                router.route_batch(state, TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 0, flat), None, now)
+        return made
+
+    # ------------------------------------------------------------ publications from neighbours
+
+    def on_message(self, message: TopicMessage, from_announced: Address, now: float) -> Routed:
+        """A `tm` from a neighbour (announced address): handled once, delivered once, routed on."""
+        publication = message.publication
+        outbox = self._outbox
+        if not self.seen.add(seen_key(self.streams, *publication, message.filter)):
+            outbox.counters["duplicates_dropped"] += 1
+            if outbox.publication_events:
+                outbox.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(publication), filter=message.filter,
+                            source=str(from_announced))
+            return NOT_SENT
+        if is_system(message.topic):
+            self._drop_system_topic(message.topic, from_announced, now)
+            return NOT_SENT
+        pub_text = None
+        if self._local_matching(message.topic) and self.injected.add(injected_key(self.streams, *publication)):
+            outbox.injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
+                                               message.properties, publication))
+            outbox.counters["publications_delivered"] += 1
+            if outbox.publication_events:
+                pub_text = publication_text(publication)
+                outbox.emit(events.PUBLICATION_DELIVERED, now, pub=pub_text, topic=message.topic,
+                            filter=message.filter, hops=message.hops + 1)
+        if message.hops + 1 >= self._max_hops:
+            outbox.drop("max_hops")
+            return NOT_SENT
+        router = self._router
+        state = router.state(message.filter)
+        if state is None:
+            outbox.drop("topics_full")
+            return NOT_SENT
+        return router.route(state, message, from_announced, now, pub_text)
+
+    def on_batch(self, batch: TopicBatch, from_announced: Address, now: float) -> Routed:
+        """A `tb` from a neighbour: each publication as `on_message` would handle its `tm`, routed on as a run."""
+        filter_, origin, epoch = batch.filter, batch.origin, batch.epoch
+        streams = self.streams  # the cache keys are `dedup.seen_key` and `injected_key`, made a run at a time
+        seen_base = streams.base(origin.host, origin.port, epoch, filter_)
+        injected_base = streams.base(origin.host, origin.port, epoch, None)
+        seen_add, injected_add = self.seen.add, self.injected.add
+        local_matching = self._local_matching
+        outbox = self._outbox
+        injections = outbox.injections
+        events_on = outbox.publication_events
+        delivered = duplicates = 0
+        kept: list[Any] = []
+        items = iter(batch.items)
+        for seq, topic, payload in zip(items, items, items, strict=True):
+            if not seen_add(seen_base | seq):
+                duplicates += 1
+                if events_on:
+                    publication: PublicationId = (origin, epoch, seq)
+                    outbox.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(publication), filter=filter_,
+                                source=str(from_announced))
+                continue
+            if is_system(topic):
+                self._drop_system_topic(topic, from_announced, now)
+                continue
+            if local_matching(topic) and injected_add(injected_base | seq):
+                publication = (origin, epoch, seq)
+                injections.append(Injection(topic, payload, 0, False, None, publication))
+                delivered += 1
+                if events_on:
+                    outbox.emit(events.PUBLICATION_DELIVERED, now, pub=publication_text(publication), topic=topic,
+                                filter=filter_, hops=batch.hops + 1)
+            kept.append(seq)
+            kept.append(topic)
+            kept.append(payload)
+        counters = outbox.counters
+        if duplicates:
+            counters["duplicates_dropped"] += duplicates
+        if delivered:
+            counters["publications_delivered"] += delivered
+        if not kept:
+            return NOT_SENT
+        if batch.hops + 1 >= self._max_hops:
+            outbox.drop("max_hops", len(kept) // 3)
+            return NOT_SENT
+        router = self._router
+        state = router.state(filter_)
+        if state is None:
+            outbox.drop("topics_full", len(kept) // 3)
+            return NOT_SENT
+        if len(kept) != len(batch.items):
+            batch = TopicBatch(filter_, origin, epoch, batch.mode, batch.hops, kept)
+        return router.route_batch(state, batch, from_announced, now)
+
+    def _drop_system_topic(self, topic: str, from_announced: Address, now: float) -> None:
+        """A publication on a `$` topic from a neighbour: never federated, so a peer that sends one is broken."""
+        self._outbox.drop("system_topic", event=events.PACKET_DROPPED, now=now, reason="system_topic",
+                          detail=topic[:64], source=str(from_announced), size=0)

@@ -1,0 +1,208 @@
+"""One topic's state, and what the three parts of the mesh engine share.
+
+Theory of operation
+-------------------
+A federated topic is a subscription filter; `TopicState` is everything a
+node knows of one: its core and how fresh that core's claim is, whether we
+are a member of its mesh, our parents and children in it, the publications
+held while it has no core, and the cached forwarding decisions
+(`ForwardingCache`) that spare each publication the routing work.
+
+The mesh engine (`federation.protocol.mesh.MeshEngine`) is one part of the
+node, written in three modules by concern, each a layer of one class over
+`TopicTable`, which holds the topics and the part's narrow context:
+`federation.protocol.cores` decides who is the core of each topic,
+`federation.protocol.forwarding` moves publications over the meshes, and
+`federation.protocol.mesh` keeps the meshes themselves (who is a member,
+parents and children) and composes the three. The engine never sees the
+node: it is given an outbox, read-only views of who the node is, of the
+federation table and of the neighbours, the node's local interest (filter ->
+local subscriptions), which neighbours pace us, and two functions of
+reliable forwarding (`track`, `new_mesh_neighbour`) for the QoS 1/2 copies
+it sends and the mesh neighbours it gains.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from federation.protocol.context import IdentityView, NeighboursView, Outbox, TableView
+from federation.protocol.modes import ModePolicy
+from federation.protocol.ownership import OwnershipTable
+from federation.protocol.topic_filter import FilterIndex
+from federation.protocol.types import Address, BrokerId
+from federation.protocol.wire_types import TopicCore, TopicMessage
+
+ClaimKey = tuple[int, int, BrokerId]
+"""(0 for the owner else 1, -capability or -rendezvous weight or 0, id): the lowest key is the best claim"""
+
+Track = Callable[[TopicMessage, list[Address]], None]
+"""reliable forwarding's `track`: called with every QoS 1/2 copy the mesh sends, and where it went"""
+NewMeshNeighbour = Callable[[str, Address, float], None]
+"""reliable forwarding's `mesh_neighbour_added`: called at once for each new mesh neighbour (filter, announced
+address, now), which is sent the recent QoS 1/2 publications of the filter"""
+
+
+@dataclass
+class HeldPublication:
+    deadline: float
+    message: TopicMessage
+
+
+# ---------------------------------------------------------------- the forwarding decision and its cache
+
+@dataclass(slots=True)
+class Forward:
+    """Send to `transports` (mode in-mesh), or to one of `candidates` (mode toward the core)."""
+
+    mode: int
+    transports: list[Address]
+    """in-mesh: the up mesh neighbours' transports, sorted by announced address"""
+    texts: list[str]
+    """`str` of each transport, for the `publication_forwarded` event"""
+    lost: int = 0
+    """in-mesh: mesh neighbours already down (their copies are counted as lost)"""
+    candidates: list[Address] | None = None
+    """toward the core: the up parents (announced addresses), one chosen per publication"""
+    by_candidate: dict[Address, tuple[Address, str]] | None = None
+    """candidate -> (its transport, its text)"""
+
+
+LEAF = "leaf"
+"""a mesh member with nobody else to send to: the publication ends here"""
+HOLD = "hold"
+"""no route toward the core yet: hold the publication"""
+NO_ROUTE = "no_route"
+"""parents exist but none is up: drop and report"""
+
+Decision = Forward | str
+
+
+class ForwardingCache:
+    """The forwarding decisions of one topic (`federation.protocol.forwarding`), valid while their inputs are
+    unchanged."""
+
+    __slots__ = ("inputs", "children", "decisions")
+
+    def __init__(self) -> None:
+        self.inputs: tuple[object, ...] = ()
+        self.children: frozenset[Address] = frozenset()
+        self.decisions: dict[Address | None, Decision] = {}
+
+
+# ---------------------------------------------------------------- one topic
+
+@dataclass
+class TopicState:
+    filter: str
+    core: BrokerId | None = None
+    core_epoch: int = 0
+    core_seq: int = 0
+    core_distance: int = 0
+    heard_at: float = float("-inf")
+    via: set[Address] = field(default_factory=set)
+    """announced addresses of the neighbours that delivered the freshest `tc` at the shortest distance"""
+    own_seq: int = 0
+    children: dict[Address, float] = field(default_factory=dict)
+    """child (announced address) -> time its membership expires"""
+    parents: tuple[Address, ...] = ()
+    member: bool = False
+    withdrawn: tuple[BrokerId, int, int] | None = None
+    """the last withdrawal heard (core, epoch, seq): older claims of that core are ignored"""
+    held: deque[HeldPublication] = field(default_factory=deque)
+    pending: dict[BrokerId, tuple[TopicCore, Address, Address, float]] = field(default_factory=dict)
+    """claims of cores the table does not show reachable yet: retried when routes change"""
+    core_rank: int = 0
+    """the rank (capability) carried by the core's claim"""
+    provisional: bool = False
+    """the core was taken from placement (owner or rendezvous winner) and has not announced itself yet"""
+    adopted_at: float = float("-inf")
+    """when the current core was adopted from its announcement (a claim of another core than before)"""
+    claimed_at: float = float("-inf")
+    """when we last claimed this filter (a placed core waits an announce interval for children)"""
+    lost_at: float = float("-inf")
+    """when its core was last lost (unreachable or silent): the filter is kept an announcement lifetime,
+    so publications matching it are held and reported (`no_core`), not silently unmatched"""
+    forwarding: ForwardingCache = field(default_factory=ForwardingCache, repr=False, compare=False)
+    """where publications go next, kept while nothing it depends on changes (`federation.protocol.forwarding`)"""
+
+    @property
+    def freshness(self) -> tuple[int, int]:
+        return (self.core_epoch, self.core_seq)
+
+
+# ---------------------------------------------------------------- the topics and the mesh engine's context
+
+class TopicTable:
+    """The topics of one node and the context the mesh engine is given (see the module docstring)."""
+
+    def __init__(self, identity: IdentityView, table: TableView, neighbours: NeighboursView, outbox: Outbox,
+                 rng: random.Random, local_interest: Mapping[str, int], paced_by: Mapping[Address, float],
+                 track: Track, new_mesh_neighbour: NewMeshNeighbour) -> None:
+        settings = identity.settings
+        self._identity = identity
+        self._settings = settings
+        self._table = table
+        self._neighbours = neighbours
+        self._outbox = outbox
+        self._rng = rng
+        self._local_interest = local_interest
+        """federated filter -> local subscriptions to it (read only)"""
+        self._paced_by = paced_by
+        """transport of each neighbour pacing us -> end of its hold (`Pacing.paced_until`, read only)"""
+        self._track = track
+        self._new_mesh_neighbour = new_mesh_neighbour
+        self.topics: dict[str, TopicState] = {}
+        self.index = FilterIndex()
+        self.dirty: set[str] = set()
+        """filters to reconcile (`MeshEngine.reconcile`) before the input is done"""
+        self.held_count = 0
+        self.refused_topics = 0
+        self.policy = ModePolicy.from_settings(settings)
+        self.ownership = OwnershipTable(settings.owned, settings.max_topics)
+        for filter_ in self.policy.replicated:
+            if self.state(filter_) is not None:  # every node is a member of a replicated filter's mesh
+                self.dirty.add(filter_)
+
+    def state(self, filter_: str, create: bool = True) -> TopicState | None:
+        state = self.topics.get(filter_)
+        if state is None and create:
+            if len(self.topics) >= self._settings.max_topics:
+                self.refused_topics += 1
+                return None
+            state = TopicState(filter_)
+            self.topics[filter_] = state
+            self.index.add(filter_)
+        return state
+
+    def is_own_core(self, state: TopicState) -> bool:
+        return state.core is not None and state.core == self._identity.broker_id
+
+    def cores(self) -> dict[str, BrokerId]:
+        return {f: s.core for f, s in sorted(self.topics.items()) if s.core is not None}
+
+    def mark_all_dirty(self) -> None:
+        self.dirty.update(self.topics)
+
+    def matching(self, topic: str) -> list[str]:
+        return self.index.matching(topic)
+
+    def wants(self, filter_: str) -> bool:
+        """Does this node need the filter's mesh (local subscribers, or a replicated filter)?"""
+        return self._local_interest.get(filter_, 0) > 0 or self.policy.is_replicated(filter_)
+
+    def parents_for(self, state: TopicState) -> tuple[Address, ...]:
+        """The neighbours (announced addresses) on shortest paths toward the filter's core that we take as
+        parents: the lowest ids first, as many as the filter's redundancy."""
+        assert state.core is not None
+        routes = self._table.routes
+        hops = routes.next_hops.get(state.core.address)
+        if not hops:
+            hops = frozenset(a for a in state.via if self._neighbours.transport_for(a) is not None)
+        if len(hops) == 1:  # the common case, on every publication routed toward the core: nothing to rank
+            return tuple(hops)[: self.policy.parents(state.filter, self._settings.redundancy)]
+        ranked = sorted(hops, key=lambda a: routes.ids.get(a, BrokerId(2**64, a)))
+        return tuple(ranked[: self.policy.parents(state.filter, self._settings.redundancy)])

@@ -1,0 +1,131 @@
+"""The faults of the suite, the topologies they hit, and what each means on a Mosquitto bridge chain.
+
+Theory of operation: a fault is a kind (`kill_wrapper`, `kill_broker`,
+`pause_wrapper`, `partition`) aimed at a role (`publisher`, `middle`,
+`subscriber`), held for a number of seconds and then healed (the process
+started again, SIGCONT, the rules removed). A topology names its nodes and
+says which node plays each role and where the partition cuts, so one fault
+definition runs on the line and on the ring; a setup (`setups.py`) turns a
+fault into actions on its processes.
+
+A bridge chain has no wrappers: the forwarding is done by the brokers
+themselves. Its analogue of each fault is the nearest thing that exists
+(`BRIDGE_ANALOGUE`): a wrapper killed becomes the bridge connections of that
+node reset and refused for the same time (the forwarding element is gone,
+the broker and its clients stay); a wrapper stopped becomes the broker that
+hosts the bridge stopped (SIGSTOP); broker kills are the same; a partition
+drops the bridge's TCP across the same cut. The line is the ring's
+reference too: a ring cannot be bridged (bridges loop forever).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+KINDS = ("kill_wrapper", "kill_broker", "pause_wrapper", "partition")
+ROLES = ("publisher", "middle", "subscriber", "bypass")
+"""the node of the publisher, the node between it and the subscriber's, the subscriber's, and (ring only) the
+node on the other path"""
+NEIGHBOUR_DOWN_SECONDS = 3.0
+"""the default neighbour-down time (hello_interval 1 s x dead_intervals 3)"""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of the suite: a kind aimed at a role, held `seconds`, then healed."""
+
+    name: str
+    kind: str
+    role: str | None
+    """None for a partition (it cuts between the two sides)"""
+    seconds: float
+    title: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"fault {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if (self.role is None) != (self.kind == "partition") or (self.role is not None and self.role not in ROLES):
+            raise ValueError(f"fault {self.name}: role {self.role!r} does not fit kind {self.kind}")
+        if self.seconds <= 0:
+            raise ValueError(f"fault {self.name}: seconds must be positive")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(document: dict[str, Any]) -> Fault:
+        return Fault(**document)
+
+
+SUITE: tuple[Fault, ...] = (
+    Fault("kill-publisher-wrapper", "kill_wrapper", "publisher", 6.0,
+          "kill -9 the publisher-side wrapper, restart after 6 s"),
+    Fault("kill-middle-wrapper", "kill_wrapper", "middle", 6.0, "kill -9 the middle wrapper, restart after 6 s"),
+    Fault("kill-subscriber-wrapper", "kill_wrapper", "subscriber", 6.0,
+          "kill -9 the subscriber-side wrapper, restart after 6 s"),
+    Fault("kill-subscriber-broker", "kill_broker", "subscriber", 4.0,
+          "kill -9 the subscriber's broker, restart after 4 s"),
+    Fault("kill-middle-broker", "kill_broker", "middle", 4.0, "kill -9 the middle broker, restart after 4 s"),
+    Fault("pause-middle-wrapper", "pause_wrapper", "middle", 6.0,
+          "SIGSTOP the middle wrapper for 6 s (> the 3 s neighbour-down time), then SIGCONT"),
+    Fault("partition", "partition", None, 30.0, "partition A side | C side, healed after 30 s"),
+)
+"""The default suite. Wrapper outages of 6 s outlast the neighbour-down time (3 s) plus the 2 s publication
+hold, so every timer that gives up on a neighbour or a core fires during them."""
+
+FAULTS = {fault.name: fault for fault in SUITE}
+
+BRIDGE_ANALOGUE = {
+    "kill_wrapper": "the bridge connections of {node} reset and refused",
+    "kill_broker": "kill -9 broker {node}",
+    "pause_wrapper": "SIGSTOP broker {node} (it hosts the bridge)",
+    "partition": "the bridge's TCP dropped between {sides}",
+}
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Node names in order, the links, the node of each role, and the two sides of the partition."""
+
+    name: str
+    nodes: tuple[str, ...]
+    links: tuple[tuple[str, str], ...]
+    roles: dict[str, str]
+    publisher_side: tuple[str, ...]
+    subscriber_side: tuple[str, ...]
+
+    def node(self, role: str) -> str:
+        try:
+            return self.roles[role]
+        except KeyError:
+            raise ValueError(f"the {self.name} has no {role} node; its roles are {', '.join(self.roles)}") from None
+
+    def cut_links(self) -> list[tuple[str, str]]:
+        """The links the partition cuts (one end on each side)."""
+        return [(a, b) for a, b in self.links
+                if (a in self.publisher_side and b in self.subscriber_side)
+                or (b in self.publisher_side and a in self.subscriber_side)]
+
+
+LINE = Topology("line", ("a", "b", "c"), (("a", "b"), ("b", "c")),
+                {"publisher": "a", "middle": "b", "subscriber": "c"}, ("a", "b"), ("c",))
+"""A-B-C: publisher on a, subscriber on c; the partition cuts b-c."""
+RING = Topology("ring", ("a", "b", "c", "d"), (("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")),
+                {"publisher": "a", "middle": "b", "subscriber": "c", "bypass": "d"}, ("a", "b"), ("c", "d"))
+"""A-B-C-D-A: two equal paths between a and c (through b and through d); the partition cuts b-c and d-a."""
+TOPOLOGIES = {topology.name: topology for topology in (LINE, RING)}
+
+
+def describe(fault: Fault, topology: Topology, bridge: bool) -> str:
+    """What the fault does on this topology, in words (for the bridge chain: its analogue)."""
+    if not bridge:
+        if fault.kind == "partition":
+            return (f"UDP dropped between {'+'.join(topology.publisher_side)} | {'+'.join(topology.subscriber_side)} "
+                    f"for {fault.seconds:g} s")
+        verb = {"kill_wrapper": "kill -9 wrapper", "kill_broker": "kill -9 broker",
+                "pause_wrapper": "SIGSTOP wrapper"}[fault.kind]
+        return f"{verb} {topology.node(fault.role or '')} for {fault.seconds:g} s"
+    sides = f"{'+'.join(topology.publisher_side)} | {'+'.join(topology.subscriber_side)}"
+    node = topology.node(fault.role) if fault.role is not None else ""
+    return BRIDGE_ANALOGUE[fault.kind].format(node=node, sides=sides) + f" for {fault.seconds:g} s"

@@ -1,0 +1,124 @@
+"""The injection journal (federation/daemon/injections.py): what a restarted wrapper finds of its unfinished
+injections and of those the broker completed, bounded and compacted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from federation.daemon import injections as injections_module
+from federation.daemon.injections import InjectionJournal
+from federation.daemon.record_log import RecordLog
+from federation.protocol.types import Address, Injection
+
+ORIGIN = Address("10.0.0.9", 10500)
+
+
+def injection(seq: int, qos: int = 2, properties: dict[str, object] | None = None) -> Injection:
+    return Injection(f"t/{seq}", b"p%d" % seq, qos, seq % 3 == 0, properties, (ORIGIN, 7, seq))
+
+
+def reopen(path: Path, window: int = 100) -> InjectionJournal:
+    return InjectionJournal(RecordLog(path), window)
+
+
+def test_a_restarted_wrapper_finds_what_was_in_flight_and_how_far(tmp_path: Path) -> None:
+    path = tmp_path / "injections.log"
+    journal = reopen(path)
+    properties = {"user_property": [["k", "v"]], "content_type": "text/plain"}
+    journal.started([(1, injection(1)), (2, injection(2, properties=properties)), (3, injection(3, qos=1))])
+    journal.released(2)  # PUBREC for 2: only the PUBREL remains
+    journal.released(3)  # not QoS 2 in the broker's eyes, but the journal records what it is told
+    journal.finished([3])
+    journal.close()
+    again = reopen(path)
+    assert [(entry.mid, entry.injection, entry.released) for entry in again.in_flight()] == [
+        (1, injection(1), False), (2, injection(2, properties=properties), True)]
+    assert again.recovered == 2
+    assert again.is_completed(injection(3).publication) and not again.is_completed(injection(1).publication)
+
+
+def test_abandoned_ones_are_neither_in_flight_nor_completed(tmp_path: Path) -> None:
+    path = tmp_path / "injections.log"
+    journal = reopen(path)
+    journal.started([(5, injection(5)), (6, injection(6))])
+    journal.abandoned([5, 99])  # 99 was never started: nothing to record
+    journal.close()
+    again = reopen(path)
+    assert [entry.mid for entry in again.in_flight()] == [6]
+    assert not again.is_completed(injection(5).publication)
+
+
+def test_a_reused_packet_id_refers_to_its_latest_injection(tmp_path: Path) -> None:
+    path = tmp_path / "injections.log"
+    journal = reopen(path)
+    journal.started([(1, injection(1))])
+    journal.finished([1])
+    journal.started([(1, injection(2))])  # 16-bit packet ids come round again
+    journal.close()
+    again = reopen(path)
+    assert [(entry.mid, entry.injection) for entry in again.in_flight()] == [(1, injection(2))]
+    assert again.is_completed(injection(1).publication) and not again.is_completed(injection(2).publication)
+
+
+def test_completed_ids_are_kept_for_a_bounded_window(tmp_path: Path) -> None:
+    path = tmp_path / "injections.log"
+    journal = reopen(path, window=3)
+    for seq in range(1, 6):
+        journal.started([(seq, injection(seq))])
+        journal.finished([seq])
+    assert [journal.is_completed(injection(seq).publication) for seq in range(1, 6)] == [False, False, True, True,
+                                                                                         True]
+    journal.close()
+    again = reopen(path, window=3)
+    assert [again.is_completed(injection(seq).publication) for seq in range(1, 6)] == [False, False, True, True,
+                                                                                       True]
+
+
+def test_a_torn_tail_and_an_unreadable_record_lose_only_themselves(tmp_path: Path) -> None:
+    path = tmp_path / "injections.log"
+    journal = reopen(path)
+    journal.started([(1, injection(1))])
+    journal.log.append([b"\x93\xa1z\x01\x02"])  # a record of a kind this version does not know
+    journal.started([(2, injection(2))])
+    journal.close()
+    with open(path, "ab") as file:
+        file.write(b"\x00\x00\x00\x40abc")  # a record cut short by a crash
+    again = reopen(path)
+    assert [entry.mid for entry in again.in_flight()] == [1, 2]
+    assert again.undecodable == 1 and again.log.torn_bytes == 7
+
+
+def test_compaction_keeps_exactly_the_live_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(injections_module, "COMPACT_MIN_BYTES", 2000)
+    path = tmp_path / "injections.log"
+    journal = reopen(path, window=10)
+    for seq in range(1, 200):
+        journal.started([(seq % 60 + 1, injection(seq))])
+        if seq % 7:
+            journal.released(seq % 60 + 1)
+            journal.finished([seq % 60 + 1])
+    assert journal.compactions > 0
+    assert journal.log.size_bytes < 4 * max(journal.live_bytes(), 2000)
+    expected_in_flight = [(entry.mid, entry.injection, entry.released) for entry in journal.in_flight()]
+    expected_done = [seq for seq in range(1, 200) if journal.is_completed(injection(seq).publication)]
+    journal.close()
+    again = reopen(path, window=10)
+    assert [(entry.mid, entry.injection, entry.released) for entry in again.in_flight()] == expected_in_flight
+    assert [seq for seq in range(1, 200) if again.is_completed(injection(seq).publication)] == expected_done
+    assert len(expected_done) == 10 and again.undecodable == 0
+
+
+def test_a_full_disk_does_not_stop_the_injections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    journal = reopen(tmp_path / "injections.log")
+
+    def full(payloads: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(journal.log, "append", full)
+    journal.started([(1, injection(1))])
+    journal.finished([1])
+    assert journal.write_errors == 2 and journal.is_completed(injection(1).publication)
+    assert len([r for r in caplog.records if "cannot write the injection journal" in r.getMessage()]) == 1

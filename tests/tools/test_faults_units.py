@@ -1,0 +1,249 @@
+"""The fault suite's pure parts: the verdicts, the nftables rules, the schedules, the jobs, the table."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from federation.tools.faults import report
+from federation.tools.faults.catalogue import FAULTS, LINE, NEIGHBOUR_DOWN_SECONDS, RING, SUITE, Fault, describe
+from federation.tools.faults.counting import Arrival, OutputError, count_stream, parse_line, parse_output, runs
+from federation.tools.faults.packet_filter import Cut, render_table
+from federation.tools.faults.runner import CaseResult, Scheduled, Timing, explain_streams
+from federation.tools.faults.schedule import RandomCase, random_case
+from federation.tools.faults.setups import inflight_settings, inflight_template
+from federation.tools.faults.suite import CasePlan, Job, merge, suite_jobs, suite_plans
+
+# ------------------------------------------------------------ counting
+
+
+def test_a_clean_stream_meets_the_target() -> None:
+    count = count_stream(5, [1, 2, 3, 4, 5], [1, 2, 3, 4, 5])
+    assert (count.lost, count.duplicated, count.inversions, count.late, count.unexpected) == (0, 0, 0, 0, 0)
+    assert count.meets(1) and count.meets(2)
+
+
+def test_lost_means_acknowledged_and_never_received() -> None:
+    count = count_stream(6, [1, 2, 3, 4, 5], [1, 2, 5, 6])
+    assert count.lost == 2  # 3 and 4; 6 was never acknowledged, so missing it would not count
+    assert count.lost_sample == (3, 4) and count.lost_ranges == ((3, 4),)
+    assert count.unacknowledged == 1
+    assert not count.meets(1)
+
+
+def test_duplicates_fail_qos2_only() -> None:
+    count = count_stream(3, [1, 2, 3], [1, 2, 2, 3, 3, 3])
+    assert count.duplicated == 3
+    assert count.meets(1) and not count.meets(2)
+
+
+def test_order_counts_first_arrivals_only() -> None:
+    # 2 arrives after 3: one adjacent inversion, one late publication; the copy of 1 at the end is a duplicate,
+    # not a second inversion.
+    count = count_stream(4, [1, 2, 3, 4], [1, 3, 2, 4, 1])
+    assert (count.inversions, count.late, count.duplicated) == (1, 1, 1)
+    # 5 first, then 1..4: one adjacent inversion, but four publications arrived after a later one.
+    count = count_stream(5, range(1, 6), [5, 1, 2, 3, 4])
+    assert (count.inversions, count.late) == (1, 4)
+    assert not count.meets(1)
+
+
+def test_strays_are_unexpected() -> None:
+    count = count_stream(2, [1, 2], [1, 2, 99])
+    assert count.unexpected == 1 and not count.meets(1)
+
+
+def test_subscriber_output_lines() -> None:
+    assert parse_line(b"1795564011.833000000 17") == Arrival(17, 1795564011.833)
+    assert parse_line(b"1795564011.833000000 probe 3") is None
+    with pytest.raises(OutputError):
+        parse_line(b"1795564011.833000000 hello")
+    with pytest.raises(OutputError):
+        parse_line(b"17")
+    # The last piece, without its newline, is a line being written: left out.
+    assert [arrival.seq for arrival in parse_output(b"1.0 1\n2.0 probe 1\n3.0 2\n4.0 3")] == [1, 2]
+
+
+def test_runs() -> None:
+    assert runs([7, 1, 2, 3, 9, 10]) == [(1, 3), (7, 7), (9, 10)]
+    assert runs([]) == []
+
+
+# ------------------------------------------------------------ packet filter
+
+
+def test_cut_rules_cover_both_directions() -> None:
+    cut = Cut(("127.0.200.10", "127.0.200.11"), ("127.0.200.12",), "udp", 10500)
+    assert cut.rules() == [
+        'iifname "lo" ip saddr { 127.0.200.10, 127.0.200.11 } ip daddr 127.0.200.12 udp dport 10500 drop',
+        'iifname "lo" ip saddr 127.0.200.12 ip daddr { 127.0.200.10, 127.0.200.11 } udp sport 10500 drop',
+    ]
+
+
+def test_a_reset_lets_the_resets_through() -> None:
+    forward, backward = Cut((), ("127.0.200.11",), "tcp", 1884, "reset").rules()
+    assert forward == 'iifname "lo" ip daddr 127.0.200.11 tcp dport 1884 tcp flags & rst != rst reject with tcp reset'
+    assert backward.startswith('iifname "lo" ip saddr 127.0.200.11 tcp sport 1884 tcp flags & rst != rst')
+
+
+@pytest.mark.parametrize("arguments", [
+    dict(sources=("a",), destinations=(), protocol="udp", port=1),
+    dict(sources=("a",), destinations=("b",), protocol="icmp", port=1),
+    dict(sources=("a",), destinations=("b",), protocol="udp", port=1, action="reset"),
+])
+def test_bad_cuts_are_refused(arguments: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        Cut(**arguments)
+
+
+def test_the_table_script() -> None:
+    script = render_table("mqf_faults_1_1", ["rule one", "rule two"])
+    assert script.startswith("table inet mqf_faults_1_1 {\n  chain input {\n    type filter hook input priority 0;")
+    assert "    rule one\n    rule two\n" in script
+
+
+# ------------------------------------------------------------ catalogue and schedules
+
+
+def test_the_suite_covers_every_fault_of_the_issue() -> None:
+    kinds = {(fault.kind, fault.role) for fault in SUITE}
+    assert kinds == {("kill_wrapper", "publisher"), ("kill_wrapper", "middle"), ("kill_wrapper", "subscriber"),
+                     ("kill_broker", "subscriber"), ("kill_broker", "middle"), ("pause_wrapper", "middle"),
+                     ("partition", None)}
+    assert FAULTS["partition"].seconds == 30.0
+    assert FAULTS["pause-middle-wrapper"].seconds > NEIGHBOUR_DOWN_SECONDS
+
+
+def test_topologies() -> None:
+    assert LINE.cut_links() == [("b", "c")]
+    assert RING.cut_links() == [("b", "c"), ("d", "a")]
+    with pytest.raises(ValueError, match="no bypass"):
+        LINE.node("bypass")
+    assert describe(FAULTS["kill-middle-wrapper"], LINE, bridge=True) == \
+        "the bridge connections of b reset and refused for 6 s"
+    assert describe(FAULTS["partition"], RING, bridge=False) == "UDP dropped between a+b | c+d for 30 s"
+
+
+def test_faults_check_their_fields() -> None:
+    with pytest.raises(ValueError):
+        Fault("x", "partition", "middle", 1.0, "")
+    with pytest.raises(ValueError):
+        Fault("x", "kill_wrapper", None, 1.0, "")
+    with pytest.raises(ValueError):
+        Fault("x", "explode", "middle", 1.0, "")
+
+
+def test_a_seed_always_gives_the_same_schedule() -> None:
+    assert random_case(7) == random_case(7)
+    assert [random_case(seed) for seed in range(1, 6)] != [random_case(seed) for seed in range(2, 7)]
+
+
+def test_random_schedules_keep_their_rules() -> None:
+    for seed in range(1, 200):
+        _check_schedule(random_case(seed))
+
+
+def _check_schedule(case: RandomCase) -> None:
+    assert 1 <= len(case.schedule) <= 3
+    held: dict[str, list[tuple[float, float]]] = {}
+    for item in case.schedule:
+        assert item.at >= 2.0 and item.at + item.fault.seconds <= case.length + 1e-9
+        assert not (item.fault.kind == "kill_broker" and item.fault.role == "publisher")
+        if item.fault.role is not None:
+            case.topology.node(item.fault.role)  # a role the topology has
+        process = "network" if item.fault.role is None else (
+            ("broker " if item.fault.kind == "kill_broker" else "wrapper ") + case.topology.node(item.fault.role))
+        span = (item.at, item.at + item.fault.seconds)
+        assert all(span[1] <= other[0] or other[1] <= span[0] for other in held.get(process, []))
+        held.setdefault(process, []).append(span)
+
+
+# ------------------------------------------------------------ jobs
+
+
+def test_a_long_fault_gets_a_job_of_its_own(tmp_path: Path) -> None:
+    plans = suite_plans()
+    jobs = suite_jobs(["federation-line", "bridge-line"], plans, tmp_path, itertools.count(200), Timing())
+    assert [(job.setup, [plan.case for plan in job.cases], job.first_address) for job in jobs] == [
+        ("federation-line", [fault.name for fault in SUITE if fault.name != "partition"], "127.0.200.10"),
+        ("federation-line", ["partition"], "127.0.201.10"),
+        ("bridge-line", [fault.name for fault in SUITE if fault.name != "partition"], "127.0.202.10"),
+        ("bridge-line", ["partition"], "127.0.203.10"),
+    ]
+    results = [[CaseResult(job.setup, plan.case, []) for plan in job.cases] for job in jobs]
+    merged = merge(jobs, results)
+    assert [result.case for result in merged["federation-line"]][-1] == "partition"
+    assert len(merged["bridge-line"]) == len(SUITE)
+
+
+def test_jobs_travel_as_json(tmp_path: Path) -> None:
+    case = random_case(3)
+    job = Job("federation-ring", (CasePlan(case.name, case.schedule, case.length, (1, 2), None),
+                                  CasePlan("burst-10", (), streams=(2,), burst=10)),
+              tmp_path, "127.0.200.10", Timing(rate=50.0), {"stats_interval": 1.0}, tmp_path / "t.conf")
+    assert Job.from_json(job.to_json()) == job
+
+
+def test_inflight_template(tmp_path: Path) -> None:
+    source = tmp_path / "source.conf"
+    source.write_text("listener 1883\nmax_inflight_messages 1000\n  max_inflight_bytes 0\n# max_inflight_messages 5\n")
+    default = inflight_template(tmp_path / "default.conf", None, source).read_text()
+    assert inflight_settings(default) == []
+    raised = inflight_template(tmp_path / "raised.conf", 100, source).read_text()
+    assert inflight_settings(raised) == ["max_inflight_messages 100"]
+
+
+# ------------------------------------------------------------ explanation and table
+
+
+def test_explain_streams_follows_the_stream_through_the_events() -> None:
+    events = {
+        "a": [{"type": "publication_originated", "pub": "p1", "topic": "t/q1"},
+              {"type": "publication_originated", "pub": "p2", "topic": "t/q1"},
+              {"type": "publication_originated", "pub": "x", "topic": "other"},
+              {"type": "publication_dropped", "pub": "p2", "reason": "no_core"},
+              {"type": "publication_dropped", "pub": "x", "reason": "no_route"}],
+        "b": [{"type": "duplicate_dropped", "pub": "p1"}, {"type": "publication_retransmitted", "pub": "p1"}],
+        "c": [{"type": "publication_delivered", "pub": "p1", "topic": "t/q1"},
+              {"type": "publication_delivered", "pub": "p1", "topic": "t/q1"}],
+    }
+    explained = explain_streams(events, {1: "t/q1"}, "a", "c")
+    assert explained["1"] == {"originated": 2, "delivered": 2, "delivered_unique": 1,
+                              "dropped": {"a": {"no_core": 1}}, "duplicate_dropped": {"b": 1}, "retransmitted": 1}
+    assert explained["all_drops"] == {"a": {"no_core": 1, "no_route": 1}}
+
+
+def test_the_table_puts_setups_side_by_side() -> None:
+    fine = count_stream(3, [1, 2, 3], [1, 2, 3])
+    lossy = count_stream(3, [1, 2, 3], [1, 3, 3])
+    results = {
+        "federation-line": [CaseResult("federation-line", "kill", [], {1: lossy, 2: lossy})],
+        "bridge-line": [CaseResult("bridge-line", "kill", [], {1: fine, 2: fine})],
+    }
+    rows = report.rows(results, {"kill": "kill it"})
+    assert rows == [["kill it", "1", "lost 1, dup 1 /3", "ok /3"], ["kill it", "2", "lost 1, dup 1 /3", "ok /3"]]
+    text = report.text_table(results, {"kill": "kill it"})
+    assert text.splitlines()[0].split("  ")[-1] == "bridge chain a->b->c (reference)"
+    assert report.markdown_table(results, {}).splitlines()[0] == \
+        "| fault | QoS | federation line a-b-c | bridge chain a->b->c (reference) |"
+    assert report.markdown_table(results, {}).splitlines()[2] == "| kill | 1 | lost 1, dup 1 /3 | ok /3 |"
+    assert report.markdown_table(results, {"kill": "a | b"}).splitlines()[2].startswith("| a \\| b | 1 |")
+    assert report.cell(None, 1, error="boom") == "not judged"
+
+
+def test_case_results_travel_as_json() -> None:
+    result = CaseResult("federation-ring", "partition", [{"fault": "partition"}],
+                        {1: count_stream(4, [1, 2, 3, 4], [1, 3, 2])}, healed=5.0, last_arrival={1: 9.0},
+                        subscriber_restarts={1: 0})
+    again = CaseResult.from_json(result.to_json())
+    assert again.streams == result.streams and again.last_arrival == {1: 9.0} and again.healed == 5.0
+    assert report.drain_note(again) == "last arrival QoS 1 +4.0 s from the healing"
+
+
+def test_scheduled_faults_are_applied_at_their_time() -> None:
+    plan = CasePlan("x", (Scheduled(FAULTS["kill-middle-wrapper"], 2.0), Scheduled(FAULTS["partition"], 5.0)))
+    assert plan.fault_seconds == 33.0
+    assert CasePlan("y", ()).fault_seconds == 0.0
