@@ -79,6 +79,11 @@ MAX_EPOCH = 2**64 - 1
 """envelope epochs are 1 to this; a receiver epoch of 0 means: not known yet"""
 ITEM_PACKET = 1
 ITEM_FRAGMENT = 2
+ITEM_EPOCH = 3
+"""an epoch announcement: the kind byte alone. It carries nothing but the header it is in, which teaches the
+receiver our epoch: the answer to a datagram refused for naming another epoch of ours (`receiver_epoch`)"""
+ANNOUNCE_GAP = 1.0
+"""seconds: at most one epoch announcement per address in this time"""
 PACKET_ITEM = struct.Struct(">BH")
 """item kind 1, packet length; then the packet"""
 FRAGMENT_ITEM = struct.Struct(">BIHHIH")
@@ -242,6 +247,10 @@ class Envelope:
         self.senders = SenderTable(config.max_senders, config.replay_window)
         self.peers = PeerEpochs(config.max_senders)
         self.first_contact = FirstContact(config.max_senders, config.resend_window)
+        self._announced: dict[Address, float] = {}
+        """address -> when we last announced our epoch to it (at most max_senders, the oldest forgotten)"""
+        self._announce: dict[Address, None] = {}
+        """addresses to announce our epoch to in the next datagrams_to_send"""
         self.reassembler = Reassembler(config.max_packet, config.reassembly_memory, config.reassembly_timeout)
         self.counters: Counter[str] = Counter()
         self.drops: Counter[str] = Counter()
@@ -272,6 +281,11 @@ class Envelope:
             if not self.peers.stamp(to, self.senders):
                 self.first_contact.keep(to, packets, now)
             self._frame(packets, to, out)
+        announce, self._announce = self._announce, {}
+        for to in announce:
+            if to not in queue:  # any datagram teaches our epoch; one that carries nothing else, if need be
+                out.append((self._seal([bytes([ITEM_EPOCH])], 1, self.peers.stamp(to, self.senders)), to))
+                self.counters["epoch_announcements_sent"] += 1
         return out
 
     def set_peer_epoch(self, to: Address, epoch: int) -> None:
@@ -412,10 +426,25 @@ class Envelope:
         if source in self.first_contact:
             self._resend_first_contact(source, now)
         if not anchored:
+            self._announce_to(source, now)
             return self._drop(RECEIVER_EPOCH, f"{sender} epoch {epoch} seq {seq} names receiver epoch "
                                               f"{receiver_epoch}, ours is {self.epoch} (sent before we started, "
                                               f"or before it heard us)", source, size, now)
         return self._open_items(body, sender, epoch, source, size, now)
+
+    def _announce_to(self, to: Address, now: float) -> None:
+        """Answer a datagram refused for naming another epoch of ours with one that names its sender's and teaches
+        ours: a peer that only answers (a dynamic neighbour waiting for our hello, or one we restarted under) would
+        otherwise never learn it. At most one per ANNOUNCE_GAP per address: a flood of replays makes a trickle."""
+        announced = self._announced
+        last = announced.get(to)
+        if last is not None and 0 <= now - last < ANNOUNCE_GAP:
+            return
+        announced.pop(to, None)
+        announced[to] = now
+        if len(announced) > self.config.max_senders:
+            del announced[next(iter(announced))]
+        self._announce[to] = None
 
     def _resend_first_contact(self, to: Address, now: float) -> None:
         """`to` just taught its epoch: what went there stamped 0 (refused) goes again, before what is queued."""
@@ -440,6 +469,9 @@ class Envelope:
                 if length == 0 or position > end:
                     break
                 items.append((body[start:position],))
+            elif kind == ITEM_EPOCH:
+                position += 1
+                items.append(())
             elif kind == ITEM_FRAGMENT and position + FRAGMENT_ITEM.size <= end:
                 _, message, index, count, total, length = FRAGMENT_ITEM.unpack_from(body, position)
                 start = position + FRAGMENT_ITEM.size
@@ -462,6 +494,9 @@ class Envelope:
         for item in items:
             if len(item) == 1:
                 packets.append(item[0])
+                continue
+            if not item:  # an epoch announcement: its header taught what it had to
+                self.counters["epoch_announcements_received"] += 1
                 continue
             piece, message, index, count, total = item
             self.counters["fragments_received"] += 1

@@ -200,3 +200,34 @@ def test_nothing_sent_with_a_stale_stamp_is_sent_again() -> None:
     assert deliver(restarted, A, send(sender, B, b"to the old life")) == []
     assert deliver(sender, B, send(restarted, A, b"hello")) == [b"hello"]  # it learnt A from that refusal
     assert sender.datagrams_to_send(0.0) == [] and sender.counters["packets_resent"] == resent
+
+
+def test_a_peer_that_only_answers_announces_its_epoch_so_the_first_hello_gets_through() -> None:
+    """A wrapper whose neighbour is configured on one side only: the other side speaks only when spoken to (its
+    node answers hellos), so it would never teach its epoch. Its envelope answers the refused hello with an epoch
+    announcement; the hello goes again, stamped right, and is delivered."""
+    initiator, answerer = Envelope(A, 11, MODES["mac"]), Envelope(B, 22, MODES["mac"])
+    hello = send(initiator, B, b"hello")
+    assert deliver(answerer, A, hello) == []  # refused: stamped 0
+    (announcement,) = answerer.datagrams_to_send(0.0)  # nothing queued by its node: the envelope announces
+    assert announcement[1] == A and answerer.counters["epoch_announcements_sent"] == 1
+    assert initiator.receive_datagram(announcement[0], B, 0.0) == []  # carries no packet
+    assert initiator.counters["epoch_announcements_received"] == 1
+    assert deliver(answerer, A, [d for d, _ in initiator.datagrams_to_send(0.0)]) == [b"hello"]  # sent again
+
+
+def test_epoch_announcements_are_a_trickle_whatever_is_replayed() -> None:
+    """Replays of authentic datagrams from an earlier life, as fast as an attacker likes: one announcement per
+    address and second, each smaller than what provoked it."""
+    sender, receiver = Envelope(A, 1, MODES["mac"]), Envelope(B, 2, MODES["mac"])
+    exchange(sender, receiver)
+    captured = [d for _ in range(50) for d in send(sender, B, b"captured")]
+    restarted = Envelope(B, 3, MODES["mac"])
+    announcements = []
+    for index, datagram in enumerate(captured):
+        now = index * 0.05  # 50 replays in 2.5 s
+        restarted.receive_datagram(datagram, A, now)
+        announcements += restarted.datagrams_to_send(now)
+    assert restarted.drops["receiver_epoch"] == 50
+    assert len(announcements) == 3  # at 0, 1.0 and 2.0 s
+    assert all(len(data) <= min(len(d) for d in captured) for data, _ in announcements)
