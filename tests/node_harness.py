@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from federation.protocol.node import Node
 from federation.protocol.settings import Settings
-from federation.protocol.types import Address, Injection
+from federation.protocol.types import Address, Injection, PublicationId
 
 
 def address(index: int) -> Address:
@@ -34,6 +34,10 @@ class Harness:
         self.counter = 0
         self.nodes: dict[int, Node] = {}
         self.delivered: list[tuple[int, Injection]] = []
+        self.injections_done = True
+        """report QoS 1/2 injections done at once (False: a test reports them itself)"""
+        self.released: list[tuple[int, PublicationId]] = []
+        """(node, publication): custody released at the origin"""
         self.events: list[dict[str, object]] = []
         self.packets = 0
         self.epochs: dict[int, int] = {}
@@ -59,14 +63,24 @@ class Harness:
         node = self.nodes.get(index)
         if node is None:
             return
+        injections = node.injections_to_make()  # the broker has them at once (QoS 1/2: reported done)
+        self.delivered.extend((index, injection) for injection in injections)
+        if self.injections_done:
+            for injection in injections:
+                if injection.qos:
+                    node.injection_done(injection.publication, self.now)
+        self.released.extend((index, publication) for publication in node.custody_released())
         for data, target in node.packets_to_send():
             target_index = int(target.host.rsplit(".", 1)[1])
-            if (index, target_index) in self.cut:
+            if (index, target_index) in self.cut or self.lose(data, node.address, target_index):
                 continue
             self.counter += 1
             heapq.heappush(self.queue, (self.now + self.latency, self.counter, data, node.address, target_index))
-        self.delivered.extend((index, injection) for injection in node.injections_to_make())
         self.events.extend(e.to_json_dict() for e in node.events_emitted())
+
+    def lose(self, data: bytes, source: Address, target: int) -> bool:
+        """Whether the network loses this datagram (none here; a test's harness may lose some)."""
+        return False
 
     def run(self, until: float) -> None:
         while True:

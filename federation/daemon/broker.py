@@ -117,7 +117,7 @@ from federation.daemon.injector import InjectionRecorder, Injector
 from federation.daemon.lean_client import LeanClient, PublicClient, missing_paho_names
 from federation.daemon.mqtt_properties import properties_to_dict
 from federation.protocol.histogram import Histogram
-from federation.protocol.types import Address, Injection
+from federation.protocol.types import Address, Injection, PublicationId
 
 log = logging.getLogger("federation.daemon.broker")
 
@@ -256,7 +256,7 @@ class BrokerAdapter:
         self.client = client
         self.injector = Injector(client, broker, max_qos, recorder, self._wrote)
         """what this connection publishes into the broker (injector.py)"""
-        client.pubrec_received = self.injector.on_pubrec
+        client.pubrec_received = self._on_pubrec
         self._completed = False
         self._on_completed = on_completed
         """with `loop`: called after a read pass in which the broker completed some of our QoS 1/2 publications,
@@ -644,7 +644,7 @@ class BrokerAdapter:
             self._system_message(topic, bytes(message.payload), message.qos, message.mid)
             return
         self._deliver(Publication(topic, bytes(message.payload), message.qos, bool(message.retain),
-                                  properties_to_dict(message.properties), message.mid))
+                                  properties_to_dict(message.properties), message.mid, bool(message.dup)))
 
     def _on_lean_publish(self, topic_bytes: bytes, payload: bytes, qos: int, retain: bool, mid: int) -> None:
         """`LeanClient`'s short path: a PUBLISH without properties, as `_on_message` would see it."""
@@ -676,6 +676,15 @@ class BrokerAdapter:
     def _acknowledge_now(self, mid: int, qos: int) -> None:
         if qos:
             self.client.send_acks([(mid, qos)])
+
+    def take_injection_outcomes(self) -> list[tuple[PublicationId, bool]]:
+        """QoS 1/2 injections the broker has now (True) or will not get from this connection (False), since the
+        last call (`Injector.take_outcomes`)."""
+        return self.injector.take_outcomes()
+
+    def _on_pubrec(self, mid: int, reason: int) -> None:
+        self.injector.on_pubrec(mid, reason)
+        self._completed = True  # the broker has a QoS 2 injection: the node's custody of it may end
 
     def _on_publish_completed(self, mid: int, reason: int) -> None:
         if self.injector.on_completed(mid, reason):

@@ -44,6 +44,8 @@ class Publication:
     mid: int = 0
     """the broker's packet id of a QoS 1/2 publication: the runtime acknowledges it once the node has taken it
     (`BrokerAdapter.acknowledge`)"""
+    dup: bool = False
+    """the broker sent it again after a reconnection (MQTT's DUP flag): perhaps one the spool holds already"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ from federation.daemon.broker import OWN_SUBSCRIPTIONS
 from federation.daemon.state import LocalSubscriptions, SubscriptionSink
 from federation.protocol import events
 from federation.protocol.topic_filter import FilterIndex, federated_filter
-from federation.protocol.types import Injection
+from federation.protocol.types import Injection, PublicationId
 
 log = logging.getLogger("federation.daemon")
 
@@ -321,14 +321,22 @@ class DropReport(Protocol):
     def __call__(self, reason: str, /) -> None: ...
 
 
+class GiveBack(Protocol):
+    """How a held QoS 1/2 publication that will not be injected goes back to the node (`Node.injection_failed`):
+    its copy is left unacknowledged, so custody of it stays upstream."""
+
+    def __call__(self, publication: PublicationId, now: float, /) -> None: ...
+
+
 class BrokerSubscriptions:
     """A running wrapper's `ResubscribeHold` and `SubscriptionAudit`, told to its node (pseudo clients) and
     reported (drops, events, log lines). Used on the loop's thread."""
 
     def __init__(self, sink: SubscriptionSink, drop: DropReport, outbox: wrapper_events.WrapperEvents,
-                 table: LocalSubscriptions, grace: float) -> None:
+                 table: LocalSubscriptions, grace: float, give_back: GiveBack | None = None) -> None:
         self.sink = sink
         self.drop = drop
+        self.give_back = give_back
         self.outbox = outbox
         self.table = table
         self.hold = ResubscribeHold(grace)
@@ -436,6 +444,8 @@ class BrokerSubscriptions:
 
     def _dropped(self, injection: Injection, filter_: str, reason: str, now: float) -> None:
         self.drop(reason)
+        if injection.qos and self.give_back is not None:
+            self.give_back(injection.publication, now)
         self.outbox.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(injection.publication),
                          filter=filter_, reason=reason)
         self._drops_unlogged += 1

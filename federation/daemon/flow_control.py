@@ -116,7 +116,9 @@ class FlowControl:
             dropped = queue.push(injection, injection.qos)
             if dropped is not None:
                 node.drop("inject_backlog_qos0" if dropped.qos == 0 else "inject_backlog_qos12")
-                if node.publication_events or dropped.qos:  # a QoS 1/2 one was acknowledged: always reported
+                if dropped.qos:  # custody: its copy goes back to its sender, which sends it again
+                    node.injection_failed(dropped.publication, now)
+                if node.publication_events or dropped.qos:  # a QoS 1/2 one is always reported
                     node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
                               filter=None, reason="broker_backlog")
 

@@ -90,7 +90,7 @@ def _encode(kind: str, *fields: Any) -> bytes:
 
 def _started(mid: int, injection: Injection) -> bytes:
     return _encode("i", mid, *_id_fields(injection.publication), injection.topic, injection.payload, injection.qos,
-                   injection.retain, injection.properties)
+                   injection.retain, injection.properties, injection.filter)
 
 
 class InjectionJournal:
@@ -103,9 +103,12 @@ class InjectionJournal:
         self.completed_window = completed_window
         self._in_flight: dict[int, JournalEntry] = {}
         """mid -> entry, in the order they were started"""
+        self._in_flight_ids: dict[PublicationId, int] = {}
+        """publication -> the mid of its injection in flight"""
         self._sizes: dict[int, int] = {}
         """mid -> bytes of its `i` record (for the compaction estimate)"""
-        self._completed: OrderedDict[PublicationId, None] = OrderedDict()
+        self._completed: OrderedDict[PublicationId, str | None] = OrderedDict()
+        """publication -> the filter whose stream released it, in the order the broker completed them"""
         self.undecodable = 0
         """records found at open that could not be read (counted, skipped)"""
         self.write_errors = 0
@@ -128,8 +131,9 @@ class InjectionJournal:
                 properties = fields[10]
                 if properties is not None and not isinstance(properties, dict):
                     raise ValueError("properties")
+                filter_ = fields[11] if len(fields) > 11 and isinstance(fields[11], str) else None
                 injection = Injection(str(fields[6]), bytes(fields[7]), int(fields[8]), bool(fields[9]), properties,
-                                      _publication(fields[2:6]))
+                                      _publication(fields[2:6]), filter_)
                 self._start(mid, injection, len(record))
             elif kind == "r":
                 self._release(int(fields[1]))
@@ -138,7 +142,8 @@ class InjectionJournal:
             elif kind == "a":
                 self._forget(int(fields[1]))
             elif kind == "k":
-                self._complete(_publication(fields[1:5]))
+                filter_ = fields[5] if len(fields) > 5 and isinstance(fields[5], str) else None
+                self._complete(_publication(fields[1:5]), filter_)
             else:
                 self.undecodable += 1
         except (ValueError, TypeError, IndexError, msgpack.UnpackException):
@@ -147,8 +152,9 @@ class InjectionJournal:
     # ------------------------------------------------------------ the tables
 
     def _start(self, mid: int, injection: Injection, size: int) -> None:
-        self._in_flight.pop(mid, None)  # a packet id in use again: the old entry is over
+        self._forget(mid)  # a packet id in use again: the old entry is over
         self._in_flight[mid] = JournalEntry(mid, injection)
+        self._in_flight_ids[injection.publication] = mid
         self._sizes[mid] = size
 
     def _release(self, mid: int) -> bool:
@@ -162,16 +168,19 @@ class InjectionJournal:
         entry = self._forget(mid)
         if entry is None:
             return False
-        self._complete(entry.injection.publication)
+        self._complete(entry.injection.publication, entry.injection.filter)
         return True
 
     def _forget(self, mid: int) -> JournalEntry | None:
         self._sizes.pop(mid, None)
-        return self._in_flight.pop(mid, None)
+        entry = self._in_flight.pop(mid, None)
+        if entry is not None and self._in_flight_ids.get(entry.injection.publication) == mid:
+            del self._in_flight_ids[entry.injection.publication]
+        return entry
 
-    def _complete(self, publication: PublicationId) -> None:
+    def _complete(self, publication: PublicationId, filter_: str | None) -> None:
         completed = self._completed
-        completed[publication] = None
+        completed[publication] = filter_
         completed.move_to_end(publication)
         while len(completed) > self.completed_window:
             completed.popitem(last=False)
@@ -185,6 +194,30 @@ class InjectionJournal:
     @property
     def has_completed(self) -> bool:
         return bool(self._completed)
+
+    def completed_ids(self) -> list[PublicationId]:
+        """The publications the broker completed (within the last `completed_window`), oldest first."""
+        return list(self._completed)
+
+    def stream_positions(self) -> dict[tuple[Address, str], tuple[int, int]]:
+        """(origin, filter) -> (epoch, seq) of the latest publication of that stream the broker completed or
+        has in flight (the journal sends those again itself): where a restarted node's order goes on
+        (`Node.restore`). A stream's publications are injected in its order, so the latest is its position."""
+        positions: dict[tuple[Address, str], tuple[int, int]] = {}
+        entries = [*self._completed.items(),
+                   *((entry.injection.publication, entry.injection.filter) for entry in self._in_flight.values())]
+        for (origin, epoch, seq), filter_ in entries:
+            if filter_ is None:
+                continue
+            key = (origin, filter_)
+            position = positions.get(key)
+            if position is None or (epoch, seq) > position:
+                positions[key] = (epoch, seq)
+        return positions
+
+    def in_flight_publication(self, publication: PublicationId) -> bool:
+        """An injection of this publication is in flight (the journal sends it again; it is not made twice)."""
+        return publication in self._in_flight_ids
 
     def is_completed(self, publication: PublicationId) -> bool:
         """The broker completed an injection of this publication (within the last `completed_window`)."""
@@ -248,7 +281,7 @@ class InjectionJournal:
 
     def compact(self) -> None:
         """Rewrite the file with the live records only (atomically)."""
-        records = [_encode("k", *_id_fields(publication)) for publication in self._completed]
+        records = [_encode("k", *_id_fields(publication), filter_) for publication, filter_ in self._completed.items()]
         for entry in self._in_flight.values():
             records.append(_started(entry.mid, entry.injection))
             if entry.released:

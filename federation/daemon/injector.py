@@ -22,6 +22,10 @@ federated again. `Injector` does the publishing half of that connection:
   before it connects, so the first CONNACK treats them as above; with paho's public API they are published
   anew at the first connection.
 
+What it tells the node (`take_outcomes`): each QoS 1/2 publication the broker has (its first PUBREC for QoS 2,
+else PUBACK / PUBCOMP; a refusal too, which is final) as done, and each one paho refused as failed, so the
+node's custody of it ends or its copy goes back to the sender (docs/protocol.md rule 7a).
+
 What it counts (`counts`, plain attributes): `acknowledged` (QoS 1/2 the broker completed), `refused` (completed with a
 reason code of 0x80 or more), `written_qos0` (QoS 0 on the socket: those paho still held when the
 connection dropped are not), `resent` (sent again in a kept session), `reinjected` (published anew into a
@@ -41,7 +45,7 @@ from paho.mqtt.exception import MQTTException
 from federation.daemon.lean_client import LeanClient, PublicClient, ReliableMessage, RestoredMessage, lean_qos0_publish
 from federation.daemon.mqtt_properties import dict_to_properties
 from federation.protocol.histogram import Histogram
-from federation.protocol.types import Address, Injection
+from federation.protocol.types import Address, Injection, PublicationId
 
 log = logging.getLogger("federation.daemon.broker")
 
@@ -96,10 +100,20 @@ class Injector:
         """mids completed since the last `flush_finished` (one journal write per read pass)"""
         self._refused_pubrec: dict[int, int] = {}
         """mid -> the reason code of a PUBREC that refused it (paho completes it anyway)"""
+        self._outcomes: list[tuple[PublicationId, bool]] = []
+        """(publication, the broker has it) for QoS 1/2 injections since the last `take_outcomes`"""
+        self._done_at_pubrec: set[int] = set()
+        """QoS 2 mids whose outcome was told at their PUBREC"""
         self._orphans: list[Injection] = []
         """unfinished injections of a previous run that paho's public API cannot send again under their old
         packet ids (`PublicClient`): published anew at the first connection"""
         self._refusal_logged_at = float("-inf")
+
+    def take_outcomes(self) -> list[tuple[PublicationId, bool]]:
+        """What became of QoS 1/2 injections since the last call: (publication, done) where done is True when the
+        broker has it and False when it will not get it from this injection (paho refused it)."""
+        outcomes, self._outcomes = self._outcomes, []
+        return outcomes
 
     def backlog(self) -> int:
         """QoS 1/2 publications handed to paho that the broker has not completed yet (in flight or queued)."""
@@ -168,11 +182,15 @@ class Injector:
         except (ValueError, MQTTException) as error:
             log.warning("cannot inject publication on %r: %s", injection.topic, error)
             self.inject_failed += 1
+            if injection.qos:
+                self._outcomes.append((injection.publication, False))
             return False
         self._wrote()
         if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS and not (qos > 0 and info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN):
             # QoS 1/2 messages refused for "no connection" are queued by paho and sent after reconnecting.
             self.inject_failed += 1
+            if injection.qos:
+                self._outcomes.append((injection.publication, False))
             return False
         if qos:
             self._unfinished[info.mid] = injection  # stored by paho until PUBACK / PUBCOMP, also while disconnected
@@ -181,6 +199,8 @@ class Injector:
                 self._recorder.started([(info.mid, injection)])
         else:
             self.written_qos0 += 1
+            if injection.qos:  # a QoS 1/2 publication the wrapper injects at QoS 0 (max_qos 0): written is all
+                self._outcomes.append((injection.publication, True))
         self.injected += 1
         return True
 
@@ -210,6 +230,8 @@ class Injector:
             if not injection.properties and lean_qos0_publish(run, injection.topic, injection.payload,
                                                               injection.retain):
                 count += 1
+                if injection.qos:  # a QoS 1/2 publication injected at QoS 0 (max_qos 0): written is all
+                    self._outcomes.append((injection.publication, True))
                 continue
             if count:
                 self._send_qos0_run(client, run, count)
@@ -267,10 +289,14 @@ class Injector:
     def on_pubrec(self, mid: int, reason: int) -> None:
         """The first PUBREC of one of our QoS 2 injections; the PUBREL follows when this returns (paho sends it
         also after a refusal, and the broker completes it: the refusal is remembered for the completion)."""
-        if mid not in self._unfinished:
+        injection = self._unfinished.get(mid)
+        if injection is None:
             return
         if reason >= REFUSED:
             self._refused_pubrec[mid] = reason
+        elif mid not in self._done_at_pubrec:  # the broker holds it: it delivers it once, whatever follows
+            self._done_at_pubrec.add(mid)
+            self._outcomes.append((injection.publication, True))
         if self._recorder is not None:
             self._recorder.released(mid)
 
@@ -294,6 +320,10 @@ class Injector:
                             "refused) and logged once a minute", self.broker, injection.topic, reason)
         else:
             self.acknowledged += 1
+        if mid in self._done_at_pubrec:
+            self._done_at_pubrec.discard(mid)
+        else:  # a refusal is final too: sending it again would be refused again (it is counted and logged)
+            self._outcomes.append((injection.publication, True))
         if self._recorder is not None:
             self._finished.append(mid)
         return True

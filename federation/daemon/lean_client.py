@@ -38,11 +38,21 @@ the wrapper publishes) and shortens the data path:
   is written (the injection journal records it first: a restarted wrapper
   then sends the PUBREL again, not the PUBLISH, which the broker would take
   for a new message once it has completed the old one);
-* a PUBREL for a packet id paho does not hold (a previous run's, or one
-  repeated after a reconnection) is answered with PUBCOMP at once
-  (`_handle_pubrel`): with `manual_ack` paho would never answer it, and
-  the broker would keep that message in flight to us for ever, a slot of
-  our Receive Maximum lost;
+* a QoS 2 PUBLISH is handed to the caller when it arrives, not at the
+  PUBREL: paho would answer PUBREC at once and keep the message in memory
+  until the PUBREL, and a wrapper killed in between would lose it (the
+  broker has let go of it at the PUBREC and only sends the PUBREL again).
+  Here the PUBREC is the manual acknowledgement (`send_acks`), written once
+  the runtime holds the publication (its custody spool); a PUBLISH repeated
+  after a reconnection for a packet id already answered gets its PUBREC
+  again, and any other reaches the caller with its DUP flag set, for the
+  runtime to recognise (federation/daemon/spool.py). A PUBLISH with DUP
+  set never takes the short path below, so that flag reaches the caller;
+* a PUBREL is answered with PUBCOMP at once (`_handle_pubrel`): with
+  `manual_ack` paho would never answer one it does not hold (a previous
+  run's, or one repeated after a reconnection), and the broker would keep
+  that message in flight to us for ever, a slot of our Receive Maximum
+  lost;
 * `send_qos0` writes a run of QoS 0 PUBLISH packets built by
   `lean_qos0_publish` with one `send`, straight to the socket when paho
   has nothing queued and no network thread (else through paho's queue).
@@ -110,6 +120,7 @@ PAHO_PRIVATE_NAMES: tuple[str, ...] = (
     # methods of paho's Client that LeanClient overrides or calls
     "client._sock_recv", "client._packet_read", "client._handle_publish", "client._do_on_publish",
     "client._send_puback", "client._handle_pubrec", "client._handle_pubrel", "client._send_pubcomp",
+    "client._send_pubrec", "client._handle_on_message",
     "client._loop_rc_handle", "client._mid_generate", "client._packet_queue",
     # the state of a Client it reads or writes
     "client._sock", "client._protocol", "client._thread", "client._in_packet", "client._manual_ack",
@@ -275,6 +286,14 @@ class LeanClient(mqtt.Client):
     _read_pos = 0
     _read_sock: object = None
     _lean_info: mqtt.MQTTMessageInfo | None = None
+    _deferring_pubrec = False
+    """set while `_take_qos2` lets paho decode a QoS 2 PUBLISH: its PUBREC waits for `send_acks`"""
+    _qos2_answered: set[int] = frozenset()  # type: ignore[assignment]  # replaced per client in __init__
+    """packet ids of received QoS 2 messages whose PUBREC we wrote and whose PUBREL has not come yet"""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._qos2_answered = set()
 
     def buffered(self) -> int:
         """Bytes read from the socket that have not been consumed yet."""
@@ -339,7 +358,7 @@ class LeanClient(mqtt.Client):
                     pos += 4
                     count += 1
                     continue
-                if command & 0xF4 != 0x30 or end - pos < 6:  # not a PUBLISH, QoS 2 (or invalid 3), or too short
+                if command & 0xFC != 0x30 or end - pos < 6:  # not a PUBLISH, DUP, QoS 2 (or 3), or too short
                     break
                 length = data[pos + 1]
                 start = pos + 2
@@ -542,14 +561,17 @@ class LeanClient(mqtt.Client):
                 self._last_mid = max(self._last_mid, mid)
 
     def send_acks(self, acks: Sequence[tuple[int, int]]) -> MQTTErrorCode:
-        """Acknowledge publications received with `manual_ack`: (mid, qos) each, a PUBACK for QoS 1 and a PUBCOMP
-        for QoS 2 (paho sent the PUBREC and took the PUBREL), all in one buffer. Not connected: nothing (the
-        broker sends them again on the next connection, not acknowledged)."""
+        """Acknowledge publications received with `manual_ack`: (mid, qos) each, a PUBACK for QoS 1 and a PUBREC
+        for QoS 2 (handed over at its PUBLISH: `_handle_publish`; the PUBREL is answered at once), all in one
+        buffer. Not connected: nothing (the broker sends them again on the next connection, with DUP)."""
         if self._sock is None or not acks:
             return MQTTErrorCode.MQTT_ERR_NO_CONN if self._sock is None else MQTTErrorCode.MQTT_ERR_SUCCESS
         data = bytearray()
+        answered = self._qos2_answered
         for mid, qos in acks:
-            data += bytes((0x40 if qos == 1 else 0x70, 2, mid >> 8, mid & 0xFF))  # as `_send_puback`, `_send_pubcomp`
+            data += bytes((0x40 if qos == 1 else 0x50, 2, mid >> 8, mid & 0xFF))  # as `_send_puback`, `_send_pubrec`
+            if qos == 2:
+                answered.add(mid)
         return self._packet_queue(mqtt.PUBACK, data, 0, 0)
 
     def _do_on_publish(self, mid: int, reason_code: ReasonCode, properties: Properties) -> MQTTErrorCode:
@@ -572,16 +594,45 @@ class LeanClient(mqtt.Client):
         return super()._handle_pubrec()
 
     def _handle_pubrel(self) -> MQTTErrorCode:
-        """paho's, except that a PUBREL for a packet id paho does not hold is answered with PUBCOMP at once when
-        acknowledgements are manual (paho would never answer it: see the module docstring)."""
+        """paho's, except that with manual acknowledgements a PUBREL for a packet id paho does not hold (every one:
+        QoS 2 messages are handed over at their PUBLISH) is answered with PUBCOMP at once (module docstring)."""
         data = self._in_packet["packet"]
         if self._manual_ack and len(data) >= 2:
             mid = (data[0] << 8) | data[1]
             with self._in_message_mutex:
                 held = mid in self._in_messages
             if not held:
+                self._qos2_answered.discard(mid)
                 return self._send_pubcomp(mid)
         return super()._handle_pubrel()
+
+    def _send_pubrec(self, mid: int) -> MQTTErrorCode:
+        """paho's, except while `_handle_publish` hands a QoS 2 message over at once: then the caller's
+        acknowledgement is the PUBREC (`send_acks`)."""
+        if self._deferring_pubrec:
+            return MQTTErrorCode.MQTT_ERR_SUCCESS
+        return super()._send_pubrec(mid)
+
+    def _take_qos2(self) -> MQTTErrorCode:
+        """A QoS 2 PUBLISH with manual acknowledgement: its PUBREC again if we answered its packet id already (a
+        repeat after a reconnection), else the message to `on_message` now (paho's decoding, no PUBREC yet)."""
+        data = self._in_packet["packet"]
+        topic_end = 2 + ((data[0] << 8) | data[1]) if len(data) >= 2 else len(data)
+        if topic_end + 2 > len(data):
+            return super()._handle_publish()  # malformed: paho's to refuse
+        mid = (data[topic_end] << 8) | data[topic_end + 1]
+        if mid in self._qos2_answered:
+            return super()._send_pubrec(mid)
+        self._deferring_pubrec = True
+        try:
+            rc = super()._handle_publish()  # decodes it and keeps it in `_in_messages` for the PUBREL
+        finally:
+            self._deferring_pubrec = False
+        with self._in_message_mutex:
+            message = self._in_messages.pop(mid, None)
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and message is not None:
+            self._handle_on_message(message)
+        return rc
 
     def _handle_publish(self) -> MQTTErrorCode:
         """A PUBLISH paho read itself (one that arrived in pieces): QoS 0/1 without properties still skip
@@ -591,8 +642,10 @@ class LeanClient(mqtt.Client):
         command = packet["command"]
         qos = (command & 0x06) >> 1
         data = packet["packet"]
-        if lean is None or qos == 2 or self._protocol != MQTTProtocolVersion.MQTTv5:
-            return super()._handle_publish()
+        if qos == 2 and self._manual_ack:
+            return self._take_qos2()
+        if lean is None or qos == 2 or command & 0x08 or self._protocol != MQTTProtocolVersion.MQTTv5:
+            return super()._handle_publish()  # QoS 2, a repeat (DUP: the flag must reach the caller), not v5
         topic_end = 2 + ((data[0] << 8) | data[1]) if len(data) >= 2 else len(data) + 1
         position = topic_end + (2 if qos else 0)
         if position >= len(data) or data[position] != 0 or topic_end <= 2:

@@ -67,6 +67,7 @@ from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
 from federation.daemon.reload import Reloads, reload_files
 from federation.daemon.snapshots import metrics_snapshot, status_document, wrapper_readiness
+from federation.daemon.spool import Spool, SpooledPublication
 from federation.daemon.startup import Resources
 from federation.daemon.state import PersistedState, StateSaver
 from federation.daemon.status import encode_reply
@@ -127,13 +128,17 @@ class Running:
         self.transport = transport
         self.event_log = resources.event_log
         self.subscriptions = persisted.subscriptions
-        self.saver = (StateSaver(resources.store, persisted, loop, lambda: node.epoch, clock.now)
+        self.saver = (StateSaver(resources.store, persisted, loop, lambda: node.epoch, clock.now, node.known_filters)
                       if resources.store is not None else None)
         """writes the subscription table and the epoch; None without a state directory"""
         self.tracker = BrokerLogTracker(config.client_id)
         self.broker_health = BrokerHealth(config.broker, config.client_id, loop.call_later, config.broker_auth)
         self.journal: InjectionJournal | None = resources.journal
         """the injection journal (with a state directory)"""
+        self.spool: Spool | None = resources.spool
+        """the custody spool of our own QoS 1/2 publications (with a state directory)"""
+        self.restored_filters = persisted.filters
+        """the filters the node knew in its previous life (`Node.restore`)"""
         self.outbox = wrapper_events.WrapperEvents(str(node.address))
         """the daemon's own events, written with the node's"""
         hand_off = LoopHandOff(loop, self._on_broker_items)
@@ -145,7 +150,7 @@ class Running:
         if self.journal is not None:
             self.broker.restore([(entry.mid, entry.injection, entry.released) for entry in self.journal.in_flight()])
         self.broker_subscriptions = BrokerSubscriptions(node, node.drop, self.outbox, self.subscriptions,
-                                                        config.resubscribe_grace)
+                                                        config.resubscribe_grace, node.injection_failed)
         """a broker that lost its subscriptions, and subscriptions it holds that the wrapper did not see"""
         self.duplicates_suppressed = 0
         """remote QoS 1/2 publications not injected because the journal says the broker completed them"""
@@ -179,15 +184,20 @@ class Running:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start the node (with the saved subscriptions) and the broker connection."""
+        """Start the node (with what the state directory kept: stream positions, filters, subscriptions, the
+        spooled publications) and the broker connection."""
         node = self.node
         now = self.clock.now()
+        if self.journal is not None or self.restored_filters:
+            node.restore(streams=self.journal.stream_positions() if self.journal is not None else None,
+                         filters=self.restored_filters)
         node.start(now)
         replayed = self.subscriptions.replay(node, now)
         if replayed:
             log.info("replayed %d saved subscriptions of %d clients into the node", replayed,
                      len(self.subscriptions.clients))
         self.broker_subscriptions.table_changed(now)
+        self._replay_spool(now)  # before anything new is read from the broker: order is kept
         self._drain_outputs(now)
         self.broker.start()
         config = self.config
@@ -198,6 +208,32 @@ class Running:
         announce_security(self.envelope, config.bind, config.broker, config.key_file)
         for warning in config.broker_auth.permission_warnings():
             log.warning("%s", warning)
+
+    def _replay_spool(self, now: float) -> None:
+        """Our QoS 1/2 publications a previous run took from the broker (and acknowledged) but had not delivered
+        everywhere: originated again under their ids, in their order; those past their expiry are dropped."""
+        spool = self.spool
+        if spool is None or not spool.entries:
+            return
+        node = self.node
+        expired = {entry.key: reason for entry, reason in spool.due_to_drop(time.time())}
+        for entry in spool.recovered():
+            if entry.key in expired:
+                self._drop_spooled(entry, expired[entry.key] == "spool_expired", now)
+                continue
+            node.local_publish(entry.topic, entry.payload, entry.qos, entry.retain, entry.properties, now,
+                               publication_id=(node.address, entry.epoch, entry.seq))
+        if expired:
+            spool.release(expired)
+        log.info("sent again %d publications of a previous run from the custody spool (%d expired)",
+                 len(spool.entries), len(expired))
+
+    def _drop_spooled(self, entry: SpooledPublication, expired: bool, now: float) -> None:
+        """A spooled publication past its message expiry (`expired`) or the spool's `max_age`: counted, reported."""
+        node = self.node
+        reason = "spool_expired" if expired else "spool_age"
+        node.drop(reason, event=events.PUBLICATION_DROPPED, now=now,
+                  pub=events.publication_text((node.address, entry.epoch, entry.seq)), filter=None, reason=reason)
 
     async def shutdown(self) -> None:
         """Leave the federation, flush, save, disconnect from the broker, release everything."""
@@ -315,6 +351,8 @@ class Running:
         changed = False
         limit = node.settings.max_publication_bytes
         acks: list[tuple[int, int]] = []
+        spooled: list[SpooledPublication] = []
+        spool = self.spool
         # QoS 0 publications in a row: one `tb` run (federation.protocol.publications)
         run: list[tuple[str, bytes]] = []
         try:
@@ -323,6 +361,8 @@ class Running:
                     qos = item.qos
                     if qos:
                         acks.append((item.mid, qos))
+                        if item.dup and spool is not None and spool.redelivery(item.mid, item.topic, item.payload):
+                            continue  # in custody since before a restart: acknowledged now, not originated twice
                     if len(item.payload) > limit:
                         self._refuse_publication(item, now)
                     elif not qos and not item.retain and item.properties is None:
@@ -331,7 +371,12 @@ class Running:
                         if run:
                             node.local_publish_run(run, now)
                             run = []
-                        node.local_publish(item.topic, item.payload, qos, item.retain, item.properties, now)
+                        publication = node.local_publish(item.topic, item.payload, qos, item.retain,
+                                                         item.properties, now)
+                        if qos and publication is not None and spool is not None:
+                            spooled.append(SpooledPublication(publication[1], publication[2], item.topic,
+                                                              item.payload, qos, item.retain, item.properties,
+                                                              time.time(), item.mid))
                     continue
                 if run:  # kept in order with what follows
                     node.local_publish_run(run, now)
@@ -355,7 +400,10 @@ class Running:
             if run:
                 node.local_publish_run(run, now)
         finally:
-            # The one place the broker's publications (and log lines) are acknowledged: after the node took them.
+            # The one place the broker's publications (and log lines) are acknowledged: after the node took them
+            # and, for QoS 1/2, the spool holds them (one write: a killed wrapper loses none it acknowledged).
+            if spooled and spool is not None:
+                spool.add(spooled)
             self.broker.acknowledge(acks)
         if changed:
             self.broker_subscriptions.table_changed(now)
@@ -431,6 +479,13 @@ class Running:
         event log; and the broker's reading paused or resumed."""
         node = self.node
         paced_until = node.paced_until(now)  # first: a hold that ended makes the ready we owe upstream
+        broker = self.broker
+        injections = node.injections_to_make()
+        # Before the packets: an injection the journal says is done acknowledges its copy in this same drain.
+        self.flow.inject(node, broker, now, self._admit(injections, now) if injections else injections)
+        released = node.custody_released()
+        if released and self.spool is not None:  # delivered everywhere: the spool may forget them
+            self.spool.release((epoch, seq) for _origin, epoch, seq in released)
         packets = node.packets_to_send()
         if packets and self.protocol.writing_paused:
             packets = self.flow.shed(node, packets, now)
@@ -440,9 +495,6 @@ class Running:
         transport = self.transport
         for data, target in envelope.datagrams_to_send(now):
             transport.sendto(data, (target.host, target.port))
-        broker = self.broker
-        injections = node.injections_to_make()
-        self.flow.inject(node, broker, now, self._admit(injections, now) if injections else injections)
         self._apply_backpressure(node, broker, now, paced_until)
         emitted = node.events_emitted()
         dropped = envelope.events_emitted()
@@ -462,15 +514,24 @@ class Running:
                 self.event_log.write(emitted)
 
     def _admit(self, injections: list[Injection], now: float) -> list[Injection]:
-        """The node's injections that go to the broker: not those the journal says the broker completed (a copy
-        sent again by an upstream wrapper after we restarted), and not yet those held since it restarted."""
+        """The node's injections that go to the broker: not those the journal says the broker completed or has
+        in flight (a copy sent again by an upstream wrapper after we restarted), and not yet those held since it
+        restarted."""
         journal = self.journal
-        if journal is not None and journal.has_completed:
-            kept = [injection for injection in injections
-                    if not (injection.qos and journal.is_completed(injection.publication))]
-            if len(kept) != len(injections):
-                self.duplicates_suppressed += len(injections) - len(kept)
-                injections = kept
+        if journal is not None and (journal.has_completed or journal.recovered):
+            kept: list[Injection] = []
+            node = self.node
+            for injection in injections:
+                if not injection.qos:
+                    kept.append(injection)
+                elif journal.is_completed(injection.publication):
+                    self.duplicates_suppressed += 1
+                    node.injection_done(injection.publication, now)  # the broker has it: custody ends
+                elif journal.in_flight_publication(injection.publication):
+                    self.duplicates_suppressed += 1  # the journal's own resend completes it (its outcome)
+                else:
+                    kept.append(injection)
+            injections = kept
         return self.broker_subscriptions.admit(injections, now)
 
     def _on_send_resumed(self) -> None:
@@ -479,10 +540,20 @@ class Running:
         self._apply_backpressure(self.node, self.broker, now, self.node.paced_until(now))
 
     def _on_broker_completed(self) -> None:
-        """The broker completed some of our QoS 1/2 publications, or took the bytes its socket had refused: hand
-        it what waits for room at once."""
-        if len(self.flow.injection_queue):
-            self.flow.inject(self.node, self.broker, self.clock.now())
+        """The broker has some of our QoS 1/2 injections (PUBACK, PUBREC, PUBCOMP), or took the bytes its socket
+        had refused: the node hears which (its custody of them ends, their copies are acknowledged) and the
+        broker gets what waits for room, at once."""
+        outcomes = self.broker.take_injection_outcomes()
+        if not outcomes and not len(self.flow.injection_queue):
+            return
+        node = self.node
+        now = self.clock.now()
+        for publication, done in outcomes:
+            if done:
+                node.injection_done(publication, now)
+            else:
+                node.injection_failed(publication, now)
+        self._drain_outputs(now)
 
     def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float, paced_until: float | None) -> None:
         """Pause or resume reading from the broker (`FlowControl.apply_backpressure`); while a neighbour

@@ -10,11 +10,16 @@ next hop acknowledged it, and every hop after them, docs/protocol.md "Custody"),
 (`due_to_drop`). A restarted wrapper replays the live entries into its node with their original ids, before it
 reads anything new from its broker, so receivers recognise what they already have and order is kept.
 
-Records (msgpack arrays): `["p", epoch, seq, topic, payload, qos, retain, properties, received_at]` for a
-publication taken into custody, `["d", epoch, seq]` for one released or dropped. `received_at` is wall-clock
-seconds: a publication's MQTT message expiry counts from it, and so does `max_age`. The file is compacted
-(`RecordLog.rewrite`) when dead records outweigh live ones by `COMPACT_RATIO` and it is over
-`COMPACT_MIN_BYTES`.
+A wrapper killed after the spool write and before its acknowledgement reached the broker gets those
+publications again from its persistent session, flagged DUP, with the same packet id: `redelivery` finds the
+recovered entry they match (packet id, topic and payload), and the runtime acknowledges them without
+originating them a second time.
+
+Records (msgpack arrays): `["p", epoch, seq, topic, payload, qos, retain, properties, received_at, mid]`
+for a publication taken into custody (`mid`, the broker's packet id, came later: a record without it reads
+as 0), `["d", epoch, seq]` for one released or dropped. `received_at` is wall-clock seconds: a publication's
+MQTT message expiry counts from it, and so does `max_age`. The file is compacted (`RecordLog.rewrite`) when
+dead records outweigh live ones by `COMPACT_RATIO` and it is over `COMPACT_MIN_BYTES`.
 
 Bounds, each a documented setting: `max_bytes` (payload bytes in custody) and `max_age` (seconds). Over
 `high_water` of `max_bytes` the runtime stops reading from its broker (it queues for the wrapper's
@@ -33,6 +38,8 @@ import msgpack
 
 from federation.daemon.record_log import RecordLog
 
+SPOOL_FILE = "spool.log"
+"""the spool's file in the state directory"""
 COMPACT_RATIO = 4
 """compact when the file holds more than this many times the bytes of the live entries"""
 COMPACT_MIN_BYTES = 1024 * 1024
@@ -53,6 +60,8 @@ class SpooledPublication:
     properties: dict[str, Any] | None
     received_at: float
     """wall-clock seconds when the broker handed it over"""
+    mid: int = 0
+    """the broker's packet id when it handed it over (recognises its DUP redelivery after a restart)"""
 
     @property
     def key(self) -> SpoolId:
@@ -69,7 +78,7 @@ class SpooledPublication:
 
     def encode(self) -> bytes:
         data: bytes = msgpack.packb(["p", self.epoch, self.seq, self.topic, self.payload, self.qos, self.retain,
-                                     self.properties, self.received_at], use_bin_type=True)
+                                     self.properties, self.received_at, self.mid], use_bin_type=True)
         return data
 
 
@@ -93,6 +102,11 @@ class Spool:
         for record in log.loaded():
             self._load(record)
         self.recovered_count = len(self.entries)
+        self._recovered_by_mid: dict[int, SpoolId] = {entry.mid: entry.key for entry in self.entries.values()
+                                                      if entry.mid}
+        """packet id -> the recovered entry the previous run took with it (the newest per id)"""
+        self.redeliveries_recognised = 0
+        """DUP publications the broker sent again that were already in custody (acknowledged, not originated)"""
         self.paused = False
         """over the high-water mark: the runtime does not read from its broker"""
 
@@ -102,7 +116,8 @@ class Spool:
             kind = fields[0]
             if kind == "p":
                 entry = SpooledPublication(int(fields[1]), int(fields[2]), str(fields[3]), bytes(fields[4]),
-                                           int(fields[5]), bool(fields[6]), fields[7], float(fields[8]))
+                                           int(fields[5]), bool(fields[6]), fields[7], float(fields[8]),
+                                           int(fields[9]) if len(fields) > 9 else 0)
                 self._keep(entry)
             elif kind == "d":
                 self._forget((int(fields[1]), int(fields[2])))
@@ -128,6 +143,17 @@ class Spool:
     def recovered(self) -> list[SpooledPublication]:
         """The live entries, oldest first: at start, what a previous run left in custody."""
         return list(self.entries.values())
+
+    def redelivery(self, mid: int, topic: str, payload: bytes) -> SpooledPublication | None:
+        """The live recovered entry a DUP publication from the broker repeats (same packet id, topic and
+        payload), if any: the previous run spooled it and died before its acknowledgement reached the broker."""
+        key = self._recovered_by_mid.get(mid)
+        entry = None if key is None else self.entries.get(key)
+        if entry is None or entry.topic != topic or entry.payload != payload:
+            return None
+        del self._recovered_by_mid[mid]  # the broker sends a publication again once per reconnection at most
+        self.redeliveries_recognised += 1
+        return entry
 
     def add(self, publications: list[SpooledPublication]) -> None:
         """Take publications into custody: durable when this returns (then acknowledge them to the broker)."""
@@ -158,7 +184,7 @@ class Spool:
                 continue
             expires = entry.expires_at()
             if expires is not None and expires <= now_wall:
-                found.append((entry, "expired"))
+                found.append((entry, "spool_expired"))
         return found
 
     def _update_pause(self) -> None:
@@ -178,4 +204,5 @@ class Spool:
         return {"publications": len(self.entries), "bytes": self.live_bytes, "max_bytes": self.limits.max_bytes,
                 "paused": self.paused, "file_bytes": self.log.size_bytes, "recovered": self.recovered_count,
                 "undecodable": self.undecodable,
+                "redeliveries_recognised": self.redeliveries_recognised,
                 "oldest_received_at": None if oldest is None else round(oldest.received_at, 3)}

@@ -33,6 +33,7 @@ from federation.daemon.event_log import EventLog, EventLogError
 from federation.daemon.injections import JOURNAL_FILE, InjectionJournal
 from federation.daemon.metrics_server import Probe, start_metrics_server
 from federation.daemon.record_log import RecordLog, RecordLogError
+from federation.daemon.spool import SPOOL_FILE, Spool
 from federation.daemon.state import LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.udp import open_socket
 from federation.envelope.datagrams import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
@@ -58,6 +59,8 @@ class Resources:
     metrics_server: Any | None
     journal: InjectionJournal | None = None
     """the injection journal in the state directory (federation.daemon.injections)"""
+    spool: Spool | None = None
+    """the custody spool of our own QoS 1/2 publications in the state directory (federation.daemon.spool)"""
 
     def close(self, transport: asyncio.BaseTransport | None = None) -> None:
         """Release everything. The socket is closed by `transport` when there is one: it sends what it still
@@ -67,6 +70,9 @@ class Resources:
         if self.journal is not None:
             self.journal.close()
             self.journal = None
+        if self.spool is not None:
+            self.spool.log.close()
+            self.spool = None
         if transport is not None:
             transport.close()
         else:
@@ -108,10 +114,32 @@ def open_resources(config: DaemonConfig, probe: Probe) -> Resources:
                 raise StartupError(str(error)) from None
         if store is not None:
             resources.journal = open_journal(config, store.directory)
+            resources.spool = open_spool(store.directory)
     except BaseException:
         resources.close()
         raise
     return resources
+
+
+def open_spool(directory: Path) -> Spool:
+    """The custody spool in the state directory, as a previous run left it; StartupError if unusable."""
+    path = directory / SPOOL_FILE
+    try:
+        record_log = RecordLog(path)
+    except (RecordLogError, OSError) as error:
+        raise StartupError(f"--state-dir: cannot use the custody spool {path}: {error}; give a writable "
+                           f"directory") from None
+    if record_log.torn_bytes:
+        log.warning("the custody spool %s ended in a record cut short (%d bytes, a crash while it was written): "
+                    "cut off; that publication was not acknowledged to the broker, which sends it again", path,
+                    record_log.torn_bytes)
+    spool = Spool(record_log)
+    if spool.undecodable:
+        log.warning("the custody spool %s held %d records that could not be read: skipped", path, spool.undecodable)
+    if spool.recovered_count:
+        log.info("the custody spool holds %d publications a previous run had not delivered everywhere: sending "
+                 "them again", spool.recovered_count)
+    return spool
 
 
 def open_journal(config: DaemonConfig, directory: Path) -> InjectionJournal:

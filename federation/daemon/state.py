@@ -205,6 +205,9 @@ class PersistedState:
     """the broker the subscriptions were learned from (`host:port`)"""
     subscriptions: LocalSubscriptions = field(default_factory=LocalSubscriptions)
     saved_at: float | None = None
+    filters: list[str] = field(default_factory=list)
+    """the federated filters the node knew (`Node.known_filters`): a restarted node holds its spooled QoS 1/2
+    publications on them until their core is heard of (`Node.restore`)"""
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -278,8 +281,11 @@ class StateStore:
             subscriptions = LocalSubscriptions.from_json(data.get("clients", {}), str(self.path))
             broker = data.get("broker")
             saved_at = data.get("saved_at")
+            filters = data.get("filters", [])
+            if not isinstance(filters, list) or not all(isinstance(f, str) for f in filters):
+                raise ValueError(f"bad filters {filters!r}")
             return PersistedState(epoch, broker if isinstance(broker, str) else None, subscriptions,
-                                  float(saved_at) if isinstance(saved_at, (int, float)) else None), None
+                                  float(saved_at) if isinstance(saved_at, (int, float)) else None, filters), None
         except ValueError as error:
             aside = self.path.with_name(f"{STATE_FILE}.unreadable-{int(time.time())}")
             os.replace(self.path, aside)
@@ -292,7 +298,7 @@ class StateStore:
         """The file's content for `state` (a snapshot: later changes to `state` do not reach it)."""
         data = {
             "version": STATE_VERSION, "epoch": state.epoch, "broker": state.broker, "saved_at": round(now, 3),
-            "clients": state.subscriptions.to_json(),
+            "clients": state.subscriptions.to_json(), "filters": sorted(state.filters),
         }
         return (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("utf-8")
 
@@ -367,12 +373,14 @@ class StateSaver:
     (shutdown). `epoch` reads the node's epoch, which the file never lags behind."""
 
     def __init__(self, store: StateStore, state: PersistedState, loop: asyncio.AbstractEventLoop,
-                 epoch: Callable[[], int], now: Callable[[], float]) -> None:
+                 epoch: Callable[[], int], now: Callable[[], float],
+                 filters: Callable[[], list[str]] | None = None) -> None:
         self.store = store
         self.state = state
         self._loop = loop
         self._epoch = epoch
         self._now = now
+        self._filters = filters
         self._writer = BackgroundWriter(store, loop, self._failed)
         self._handle: asyncio.TimerHandle | None = None
 
@@ -387,6 +395,8 @@ class StateSaver:
 
     def _content(self) -> bytes:
         self.state.epoch = max(self.state.epoch or 0, self._epoch())
+        if self._filters is not None:
+            self.state.filters = self._filters()
         return self.store.encode(self.state, self._now())
 
     async def save_now(self) -> None:

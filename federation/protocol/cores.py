@@ -60,8 +60,6 @@ from federation.protocol.wire_types import TopicCore
 class CoreElection(TopicTable):
     """Claims, adoption and loss of topic cores, and the ownership announcements they are ranked by."""
 
-    claim_allowed_at = float("inf")
-    """no claims before this (the node allows them once its neighbours had time to tell it of live cores)"""
     _winners: dict[str, BrokerId | None]
     """filter -> its rendezvous winner among our table's members (`rightful_core`), for `_winners_for`"""
     _winners_for: tuple[Routes, int] | None = None
@@ -308,6 +306,8 @@ class CoreElection(TopicTable):
         state.via.clear()
         if reason == "lost":
             state.lost_at = now
+        elif reason == "withdrawn":
+            state.withdrawn_at = now
         self._outbox.view_changed()
         self._outbox.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=None,
                           previous=id_text(previous), reason=reason)

@@ -106,6 +106,11 @@ class SeenCache:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._newer or key in self._older
 
+    def discard(self, key: Hashable) -> None:
+        """Forget `key` (a copy taken and then given back: its next arrival is new again)."""
+        self._newer.discard(key)
+        self._older.discard(key)
+
     def __len__(self) -> int:
         return len(self._newer) + len(self._older - self._newer)
 

@@ -8,12 +8,23 @@ the cores, `federation.protocol.mesh` builds the meshes).
 Theory of operation
 -------------------
 A publication on topic T goes to every mesh whose filter matches T. Outside
-the mesh it climbs toward the core through one parent (chosen with the
-node's RNG, as in the seed); the first member it reaches spreads it to all
-its mesh neighbours (parents and children) except the one it came from. Each
-node handles a (publication, filter) pair once, so copies are bounded by the
-mesh's links. A publication for a filter whose core is being (re)elected is
-held for `publication_hold` seconds, then dropped and counted.
+the mesh it climbs toward the core through one parent: the first up one in
+id order, so that one origin's publications on one filter take one path
+while the parents do not change (docs/protocol.md rule 7d: a path per
+stream keeps them in order; the other parents are the failover); the first
+member it reaches spreads it to all its mesh neighbours (parents and
+children) except the one it came from. Each node handles a (publication,
+filter) pair once, so copies are bounded by the mesh's links.
+
+A publication for a filter whose core is being (re)elected, or whose
+parents are all down, is held. QoS 0 is held for `publication_hold`
+seconds, then dropped and counted; QoS 1/2 is held until it can go on
+(custody, federation.protocol.custody, waits for it meanwhile). The hold is
+bounded (`max_held_publications`, `max_held_bytes`): beyond it the oldest
+QoS 0 publication goes first, then the oldest QoS 1/2 one held for a
+neighbour (given back unacknowledged: that neighbour still has it and
+sends it again); the node's own QoS 1/2 publications are never dropped
+(the embedder stops reading its broker instead, `Node.unacked_copies`).
 
 `route` runs once per publication and hop. What it decides (spread over the
 mesh to these neighbours, climb toward the core through one of these
@@ -25,24 +36,27 @@ computed once per topic and per neighbour the publication came from, and
 kept with the inputs it was made from (`topics.ForwardingCache`); it is
 used again only while every input is the very same object (or, for the
 children, the same set of keys), so a change anywhere makes the next
-publication compute it afresh. The random choice among parents is still
-made per publication, with the node's RNG.
+publication compute it afresh.
 
 `route` says where the publication went (`Routed`): the node paces the
 neighbour it came from when it went to a neighbour pacing us
-(`federation.protocol.pacing`), and reliable forwarding counts a reroute
-when it went anywhere. A QoS 1/2 copy it sends is tracked by reliable
-forwarding (`track`), as a step of sending it.
+(`federation.protocol.pacing`). A QoS 1/2 copy it sends is tracked (`track`:
+reliable forwarding and custody), as a step of sending it, and so is a copy
+for a mesh neighbour that is down (kept for it: it may come back); a QoS
+1/2 publication it holds is told to custody (`held`, `unheld`).
 """
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import replace
 from enum import IntEnum
 
 from federation.protocol import events
 from federation.protocol.events import publication_text
 from federation.protocol.topics import (
     HOLD,
+    INFINITY,
     LEAF,
     NO_ROUTE,
     Decision,
@@ -62,7 +76,7 @@ class Routed(IntEnum):
     NOT_SENT = 0
     """it ends here: at the edge of its mesh, or dropped for want of a route (reported)"""
     HELD = 1
-    """held until its topic has a core (`publication_hold`)"""
+    """held until its topic has a core or a route (QoS 0: `publication_hold` at most)"""
     SENT = 2
     SENT_TO_PACED = 3
     """sent, and to a neighbour that paces us"""
@@ -85,22 +99,29 @@ class PublicationRouting(TopicTable):
             targets.discard(from_announced)
             if not targets:
                 return LEAF
-            transports = [t for t in (transport_for(a) for a in sorted(targets)) if t is not None]
-            if not transports:
-                return Forward(MODE_IN_MESH, [], [], lost=len(targets))
-            return Forward(MODE_IN_MESH, transports, [str(t) for t in transports],
-                           lost=len(targets) - len(transports))
+            transports = []
+            missing = []
+            for target in sorted(targets):
+                transport = transport_for(target)
+                if transport is not None:
+                    transports.append(transport)
+                else:
+                    missing.append(target)
+            down = None
+            if missing:  # mesh neighbours down: QoS 1/2 copies are kept for them (they may come back)
+                by_announced = {n.announced.address: n.transport for n in self._neighbours.all()
+                                if n.announced is not None}
+                down = [by_announced[target] for target in missing if target in by_announced]
+            return Forward(MODE_IN_MESH, transports, [str(t) for t in transports], lost=len(missing), down=down)
         parents = self.parents_for(state)
         if not (parents or state.parents or self.is_own_core(state)):
             return HOLD
-        by_candidate = {}
-        for candidate in sorted(set(parents) - {from_announced} if from_announced else set(parents)):
-            transport = transport_for(candidate)
-            if transport is not None:  # a parent just gone is no route
-                by_candidate[candidate] = (transport, str(transport))
-        if not by_candidate:
-            return NO_ROUTE
-        return Forward(MODE_TOWARD_CORE, [], [], candidates=list(by_candidate), by_candidate=by_candidate)
+        for parent in parents:  # lowest id first: one path per stream while the parents stay
+            if parent != from_announced:
+                transport = transport_for(parent)
+                if transport is not None:  # a parent just gone is no route
+                    return Forward(MODE_TOWARD_CORE, [transport], [str(transport)])
+        return NO_ROUTE
 
     def _decision(self, state: TopicState, from_announced: Address | None) -> Decision:
         """`_decide`, taken from the topic's cache while its inputs are unchanged."""
@@ -146,31 +167,42 @@ class PublicationRouting(TopicTable):
 
     def route(self, state: TopicState, message: TopicMessage, from_announced: Address | None, now: float,
               pub_text: str | None = None) -> Routed:
-        """Send a publication on (`from_announced`: where it came from, None for a local one or a held one)
+        """Send a publication on (`from_announced`: where it came from, None for a local one or one routed again)
         and say where it went. `pub_text` is its `publication_text`, when the caller has made it already."""
         if state.core is None:
-            return self._hold(state, message, now)
+            if message.qos and state.withdrawn_at > state.lost_at:
+                return NOT_SENT  # its core withdrew (nobody subscribes): nothing to wait for
+            return self._hold(state, message, from_announced, now)
         decision = self._decision(state, from_announced)
         if type(decision) is not Forward:
-            if decision is HOLD:
-                return self._hold(state, message, now)
+            if decision is HOLD or (decision is NO_ROUTE and message.qos):
+                return self._hold(state, message, from_announced, now)
             if decision is NO_ROUTE:
                 self._report_no_route(state, message, now, pub_text)
             return NOT_SENT  # LEAF: the publication ends here
         mode = decision.mode
-        transports, texts = self._next_hops(decision, 1)
-        if not transports:
-            self._report_no_route(state, message, now, pub_text)
-            return NOT_SENT
+        transports, texts = decision.transports, decision.texts
         hops = message.hops + 1 if from_announced is not None else message.hops
         if mode == message.mode and hops == message.hops:
             outgoing = message  # a new local publication goes out as made
         else:
             outgoing = TopicMessage(message.filter, message.origin, message.epoch, message.seq, mode, hops,
-                                    message.topic, message.payload, message.qos, message.retain, message.properties)
-        if outgoing.qos:
-            self._track(outgoing, transports)  # retransmitted until the next hop acknowledges it
+                                    message.topic, message.payload, message.qos, message.retain, message.properties,
+                                    message.prev)
         outbox = self._outbox
+        if outgoing.qos:
+            down = decision.down
+            if down:  # kept for mesh neighbours that are down: sent when they come back
+                self._track(outgoing, down)
+            if not transports:
+                return HELD if down else self._hold(state, message, None, now)
+            self._track(outgoing, transports)  # retransmitted until the next hop acknowledges it
+        else:
+            if decision.lost:  # QoS 0 copies for mesh neighbours that went down before the routes were recomputed
+                outbox.drop("mesh_copy_neighbour_down", decision.lost)
+            if not transports:
+                self._report_no_route(state, message, now, pub_text)
+                return NOT_SENT
         outbox.send(TOPIC_MESSAGE, outgoing, transports)
         outbox.counters["publications_forwarded"] += 1
         if outbox.publication_events:
@@ -188,14 +220,17 @@ class PublicationRouting(TopicTable):
         decision = self._decision(state, from_announced) if state.core is not None else HOLD
         if decision is LEAF:
             return NOT_SENT
-        if type(decision) is not Forward or (decision.mode == MODE_IN_MESH and not decision.transports):
+        if type(decision) is not Forward or not decision.transports:
             furthest = NOT_SENT
             for message in batch.messages():
                 furthest = max(furthest, self.route(state, message, from_announced, now))
             return furthest
         count = len(batch)
         mode = decision.mode
-        transports, texts = self._next_hops(decision, count)
+        transports, texts = decision.transports, decision.texts
+        if decision.lost:
+            # Mesh neighbours that went down before the routes were recomputed: those copies are lost.
+            self._outbox.drop("mesh_copy_neighbour_down", decision.lost * count)
         hops = batch.hops + 1 if from_announced is not None else batch.hops
         if mode != batch.mode or hops != batch.hops:
             batch = TopicBatch(batch.filter, batch.origin, batch.epoch, mode, hops, batch.items)
@@ -213,26 +248,24 @@ class PublicationRouting(TopicTable):
             return SENT_TO_PACED
         return SENT
 
-    def route_again(self, message: TopicMessage, now: float) -> bool | None:
-        """Route a publication again from here, as a new one (reliable forwarding's reroute, when a next hop
-        went down): True when it was sent on or held, False when the mesh has no way for it yet, None when
-        its filter has no topic any more."""
-        state = self.topics.get(message.filter)
+    def route_again(self, message: TopicMessage, now: float, exclude: Address | None = None) -> Routed:
+        """Route a QoS 1/2 publication again from here (reliable forwarding's reroute, when a next hop went down;
+        a copy rerouted toward the core through us, `exclude` being its sender): as a new one, or held when
+        the mesh has no way for it yet. NOT_SENT when it ends here (or its filter cannot be kept)."""
+        state = self.state(message.filter)
         if state is None:
-            return None
-        return self.route(state, message, None, now) is not NOT_SENT
+            self._outbox.drop("reroute_topics_full")
+            return NOT_SENT
+        return self.route(state, message, exclude, now)
 
-    def _next_hops(self, decision: Forward, publications: int) -> tuple[list[Address], list[str]]:
-        """The transports (and their texts) `decision` sends `publications` to now: one parent drawn with the
-        node's RNG toward the core, or every up mesh neighbour; empty when every mesh neighbour is down."""
-        if decision.mode == MODE_TOWARD_CORE:
-            assert decision.candidates is not None and decision.by_candidate is not None
-            transport, text = decision.by_candidate[self._rng.choice(decision.candidates)]
-            return [transport], [text]
-        if decision.lost:
-            # Mesh neighbours that went down before the routes were recomputed: those copies are lost.
-            self._outbox.drop("mesh_copy_neighbour_down", decision.lost * publications)
-        return decision.transports, decision.texts
+    def is_mesh_neighbour(self, filter_: str, announced: Address) -> bool:
+        """Are we in `filter_`'s mesh with `announced` as a parent or child?"""
+        state = self.topics.get(filter_)
+        return state is not None and state.member and (announced in state.children or announced in state.parents)
+
+    def is_member(self, filter_: str) -> bool:
+        state = self.topics.get(filter_)
+        return state is not None and state.member
 
     def _report_no_route(self, state: TopicState, message: TopicMessage, now: float, pub_text: str | None) -> None:
         self._outbox.drop("publication_no_route", event=events.PUBLICATION_DROPPED, now=now,
@@ -241,32 +274,121 @@ class PublicationRouting(TopicTable):
 
     # ------------------------------------------------------------ held publications
 
-    def _hold(self, state: TopicState, message: TopicMessage, now: float) -> Routed:
-        if self.held_count >= self._settings.max_held_publications:
-            self._drop_oldest_held(now)
-        state.held.append(HeldPublication(now + self._settings.publication_hold, message))
+    def _hold(self, state: TopicState, message: TopicMessage, source: Address | None, now: float) -> Routed:
+        settings = self._settings
+        size = len(message.payload) + len(message.topic)
+        while (self.held_count >= settings.max_held_publications
+               or self.held_bytes + size > settings.max_held_bytes) and self._drop_oldest_held(now):
+            pass
+        if message.qos:
+            state.held_reliable.append(HeldPublication(now + settings.reliable_hold, message, source, size,
+                                                       self._table.routes))
+            self.held_reliable_count += 1
+            self._held(message)
+        else:
+            state.held.append(HeldPublication(now + settings.publication_hold, message, source, size))
         self.held_count += 1
+        self.held_bytes += size
         return HELD
 
-    def _drop_oldest_held(self, now: float) -> None:
+    def _drop_oldest_held(self, now: float) -> bool:
+        """Make room in the hold: the oldest QoS 0 publication, else the oldest QoS 1/2 one a neighbour gave us
+        (given back unacknowledged: it still has it). False when only our own QoS 1/2 ones are held (kept)."""
         oldest: TopicState | None = None
         for state in self.topics.values():
             if state.held and (oldest is None or state.held[0].deadline < oldest.held[0].deadline):
                 oldest = state
         if oldest is not None:
             item = oldest.held.popleft()
-            self.held_count -= 1
+            self._unhold(item)
             self._report_held_drop(oldest, item.message, now, "hold_overflow")
+            return True
+        own = self._identity.address
+        for state in self.topics.values():
+            for item in state.held_reliable:  # oldest first in each topic
+                if item.message.origin != own:
+                    state.held_reliable.remove(item)
+                    self._unhold(item)
+                    self._outbox.drop("held_overflow")
+                    self._give_back(item.message)
+                    return True
+        return False
+
+    def _unhold(self, item: HeldPublication) -> None:
+        self.held_count -= 1
+        self.held_bytes -= item.size
+        if item.message.qos:
+            self.held_reliable_count -= 1
+
+    def end_withdrawn(self, state: TopicState, now: float) -> None:
+        """The filter's core withdrew (nobody subscribes any more) while QoS 1/2 publications waited for it: they
+        end here, as a publication matching no filter does (custody ends; not a loss)."""
+        held, state.held_reliable = state.held_reliable, deque()
+        for item in held:
+            self._unhold(item)
+            self._unheld(item.message)
+        self._outbox.counters["held_ended_no_subscriber"] += len(held)
+
+    def release_held(self, state: TopicState, now: float) -> None:
+        """The topic can route again: its held publications go on, QoS 1/2 first, each in the order held."""
+        reliable, state.held_reliable = state.held_reliable, deque()
+        routes = self._table.routes
+        for item in reliable:
+            self._unhold(item)
+            message, source = item.message, item.source
+            if source is not None and item.routes is not routes and state.core is not None \
+                    and self._decision(state, source) is NO_ROUTE:
+                # Routes changed and the only way is back where it came from: it goes back (rule 7a).
+                message, source = replace(message, hops=message.hops + 1), None
+            self.route(state, message, source, now)  # its copies tracked, or held again
+            self._unheld(item.message)
+        held, state.held = state.held, deque()
+        for item in held:
+            self._unhold(item)
+            self.route(state, item.message, item.source, now)
 
     def _report_held_drop(self, state: TopicState, message: TopicMessage, now: float, reason: str) -> None:
         self._outbox.drop(f"publication_{reason}", event=events.PUBLICATION_DROPPED, now=now,
                           pub=publication_text(message.publication), filter=state.filter, reason=reason)
 
     def expire_held(self, now: float) -> None:
+        """Drop the publications held past `publication_hold` (QoS 0) or `reliable_hold` (QoS 1/2: custody ends
+        with this reported drop, the origin's spool lets it go)."""
         for state in list(self.topics.values()):
             while state.held and state.held[0].deadline <= now:
                 item = state.held.popleft()
-                self.held_count -= 1
+                self._unhold(item)
                 self._report_held_drop(state, item.message, now, "no_core")
+            while state.held_reliable and state.held_reliable[0].deadline <= now:
+                item = state.held_reliable.popleft()
+                self._unhold(item)
+                self._report_held_drop(state, item.message, now, "no_core")
+                self._unheld(item.message)
             if not state.held:
                 self.dirty.add(state.filter)
+
+    def next_held_deadline(self) -> float | None:
+        """When the first held publication expires (asked after every input: walks the topics only when some are
+        held)."""
+        if not self.held_count:
+            return None
+        deadlines = [held[0].deadline for state in self.topics.values() for held in (state.held, state.held_reliable)
+                     if held]
+        return min(deadlines) if deadlines else None
+
+    def learning(self, now: float) -> bool:
+        """The node has just started and not yet heard from its neighbours which filters exist: a publication
+        matching none may match one it is about to learn."""
+        return now < self.claim_allowed_at
+
+    def remember_filters(self, filters: list[str], now: float) -> None:
+        """Filters an earlier life of this node knew (`Node.restore`): kept as filters whose core is lost, so
+        QoS 1/2 publications on them are held until a core is heard of (or `reliable_hold`)."""
+        for filter_ in filters:
+            state = self.state(filter_)
+            if state is not None and state.core is None:
+                state.lost_at = now
+
+    def known_filters(self) -> list[str]:
+        """The filters this node knows with a core, or lost lately (for the embedder to keep across a restart)."""
+        return sorted(f for f, state in self.topics.items() if state.core is not None or state.lost_at > -INFINITY)

@@ -28,7 +28,6 @@ crosses it must not leave a part of it behind.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from federation.protocol import events
@@ -138,12 +137,12 @@ class MeshEngine(CoreElection, PublicationRouting):
             elif state.member and not member:
                 self._outbox.emit(events.MESH_LEFT, now, filter=state.filter)
             state.parents, state.member = parents, member
-        if state.held and self._routable(state):
-            held, state.held = state.held, deque()
-            self.held_count -= len(held)
-            for item in held:
-                self.route(state, item.message, None, now)
-        if state.core is None and not wants and not state.children and not state.held and not state.pending and \
+        if (state.held or state.held_reliable) and self._routable(state):
+            self.release_held(state, now)
+        elif state.held_reliable and state.core is None and state.withdrawn_at > state.lost_at:
+            self.end_withdrawn(state, now)
+        if state.core is None and not wants and not state.children and not state.held and not state.held_reliable \
+                and not state.pending and \
                 (state.withdrawn is None or now - state.heard_at > lifetime) and now - state.lost_at > lifetime:
             del self.topics[state.filter]
             self.index.discard(state.filter)
@@ -199,8 +198,8 @@ class MeshEngine(CoreElection, PublicationRouting):
     def next_deadline(self, last_input_at: float) -> float | None:
         """The earliest held publication's deadline, or when claims become allowed if a filter waits for them
         (and that is after `last_input_at`, the time of the node's latest input)."""
-        # Asked after every input: walk the topics only when something is held.
-        deadlines = [s.held[0].deadline for s in self.topics.values() if s.held] if self.held_count else []
+        held = self.next_held_deadline()
+        deadlines = [held] if held is not None else []
         if self.claim_allowed_at > last_input_at and self._waiting_to_claim():
             deadlines.append(self.claim_allowed_at)
         return min(deadlines) if deadlines else None
@@ -223,7 +222,8 @@ class MeshEngine(CoreElection, PublicationRouting):
                 "filter": filter_, "core": id_text(state.core), "own_core": self.is_own_core(state),
                 "distance": state.core_distance if state.core else None, "member": state.member,
                 "parents": [str(p) for p in state.parents], "children": [str(c) for c in sorted(state.children)],
-                "local_subscribers": self._local_interest.get(filter_, 0), "held": len(state.held),
+                "local_subscribers": self._local_interest.get(filter_, 0),
+                "held": len(state.held) + len(state.held_reliable),
                 "mode": self.policy.mode_name(filter_), "placed": state.provisional,
             })
         return rows

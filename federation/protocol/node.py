@@ -4,14 +4,18 @@ Inputs: protocol packets (`receive_packet`; the envelope, federation.envelope,
 makes and opens the datagrams that carry them), timer ticks (`handle_timer`),
 local client activity (`local_subscribe`, `local_unsubscribe`,
 `local_disconnect`) and local publications (`local_publish`,
-`local_publish_run`). Outputs are drained by the caller: `packets_to_send`,
-`injections_to_make`, `events_emitted`. Time is always passed in and
-randomness comes from the RNG given at construction, so a run replays
-exactly (the simulator relies on it). The embedder tells the node about its
-own queues through explicit methods (`report_delivery_backlog`,
-`on_receive_backlog`) and reads what it needs from read-only properties
-(`unacked_copies`, `receive_busy`, `paced_until`); it never writes the
-node's counters or flags.
+`local_publish_run`, with their earlier ids when the embedder replays its
+spool). Outputs are drained by the caller: `packets_to_send`,
+`injections_to_make`, `custody_released` (our QoS 1/2 publications
+delivered everywhere: the spool may forget them), `events_emitted`. Time is
+always passed in and randomness comes from the RNG given at construction,
+so a run replays exactly (the simulator relies on it). The embedder tells
+the node about its broker and its own queues through explicit methods
+(`injection_done`, `injection_failed`, `report_delivery_backlog`,
+`on_receive_backlog`, and `restore` after a restart) and reads what it
+needs from read-only properties and snapshots (`unacked_copies`,
+`held_publications`, `receive_busy`, `paced_until`, `stream_positions`,
+`known_filters`); it never writes the node's counters or flags.
 
 This module is the node's boundary and what no part owns: decoding and
 dispatching packets, neighbour liveness (hellos), local clients, counters
@@ -20,12 +24,15 @@ says what each is given): `table` keeps the federation table current
 (records, flooding, route computation, management core, id collisions);
 `sync` brings neighbours' copies up to date (sync when a link comes up,
 anti-entropy digests); `mesh` runs topic cores, meshes and the routing of
-publications; `reliable` retransmits QoS 1/2 copies; `publications` numbers,
-deduplicates and delivers publications; `pacing` paces QoS 0 between
+publications; `reliable` retransmits QoS 1/2 copies; `custody` holds each
+QoS 1/2 publication until what it owes is done; `publications` numbers,
+deduplicates, orders and delivers publications; `pacing` paces QoS 0 between
 neighbours. Only the node composes them and tells one what another's change
 means: a route change goes to the mesh and the database exchange
 (`_update_routes`), a new vid to the mesh, an acknowledgement to neighbour
-liveness, a publication forwarded to a neighbour pacing us to pacing. After
+liveness, a publication forwarded to a neighbour pacing us to pacing, and
+what QoS 1/2 work means across the parts to `delivery`
+(federation.protocol.delivery, the node's composition for custody). After
 every input, `_settle` runs what the input made due and reconciles the
 topics it affected.
 """
@@ -40,12 +47,15 @@ from typing import Any
 
 from federation.protocol import events, wire
 from federation.protocol.context import Identity, Outbox
+from federation.protocol.custody import Custody
 from federation.protocol.database_sync import DatabaseSync
+from federation.protocol.delivery import ReliableDelivery
 from federation.protocol.events import addresses_text, id_text
 from federation.protocol.forwarding import SENT_TO_PACED
 from federation.protocol.linkstate import Routes
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.neighbours import Neighbour, NeighbourTable
+from federation.protocol.ordering import Ordering, Position, StreamKey
 from federation.protocol.pacing import Pacing
 from federation.protocol.publications import Publications
 from federation.protocol.reliable import ReliableForwarding
@@ -111,20 +121,34 @@ class Node:
         """origination and flooding of records, route computation, management core, id collisions"""
         self.pacing = Pacing(self._send_receiver_busy)
         """QoS 0 pacing with the neighbours (`rb`): see `on_receive_backlog` and `paced_until`"""
-        self.reliable = ReliableForwarding(settings, self.neighbours, self.outbox, rng, self._route_again)
+        self.custody = Custody(self.outbox)
+        """the QoS 1/2 (publication, filter) pairs taken and not yet acknowledged, and what each waits for"""
+        self.delivery = ReliableDelivery(settings, self.outbox, self.neighbours, self.custody)
+        """what QoS 1/2 work means across the parts (custody): bound to them below"""
+        delivery = self.delivery
+        self.reliable = ReliableForwarding(settings, self.neighbours, self.outbox, rng, delivery.route_again,
+                                           delivery.track)
         """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
         # Local subscriptions: client -> raw filter -> qos; federated filter -> number of (client, filter) pairs.
         self.clients: dict[str, dict[str, int]] = {}
         self.filter_refs: Counter[str] = Counter()
         self.local_index = FilterIndex()
+        self.local_since: dict[str, float] = {}
+        """federated filter with local subscribers -> since when (-infinity: since before a restart, `restore`)"""
         self.mesh = MeshEngine(self.identity, self.table, self.neighbours, self.outbox, rng, self.filter_refs,
-                               self.pacing.paced_until, self.reliable.track, self.reliable.mesh_neighbour_added)
+                               self.pacing.paced_until, delivery.track, self.reliable.mesh_neighbour_added,
+                               self.custody.held, self.custody.unheld, delivery.give_back)
         """topic cores, meshes and the routing of publications"""
         self.sync = DatabaseSync(self.identity, self.table, self.neighbours, self.outbox,
                                  self._topic_announcements)
         """the database exchange with neighbours: sync when a link comes up, anti-entropy digests"""
-        self.publications = Publications(self.identity, self.outbox, self.mesh, self.local_index.matching)
-        """our publications and the ones received: numbering, duplicate caches, local delivery"""
+        self.publications = Publications(self.identity, self.outbox, self.mesh, self.local_index.matching,
+                                         self.custody, Ordering(settings, self.outbox, self._interest_since,
+                                                                self.custody.held, self.custody.unheld))
+        """our publications and the ones received: numbering, duplicate caches, order, local delivery"""
+        delivery.bind(self.reliable, self.mesh, self.publications)
+        self._restored_filters: list[str] = []
+        self._restored = False
         self.received_by_type: Counter[str] = Counter()
         self.received_bytes_by_type: Counter[str] = Counter()
         self.hello_seq = 0
@@ -197,7 +221,14 @@ class Node:
         return self.outbox.take_packets()
 
     def injections_to_make(self) -> list[Injection]:
+        """Remote publications for the local broker, in the order to inject them; report each QoS 1/2 one with
+        `injection_done` once the broker has it (or `injection_failed`)."""
         return self.outbox.take_injections()
+
+    def custody_released(self) -> list[PublicationId]:
+        """Our own QoS 1/2 publications delivered everywhere since the last call: the embedder's spool may
+        forget them. Drain it as the other outputs (it grows until drained)."""
+        return self.custody.take_released()
 
     def events_emitted(self) -> list[Event]:
         return self.outbox.take_events()
@@ -216,8 +247,49 @@ class Node:
 
     @property
     def unacked_copies(self) -> int:
-        """QoS 1/2 copies sent and not yet acknowledged by the next hop (the embedder's backpressure window)."""
+        """QoS 1/2 copies sent and not yet acknowledged by the next hop (with custody: not yet delivered everywhere
+        beyond it): the embedder's backpressure window (it stops reading its broker while many)."""
         return len(self.reliable.unacked)
+
+    @property
+    def held_publications(self) -> int:
+        """QoS 1/2 publications held for want of a core or a route (our own, and neighbours'): not counted in
+        `unacked_copies`, so a filter whose subscribers are cut off does not stop the others; the embedder's
+        spool bounds our own (and `reliable_hold`)."""
+        return self.mesh.held_reliable_count
+
+    def injection_done(self, publication: PublicationId, now: float) -> None:
+        """The local broker has this injected QoS 1/2 publication (PUBACK, or PUBREC for QoS 2): the node's
+        custody of it may be complete, and the copy it came in acknowledged. Unknown ids (QoS 0) are ignored."""
+        self.delivery.injection_done(publication)
+
+    def injection_failed(self, publication: PublicationId, now: float) -> None:
+        """This injection will not happen (the embedder dropped it): the copy it came in is given back
+        unacknowledged, so its sender's next retransmission is taken and injected again."""
+        self.delivery.injection_failed(publication)
+
+    def restore(self, injected: Iterable[PublicationId] = (),
+                streams: Mapping[StreamKey, Position] | None = None, filters: Iterable[str] = ()) -> None:
+        """After a restart, before `start`: what the embedder's journal says the local broker already has
+        (`injected`: those ids are never injected again), how far each QoS 1/2 stream had passed
+        (`streams`: (origin, filter) -> (epoch, seq), the latest `Injection.publication` of each
+        `Injection.filter` journaled, or `stream_positions()` saved), so order goes on where it was, and the
+        filters the earlier life knew (`filters`, `known_filters()` saved): QoS 1/2 publications on them are
+        held until their core is heard of, even if that takes a partition's healing."""
+        self.publications.mark_injected(list(injected))
+        if streams:
+            self.publications.ordering.restore(dict(streams))
+        self._restored_filters = sorted(set(filters))
+        self._restored = True
+
+    def known_filters(self) -> list[str]:
+        """The federated filters this node knows (a core, or one lost lately), for the embedder to save and give
+        back to `restore`."""
+        return self.mesh.known_filters()
+
+    def stream_positions(self) -> dict[StreamKey, Position]:
+        """How far each QoS 1/2 stream has passed here, for the embedder to save and give back to `restore`."""
+        return self.publications.ordering.positions()
 
     def on_receive_backlog(self, length: int, sources: Iterable[Address], now: float) -> None:
         """The embedder's receive backlog holds `length` packets after a read that queued `tm` from `sources`
@@ -242,6 +314,7 @@ class Node:
     def start(self, now: float) -> None:
         self.started_at = now
         self.mesh.allow_claims_at(now + 2 * self.settings.hello_interval)
+        self.mesh.remember_filters(self._restored_filters, now)
         self.emit(events.NODE_STARTED, now, broker_id=id_text(self.broker_id), epoch=self.epoch, name=self.name,
                   neighbours=addresses_text([n.transport for n in self.neighbours.all()]))
         self.table.originate(now)
@@ -264,9 +337,11 @@ class Node:
         if self.started_at is None or self.stopped:
             return None
         candidates = [self.next_hello, self.next_announce, self.next_stats, *self.table.next_deadlines()]
+        if self.publications.parked:
+            candidates.append(self.mesh.claim_allowed_at)
         for deadline in (self.neighbours.next_deadline(self.settings.neighbour_dead_after),
                          self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
-                         self.sync.next_deadline()):
+                         self.sync.next_deadline(), self.publications.ordering.next_deadline()):
             if deadline is not None:
                 candidates.append(deadline)
         return min(candidates)
@@ -286,7 +361,13 @@ class Node:
             self.next_stats = now + self.settings.stats_interval
         self.reliable.on_timer(now)
         self.mesh.on_timer(now)
+        publications = self.publications
+        for message in publications.ordering.expire(now):  # gaps waited for long enough
+            publications.inject(message, now)
         self._settle(now)
+        if publications.parked and not self.mesh.learning(now):
+            publications.unpark(now)
+            self._settle(now)
 
     # ------------------------------------------------------------ local clients
 
@@ -302,6 +383,9 @@ class Node:
         self.emit(events.SUBSCRIPTION_ADDED, now, client=client, filter=filter_, federated=federated, qos=qos)
         self.filter_refs[federated] += 1
         if self.filter_refs[federated] == 1:
+            # A restored node's subscriptions, replayed as it starts, are the earlier life's (rule 7d).
+            restored = self._restored and now <= self.mesh.claim_allowed_at
+            self.local_since[federated] = float("-inf") if restored else now
             self.local_index.add(federated)
             self.mesh.on_local_change(federated)
         self._settle(now)
@@ -329,26 +413,39 @@ class Node:
         self.filter_refs[federated] -= 1
         if self.filter_refs[federated] <= 0:
             del self.filter_refs[federated]
+            self.local_since.pop(federated, None)
             self.local_index.discard(federated)
             self.mesh.on_local_change(federated)
 
     # ------------------------------------------------------------ local publications
 
     def local_publish(self, topic: str, payload: bytes, qos: int, retain: bool,
-                      properties: dict[str, Any] | None, now: float) -> PublicationId | None:
-        """A publication made on the local broker; returns its id, or None for `$` topics."""
+                      properties: dict[str, Any] | None, now: float, *,
+                      publication_id: PublicationId | None = None) -> PublicationId | None:
+        """A publication made on the local broker; returns its id, or None for `$` topics. A QoS 1/2 one is in
+        custody until `custody_released` names it. `publication_id`: the id it got before a restart (the
+        embedder replays its spool, in the original order, before it reads anything new)."""
         if self.stopped:
             return None
-        publication = self.publications.local_publish(topic, payload, qos, retain, properties, now)
+        if publication_id is not None and publication_id[0] != self.address:
+            raise ValueError(f"publication {publication_id!r} is not this node's ({self.address}): a node replays "
+                             f"only its own publications")
+        publication = self.publications.local_publish(topic, payload, qos, retain, properties, now, publication_id)
         if publication is not None:
             self._settle(now)
         return publication
 
-    def local_publish_run(self, run: list[tuple[str, bytes]], now: float) -> list[PublicationId | None]:
+    def local_publish_run(self, run: list[tuple[str, bytes]], now: float, *,
+                          publication_ids: list[PublicationId | None] | None = None) -> list[PublicationId | None]:
         """QoS 0 publications (topic, payload) read together from the local broker, neither retained nor with
-        properties: each as `local_publish` would handle it, sent as `tb` runs (federation.protocol.publications)."""
+        properties: each as `local_publish` would handle it, sent as `tb` runs (federation.protocol.publications).
+        `publication_ids`: their earlier ids, one per publication (None for a new one), as `local_publish` takes
+        them; such a run goes one `tm` each."""
         if self.stopped:
             return [None] * len(run)
+        if publication_ids is not None:
+            return [self.local_publish(topic, payload, 0, False, None, now, publication_id=publication_id)
+                    for (topic, payload), publication_id in zip(run, publication_ids, strict=True)]
         if len(run) == 1:
             topic, payload = run[0]
             return [self.local_publish(topic, payload, 0, False, None, now)]
@@ -391,9 +488,10 @@ class Node:
         changed = self.neighbours.set_announced(neighbour, sender.broker_id)
         neighbour.extra["epoch"] = float(sender.epoch)
         if neighbour.up and (changed or (previous_epoch is not None and sender.epoch > previous_epoch)):
-            # The neighbour restarted or renamed itself: it has lost what we taught it.
+            # The neighbour restarted or renamed itself: it has lost what we taught it, and what we sent it.
             self.sync.resync(neighbour, now)
             self.table.trigger_origination(now)
+            self.reliable.neighbour_up(neighbour.transport, now)
 
     def _dispatch(self, packet: Packet, neighbour: Neighbour, now: float) -> None:
         body = packet.body
@@ -401,12 +499,10 @@ class Node:
         announced = packet.sender.broker_id.address
         if isinstance(body, TopicMessage):  # first: one per publication, the most frequent packet
             if body.qos:
-                refusal = self.reliable.pressure()
-                if refusal is not None and not self.publications.handled(body):
-                    self.drop(refusal)  # a new copy, unacknowledged: its sender sends it again
-                    return
-                self.reliable.on_message(body, sender, now)  # acknowledged hop by hop, duplicates too
-            if self.publications.on_message(body, announced, now) is SENT_TO_PACED:
+                routed = self.delivery.receive(body, sender, announced, now)
+            else:
+                routed = self.publications.on_message(body, announced, now)
+            if routed is SENT_TO_PACED:
                 self.pacing.relay(sender, now)  # the pace reaches back to where the copy came from
         elif isinstance(body, TopicBatch):
             if self.publications.on_batch(body, announced, now) is SENT_TO_PACED:
@@ -435,7 +531,7 @@ class Node:
         elif isinstance(body, TopicSubscribe):
             self.mesh.on_topic_subscribe(body, announced, now)
         elif isinstance(body, TopicAck):
-            if self.reliable.on_ack(body, sender):  # it echoes a `tm` we sent: both directions work (rule 1)
+            if self.delivery.on_ack(body, sender):  # it echoes a `tm` we sent: both directions work (rule 1)
                 self.neighbours.record_echo(neighbour, now)
         elif isinstance(body, DatabaseDigest):
             self.sync.on_digest(body, neighbour)
@@ -475,6 +571,7 @@ class Node:
             self.table.trigger_origination(now)
             self.table.originate_if_due(now)
             self.sync.sync(neighbour, now)
+            self.reliable.neighbour_up(neighbour.transport, now)  # what waits for it goes now
             if all(n.up for n in self.neighbours.all() if n.configured):
                 # Everything we can hear is syncing: claims need wait only for that exchange.
                 self.mesh.allow_claims_by(now + max(4 * rtt, 0.01))
@@ -520,9 +617,11 @@ class Node:
             self.mesh.renumbered(now)
         self.table.elect_management_core(change, now)
 
-    def _route_again(self, message: TopicMessage, now: float) -> bool | None:
-        """Reliable forwarding's reroute of a copy whose next hop went down: the mesh routes it again."""
-        return self.mesh.route_again(message, now)
+    def _interest_since(self, topic: str) -> float:
+        """Since when a local subscription matches `topic` (the oldest that does)."""
+        since = self.local_since
+        return min((since.get(filter_, float("inf")) for filter_ in self.local_index.matching(topic)),
+                   default=float("inf"))
 
     def _topic_announcements(self) -> list[TopicCore]:
         """What a neighbour that just came up must learn of the topic cores (for the database exchange).
@@ -570,6 +669,8 @@ class Node:
             "topics": self.mesh.describe(now),
             "ownership": self.mesh.ownership.status(),
             "reliable": self.reliable.status(),
+            "custody": self.custody.status(),
+            "order": self.publications.ordering.status(),
             "pacing": {"busy": self.pacing.busy, "paced_by": sorted(str(n) for n in self.pacing.paced_until),
                        "told": sorted(str(n) for n in self.pacing.told), "sent": self.pacing.sent,
                        "received": self.pacing.received},

@@ -14,6 +14,19 @@ matched (`injected`); both caches are bounded and keyed by ints
 engine's routing (`forwarding.PublicationRouting`), and this part tells the
 node where it went (`forwarding.Routed`), which the node needs for pacing.
 
+Injections go out in order (federation.protocol.ordering): our QoS 1/2
+publications carry `prev`, the one sent before on the same filter
+(`last_sent`) while custody still holds it (once it is released, every
+receiver has passed it, so there is nothing to wait for: `prev` is left
+off), and a receiver injects a QoS 1/2 publication only once its stream
+has passed that one; a QoS 0 publication older than the last one
+injected from its stream is dropped. QoS 1/2 publications are in custody
+(federation.protocol.custody) from the moment they are taken: ours from
+`local_publish` (the node's spool upstream, released when every filter's
+copies are done), a neighbour's from the node's receive path; an
+injection this part hands out is one more obligation, done when the
+embedder says the broker has it.
+
 QoS 0 publications also travel a run at a time (docs/protocol.md rule 7c).
 Under load the wrapper reads publications from its broker in bursts, and
 each `tm` then costs a whole packet's work for one publication: its header
@@ -43,14 +56,18 @@ from typing import Any
 
 from federation.protocol import events
 from federation.protocol.context import Identity, Outbox
+from federation.protocol.custody import Custody, Entry
 from federation.protocol.dedup import SeenCache, StreamNumbers, injected_key, seen_key
 from federation.protocol.events import publication_text
 from federation.protocol.forwarding import NOT_SENT, PublicationRouting, Routed
+from federation.protocol.ordering import Ordering, Position
 from federation.protocol.topic_filter import is_system
 from federation.protocol.types import Address, Injection, PublicationId
 from federation.protocol.wire import MODE_TOWARD_CORE, TOPIC_BATCH, encode
 from federation.protocol.wire_types import Sender, TopicBatch, TopicMessage
 
+MAX_SEQ = 2**64
+"""above every seq: the floor when a stream has passed a later epoch (everything of an earlier one is late)"""
 ITEM_OVERHEAD = 17
 """bytes msgpack adds to a run entry at most beyond its topic and payload: seq (9), topic and payload headers"""
 
@@ -65,7 +82,7 @@ class Publications:
     """Our publications and the ones we receive: numbering, duplicate caches, local delivery, routing."""
 
     def __init__(self, identity: Identity, outbox: Outbox, router: PublicationRouting,
-                 local_matching: Callable[[str], list[str]]) -> None:
+                 local_matching: Callable[[str], list[str]], custody: Custody, ordering: Ordering) -> None:
         settings = identity.settings
         self._identity = identity
         self._max_hops = settings.max_hops
@@ -79,22 +96,40 @@ class Publications:
         """(publication, filter) pairs handled"""
         self.injected = SeenCache(settings.duplicate_cache_size)
         """publications given to the local broker (or made there)"""
+        self._custody = custody
+        self.ordering = ordering
+        self.last_sent: dict[str, Position] = {}
+        """filter -> our QoS 1/2 publication sent last on it (the next one's `prev`)"""
+        self.parked: list[tuple[PublicationId, str, bytes, int, bool, dict[str, Any] | None]] = []
+        """our QoS 1/2 publications waiting for the node to learn the filters (`local_publish`)"""
 
     def handled(self, message: TopicMessage) -> bool:
         """Has this (publication, filter) been handled here already?"""
         return seen_key(self.streams, message.origin, message.epoch, message.seq, message.filter) in self.seen
 
+    def seen_key(self, message: TopicMessage) -> int:
+        """The duplicate cache's key of a (publication, filter), for `handled_key` and `take`."""
+        return seen_key(self.streams, message.origin, message.epoch, message.seq, message.filter)
+
     # ------------------------------------------------------------ our publications
 
     def local_publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: dict[str, Any] | None,
-                      now: float) -> PublicationId | None:
-        """A publication made on the local broker; returns its id, or None for a `$` topic (not federated)."""
+                      now: float, publication: PublicationId | None = None) -> PublicationId | None:
+        """A publication made on the local broker; returns its id, or None for a `$` topic (not federated).
+        `publication`: the id it was given before (the embedder replays its spool after a restart).
+
+        A QoS 1/2 one that matches no filter while the node is still learning the filters from its neighbours
+        (just started) waits until it has learned them (`parked`), and so do the ones after it, in order: a
+        restarted wrapper reads its spool and its broker's backlog first thing."""
         if is_system(topic):
             return None
         identity = self._identity
-        identity.publication_seq += 1
-        address, epoch, seq = identity.address, identity.epoch, identity.publication_seq
-        publication: PublicationId = (address, epoch, seq)
+        replayed = publication is not None
+        if publication is None:
+            identity.publication_seq += 1
+            publication = (identity.address, identity.epoch, identity.publication_seq)
+        elif publication[1] == identity.epoch and publication[2] > identity.publication_seq:
+            identity.publication_seq = publication[2]  # never number a new one the same
         self.injected.add(injected_key(self.streams, *publication))  # the local broker has it already
         router, outbox = self._router, self._outbox
         filters = router.matching(topic)
@@ -104,13 +139,56 @@ class Publications:
             pub_text = publication_text(publication)
             outbox.emit(events.PUBLICATION_ORIGINATED, now, pub=pub_text, topic=topic, qos=qos,
                         retain=retain, size=len(payload), filters=filters)
-        for filter_ in router.publication_filters(filters):
-            state = router.topics[filter_]
-            self.seen.add(seen_key(self.streams, *publication, filter_))
-            message = TopicMessage(filter_, address, epoch, seq, MODE_TOWARD_CORE, 0, topic, payload, qos, retain,
-                                   properties)
-            router.route(state, message, None, now, pub_text)
+        if qos and (self.parked or (not filters and router.learning(now))):
+            self.parked.append((publication, topic, payload, qos, retain, properties))
+            return publication
+        self._send_own(publication, topic, payload, qos, retain, properties, filters, now, pub_text, replayed)
         return publication
+
+    def unpark(self, now: float) -> None:
+        """The node has learned the filters: the publications that waited for it go out, in order."""
+        parked, self.parked = self.parked, []
+        for publication, topic, payload, qos, retain, properties in parked:
+            self._send_own(publication, topic, payload, qos, retain, properties, self._router.matching(topic), now,
+                           None, True)
+
+    def _send_own(self, publication: PublicationId, topic: str, payload: bytes, qos: int, retain: bool,
+                  properties: dict[str, Any] | None, filters: list[str], now: float, pub_text: str | None,
+                  replayed: bool) -> None:
+        """Our publication onto every filter that carries it; QoS 1/2 into custody. `replayed`: it may be in
+        custody already (an id given again, a parked one)."""
+        router, custody, last_sent = self._router, self._custody, self.last_sent
+        address, epoch, seq = publication
+        position = (epoch, seq)
+        messages = []
+        for filter_ in router.publication_filters(filters):
+            if not self.seen.add(seen_key(self.streams, address, epoch, seq, filter_)) or \
+                    (replayed and qos and custody.get(publication, filter_)):
+                continue  # replayed, and still here from its first time
+            prev = None
+            if qos:
+                last = last_sent.get(filter_)
+                if last is None or last < position:
+                    if last is not None and custody.own_open((address, last[0], last[1])):
+                        prev = last  # still on its way somewhere: receivers wait for it
+                    last_sent[filter_] = position
+            messages.append(TopicMessage(filter_, address, epoch, seq, MODE_TOWARD_CORE, 0, topic, payload, qos,
+                                         retain, properties, prev))
+        if not qos:
+            for message in messages:
+                router.route(router.topics[message.filter], message, None, now, pub_text)
+            return
+        # In custody: every filter's entry is open before any is routed, so the publication is released only
+        # when all of them are done.
+        entries: list[Entry] = [custody.open(message, None) for message in messages]
+        for entry in entries:
+            router.route(router.topics[entry.message.filter], entry.message, None, now, pub_text)
+        for entry in entries:
+            custody.settle(entry)
+        if not entries:
+            custody.release_now(publication)
+        if len(self.last_sent) > 2 * len(router.topics) + 64:  # filters long gone
+            self.last_sent = {f: p for f, p in self.last_sent.items() if f in router.topics}
 
     def originate_run(self, run: list[tuple[str, bytes]], now: float) -> list[PublicationId | None]:
         """QoS 0 publications made on the local broker, neither retained nor with properties, in the order read,
@@ -167,27 +245,38 @@ class Publications:
     # ------------------------------------------------------------ publications from neighbours
 
     def on_message(self, message: TopicMessage, from_announced: Address, now: float) -> Routed:
-        """A `tm` from a neighbour (announced address): handled once, delivered once, routed on."""
-        publication = message.publication
-        outbox = self._outbox
-        if not self.seen.add(seen_key(self.streams, *publication, message.filter)):
-            outbox.counters["duplicates_dropped"] += 1
-            if outbox.publication_events:
-                outbox.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(publication), filter=message.filter,
-                            source=str(from_announced))
+        """A `tm` from a neighbour (announced address): handled once, delivered once and in order, routed on."""
+        if not self.seen.add(seen_key(self.streams, message.origin, message.epoch, message.seq, message.filter)):
+            self.duplicate(message, from_announced, now)
             return NOT_SENT
+        return self._take(message, from_announced, now)
+
+    def take(self, message: TopicMessage, key: int, from_announced: Address, now: float) -> Routed:
+        """A QoS 1/2 `tm` the node found new (its `seen_key` is `key`) and took into custody (its entry is open):
+        as `on_message`, its injection joining the entry's obligations."""
+        self.seen.add(key)
+        return self._take(message, from_announced, now)
+
+    def _take(self, message: TopicMessage, from_announced: Address, now: float) -> Routed:
+        outbox = self._outbox
         if is_system(message.topic):
             self._drop_system_topic(message.topic, from_announced, now)
             return NOT_SENT
         pub_text = None
-        if self._local_matching(message.topic) and self.injected.add(injected_key(self.streams, *publication)):
-            outbox.injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
-                                               message.properties, publication))
-            outbox.counters["publications_delivered"] += 1
-            if outbox.publication_events:
-                pub_text = publication_text(publication)
-                outbox.emit(events.PUBLICATION_DELIVERED, now, pub=pub_text, topic=message.topic,
-                            filter=message.filter, hops=message.hops + 1)
+        if message.qos:
+            key = injected_key(self.streams, message.origin, message.epoch, message.seq)
+            want = key not in self.injected and bool(self._local_matching(message.topic))
+            if want:
+                self._custody.expect_injection(message.publication, message.filter)
+            for released in self.ordering.offer(message, want, now):  # this one and what waited for it
+                text = self.inject(released, now, key if released is message else None)
+                if released is message:
+                    pub_text = text
+        elif self._local_matching(message.topic):
+            key = injected_key(self.streams, message.origin, message.epoch, message.seq)
+            if key not in self.injected and not self.ordering.qos0_late(message.origin, message.filter,
+                                                                        message.epoch, message.seq):
+                pub_text = self.inject(message, now, key)
         if message.hops + 1 >= self._max_hops:
             outbox.drop("max_hops")
             return NOT_SENT
@@ -198,17 +287,67 @@ class Publications:
             return NOT_SENT
         return router.route(state, message, from_announced, now, pub_text)
 
+    def duplicate(self, message: TopicMessage, from_announced: Address, now: float) -> None:
+        """A copy of a (publication, filter) handled here before: counted, reported."""
+        outbox = self._outbox
+        outbox.counters["duplicates_dropped"] += 1
+        if outbox.publication_events:
+            outbox.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(message.publication),
+                        filter=message.filter, source=str(from_announced))
+
+    def inject(self, message: TopicMessage, now: float, key: int | None = None) -> str | None:
+        """Hand a publication to the local broker unless it was already (through another filter); returns its
+        `publication_text` when the event was made. `key`: its `injected_key`, when the caller has it."""
+        publication = message.publication
+        if key is None:
+            key = injected_key(self.streams, *publication)
+        if not self.injected.add(key):
+            return None
+        outbox = self._outbox
+        outbox.injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
+                                           message.properties, publication, message.filter))
+        outbox.counters["publications_delivered"] += 1
+        if not outbox.publication_events:
+            return None
+        pub_text = publication_text(publication)
+        outbox.emit(events.PUBLICATION_DELIVERED, now, pub=pub_text, topic=message.topic, filter=message.filter,
+                    hops=message.hops + 1)
+        return pub_text
+
+    def forget(self, message: TopicMessage) -> None:
+        """A (publication, filter) given back unacknowledged: its next arrival is a first one again."""
+        self.seen.discard(seen_key(self.streams, *message.publication, message.filter))
+
+    def forget_injection(self, publication: PublicationId) -> None:
+        """The embedder could not inject it: a later copy may be injected again."""
+        self.injected.discard(injected_key(self.streams, *publication))
+
+    def mark_injected(self, publications: list[PublicationId]) -> None:
+        """Publications the local broker already has (the embedder's journal, after a restart)."""
+        add, streams = self.injected.add, self.streams
+        for publication in publications:
+            add(injected_key(streams, *publication))
+
     def on_batch(self, batch: TopicBatch, from_announced: Address, now: float) -> Routed:
         """A `tb` from a neighbour: each publication as `on_message` would handle its `tm`, routed on as a run."""
         filter_, origin, epoch = batch.filter, batch.origin, batch.epoch
         streams = self.streams  # the cache keys are `dedup.seen_key` and `injected_key`, made a run at a time
         seen_base = streams.base(origin.host, origin.port, epoch, filter_)
         injected_base = streams.base(origin.host, origin.port, epoch, None)
-        seen_add, injected_add = self.seen.add, self.injected.add
+        injected = self.injected
+        seen_add, injected_add = self.seen.add, injected.add
         local_matching = self._local_matching
         outbox = self._outbox
         injections = outbox.injections
         events_on = outbox.publication_events
+        # QoS 0 order (federation.protocol.ordering): a publication older than the last one injected from this
+        # stream is late; within the run the seqs rise.
+        qos0 = self.ordering.qos0
+        stream = (origin, filter_)
+        last = qos0.get(stream)
+        floor = -1 if last is None or last[0] < epoch else last[1] if last[0] == epoch else MAX_SEQ
+        newest = -1
+        late = 0
         delivered = duplicates = 0
         kept: list[Any] = []
         items = iter(batch.items)
@@ -223,17 +362,25 @@ class Publications:
             if is_system(topic):
                 self._drop_system_topic(topic, from_announced, now)
                 continue
-            if local_matching(topic) and injected_add(injected_base | seq):
-                publication = (origin, epoch, seq)
-                injections.append(Injection(topic, payload, 0, False, None, publication))
-                delivered += 1
-                if events_on:
-                    outbox.emit(events.PUBLICATION_DELIVERED, now, pub=publication_text(publication), topic=topic,
-                                filter=filter_, hops=batch.hops + 1)
+            if local_matching(topic):
+                if seq < floor:  # late: injected only if another filter brought it in time
+                    late += injected_base | seq not in injected
+                elif injected_add(injected_base | seq):
+                    newest = seq
+                    publication = (origin, epoch, seq)
+                    injections.append(Injection(topic, payload, 0, False, None, publication, filter_))
+                    delivered += 1
+                    if events_on:
+                        outbox.emit(events.PUBLICATION_DELIVERED, now, pub=publication_text(publication),
+                                    topic=topic, filter=filter_, hops=batch.hops + 1)
             kept.append(seq)
             kept.append(topic)
             kept.append(payload)
         counters = outbox.counters
+        if newest >= 0:
+            self.ordering.qos0_set(stream, (epoch, newest))
+        if late:
+            outbox.drop("qos0_late", late)
         if duplicates:
             counters["duplicates_dropped"] += duplicates
         if delivered:

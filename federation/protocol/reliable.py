@@ -9,19 +9,22 @@ many brokers over a mesh, and an end-to-end scheme would have to know every
 receiver. Each copy of a QoS >= 1 `tm` sent to a neighbour is remembered
 here until that neighbour answers with `ta` (the publication id and filter)
 or sends us the same (publication, filter) itself, which proves it has it.
+When the neighbour acknowledges is custody's business
+(federation.protocol.custody): only once everything beyond it is done, so
+an acknowledgement may take as long as the slowest receiver behind it.
 
 Unanswered copies are sent again to the same neighbour after a timeout that
 starts at max(`retransmit_timeout`, 2 x the neighbour's smoothed RTT) and
 doubles after each try up to `retransmit_timeout_max`, with up to 25%
 jitter drawn from the node's RNG (so a simulation replays exactly, and
-neighbours that lost the same burst do not retry in lockstep). After
-`retransmit_limit` retransmissions the copy is given up: dropped, counted and
-reported as `publication_dropped` (reason `unacknowledged`). If the
-neighbour goes down meanwhile, the copy is not retried there: once the
-routes have been recomputed the publication is routed again through the
-mesh (another parent, the new mesh neighbours), and the new copies are
-tracked in turn; while the mesh has no other way yet, the reroute is retried
-with the same backoff and limit.
+neighbours that lost the same burst do not retry in lockstep), for as long
+as the neighbour is up: nothing acknowledged upstream is ever given up. A
+copy whose neighbour went down is handed back to the node once the routes
+have been recomputed (`route_again`): the node keeps it for a mesh
+neighbour that is still one (a child that may come back; tried again with
+the backoff, and at once when it comes back up: `neighbour_up`), or routes
+the publication again (another parent, the new mesh neighbours, or held
+while there is no way), and the new copies are tracked in turn.
 
 A mesh that changes while a publication crosses it can leave a part of it
 behind: the node that now leads to that part may have handled the
@@ -29,32 +32,33 @@ publication already (the duplicate cache stops it there). So every node
 keeps the QoS >= 1 publications it handled in the last
 `neighbour_dead_after + announce_interval` seconds (at most `max_unacked`)
 and sends them to every *new* mesh neighbour of their filter (a new child's
-`ts`, a new parent); the receiver's duplicate cache drops what it had.
+`ts`, a new parent); the receiver's duplicate cache drops what it had. Such
+a copy joins the custody of its (publication, filter) if that is still open
+here, else nobody waits for it (an *orphan*: retransmitted while its
+neighbour is up, forgotten when it goes down or when the table is full).
 
-Receivers acknowledge every QoS >= 1 `tm`, duplicates included (the first
-acknowledgement may be the one that was lost). Retransmissions are
-therefore harmless: the duplicate cache (`federation.protocol.dedup`) drops the
-repeated (publication, filter) and the injection cache delivers each
-publication to the local broker once. QoS 0 stays best effort: it is
+Receivers acknowledge duplicates at once (the first acknowledgement may be
+the one that was lost); the duplicate cache (`federation.protocol.dedup`)
+drops the repeated (publication, filter) and the injection cache delivers
+each publication to the local broker once. QoS 0 stays best effort: it is
 neither tracked nor acknowledged.
 
-Memory is bounded: at most `max_unacked` copies are remembered, all
-neighbours together; beyond it the oldest stops being tracked (drop
-`unacked_evicted`; the copy was sent once, only its retries are lost). A
-node whose table is nearly full (7/8) does not acknowledge new QoS >= 1
-copies from its neighbours (drop `reliable_table_full`): they stay in the
-sender's table and come again, so a lagging hop slows the ones before it
-instead of losing what it had to forget.
-Deadlines live in a heap with lazy deletion, so the node's timer costs
-O(log n) per copy instead of a scan.
+Memory is bounded: a node whose table holds 7/8 of `max_unacked` copies
+does not take new QoS >= 1 copies from its neighbours (drop
+`reliable_table_full`, no acknowledgement): they stay in the sender's
+table and come again, so a lagging hop slows the ones before it, up to the
+origin, whose embedder stops reading from its broker (`Node.unacked_copies`).
+Beyond `max_unacked` the oldest orphan is forgotten (`replay_evicted`);
+copies in custody never are. Deadlines live in a heap with lazy deletion,
+so the node's timer costs O(log n) per copy instead of a scan.
 
 Whoever sends a QoS >= 1 copy tracks it (`track`), as an explicit step of
-its sending: the mesh when it routes a publication (the node hands it
-`track`), this part when it replays one to a new mesh neighbour; a
-retransmission is the same copy and stays tracked. To route a publication
-again this part has one function from the node (`route_again`, the mesh's
-routing), and it answers the node with outcomes: `on_ack` says whether the
-ack matched a copy, `pressure` why new copies are refused now.
+its sending: the mesh when it routes a publication (the node hands it a
+`track` that also tells custody), this part when it replays one to a new
+mesh neighbour (through the same function); a retransmission is the same
+copy and stays tracked. It answers the node with outcomes: `on_ack` and
+`copy_arrived` give the copy they settled, `pressure` why new copies are
+refused now.
 """
 
 from __future__ import annotations
@@ -79,9 +83,12 @@ JITTER = 0.25
 Key = tuple[Address, PublicationId, str]
 """(transport of the next hop, publication, filter): one tracked copy"""
 
-RouteAgain = Callable[[TopicMessage, float], bool | None]
-"""routes a publication again through the current mesh: True when it was sent on or held, False when it found
-no way yet, None when its filter has no topic any more (the mesh's `route_again`)"""
+RouteAgain = Callable[[TopicMessage, Address, float], bool]
+"""the node's answer for a copy in custody whose next hop (the transport) is down, called with the copy out of
+the table: True to keep it for that neighbour (still a mesh neighbour of the filter, or routed to it again),
+False when the publication was routed again elsewhere (or held) and that copy is settled"""
+Track = Callable[[TopicMessage, list[Address]], None]
+"""the node's `track`: remembers copies sent now, here and in custody"""
 
 
 @dataclass
@@ -89,29 +96,34 @@ class Unacked:
     transport: Address
     message: TopicMessage
     """the copy as it was sent (hops included)"""
+    owned: bool = True
+    """an obligation of an open custody entry; False: an orphan (a replay nobody waits for)"""
     retransmissions: int = 0
     timeout: float = 0.0
     due: float | None = None
     """when it is sent again (None: sent in this step, armed by `arm`)"""
     reroute: bool = False
-    """the neighbour went down: route the publication again through the mesh when due"""
+    """the neighbour went down: hand the copy back to the node (`route_again`) when due"""
 
 
 class ReliableForwarding:
     """The node's table of unacknowledged QoS >= 1 copies, with their timers."""
 
     def __init__(self, settings: Settings, neighbours: NeighboursView, outbox: Outbox, rng: random.Random,
-                 route_again: RouteAgain) -> None:
+                 route_again: RouteAgain, track: Track) -> None:
         self.settings = settings
         self._neighbours = neighbours
         self._outbox = outbox
         self._rng = rng
         self._route_again = route_again
+        self._track = track
         self.delivery_backlogged = False
         """the embedder says the publications waiting for the local broker are nearly too many to keep
         (`Node.report_delivery_backlog`): new copies are refused (`pressure`)"""
         self.unacked: OrderedDict[Key, Unacked] = OrderedDict()
-        """oldest first: the first entry is evicted when the table is full"""
+        """oldest first"""
+        self.orphans: OrderedDict[Key, None] = OrderedDict()
+        """the copies nobody waits for, oldest first: the ones forgotten when the table is full"""
         self._heap: list[tuple[float, int, Key]] = []
         self._fresh: list[Key] = []
         self._pushes = 0
@@ -123,22 +135,49 @@ class ReliableForwarding:
 
     # ------------------------------------------------------------ sending side
 
-    def track(self, message: TopicMessage, transports: list[Address]) -> None:
-        """Remember copies of a QoS >= 1 `tm` sent now (by whoever sends them), until acknowledged."""
+    def track(self, message: TopicMessage, transports: list[Address], owned: bool) -> None:
+        """Remember copies of a QoS >= 1 `tm` sent now (by whoever sends them), until acknowledged; `owned`: they
+        are obligations of the (publication, filter)'s custody entry."""
         publication = message.publication
-        limit = self.settings.max_unacked
+        unacked, fresh = self.unacked, self._fresh
         for transport in transports:
             key = (transport, publication, message.filter)
-            entry = self.unacked.pop(key, None)
+            entry = unacked.pop(key, None)
             if entry is None:
-                entry = Unacked(transport, message)
-            else:  # sent again by routing (a reroute): start over
+                entry = Unacked(transport, message, owned)
+                if not owned:
+                    self.orphans[key] = None
+            else:  # sent again by routing (a reroute, a replay): start over
                 entry.message, entry.retransmissions, entry.due, entry.reroute = message, 0, None, False
-            self.unacked[key] = entry
-            self._fresh.append(key)
-            while len(self.unacked) > limit:
-                self.unacked.popitem(last=False)
-                self._outbox.drop("unacked_evicted")
+                if owned and not entry.owned:
+                    entry.owned = True
+                    self.orphans.pop(key, None)
+            unacked[key] = entry
+            fresh.append(key)
+        if len(unacked) > self.settings.max_unacked:
+            self._evict_orphans()
+
+    def _evict_orphans(self) -> None:
+        unacked, orphans = self.unacked, self.orphans
+        while len(unacked) > self.settings.max_unacked and orphans:
+            key, _ = orphans.popitem(last=False)
+            if unacked.pop(key, None) is not None:
+                self._outbox.drop("replay_evicted")
+
+    def disown(self, transports: set[Address], publication: PublicationId, filter_: str) -> None:
+        """These copies' custody entry was given up: nobody waits for them any more."""
+        for transport in transports:
+            key = (transport, publication, filter_)
+            entry = self.unacked.get(key)
+            if entry is not None and entry.owned:
+                entry.owned = False
+                self.orphans[key] = None
+
+    def _forget(self, key: Key) -> Unacked | None:
+        entry = self.unacked.pop(key, None)
+        if entry is not None and not entry.owned:
+            self.orphans.pop(key, None)
+        return entry
 
     def arm(self, now: float) -> None:
         """Give the copies sent in this step their first deadline (the node calls it after every input)."""
@@ -179,7 +218,7 @@ class ReliableForwarding:
         return None
 
     def on_timer(self, now: float) -> None:
-        """Retransmit, reroute or give up every copy whose deadline has come."""
+        """Retransmit every copy whose deadline has come, or hand it back to the node if its neighbour is down."""
         heap = self._heap
         due_now: list[Unacked] = []
         while heap and heap[0][0] <= now:
@@ -190,16 +229,22 @@ class ReliableForwarding:
         for entry in due_now:
             key = (entry.transport, entry.message.publication, entry.message.filter)
             if self.unacked.get(key) is not entry:
-                continue  # handled by an earlier reroute in this loop
+                continue  # settled by an earlier reroute in this loop
             neighbour = self._neighbours.get(entry.transport)
-            if entry.reroute or neighbour is None or not neighbour.up:
-                del self.unacked[key]
-                self._reroute(entry, now)
-            elif entry.retransmissions >= self.settings.retransmit_limit:
-                del self.unacked[key]
-                self._give_up(entry, now)
-            else:
+            if not entry.reroute and neighbour is not None and neighbour.up:
                 self._retransmit(key, entry, now)
+            elif not entry.owned:
+                self._forget(key)  # a replay to a neighbour gone: nobody waits for it
+                self._outbox.drop("replay_abandoned")
+            else:
+                del self.unacked[key]
+                if self._route_again(entry.message, entry.transport, now):
+                    if key not in self.unacked:  # kept for a mesh neighbour that may come back: later again
+                        entry.reroute = False
+                        self.unacked[key] = entry
+                        self._backoff(key, entry, now)
+                else:
+                    self._outbox.counters["reroutes"] += 1  # routed again elsewhere (or held): this copy is settled
 
     def _retransmit(self, key: Key, entry: Unacked, now: float) -> None:
         outbox = self._outbox
@@ -208,41 +253,29 @@ class ReliableForwarding:
         outbox.counters["retransmissions"] += 1
         outbox.emit(events.PUBLICATION_RETRANSMITTED, now, pub=publication_text(entry.message.publication),
                     filter=entry.message.filter, to=str(entry.transport), attempt=entry.retransmissions)
-        entry.timeout = min(entry.timeout * 2, self.settings.retransmit_timeout_max)
-        self._schedule(key, entry, now + entry.timeout * (1 + JITTER * self._rng.random()))
+        self._backoff(key, entry, now)
 
-    def _give_up(self, entry: Unacked, now: float) -> None:
-        self._outbox.drop("publication_unacknowledged", event=events.PUBLICATION_DROPPED, now=now,
-                          pub=publication_text(entry.message.publication), filter=entry.message.filter,
-                          reason="unacknowledged", to=str(entry.transport))
-
-    def _reroute(self, entry: Unacked, now: float) -> None:
-        """The next hop went down: route the publication again with the current mesh (new copies are tracked).
-        While the mesh offers no next hop yet, try again later, with the backoff and limit of retransmissions."""
-        if entry.retransmissions >= self.settings.retransmit_limit:
-            self._give_up(entry, now)
-            return
-        routed = self._route_again(entry.message, now)
-        if routed is None:  # the filter has no topic any more
-            self._give_up(entry, now)
-            return
-        if routed:
-            self._outbox.counters["reroutes"] += 1
-            return
-        entry.retransmissions += 1
-        entry.reroute = True
-        key = (entry.transport, entry.message.publication, entry.message.filter)
-        self.unacked[key] = entry
+    def _backoff(self, key: Key, entry: Unacked, now: float) -> None:
         entry.timeout = min(entry.timeout * 2, self.settings.retransmit_timeout_max)
         self._schedule(key, entry, now + entry.timeout * (1 + JITTER * self._rng.random()))
 
     def neighbour_down(self, transport: Address, now: float) -> None:
-        """Copies waiting for this neighbour are routed elsewhere once routes have been recomputed."""
+        """Copies waiting for this neighbour go back to the node once routes have been recomputed."""
         when = now + self.settings.spf_delay + self.settings.spf_hold
         for key, entry in self.unacked.items():
             if entry.transport == transport:
                 entry.reroute = True
                 self._schedule(key, entry, when)
+
+    def neighbour_up(self, transport: Address, now: float) -> None:
+        """The neighbour is back (or restarted, having lost what it had): what waits for it goes again now."""
+        waiting = [(key, entry) for key, entry in self.unacked.items() if entry.transport == transport
+                   and not entry.reroute]
+        waiting.sort(key=lambda item: (item[0][1][1], item[0][1][2]))  # in the order their origins made them
+        for key, entry in waiting:
+            entry.timeout = min(max(self.settings.retransmit_timeout, entry.timeout / 2),
+                                self.settings.retransmit_timeout_max)
+            self._schedule(key, entry, now)
 
     # ------------------------------------------------------------ receiving side
 
@@ -250,33 +283,34 @@ class ReliableForwarding:
         """Why to leave new QoS >= 1 copies from neighbours unacknowledged (and unhandled) now, as a drop
         reason, or None to take them. The node refuses only a copy it has not handled yet.
 
-        New copies are refused only while taking one could lose it: when the table of copies we forward
-        is nearly full (`reliable_table_full`; accepting it would push the oldest copy out, lost if the
-        next hop had missed it), or when the embedder says the local broker is backed up
-        (`delivery_backlogged`; a copy is acknowledged on arrival, so it could only be dropped on its way
-        into the broker). Its sender keeps it and sends it again with its backoff, so the pressure
-        travels back hop by hop to the wrapper where publications enter, whose reading from the broker
-        pauses (the runtime's backpressure window)."""
+        New copies are refused while taking one would grow what this node must keep beyond its bounds:
+        when the table of copies we forward is nearly full (`reliable_table_full`), or when the embedder
+        says the local broker is backed up (`delivery_backlogged`). Its sender keeps it and sends it again
+        with its backoff, so the pressure travels back hop by hop to the wrapper where publications enter,
+        whose reading from the broker pauses (the runtime's backpressure window)."""
         unacked = self.settings.max_unacked
         full = len(self.unacked) >= unacked - max(1, unacked // 8)  # room kept for a copy to each mesh neighbour
         if full:
             return "reliable_table_full"
         return "delivery_backlogged" if self.delivery_backlogged else None
 
-    def on_message(self, message: TopicMessage, transport: Address, now: float) -> None:
-        """A QoS >= 1 `tm` from a neighbour: acknowledge it (duplicates too) and stop sending it that copy."""
-        self.unacked.pop((transport, message.publication, message.filter), None)
-        self.remember(message, transport, now)
+    def copy_arrived(self, transport: Address, message: TopicMessage) -> Unacked | None:
+        """The neighbour sent us a (publication, filter) we have a copy out to it for: it has it. Returns that
+        copy (no longer tracked), if any."""
+        return self._forget((transport, message.publication, message.filter))
+
+    def acknowledge(self, message: TopicMessage, transport: Address) -> None:
         self._outbox.send(wire.TOPIC_ACK, TopicAck(message.filter, message.origin, message.epoch, message.seq),
                           [transport])
 
-    def on_ack(self, ack: TopicAck, transport: Address) -> bool:
-        """A `ta` from a neighbour; True when it acknowledged a copy we still waited for."""
-        if self.unacked.pop((transport, ack.publication, ack.filter), None) is None:
+    def on_ack(self, ack: TopicAck, transport: Address) -> Unacked | None:
+        """A `ta` from a neighbour: the copy it acknowledged (no longer tracked), or None if we waited for none."""
+        entry = self._forget((transport, ack.publication, ack.filter))
+        if entry is None:
             self._outbox.counters["acks_unmatched"] += 1  # late (after a retransmission was also acked) or stray
-            return False
+            return None
         self._outbox.counters["acks"] += 1
-        return True
+        return entry
 
     # ------------------------------------------------------------ repair of changing meshes
 
@@ -303,17 +337,24 @@ class ReliableForwarding:
         if transport is None:
             return
         horizon = now - self.replay_window
-        replayed = 0
-        for (_, message_filter), (message, handled_at, source) in list(self.recent.items()):
-            if message_filter != filter_ or handled_at < horizon or source == transport:
-                continue
-            copy = replace(message, mode=MODE_IN_MESH, hops=message.hops + 1)
-            self.track(copy, [transport])
+        replay = [message for (_, message_filter), (message, handled_at, source) in self.recent.items()
+                  if message_filter == filter_ and handled_at >= horizon and source != transport]
+        replay.sort(key=lambda message: (message.origin, message.epoch, message.seq))  # each origin's in order
+        before: TopicMessage | None = None
+        for message in replay:
+            prev = message.prev
+            if before is not None and before.origin == message.origin:
+                # Chained to the one replayed before it: the new neighbour may not have been meant to get
+                # that one (it joined later), but it gets both, and must inject them in order (rule 7d).
+                position = (before.epoch, before.seq)
+                prev = position if prev is None or prev < position else prev
+            copy = replace(message, mode=MODE_IN_MESH, hops=message.hops + 1, prev=prev)
+            before = message
+            self._track(copy, [transport])
             self._outbox.send(wire.TOPIC_MESSAGE, copy, [transport])
-            replayed += 1
-        if replayed:
-            self._outbox.counters["replayed_to_new_mesh_neighbours"] += replayed
+        if replay:
+            self._outbox.counters["replayed_to_new_mesh_neighbours"] += len(replay)
 
     def status(self) -> dict[str, int]:
-        return {"unacked": len(self.unacked), "limit": self.settings.max_unacked, "recent": len(self.recent),
-                "recent_evicted": self.recent_evicted}
+        return {"unacked": len(self.unacked), "orphans": len(self.orphans), "limit": self.settings.max_unacked,
+                "recent": len(self.recent), "recent_evicted": self.recent_evicted}

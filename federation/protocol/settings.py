@@ -23,6 +23,13 @@ NETWORK_DATAGRAM = 1400
 headers, without IP fragmentation)"""
 
 
+REMOVED = {
+    "retransmit_limit": "QoS 1/2 copies are now sent again for as long as their next hop is up, and routed "
+                        "elsewhere when it goes down; nothing acknowledged is given up (docs/protocol.md rule 7a)",
+}
+"""settings that existed once, and why they went: a file that still sets one gets that reason"""
+
+
 class SettingsError(ValueError):
     """A setting is unknown or out of range; the message names the field and the fix."""
 
@@ -53,9 +60,17 @@ class Settings:
     redundancy: int = 2
     """parents per mesh member toward the topic core (neighbours on shortest paths)"""
     publication_hold: float = 2.0
-    """seconds a publication waits for a topic core being elected before it is dropped"""
+    """seconds a QoS 0 publication waits for a topic core (or a route) before it is dropped; QoS 1/2 ones wait
+    until they can go on (`reliable_hold`)"""
     max_held_publications: int = 1000
-    """publications held while cores are elected; the oldest is dropped beyond this"""
+    """publications held for want of a core or a route; beyond it the oldest QoS 0 one is dropped, else the
+    oldest QoS 1/2 one held for a neighbour (left unacknowledged: its sender still has it); a node's own
+    QoS 1/2 publications are not dropped (its embedder's spool bounds them, and `reliable_hold`)"""
+    reliable_hold: float = 3600.0
+    """seconds a QoS 1/2 publication waits for a core or a route at most; then it is dropped (`no_core`,
+    reported): a filter whose core stays gone that long has lost its subscribers"""
+    max_held_bytes: int = 67108864
+    """bytes of payload held at most, with the same rule as `max_held_publications`"""
     max_hops: int = 64
     """a topic message is dropped after this many hops (a guard; meshes are loop-free by dedup)"""
 
@@ -64,10 +79,26 @@ class Settings:
     """seconds before a QoS 1/2 `tm` not acknowledged (`ta`) by the next hop is sent again (at least 2 x its RTT)"""
     retransmit_timeout_max: float = 3.2
     """seconds: the retransmission timeout doubles after every try (plus up to 25% jitter), up to this"""
-    retransmit_limit: int = 8
-    """retransmissions of one `tm` to one neighbour before it is given up (dropped, counted, reported)"""
     max_unacked: int = 4096
-    """QoS 1/2 `tm` copies awaiting an acknowledgement, all neighbours together (beyond it the oldest goes)"""
+    """QoS 1/2 `tm` copies awaiting an acknowledgement, all neighbours together: from 7/8 of it new copies from
+    neighbours are refused (left unacknowledged); beyond it the oldest replayed copy (rule 7a) is forgotten"""
+
+    # Order of publications at the receiver (federation.protocol.ordering, docs/protocol.md rule 7d).
+    reorder_timeout: float = 10.0
+    """seconds a QoS 1/2 publication waits for an earlier one of its stream before that one is skipped (long
+    enough for a reroute: the neighbour-down time, routes, a few retransmissions)"""
+    reorder_start: float = 1.0
+    """seconds a receiver waits, when a stream first reaches it with a publication that has a predecessor, for
+    the earlier ones in flight (none come if it joined after them); 0: start at the first one at once"""
+    reorder_max: int = 10000
+    """QoS 1/2 publications waiting for an earlier one, all streams together; beyond it the oldest gap is skipped"""
+    reorder_max_stream: int = 1000
+    """QoS 1/2 publications waiting for an earlier one in one stream; beyond it that stream's gap is skipped"""
+    reorder_max_bytes: int = 67108864
+    """bytes of payload waiting for earlier publications, all streams together; beyond it the oldest gap is skipped"""
+    max_streams: int = 16384
+    """streams (origin, filter) whose order a receiver remembers; beyond it the least recently used idle ones are
+    forgotten (a stream forgotten starts again at the next publication it brings)"""
 
     # Caches and limits.
     duplicate_cache_size: int = 65536
@@ -119,6 +150,8 @@ class Settings:
         values = dict(values or {})
         known = {f.name: f for f in fields(cls)}
         for key in values:
+            if key in REMOVED:
+                raise SettingsError(f"{where}: the setting {key!r} was removed: {REMOVED[key]}; delete it")
             if key not in known:
                 raise SettingsError(
                     f"{where}: unknown setting {key!r}; known settings are: {', '.join(sorted(known))}"
@@ -150,19 +183,18 @@ class Settings:
             "hello_interval", "announce_interval", "dead_intervals", "expire_intervals",
             "redundancy", "max_hops", "duplicate_cache_size", "max_neighbours", "max_nodes",
             "max_topics", "stats_interval", "max_held_publications", "retransmit_timeout", "retransmit_timeout_max",
-            "max_unacked",
+            "max_unacked", "max_held_bytes", "reliable_hold", "reorder_timeout", "reorder_max", "reorder_max_stream",
+            "reorder_max_bytes", "max_streams",
         ]
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{where}.{name}: must be greater than 0, got {getattr(self, name)!r}")
-        for name in ("min_announce_gap", "publication_hold", "spf_delay", "spf_hold", "flood_delay"):
+        for name in ("min_announce_gap", "publication_hold", "spf_delay", "spf_hold", "flood_delay", "reorder_start"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{where}.{name}: must not be negative, got {getattr(self, name)!r}")
         for name in ("capability", "capability_cpu_weight", "capability_memory_weight"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{where}.{name}: must not be negative, got {getattr(self, name)!r}")
-        if self.retransmit_limit < 0:
-            raise SettingsError(f"{where}.retransmit_limit: must not be negative, got {self.retransmit_limit!r}")
         if self.retransmit_timeout_max < self.retransmit_timeout:
             raise SettingsError(f"{where}.retransmit_timeout_max: must be at least retransmit_timeout "
                                 f"({self.retransmit_timeout}), got {self.retransmit_timeout_max!r}")

@@ -17,9 +17,10 @@ node, written in three modules by concern, each a layer of one class over
 parents and children) and composes the three. The engine never sees the
 node: it is given an outbox, read-only views of who the node is, of the
 federation table and of the neighbours, the node's local interest (filter ->
-local subscriptions), which neighbours pace us, and two functions of
-reliable forwarding (`track`, `new_mesh_neighbour`) for the QoS 1/2 copies
-it sends and the mesh neighbours it gains.
+local subscriptions), which neighbours pace us, and the node's functions
+for the QoS 1/2 copies it sends and holds (`track`, `held`, `unheld`,
+`give_back`: reliable forwarding and custody) and the mesh neighbours it
+gains (`new_mesh_neighbour`).
 """
 
 from __future__ import annotations
@@ -40,35 +41,49 @@ ClaimKey = tuple[int, int, BrokerId]
 """(0 for the owner else 1, -capability or -rendezvous weight or 0, id): the lowest key is the best claim"""
 
 Track = Callable[[TopicMessage, list[Address]], None]
-"""reliable forwarding's `track`: called with every QoS 1/2 copy the mesh sends, and where it went"""
+"""the node's `track`: called with every QoS 1/2 copy the mesh sends, and where it went (reliable forwarding
+retransmits it, custody waits for it)"""
+HoldChange = Callable[[TopicMessage], None]
+"""the node's `held` (a QoS 1/2 publication is held: custody waits for it), `unheld` (it left the hold: routed
+on, its copies tracked first) and `give_back` (a neighbour's QoS 1/2 publication pushed out of a full hold:
+left unacknowledged, its sender still has it)"""
 NewMeshNeighbour = Callable[[str, Address, float], None]
 """reliable forwarding's `mesh_neighbour_added`: called at once for each new mesh neighbour (filter, announced
 address, now), which is sent the recent QoS 1/2 publications of the filter"""
 
 
-@dataclass
+INFINITY = float("inf")
+
+
+@dataclass(slots=True)
 class HeldPublication:
     deadline: float
+    """when it is dropped (`publication_hold` for QoS 0, `reliable_hold` for QoS 1/2)"""
     message: TopicMessage
+    source: Address | None
+    """the neighbour (announced address) it came from, which routing excludes; None: ours, or routed again"""
+    size: int
+    routes: object = None
+    """the routes it was held with: once they changed, a QoS 1/2 one whose only way is back to `source` goes
+    back there (the source may have become a mesh member, or found another way)"""
 
 
 # ---------------------------------------------------------------- the forwarding decision and its cache
 
 @dataclass(slots=True)
 class Forward:
-    """Send to `transports` (mode in-mesh), or to one of `candidates` (mode toward the core)."""
+    """Send to `transports`: every up mesh neighbour (mode in-mesh), or one parent (mode toward the core)."""
 
     mode: int
     transports: list[Address]
-    """in-mesh: the up mesh neighbours' transports, sorted by announced address"""
+    """in-mesh: the up mesh neighbours' transports, sorted by announced address; toward the core: the first up
+    parent in id order (not the neighbour it came from)"""
     texts: list[str]
     """`str` of each transport, for the `publication_forwarded` event"""
     lost: int = 0
     """in-mesh: mesh neighbours already down (their copies are counted as lost)"""
-    candidates: list[Address] | None = None
-    """toward the core: the up parents (announced addresses), one chosen per publication"""
-    by_candidate: dict[Address, tuple[Address, str]] | None = None
-    """candidate -> (its transport, its text)"""
+    down: list[Address] | None = None
+    """in-mesh: the transports of mesh neighbours that are down, for QoS 1/2 copies kept for them"""
 
 
 LEAF = "leaf"
@@ -76,7 +91,8 @@ LEAF = "leaf"
 HOLD = "hold"
 """no route toward the core yet: hold the publication"""
 NO_ROUTE = "no_route"
-"""parents exist but none is up: drop and report"""
+"""parents exist but none is up (or the only one is where it came from): QoS 0 dropped and reported, QoS 1/2
+held"""
 
 Decision = Forward | str
 
@@ -113,6 +129,9 @@ class TopicState:
     withdrawn: tuple[BrokerId, int, int] | None = None
     """the last withdrawal heard (core, epoch, seq): older claims of that core are ignored"""
     held: deque[HeldPublication] = field(default_factory=deque)
+    """QoS 0 publications held, oldest first (each until its deadline)"""
+    held_reliable: deque[HeldPublication] = field(default_factory=deque)
+    """QoS 1/2 publications held, oldest first (until they can go on)"""
     pending: dict[BrokerId, tuple[TopicCore, Address, Address, float]] = field(default_factory=dict)
     """claims of cores the table does not show reachable yet: retried when routes change"""
     core_rank: int = 0
@@ -123,6 +142,9 @@ class TopicState:
     """when the current core was adopted from its announcement (a claim of another core than before)"""
     claimed_at: float = float("-inf")
     """when we last claimed this filter (a placed core waits an announce interval for children)"""
+    withdrawn_at: float = float("-inf")
+    """when its core last withdrew (its mesh was empty: nobody subscribes); QoS 1/2 publications are held for
+    a filter whose core was lost after that, not for one withdrawn since"""
     lost_at: float = float("-inf")
     """when its core was last lost (unreachable or silent): the filter is kept an announcement lifetime,
     so publications matching it are held and reported (`no_core`), not silently unmatched"""
@@ -139,9 +161,14 @@ class TopicState:
 class TopicTable:
     """The topics of one node and the context the mesh engine is given (see the module docstring)."""
 
+    claim_allowed_at = float("inf")
+    """no topic core is claimed before this (the node has just started: its neighbours first tell it the live
+    ones); publications matching no filter before it may match one the node is about to learn"""
+
     def __init__(self, identity: IdentityView, table: TableView, neighbours: NeighboursView, outbox: Outbox,
                  rng: random.Random, local_interest: Mapping[str, int], paced_by: Mapping[Address, float],
-                 track: Track, new_mesh_neighbour: NewMeshNeighbour) -> None:
+                 track: Track, new_mesh_neighbour: NewMeshNeighbour, held: HoldChange, unheld: HoldChange,
+                 give_back: HoldChange) -> None:
         settings = identity.settings
         self._identity = identity
         self._settings = settings
@@ -155,11 +182,16 @@ class TopicTable:
         """transport of each neighbour pacing us -> end of its hold (`Pacing.paced_until`, read only)"""
         self._track = track
         self._new_mesh_neighbour = new_mesh_neighbour
+        self._held = held
+        self._unheld = unheld
+        self._give_back = give_back
         self.topics: dict[str, TopicState] = {}
         self.index = FilterIndex()
         self.dirty: set[str] = set()
         """filters to reconcile (`MeshEngine.reconcile`) before the input is done"""
         self.held_count = 0
+        self.held_bytes = 0
+        self.held_reliable_count = 0
         self.refused_topics = 0
         self.policy = ModePolicy.from_settings(settings)
         self.ownership = OwnershipTable(settings.owned, settings.max_topics)

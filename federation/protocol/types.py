@@ -53,7 +53,12 @@ PublicationId = tuple[Address, int, int]
 
 @dataclass(slots=True, unsafe_hash=True)  # one per delivered publication: not frozen (see wire.Sender)
 class Injection:
-    """A remote publication the daemon must publish into the local broker, once."""
+    """A remote publication the daemon must publish into the local broker, once, in the order given.
+
+    For QoS 1/2 the embedder reports it done (`Node.injection_done`) once the broker has it: the node
+    acknowledges its copy only then (custody). To keep order and duplicates across its own restart, the
+    embedder journals (`publication`, `filter`): `publication` is the position (its epoch and seq) of the
+    stream (origin, `filter`) it was released from (`Node.restore` takes both back)."""
 
     topic: str
     payload: bytes
@@ -61,6 +66,8 @@ class Injection:
     retain: bool
     properties: dict[str, Any] | None
     publication: PublicationId
+    filter: str | None = None
+    """the federated filter whose stream released it (None where a caller built one without)"""
 
 
 @dataclass(slots=True)

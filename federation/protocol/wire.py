@@ -45,7 +45,9 @@ from federation.protocol.wire_types import (  # the packet values, importable fr
     TopologyUpdate,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: `tm` carries `prev` (the stream order of QoS 1/2 publications, docs/protocol.md rule 7d); a node of
+version 1 and one of version 2 refuse each other's packets (`version`), so their link never comes up"""
 
 HELLO = "hl"
 HELLO_BACK = "hb"
@@ -118,14 +120,23 @@ def _header(kind: str, sender: Sender) -> list[Any]:
     return [kind, PROTOCOL_VERSION, [*_bid(sender.broker_id), sender.epoch]]
 
 
+def _prev(body: TopicMessage) -> int | list[int] | None:
+    """`tm.prev` as written: nil, the seq alone when it is of the publication's own epoch, else [epoch, seq]."""
+    prev = body.prev
+    if prev is None:
+        return None
+    return prev[1] if prev[0] == body.epoch else [prev[0], prev[1]]
+
+
 def encode(kind: str, sender: Sender, body: Body) -> bytes:
     fields: list[Any]
     if type(body) is TopicMessage:  # one per publication and hop: first, and built in one list
         broker_id, origin = sender.broker_id, body.origin
         packed_tm: bytes = _pack(
             [kind, PROTOCOL_VERSION, [broker_id.vid, broker_id.address.host, broker_id.address.port, sender.epoch],
-             body.filter, [origin.host, origin.port], body.epoch, body.seq, body.mode, body.hops, body.topic,
-             body.payload, body.qos, body.retain, body.properties])
+             body.filter, [origin.host, origin.port], body.epoch, body.seq, body.mode, body.hops,
+             None if body.prev is None else _prev(body), body.topic, body.payload, body.qos, body.retain,
+             body.properties])
         return packed_tm
     if type(body) is TopicBatch:
         broker_id, origin = sender.broker_id, body.origin
@@ -153,7 +164,7 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
         fields = [body.filter, _bid(body.core), body.flags]
     elif isinstance(body, TopicMessage):
         fields = [body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq, body.mode,
-                  body.hops, body.topic, body.payload, body.qos, body.retain, body.properties]
+                  body.hops, _prev(body), body.topic, body.payload, body.qos, body.retain, body.properties]
     elif isinstance(body, DatabaseDigest):
         fields = [body.count, list(body.buckets)]
     elif isinstance(body, DatabaseSummary):
@@ -362,6 +373,20 @@ def _properties(value: Any, what: str) -> dict[str, Any] | None:
     return value
 
 
+def _prev_of(value: Any, epoch: int, seq: int) -> tuple[int, int] | None:
+    """`tm.prev`: nil, a seq of the publication's epoch, or [epoch, seq]; always before the publication itself."""
+    if value is None:
+        return None
+    if type(value) is int:
+        prev = (epoch, _int(value, "tm.prev"))
+    else:
+        prev_epoch, prev_seq = _list(value, "tm.prev", 2)
+        prev = (_int(prev_epoch, "tm.prev.epoch"), _int(prev_seq, "tm.prev.seq"))
+    if prev >= (epoch, seq):
+        raise DecodeError("wrong_type", "tm.prev: must name a publication before this one")
+    return prev
+
+
 def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
     def need(count: int) -> None:
         if len(fields) != count:
@@ -404,19 +429,19 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         return TopicSubscribe(_filter(fields[0], "ts.filter"), _broker_id(fields[1], "ts.core"),
                               _int(fields[2], "ts.flags", 0, 255))
     if kind == TOPIC_MESSAGE:
-        need(11)
-        payload = fields[7]
+        need(12)
+        payload = fields[8]
         if type(payload) is not bytes:
             raise DecodeError("wrong_type", "tm.payload: expected bytes")
-        retain = fields[9]
+        retain = fields[10]
         if type(retain) is not bool:
             raise DecodeError("wrong_type", "tm.retain: expected a boolean")
+        epoch, seq = _int(fields[2], "tm.epoch"), _int(fields[3], "tm.seq")
         return TopicMessage(
             filter=_filter(fields[0], "tm.filter"), origin=_address(fields[1], "tm.origin"),
-            epoch=_int(fields[2], "tm.epoch"), seq=_int(fields[3], "tm.seq"),
-            mode=_int(fields[4], "tm.mode", 0, 1), hops=_int(fields[5], "tm.hops", 0, 255),
-            topic=_topic(fields[6], "tm.topic"), payload=payload, qos=_int(fields[8], "tm.qos", 0, 2),
-            retain=retain, properties=_properties(fields[10], "tm.properties"),
+            epoch=epoch, seq=seq, mode=_int(fields[4], "tm.mode", 0, 1), hops=_int(fields[5], "tm.hops", 0, 255),
+            topic=_topic(fields[7], "tm.topic"), payload=payload, qos=_int(fields[9], "tm.qos", 0, 2),
+            retain=retain, properties=_properties(fields[11], "tm.properties"), prev=_prev_of(fields[6], epoch, seq),
         )
     if kind == DATABASE_DIGEST:
         need(2)
@@ -465,7 +490,7 @@ def _fast_topic_message(value: list[Any]) -> Packet | None:
     properties, else None (then the general path decodes it and names any fault). A `tm` is the packet
     every publication costs; this accepts a subset of what that path accepts and builds the same packet,
     without a field name per check (tests/protocol/test_hotpath_node.py compares the two)."""
-    (_kind, version, sender, filter_, origin, epoch, seq, mode, hops, topic, payload, qos, retain,
+    (_kind, version, sender, filter_, origin, epoch, seq, mode, hops, prev, topic, payload, qos, retain,
      properties) = value
     if not (properties is None and type(version) is int and version == PROTOCOL_VERSION
             and type(sender) is list and len(sender) == 4
@@ -474,13 +499,15 @@ def _fast_topic_message(value: list[Any]) -> Packet | None:
             and type(mode) is int and 0 <= mode <= 1 and type(hops) is int and 0 <= hops <= 255
             and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2 and type(retain) is bool):
         return None
-    if not (type(epoch) is int and 0 <= epoch <= MAX_U64 and type(seq) is int and 0 <= seq <= MAX_U64):
+    if not (type(epoch) is int and 0 <= epoch <= MAX_U64 and type(seq) is int and 0 <= seq <= MAX_U64
+            and (prev is None or (type(prev) is int and 0 <= prev < seq))):
         return None
     checked = _fast_sender_and_origin(sender, origin)
     if checked is None:
         return None
     return Packet(TOPIC_MESSAGE, checked[0],
-                  TopicMessage(filter_, checked[1], epoch, seq, mode, hops, topic, payload, qos, retain, None))
+                  TopicMessage(filter_, checked[1], epoch, seq, mode, hops, topic, payload, qos, retain, None,
+                               None if prev is None else (epoch, prev)))
 
 
 def _fast_sender_and_origin(sender: list[Any], origin: list[Any]) -> tuple[Sender, Address] | None:
@@ -531,7 +558,7 @@ def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> 
     if type(value) is not list or len(value) < 3:
         raise DecodeError("malformed", "not an array of at least 3 elements")
     kind = value[0]
-    if len(value) == 14 and type(kind) is str and kind == TOPIC_MESSAGE:
+    if len(value) == 15 and type(kind) is str and kind == TOPIC_MESSAGE:
         packet = _fast_topic_message(value)
         if packet is not None:
             return packet
@@ -568,8 +595,8 @@ def packet_type(data: bytes) -> str | None:
     return None
 
 
-_TM_HEAD = bytes([0x9E, 0xA2]) + TOPIC_MESSAGE.encode("ascii")
-"""how every `tm` starts: an array of 14, then its type as a 2-character string"""
+_TM_HEAD = bytes([0x9F, 0xA2]) + TOPIC_MESSAGE.encode("ascii")
+"""how every `tm` starts: an array of 15, then its type as a 2-character string"""
 _TB_HEAD = bytes([0x99, 0xA2]) + TOPIC_BATCH.encode("ascii")
 """how every `tb` starts: an array of 9, then its type"""
 

@@ -146,6 +146,10 @@ class TopicMessage:
     qos: int
     retain: bool
     properties: dict[str, Any] | None
+    prev: tuple[int, int] | None = None
+    """(epoch, seq) of the publication the origin sent before this one on the same reliable stream (its origin,
+    this filter, QoS 1/2): what a receiver must have passed before it injects this one (docs/protocol.md rule 7d).
+    None: QoS 0, or the first of its stream the origin knows of"""
 
     @property
     def publication(self) -> PublicationId:

@@ -20,6 +20,10 @@ a dead host is dropped on arrival (`dead`). Killing a host discards its node
 object (a crash: no shutdown, in-flight datagrams it sent still arrive);
 starting it again builds a new node with the next epoch.
 
+Each host's broker is modelled as taking every injection at once: the
+network reports each QoS 1/2 injection done (`injection_done`) before it
+sends what the node produced, as a wrapper whose broker acknowledged it.
+
 After every input to a node the network drains its outputs (datagrams,
 injections, events), re-reads `get_timer()` and queues the timer if it moved.
 A stale timer entry is recognised by a per-host generation counter and
@@ -72,6 +76,10 @@ class SimNode(Protocol):
     def packets_to_send(self) -> list[tuple[bytes, Address]]: ...
 
     def injections_to_make(self) -> list[Injection]: ...
+
+    def injection_done(self, publication: PublicationId, now: float) -> None: ...
+
+    def custody_released(self) -> list[PublicationId]: ...
 
     def events_emitted(self) -> list[Event]: ...
 
@@ -188,6 +196,9 @@ class Observer(Generic[NodeT]):
 
     def node_output(self, host: Host[NodeT], injections: list[Injection], events: list[Event], now: float) -> None:
         """A node produced injections or events (called only when one of them is non-empty)."""
+
+    def custody_released(self, host: Host[NodeT], publications: list[PublicationId], now: float) -> None:
+        """A node's own QoS 1/2 publications were delivered everywhere (called only when there are some)."""
 
     def node_touched(self, host: Host[NodeT]) -> None:
         """A node received an input (its view may have changed)."""
@@ -416,9 +427,15 @@ class Network(Generic[NodeT]):
         node = host.node
         if node is None:
             return
+        injections = node.injections_to_make()
+        for injection in injections:  # the simulated broker takes each at once
+            if injection.qos:
+                node.injection_done(injection.publication, self.now)
         for data, target in node.packets_to_send():
             self._transmit(host, data, target)
-        injections = node.injections_to_make()
+        released = node.custody_released()
+        if released:
+            self.observer.custody_released(host, released, self.now)
         events = node.events_emitted()
         if injections or events:
             self.observer.node_output(host, injections, events, self.now)

@@ -3,8 +3,10 @@
 A seed gives a topology of 4-10 nodes (a random spanning tree plus random extra links), random
 subscriptions and publications, and a fault phase of random cuts (one- and two-way), heals, kills,
 restarts and loss. At `Timeline.fault_end` every link heals, loss stops and dead nodes restart; a burst
-of publications follows after `settle` quiet seconds. `tests/sim/test_random_faults.py` judges the
-runs; the golden traces (`tests/golden_traces.py`) replay some of them.
+of publications follows after `settle` quiet seconds. About half the publications are QoS 1; their QoS
+is drawn from a generator of its own, so the rest of a seed's schedule is what it was before QoS 1 came
+in. `tests/sim/test_sim_random_faults.py` judges the runs; the golden traces (`tests/golden_traces.py`)
+replay some of them.
 """
 
 from __future__ import annotations
@@ -77,9 +79,10 @@ def random_scenario(seed: int, min_nodes: int = 4, max_nodes: int = 10, timeline
         if rng.random() < 0.2:
             events.append(Unsubscribe(round(rng.uniform(timeline.fault_start, timeline.fault_end), 3), node,
                                       client, topic_filter))
+    qos_rng = random.Random(f"random-faults-qos:{seed}")
     for _ in range(rng.randint(0, 4)):
         events.append(Publish(round(rng.uniform(1.0, timeline.fault_end), 3), rng.choice(names),
-                              rng.choice(TOPICS), count=rng.randint(1, 3), interval=0.1))
+                              rng.choice(TOPICS), count=rng.randint(1, 3), interval=0.1, qos=qos_rng.choice((0, 1))))
     faults: list[ScenarioEvent] = []
     for _ in range(rng.randint(1, 8)):
         at = round(rng.uniform(timeline.fault_start, timeline.fault_end - 0.5), 3)
@@ -113,7 +116,8 @@ def random_scenario(seed: int, min_nodes: int = 4, max_nodes: int = 10, timeline
     quiet: list[ScenarioEvent] = []
     for _ in range(rng.randint(2, 5)):
         at = round(timeline.quiet_from + rng.uniform(0.0, timeline.burst), 3)
-        quiet.append(Publish(at, rng.choice(names), rng.choice(TOPICS), count=rng.randint(1, 3), interval=0.05))
+        quiet.append(Publish(at, rng.choice(names), rng.choice(TOPICS), count=rng.randint(1, 3), interval=0.05,
+                             qos=qos_rng.choice((0, 1))))
     model = LinkDefaults(latency=rng.choice((0.001, 0.003, 0.01)), jitter=rng.choice((0.0, 0.0, 0.002)),
                          duplicate=rng.choice((0.0, 0.0, 1.0)))
     everything = sorted(events + faults + repair + quiet, key=lambda event: event.at)

@@ -23,7 +23,14 @@ the same address and vid setting. The simulator then replays the node's
 still-active local subscriptions into it, as the daemon does from the
 subscription table it persists (the broker kept its clients while the
 wrapper was down; subscriptions made while the wrapper was dead are part of
-that table too).
+that table too). It keeps what the daemon keeps in its state directory
+across a crash (`durable`, the default): the injection journal (every
+publication injected, given back to the new node with `Node.restore`
+before it starts, with the stream positions it implies, and the filters the
+node knew when it died) and the spool (the node's own QoS 1/2 publications
+not yet released by custody, replayed into the new node with their ids
+after the subscriptions). Each broker is
+modelled as taking every injection at once (federation.sim.network).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import IO, Any
 
 from federation.protocol.events import id_text, publication_text
 from federation.protocol.node import Node
+from federation.protocol.ordering import Position, StreamKey
 from federation.protocol.types import Event, Injection, PublicationId
 from federation.protocol.wire import DATA_TYPES, DecodeFunction
 from federation.protocol.wire import decode as wire_decode
@@ -70,7 +78,10 @@ BACKEND = "sim"
 EVENT_SCHEMA_VERSION = 1
 LOOP_FACTOR = 4
 """tm copies of one publication above LOOP_FACTOR * links * matching filters are a loop (QoS 1/2: times
-1 + retransmit_limit + 1, for the hop-by-hop retransmissions and the replays to new mesh neighbours)"""
+RETRIED_FACTOR plus two for every `retransmit_timeout_max` since it was published: a copy is sent again for as
+long as its next hop is up and has not acknowledged it)"""
+RETRIED_FACTOR = 8
+"""the first retransmissions of a QoS 1/2 copy (the timeout doubles up to its cap), a reroute, a replay"""
 
 
 def build_node(setup: NodeSetup, decode: DecodeFunction = wire_decode) -> Node:
@@ -88,7 +99,8 @@ def _json_default(value: Any) -> Any:
 
 class Simulation(Observer[Node]):
     def __init__(self, scenario: Scenario, *, seed: int, events_path: str | None = None,
-                 node_factory: Callable[[NodeSetup], Node] | None = None, max_in_flight: int | None = None) -> None:
+                 node_factory: Callable[[NodeSetup], Node] | None = None, max_in_flight: int | None = None,
+                 durable: bool = True) -> None:
         self.wall_started = time.perf_counter()
         self.scenario = scenario
         self.seed = seed
@@ -100,6 +112,18 @@ class Simulation(Observer[Node]):
         self.decode_cache = DecodeCache()
         if node_factory is None:
             node_factory = functools.partial(build_node, decode=self.decode_cache)
+        self.durable = durable
+        """a restarted node gets back its journal and its spool (see the module docstring)"""
+        self.journals: dict[str, dict[PublicationId, None]] = {}
+        """node name -> the publications injected there (in order)"""
+        self.positions: dict[str, dict[StreamKey, Position]] = {}
+        """node name -> how far each QoS 1/2 stream was injected there"""
+        self.filters: dict[str, list[str]] = {}
+        """node name -> the filters it knew when it was killed (`Node.known_filters`, as the daemon saves them)"""
+        self.spools: dict[str, dict[PublicationId, tuple[str, bytes, int, bool]]] = {}
+        """node name -> its own QoS 1/2 publications not yet released (topic, payload, qos, retain)"""
+        self._factory = node_factory
+        node_factory = self._build
         vids = {spec.name: spec.vid for spec in scenario.nodes}
         model = scenario.link_model
         self.network: Network[Node] = Network(
@@ -117,8 +141,11 @@ class Simulation(Observer[Node]):
         """disruptions collected by `simultaneously`, applied when it ends"""
         self.publications: list[PublicationRecord] = []
         self.topics: dict[PublicationId, str] = {}
-        self.retried: dict[PublicationId, int] = {}
-        """QoS 1/2 publications -> the origin's retransmit_limit (their copies may be retransmitted)"""
+        self.retried: dict[PublicationId, tuple[float, float]] = {}
+        """QoS 1/2 publications -> (when published, the origin's retransmit_timeout_max): their copies are sent
+        again while unacknowledged"""
+        self.released: dict[str, set[PublicationId]] = {}
+        """node name -> its own QoS 1/2 publications whose custody was released (delivered everywhere)"""
         self.deliveries: list[DeliveryRecord] = []
         self.violations: list[str] = []
         self.loop_bounds: dict[PublicationId, int] = {}
@@ -243,6 +270,8 @@ class Simulation(Observer[Node]):
             return
         payload_id, payload = self._payload(event)
         publication = node.local_publish(event.topic, payload, event.qos, event.retain, None, self.now)
+        if publication is not None and event.qos:
+            self.spools.setdefault(event.node, {})[publication] = (event.topic, payload, event.qos, event.retain)
         self._record_publication(event, node, publication, payload_id, payload)
         self.network.after_input(host)
 
@@ -277,7 +306,7 @@ class Simulation(Observer[Node]):
         text = publication_text(publication)
         self.topics[publication] = event.topic
         if event.qos:
-            self.retried[publication] = node.settings.retransmit_limit
+            self.retried[publication] = (now, node.settings.retransmit_timeout_max)
         self.publications.append(PublicationRecord(text, event.node, event.topic, now, in_bound, expected))
         self._sim_event("sim_publish", event.node, pub=text, payload_id=payload_id, topic=event.topic,
                         qos=event.qos, retain=event.retain, size=len(payload), in_bound=in_bound,
@@ -289,7 +318,18 @@ class Simulation(Observer[Node]):
             action(host.node)
             self.network.after_input(host)
 
+    def _build(self, setup: NodeSetup) -> Node:
+        """A node incarnation; a restarted one gets its journal back before it starts."""
+        node = self._factory(setup)
+        if self.durable:
+            node.restore(self.journals.get(setup.name, {}), self.positions.get(setup.name, {}),
+                         self.filters.get(setup.name, ()))
+        return node
+
     def _kill(self, name: str) -> None:
+        node = self.network.host(name).node
+        if node is not None:
+            self.filters[name] = node.known_filters()
         self.network.kill(name)
         self.tracker.remove_view(name)
         self.versions.pop(name, None)
@@ -304,6 +344,9 @@ class Simulation(Observer[Node]):
         now = self.now
         for client, filter_, _ in self.truth.active(name):
             node.local_subscribe(client, filter_, self.qos.get((name, client, filter_), 0), now)
+        if self.durable:
+            for publication, (topic, payload, qos, retain) in list(self.spools.get(name, {}).items()):
+                node.local_publish(topic, payload, qos, retain, None, now, publication_id=publication)
         self.network.after_input(host)
 
     @contextlib.contextmanager
@@ -342,6 +385,16 @@ class Simulation(Observer[Node]):
     # ------------------------------------------------------------ observer
 
     def node_output(self, host: Host[Node], injections: list[Injection], events: list[Event], now: float) -> None:
+        if injections:
+            journal = self.journals.setdefault(host.name, {})
+            positions = self.positions.setdefault(host.name, {})
+            for injection in injections:
+                journal[injection.publication] = None
+                if injection.qos and injection.filter is not None:
+                    origin, epoch, seq = injection.publication
+                    key = (origin, injection.filter)
+                    if positions.get(key, (-1, -1)) < (epoch, seq):
+                        positions[key] = (epoch, seq)
         for injection in injections:
             text = publication_text(injection.publication)
             subscribed = self.truth.subscribed(host.name, injection.topic)
@@ -353,6 +406,13 @@ class Simulation(Observer[Node]):
                 record["name"] = host.name
                 self._write(record)
 
+    def custody_released(self, host: Host[Node], publications: list[PublicationId], now: float) -> None:
+        self.released.setdefault(host.name, set()).update(publications)
+        spool = self.spools.get(host.name)
+        if spool:
+            for publication in publications:
+                spool.pop(publication, None)
+
     def node_touched(self, host: Host[Node]) -> None:
         self.touched.add(host.index)
 
@@ -362,9 +422,11 @@ class Simulation(Observer[Node]):
             topic = self.topics.get(publication)
             filters = self.truth.filters_matching(topic) if topic is not None else len(self.truth.filters_ever)
             bound = LOOP_FACTOR * max(1, len(self.network.links)) * max(1, filters)
-            if publication in self.retried:
-                bound *= self.retried[publication] + 2
             self.loop_bounds[publication] = bound
+        retried = self.retried.get(publication)
+        if retried is not None:
+            published_at, interval = retried
+            bound *= RETRIED_FACTOR + 2 * int((now - published_at) / interval)
         if copies > bound and publication not in self.loops_flagged:
             self.loops_flagged.add(publication)
             self._violation(f"publication {publication_text(publication)}: more than {bound} tm copies "

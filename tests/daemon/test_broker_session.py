@@ -231,15 +231,25 @@ def test_a_restarted_wrapper_sends_the_journals_unfinished_injections_as_paho_wo
         side.close()
 
 
-def test_a_pubrel_paho_does_not_hold_is_answered_at_once_and_a_held_one_by_the_runtime(side: Side) -> None:
-    assert side.receive(ack(0x62, 77)) == ack(0x70, 77)  # a previous run's: PUBCOMP at once
+def test_a_qos2_publication_is_handed_over_at_once_and_its_pubrec_waits_for_the_runtime(side: Side) -> None:
+    """The PUBREC is the acknowledgement that makes the broker forget the publication (it resends a PUBREL, not
+    the message, after that): it goes out only once the runtime took the publication into its spool."""
+    assert side.receive(ack(0x62, 77)) == ack(0x70, 77)  # a previous run's PUBREL: PUBCOMP at once
     publish = bytes([0x34, 9, 0, 3]) + b"q/2" + bytes([0, 5, 0]) + b"x"  # QoS 2 PUBLISH, mid 5
-    assert side.receive(publish) == ack(0x50, 5)  # paho's PUBREC
-    assert side.receive(ack(0x62, 5)) == b""  # handed over on the PUBREL; the runtime acknowledges it
+    assert side.receive(publish) == b""  # no PUBREC yet: handed over
     [publication] = [item for item in side.items if isinstance(item, Publication)]
-    assert (publication.topic, publication.qos, publication.mid) == ("q/2", 2, 5)
+    assert (publication.topic, publication.qos, publication.mid, publication.dup) == ("q/2", 2, 5, False)
     side.adapter.acknowledge([(5, 2)])
-    assert read_all(side.peer) == ack(0x70, 5)
+    assert read_all(side.peer) == ack(0x50, 5)  # the runtime's PUBREC
+    assert side.receive(ack(0x62, 5)) == ack(0x70, 5)  # and the PUBREL that follows is completed at once
+
+
+def test_a_publication_the_broker_sends_again_carries_its_dup_flag(side: Side) -> None:
+    """After a restart the broker's DUP copy of a publication the spool already holds is recognised by it."""
+    publish = bytes([0x3C, 9, 0, 3]) + b"q/2" + bytes([0, 6, 0]) + b"y"  # QoS 2 PUBLISH, DUP, mid 6
+    assert side.receive(publish) == b""
+    [publication] = [item for item in side.items if isinstance(item, Publication)]
+    assert (publication.mid, publication.dup, publication.payload) == (6, True, b"y")
 
 
 def test_a_refusal_counts_as_refused_not_delivered(side: Side) -> None:

@@ -96,8 +96,24 @@ def test_a_publish_with_properties_or_qos2_takes_pahos_path(adapter) -> None:  #
     peer.sendall(bytes([0x31, len(body)]) + body + publish_packet("q/2", b"two", 2, 9))
     adapter_._on_readable()
     assert items == [Publication("p/q", b"payload", 0, True,
-                                 {"user_property": [["k", "v"]], "content_type": "text/plain"})]
-    assert _read_all(peer) == bytes([0x50, 2, 0, 9])  # PUBREC: QoS 2 is paho's
+                                 {"user_property": [["k", "v"]], "content_type": "text/plain"}),
+                     Publication("q/2", b"two", 2, False, None, 9)]  # QoS 2: handed over at its PUBLISH
+    assert _read_all(peer) == b""  # no PUBREC before the runtime acknowledges it (it spools it first)
+    adapter_.acknowledge([(9, 2)])
+    assert _read_all(peer) == bytes([0x50, 2, 0, 9])  # the PUBREC is the acknowledgement
+    peer.sendall(publish_packet("q/2", b"two", 2, 9, dup=True))  # repeated after a reconnection
+    adapter_._on_readable()
+    assert len(items) == 2  # not handed over again: its PUBREC goes again
+    assert _read_all(peer) == bytes([0x50, 2, 0, 9])
+    peer.sendall(bytes([0x62, 2, 0, 9]))  # PUBREL
+    adapter_._on_readable()
+    assert _read_all(peer) == bytes([0x70, 2, 0, 9])  # PUBCOMP at once
+    peer.sendall(publish_packet("q/2", b"again", 2, 9, dup=True))  # a previous run's, repeated: its DUP shows
+    adapter_._on_readable()
+    assert items[-1] == Publication("q/2", b"again", 2, False, None, 9, True)
+    peer.sendall(publish_packet("q/1", b"one", 1, 10, dup=True))  # a QoS 1 repeat leaves the short path
+    adapter_._on_readable()
+    assert items[-1] == Publication("q/1", b"one", 1, False, None, 10, True)
 
 
 def test_lean_qos0_publish_builds_the_bytes_paho_builds(adapter) -> None:  # type: ignore[no-untyped-def]

@@ -129,6 +129,9 @@ class FakeBroker:
     def publish_all(self, items: Any) -> None:
         pass
 
+    def take_injection_outcomes(self) -> list[Any]:
+        return []
+
 
 def test_hello_is_answered_before_the_queued_data() -> None:
     """More datagrams of `tm` than one slice wait in the socket ahead of a hello: the hello is handled (and

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgpack
+
 from federation.daemon.record_log import RecordLog
 from federation.daemon.spool import COMPACT_MIN_BYTES, Spool, SpooledPublication, SpoolLimits
 
@@ -47,7 +49,7 @@ def test_age_and_message_expiry_are_due_to_drop(tmp_path: Path) -> None:
     spool.add([publication(1, received_at=1000.0), publication(2, received_at=1095.0, properties={
         "message_expiry_interval": 3}), publication(3, received_at=1099.0)])
     due = spool.due_to_drop(now_wall=1101.0)
-    assert [(entry.seq, reason) for entry, reason in due] == [(1, "spool_age"), (2, "expired")]
+    assert [(entry.seq, reason) for entry, reason in due] == [(1, "spool_age"), (2, "spool_expired")]
 
 
 def test_the_file_is_compacted_when_mostly_dead(tmp_path: Path) -> None:
@@ -68,3 +70,29 @@ def test_an_undecodable_record_is_counted_and_skipped(tmp_path: Path) -> None:
     spool = open_spool(tmp_path / "spool")
     assert spool.undecodable == 1
     assert [entry.seq for entry in spool.recovered()] == [1]
+
+
+def test_a_dup_redelivery_of_a_recovered_entry_is_recognised_once(tmp_path: Path) -> None:
+    """Killed after the spool write, before the PUBACK reached the broker: the broker sends it again (DUP, same
+    packet id) and the restarted wrapper must not originate it a second time."""
+    spool = open_spool(tmp_path / "spool")
+    spooled = SpooledPublication(7, 1, "t/a", b"one", 2, False, None, 1000.0, mid=41)
+    spool.add([spooled, SpooledPublication(7, 2, "t/a", b"two", 1, False, None, 1000.0, mid=42)])
+    assert spool.redelivery(41, "t/a", b"one") is None  # nothing recovered yet: this run took it
+    spool.log.close()
+    again = open_spool(tmp_path / "spool")
+    assert again.redelivery(41, "t/a", b"other") is None  # the packet id reused for another publication
+    assert again.redelivery(41, "t/a", b"one") == spooled
+    assert again.redelivery(41, "t/a", b"one") is None  # once per entry
+    assert again.redeliveries_recognised == 1
+    again.release([(7, 2)])
+    assert again.redelivery(42, "t/a", b"two") is None  # released: custody over, a new publication
+
+
+def test_a_record_written_before_packet_ids_were_kept_still_reads(tmp_path: Path) -> None:
+    log = RecordLog(tmp_path / "spool")
+    log.append([msgpack.packb(["p", 7, 1, "t/a", b"x", 1, False, None, 1000.0], use_bin_type=True)])
+    log.close()
+    spool = open_spool(tmp_path / "spool")
+    assert [(entry.key, entry.mid) for entry in spool.recovered()] == [((7, 1), 0)]
+    assert spool.undecodable == 0

@@ -55,8 +55,8 @@ HOT_EVENTS: list[tuple[str, dict[str, Any]]] = [
     (events.PUBLICATION_FORWARDED, {"pub": PUB, "filter": "bench/#", "to": ["127.0.0.11:10500"], "mode": "mesh"}),
     (events.PUBLICATION_DELIVERED, {"pub": PUB, "topic": "bench/t3", "filter": "bench/#", "hops": 1}),
     (events.PUBLICATION_DROPPED, {"pub": PUB, "filter": "bench/#", "reason": "no_route"}),
-    (events.PUBLICATION_DROPPED, {"pub": PUB, "filter": "bench/#", "reason": "unacknowledged",
-                                  "to": "127.0.0.11:10500"}),
+    (events.PUBLICATION_DROPPED, {"pub": PUB, "filter": "bench/#", "reason": "send_backlog",
+                                  "to": ["127.0.0.11:10500"]}),
     (events.PUBLICATION_DROPPED, {"pub": None, "filter": None, "reason": "too_large", "topic": "big", "size": 70000}),
     (events.DUPLICATE_DROPPED, {"pub": PUB, "filter": "bench/#", "source": "127.0.0.11:10500"}),
     (events.PUBLICATION_RETRANSMITTED, {"pub": PUB, "filter": "bench/#", "to": "127.0.0.11:10500", "attempt": 1}),
@@ -251,8 +251,16 @@ def general_encode(kind: str, sender: Sender, body: TopicMessage) -> bytes:
     return msgpack.packb([kind, wire.PROTOCOL_VERSION, [sender.broker_id.vid, sender.broker_id.address.host,
                                                         sender.broker_id.address.port, sender.epoch],
                           body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq, body.mode,
-                          body.hops, body.topic, body.payload, body.qos, body.retain, body.properties],
+                          body.hops, general_prev(body), body.topic, body.payload, body.qos, body.retain,
+                          body.properties],
                          use_bin_type=True)
+
+
+def general_prev(body: TopicMessage) -> Any:
+    """`tm.prev` as docs/protocol.md gives it: nil, the seq of the same epoch, or [epoch, seq]."""
+    if body.prev is None:
+        return None
+    return body.prev[1] if body.prev[0] == body.epoch else list(body.prev)
 
 
 MESSAGES = [
@@ -261,6 +269,9 @@ MESSAGES = [
     TopicMessage("a/+/c", Address("::1", 1), 0, 0, 1, 3, "a/b/c", b"\x00" * 300, 1, False,
                  {"content_type": "text/plain", "user_property": [["k", "v"]], "message_expiry": 5}),
     TopicMessage("#", Address("h" * 255, 65535), 7, 9, 0, 1, "x", b"p", 0, True, {}),
+    TopicMessage("bench/#", ORIGIN, 3, 5, 0, 0, "bench/t1", b"x", 1, False, None, (3, 4)),
+    TopicMessage("bench/#", ORIGIN, 3, 5, 1, 2, "bench/t1", b"x", 2, False, None, (2, 2**64 - 1)),
+    TopicMessage("bench/#", ORIGIN, 3, 5, 1, 2, "bench/t1", b"x", 1, False, {"content_type": "a"}, (3, 0)),
 ]
 
 
@@ -289,7 +300,8 @@ def test_tm_decoding_matches_the_general_path(message: TopicMessage, monkeypatch
     assert general == wire.Packet(wire.TOPIC_MESSAGE, SENDER, message)
     assert decode_or_fault(data) == general
     shortcut = wire._fast_topic_message(msgpack.unpackb(data, raw=False))
-    assert shortcut == (general if message.properties is None else None)  # taken when it applies
+    applies = message.properties is None and (message.prev is None or message.prev[0] == message.epoch)
+    assert shortcut == (general if applies else None)  # taken when it applies
 
 
 def _tm_fields() -> list[Any]:
@@ -297,10 +309,12 @@ def _tm_fields() -> list[Any]:
 
 
 BAD_VALUES: list[tuple[int, Any]] = [
-    (1, 2), (1, True), (2, [1, "h", 1]), (2, [-1, "h", 1, 1]), (2, [1, "h", 70000, 1]), (2, [1, 5, 1, 1]),
+    (1, 1), (1, True), (2, [1, "h", 1]), (2, [-1, "h", 1, 1]), (2, [1, "h", 70000, 1]), (2, [1, 5, 1, 1]),
     (2, [1, "h" * 256, 1, 1]), (2, [1, "h", 1, -5]), (3, "bad/#/filter"), (3, "a/+x"), (3, 7), (4, ["h"]),
-    (4, ["h", -1]), (4, [1, 1]), (5, -1), (5, 1.0), (6, -2**63), (7, 2), (7, True), (8, 256), (9, "a/#"),
-    (9, "a/\x00"), (9, b"a/b"), (10, "text"), (11, 3), (11, False), (12, 1), (13, {"bad": 1.5}), (13, []),
+    (4, ["h", -1]), (4, [1, 1]), (5, -1), (5, 1.0), (6, -2**63), (7, 2), (7, True), (8, 256),
+    (9, -1), (9, 5), (9, 6), (9, "4"), (9, [1]), (9, [1, 2, 3]), (9, [2, 7]), (9, [1, -1]), (9, 1.0),
+    (10, "a/#"), (10, "a/\x00"), (10, b"a/b"), (11, "text"), (12, 3), (12, False), (13, 1), (14, {"bad": 1.5}),
+    (14, []),
 ]
 
 
@@ -312,7 +326,7 @@ def test_bad_tm_faults_are_named_as_before(index: int, value: Any, monkeypatch: 
     fields[index] = value
     data = msgpack.packb(fields, use_bin_type=True)
     general = decode_general(data, monkeypatch)
-    assert not isinstance(general, wire.Packet) or index == 13
+    assert not isinstance(general, wire.Packet) or index == 14
     assert decode_or_fault(data) == general
 
 
@@ -320,7 +334,7 @@ def test_tm_of_the_wrong_length_is_refused_as_before(monkeypatch: pytest.MonkeyP
     for fields in (_tm_fields()[:-1], [*_tm_fields(), None]):
         data = msgpack.packb(fields, use_bin_type=True)
         general = decode_general(data, monkeypatch)
-        assert general == ("wrong_length", f"tm: expected 11 body fields, got {len(fields) - 3}")
+        assert general == ("wrong_length", f"tm: expected 12 body fields, got {len(fields) - 3}")
         assert decode_or_fault(data) == general
 
 

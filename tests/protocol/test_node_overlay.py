@@ -21,17 +21,8 @@ class LossyHarness(Harness):
 
     deaf: set[int]
 
-    def flush(self, index: int) -> None:
-        node = self.nodes.get(index)
-        if node is not None and getattr(self, "deaf", None):
-            kept = []
-            for data, target in node.packets_to_send():
-                target_index = int(target.host.rsplit(".", 1)[1])
-                if target_index in self.deaf and wire.packet_type(data) in (wire.FEDERATE, wire.TOPOLOGY_UPDATE):
-                    continue
-                kept.append((data, target))
-            node.outbox.packets = kept
-        super().flush(index)
+    def lose(self, data: bytes, source: Address, target: int) -> bool:
+        return target in getattr(self, "deaf", ()) and wire.packet_type(data) in (wire.FEDERATE, wire.TOPOLOGY_UPDATE)
 
 
 def members(h: Harness, index: int) -> set[int]:

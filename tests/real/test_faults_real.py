@@ -7,13 +7,12 @@ subscribers printed is judged (federation/tools/faults, docs/guarantees.md). The
 Mosquitto bridge chain a->b->c (`cleansession false`), the reference, printed beside the federation
 (`pytest -s` is not needed: the fixture prints the table).
 
-Every case asserts the issue's target: 0 lost (acknowledged to the publisher, never received), 0 out
-of order, and for QoS 2 0 duplicated. The cases today's code fails are marked xfail(strict=True) one
-by one below, with what its wrappers' events and status showed; a case that starts passing fails as
-XPASS until its mark is removed. The bridge chain is reported and sanity-checked: every case ran and
-carried both streams until its fault (what it lost under the fault is measured, not asserted: its QoS 2
-bridges never recover from a disturbance in Mosquitto 2.0.11, and a killed subscriber broker loses the
-QoS 1 publications its bridge delivers before the subscriber is back in some runs; docs/guarantees.md).
+Every case asserts the issue's target, with no mark left: 0 lost (acknowledged to the publisher, never
+received), 0 out of order, and for QoS 2 0 duplicated (QoS 1 may repeat, as MQTT allows). The bridge chain is
+reported and sanity-checked: every case ran and carried both streams until its fault (what it lost under the
+fault is measured, not asserted: its QoS 2 bridges never recover from a disturbance in Mosquitto 2.0.11, and a
+killed subscriber broker loses the QoS 1 publications its bridge delivers before the subscriber is back in some
+runs; docs/guarantees.md).
 
 The whole suite runs once per session (`suite` fixture), every setup in a worker process of its own and
 the 30 s partition beside the rest, plus the QoS 2 burst at Mosquitto's default in-flight limit: about
@@ -47,48 +46,6 @@ pytestmark = [requires_mosquitto,
 
 FEDERATIONS = ("federation-line", "federation-ring")
 BRIDGE = "bridge-line"
-
-REASONS = {
-    "no-core": "publications toward a core unreachable for longer than the neighbour-down time plus the 2 s hold "
-               "are dropped (no_core, hold_overflow)",
-    "restart": "publications the restarted publisher-side wrapper originates vanish without a drop event",
-    "order": "a random parent toward the core per publication: publications overtake each other on a ring",
-}
-"""The causes seen in the wrappers' events and status (docs/guarantees.md, "Why the cases fail today")."""
-
-
-def issue19(*causes: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason="issue 19: " + "; ".join(REASONS[cause] for cause in causes))
-
-
-XFAIL: dict[tuple[str, str], pytest.MarkDecorator] = {
-    # (setup, fault) -> the mark of both QoS levels
-    ("federation-line", "kill-middle-wrapper"): issue19("no-core"),
-    ("federation-line", "kill-subscriber-wrapper"): issue19("no-core"),
-    ("federation-line", "pause-middle-wrapper"): issue19("no-core"),
-    ("federation-line", "partition"): issue19("no-core"),
-    ("federation-ring", "kill-publisher-wrapper"): issue19("order"),
-    ("federation-ring", "kill-middle-wrapper"): issue19("order"),
-    ("federation-ring", "kill-subscriber-wrapper"): issue19("no-core", "order"),
-    ("federation-ring", "kill-subscriber-broker"): issue19("order"),
-    ("federation-ring", "pause-middle-wrapper"): issue19("order"),
-    ("federation-ring", "partition"): issue19("no-core", "order"),
-}
-FLAKY: dict[tuple[str, str], pytest.MarkDecorator] = {
-    # Passes in some runs today and fails in others: a strict mark would fail the first, no mark the second.
-    ("federation-line", "kill-publisher-wrapper"): pytest.mark.xfail(
-        strict=False, reason="issue 19: in some runs (one stream or both) " + REASONS["restart"]),
-    ("federation-line", "kill-subscriber-broker"): pytest.mark.xfail(
-        strict=False, reason="in some runs the v5 mosquitto_sub of the QoS 2 stream stops with 'A network protocol "
-                             "error occurred' when the publications held for it since its broker restarted are "
-                             "released at once, and again at each reconnection (the wrapper's injections were "
-                             "acknowledged; a v5 QoS 2 mosquitto_sub does so on one Mosquitto 2.0.11 without any "
-                             "federation in 1 of 3 bursts of 2,000)"),
-    ("federation-ring", "kill-middle-broker"): pytest.mark.xfail(
-        strict=False, reason="issue 19: in most runs a few publications arrive after a later one ("
-                             + REASONS["order"] + ")"),
-}
-
 
 @dataclass
 class Suite:
@@ -136,9 +93,8 @@ def case_params() -> list[Any]:
     params = []
     for setup in FEDERATIONS:
         for fault in SUITE:
-            marks = [mark for mark in (XFAIL.get((setup, fault.name)), FLAKY.get((setup, fault.name))) if mark]
             for qos in (1, 2):
-                params.append(pytest.param(setup, fault.name, qos, marks=marks, id=f"{setup}-{fault.name}-q{qos}"))
+                params.append(pytest.param(setup, fault.name, qos, id=f"{setup}-{fault.name}-q{qos}"))
     return params
 
 
@@ -192,7 +148,3 @@ def test_every_case_ran(suite: Suite) -> None:
     assert not [(result.setup, result.case, result.error) for cases in suite.results.values() for result in cases
                 if result.error], "cases that could not be judged"
 
-
-def test_every_case_mark_names_a_case() -> None:
-    known = {(setup, fault.name) for setup in FEDERATIONS for fault in SUITE}
-    assert set(XFAIL) <= known and set(FLAKY) <= known and not set(XFAIL) & set(FLAKY)

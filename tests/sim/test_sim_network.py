@@ -80,6 +80,12 @@ class FakeNode:
         out, self.injections = self.injections, []
         return out
 
+    def injection_done(self, publication: PublicationId, now: float) -> None:
+        pass
+
+    def custody_released(self) -> list[PublicationId]:
+        return []
+
     def events_emitted(self) -> list[Event]:
         out, self.events = self.events, []
         return out

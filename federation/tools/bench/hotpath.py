@@ -4,7 +4,8 @@ Theory of operation: a federated publication costs one wrapper (A) a paho
 receive, `Node.local_publish_run` (QoS 0: a burst as one run, sent as `tb`,
 as the runtime hands it over; QoS 1: `Node.local_publish` each) and the
 envelope's batching, and the next wrapper (B) the envelope's checks,
-`Node.receive_packet` and a paho publish; both write events to the
+`Node.receive_packet` (with `Node.injection_done` for QoS 1, whose
+acknowledgements wait for it) and a paho publish; both write events to the
 event log. The end-to-end benchmark
 (`python -m federation.tools.bench`) shows the sum, and a whole-process profile
 mixes in the event loop and the brokers. This command runs every stage in
@@ -50,15 +51,15 @@ STAGES = ("paho_receive", "node_originate", "envelope_send", "envelope_receive",
           "event_log")
 
 
-def publish_packet(topic: str, payload: bytes, qos: int, mid: int) -> bytes:
-    """An MQTT v5 PUBLISH as the broker sends it (no properties)."""
+def publish_packet(topic: str, payload: bytes, qos: int, mid: int, dup: bool = False) -> bytes:
+    """An MQTT v5 PUBLISH as the broker sends it (no properties; `dup`: sent again after a reconnection)."""
     topic_bytes = topic.encode("utf-8")
     body = len(topic_bytes).to_bytes(2, "big") + topic_bytes
     if qos:
         body += mid.to_bytes(2, "big")
     body += b"\x00" + payload
     length = len(body)
-    header = bytearray([0x30 | (qos << 1)])
+    header = bytearray([0x30 | (qos << 1) | (0x08 if dup else 0)])
     while True:
         byte, length = length & 0x7F, length >> 7
         header.append(byte | (0x80 if length else 0))
@@ -175,6 +176,9 @@ class Pipeline:
         for packet, source in opened:
             b.receive_packet(packet, source, now)
         injections = b.injections_to_make()
+        if qos:  # custody: the acknowledgements leave once the broker has the publications (here: at once)
+            for injection in injections:
+                b.injection_done(injection.publication, now)
         acks = b.packets_to_send()
         events_b = b.events_emitted()
         timed["node_receive"] += clock() - start
@@ -198,6 +202,7 @@ class Pipeline:
                 a.receive_packet(packet, B, now)
         a.packets_to_send()
         a.events_emitted()
+        a.custody_released()
         self._ack_paho(injections)
         self.now += 0.001
 

@@ -201,7 +201,7 @@ class CaseRun:
 
     def __init__(self, setup: FaultSetup, case: str, schedule: list[Scheduled], timing: Timing, clients_dir: Path,
                  run_token: str, length: float = 0.0, streams: tuple[int, ...] = STREAM_QOS,
-                 burst: int | None = None, qos2_v5: bool = True) -> None:
+                 burst: int | None = None, qos2_v5: bool = False) -> None:
         """`length`: the streams run at least this long (seconds), and `timing.tail` after the last healing.
         `streams`: their QoS levels. `burst`: each stream is that many publications as fast as they go,
         instead of `timing.rate` per second. `qos2_v5`: the QoS 2 subscriber speaks MQTT v5 (session expiry),

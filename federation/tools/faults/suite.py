@@ -99,7 +99,7 @@ class Job:
     """the wrappers' protocol settings (None: DEFAULT_SETTINGS)"""
     mosquitto_template: Path | None = None
     """the brokers' config template (None: configs/mosquitto.conf)"""
-    qos2_v5: bool = True
+    qos2_v5: bool = False
     """the QoS 2 subscriber speaks MQTT v5 (else 3.1.1, as the QoS 1 subscriber)"""
 
     def to_json(self) -> dict[str, Any]:
@@ -135,7 +135,7 @@ def suite_plans(faults: Sequence[Fault] = SUITE, lead: float = Timing.lead) -> t
 
 def suite_jobs(setups: Sequence[str], plans: Sequence[CasePlan], out: Path, subnets: Iterator[int], timing: Timing,
                mosquitto_template: Path | None = None, alone_from: float = ALONE_FROM,
-               qos2_v5: bool = True) -> list[Job]:
+               qos2_v5: bool = False) -> list[Job]:
     """The jobs that run `plans` on every setup: one job per setup, except that a case whose faults last
     `alone_from` seconds or more (the 30 s partition) gets a job of its own, beside the others, so the
     suite takes about as long as its longest case plus the short ones, not the sum. Each job takes the

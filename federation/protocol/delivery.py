@@ -1,0 +1,155 @@
+"""The node's composition of its parts for QoS 1/2 publications: custody across reliable forwarding, the mesh's
+routing and holds, and the publication path.
+
+Theory of operation
+-------------------
+Custody (federation.protocol.custody) is a rule about what several parts do
+together: a copy taken from a neighbour opens an entry (custody), its
+routing adds copies and holds to it (the mesh, through `track`, `held`,
+`unheld`), its injection one more obligation (the publication path), and
+every acknowledgement or copy that comes back settles one (reliable
+forwarding's outcomes). No part sees another; this module is where the node
+tells each what another's work means for QoS 1/2, so that node.py keeps the
+rest (neighbours, dispatch, timers) and both stay readable. It is built
+before the parts that call it and bound to them once they exist (`bind`):
+they are given its methods, as they are given the node's.
+"""
+
+from __future__ import annotations
+
+from federation.protocol.context import NeighboursView, Outbox
+from federation.protocol.custody import Custody
+from federation.protocol.forwarding import NOT_SENT, Routed
+from federation.protocol.mesh import MeshEngine
+from federation.protocol.publications import Publications
+from federation.protocol.reliable import ReliableForwarding
+from federation.protocol.settings import Settings
+from federation.protocol.types import Address, PublicationId
+from federation.protocol.wire import MODE_IN_MESH, MODE_TOWARD_CORE
+from federation.protocol.wire_types import TopicAck, TopicMessage
+
+
+class ReliableDelivery:
+    """What a QoS 1/2 `tm`, `ta`, copy, hold and injection mean across the node's parts."""
+
+    def __init__(self, settings: Settings, outbox: Outbox, neighbours: NeighboursView, custody: Custody) -> None:
+        self._max_hops = settings.max_hops
+        self._outbox = outbox
+        self._neighbours = neighbours
+        self.custody = custody
+        self._reliable: ReliableForwarding | None = None
+        self._mesh: MeshEngine | None = None
+        self._publications: Publications | None = None
+
+    def bind(self, reliable: ReliableForwarding, mesh: MeshEngine, publications: Publications) -> None:
+        self._reliable, self._mesh, self._publications = reliable, mesh, publications
+
+    @property
+    def _parts(self) -> tuple[ReliableForwarding, MeshEngine, Publications]:
+        reliable, mesh, publications = self._reliable, self._mesh, self._publications
+        assert reliable is not None and mesh is not None and publications is not None, "bind() first"
+        return reliable, mesh, publications
+
+    # ------------------------------------------------------------ packets from neighbours
+
+    def receive(self, message: TopicMessage, sender: Address, announced: Address, now: float) -> Routed:
+        """A QoS 1/2 `tm` from neighbour `sender` (transport; `announced` its address): custody's rules."""
+        reliable, mesh, publications = self._parts
+        custody = self.custody
+        entry = custody.get(message.publication, message.filter)
+        key = publications.seen_key(message)
+        if entry is None and key not in publications.seen:
+            refusal = reliable.pressure()
+            if refusal is not None:
+                self._outbox.drop(refusal)  # a new copy, unacknowledged: its sender sends it again
+                return NOT_SENT
+            taken = custody.open(message, sender)
+            reliable.remember(message, sender, now)
+            routed = publications.take(message, key, announced, now)  # obligations: copies, injection, hold
+            custody.settle(taken)  # acknowledged now if it owes nothing
+            return routed
+        publications.duplicate(message, announced, now)
+        if entry is not None and entry.upstream == sender:
+            self._outbox.counters["retransmissions_absorbed"] += 1  # acknowledged once our obligations are done
+            return NOT_SENT
+        routed = NOT_SENT
+        if message.mode == MODE_TOWARD_CORE and not mesh.is_member(message.filter) \
+                and message.hops + 1 < self._max_hops:
+            # Rerouted toward the core through us: "we have it" says nothing of where it must go from here.
+            self._outbox.counters["rerouted_through"] += 1
+            if entry is None:  # we delivered it before: a relay again, acknowledging when done
+                refusal = reliable.pressure()
+                if refusal is not None:
+                    self._outbox.drop(refusal)
+                    return NOT_SENT
+                relay = custody.open(message, sender)
+                routed = mesh.route_again(message, now, exclude=announced)
+                self._copy_arrived(sender, message)
+                custody.settle(relay)
+                return routed
+            routed = mesh.route_again(message, now, exclude=announced)  # joins the entry we hold
+        self._copy_arrived(sender, message)
+        reliable.acknowledge(message, sender)
+        return routed
+
+    def _copy_arrived(self, sender: Address, message: TopicMessage) -> None:
+        """A neighbour sent us a (publication, filter) we had a copy out to it for: it has it."""
+        reliable, _, _ = self._parts
+        copy = reliable.copy_arrived(sender, message)
+        if copy is not None and copy.owned:
+            self.custody.copy_done(sender, message.publication, message.filter)
+
+    def on_ack(self, ack: TopicAck, sender: Address) -> bool:
+        """A `ta`: True when it acknowledged a copy we waited for (an echo: both directions work, rule 1)."""
+        reliable, _, _ = self._parts
+        copy = reliable.on_ack(ack, sender)
+        if copy is None:
+            return False
+        if copy.owned:
+            self.custody.copy_done(sender, ack.publication, ack.filter)
+        return True
+
+    # ------------------------------------------------------------ what the parts hand back
+
+    def track(self, message: TopicMessage, transports: list[Address]) -> None:
+        """QoS 1/2 copies sent now (by the mesh, or replayed): retransmitted until acknowledged, and obligations
+        of their custody entry when it is open."""
+        reliable, _, _ = self._parts
+        reliable.track(message, transports, self.custody.copies_sent(message, transports))
+
+    def route_again(self, message: TopicMessage, transport: Address, now: float) -> bool:
+        """Reliable forwarding hands back a copy in custody whose next hop is down (out of its table): keep it for
+        a mesh neighbour that still is one (True), else route the publication again from here (new copies,
+        or held) and settle that copy (False)."""
+        reliable, mesh, _ = self._parts
+        neighbour = self._neighbours.get(transport)
+        announced = neighbour.announced.address if neighbour is not None and neighbour.announced is not None else None
+        if message.mode == MODE_IN_MESH and announced is not None and mesh.is_mesh_neighbour(message.filter, announced):
+            return True
+        mesh.route_again(message, now)
+        if (transport, message.publication, message.filter) in reliable.unacked:
+            return True  # routed to the same neighbour again: still its copy
+        self.custody.copy_done(transport, message.publication, message.filter)
+        return False
+
+    def give_back(self, message: TopicMessage) -> None:
+        """A neighbour's QoS 1/2 publication we cannot keep (the hold is full, or its injection failed): given
+        back unacknowledged and forgotten, so its sender's next retransmission is taken anew."""
+        reliable, _, publications = self._parts
+        entry = self.custody.abandon(message.publication, message.filter)
+        publications.forget(message)
+        if entry is not None:
+            reliable.disown(entry.copies, message.publication, message.filter)
+
+    # ------------------------------------------------------------ the embedder's broker
+
+    def injection_done(self, publication: PublicationId) -> None:
+        self.custody.injection_done(publication)
+
+    def injection_failed(self, publication: PublicationId) -> None:
+        _, _, publications = self._parts
+        publications.forget_injection(publication)
+        entry = self.custody.injecting.get(publication)
+        if entry is not None:
+            self.give_back(entry.message)
+            self._outbox.counters["injections_failed"] += 1
