@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from federation.envelope.reassembly import Reassembler
 from federation.envelope.replay import PeerEpochs, SenderTable
-from federation.protocol import events
+from federation.protocol import events, wire
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, Event
 
@@ -75,8 +75,9 @@ ENCRYPTIONS = (ENCRYPTION_NONE, ENCRYPTION_CHACHA)
 
 HEADER = struct.Struct(">BBBIQQQB")
 """magic, version, kind, key id, epoch, sequence, receiver epoch, sender length; then the sender (UTF-8)"""
-MAX_EPOCH = 2**64 - 1
-"""envelope epochs are 1 to this; a receiver epoch of 0 means: not known yet"""
+MAX_EPOCH = (wire.MAX_EPOCH + 1) * 1_000_000 - 1
+"""envelope epochs are 1 to this (the microseconds of the node's epoch range: `envelope_epoch` never passes it);
+a receiver epoch of 0 means: not known yet. A header naming more is refused (`envelope_malformed`)"""
 ITEM_PACKET = 1
 ITEM_FRAGMENT = 2
 ITEM_EPOCH = 3
@@ -223,7 +224,7 @@ class Envelope:
         if not 0 < len(self.sender) <= MAX_SENDER:
             raise EnvelopeConfigError(f"sender address {sender} is longer than {MAX_SENDER} bytes")
         if not 0 < epoch <= MAX_EPOCH:
-            raise EnvelopeConfigError(f"epoch must be 1 to 2^64-1 (0 means unknown on the wire), got {epoch}")
+            raise EnvelopeConfigError(f"epoch must be 1 to {MAX_EPOCH} (0 means unknown on the wire), got {epoch}")
         self.epoch = epoch
         self.keys, self._keys_by_id = _key_table(config.keys)
         if not self.keys:
@@ -292,7 +293,7 @@ class Envelope:
         """Stamp `epoch` as the receiver epoch of what is sent to `to` until `to` is heard from. The daemon never
         needs it (the peer's own datagrams teach it); for tools and tests that play a peer without listening."""
         if not 0 <= epoch <= MAX_EPOCH:
-            raise ValueError(f"epoch must be 0 to 2^64-1, got {epoch}")
+            raise ValueError(f"epoch must be 0 to {MAX_EPOCH}, got {epoch}")
         self.peers.set(to, epoch)
 
     def _frame(self, packets: list[bytes], to: Address, out: list[tuple[bytes, Address]]) -> None:
@@ -372,6 +373,10 @@ class Envelope:
         if version != ENVELOPE_VERSION:
             return self._drop(ENVELOPE_VERSION_MISMATCH, f"envelope version {version}, this wrapper speaks "
                                                          f"{ENVELOPE_VERSION}", source, size, now)
+        if not (0 < epoch <= MAX_EPOCH and seq and receiver_epoch <= MAX_EPOCH):
+            return self._drop(ENVELOPE_MALFORMED, f"epoch {epoch}, seq {seq}, receiver epoch {receiver_epoch}: "
+                                                  f"out of range (epochs 1 to {MAX_EPOCH}, seq from 1)",
+                              source, size, now)
         body_start = HEADER.size + sender_size
         tag_size = 0 if kind == KIND_OPEN else TAG_SIZE
         if kind not in MODES or sender_size == 0 or body_start + tag_size >= size:
@@ -626,8 +631,8 @@ def envelope_epoch(boot_epoch: int, unix_time: float) -> int:
     `max(boot_epoch * 10^6, unix time in microseconds)`: the boot epoch (persisted,
     never going backwards) makes it grow across restarts with a state directory;
     the microseconds make two restarts in the same second differ without one.
-    It saturates at 2^64-1: a boot epoch above 2^64 / 10^6 (about 1.8 × 10^13)
-    makes every later start share that epoch, which the node's epoch range
-    must rule out (docs/protocol.md, "Envelope").
+    A boot epoch is at most wire.MAX_EPOCH (docs/protocol.md, "Ranges"), so this
+    stays within MAX_EPOCH; it saturates there only for a unix time past the year
+    36,812.
     """
     return min(max(boot_epoch * 1_000_000, int(unix_time * 1_000_000), 1), MAX_EPOCH)

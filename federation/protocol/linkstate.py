@@ -56,7 +56,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from federation.protocol.types import Address, BrokerId
-from federation.protocol.wire import DIGEST_BUCKETS, FLAG_LEAVING, LinkStateRecord, SummaryEntry, record_size
+from federation.protocol.wire import (
+    DIGEST_BUCKETS,
+    FLAG_LEAVING,
+    MAX_DISTANCE,
+    LinkStateRecord,
+    SummaryEntry,
+    record_size,
+)
 
 
 def entry_hash(address: Address, epoch: int, seq: int) -> int:
@@ -148,7 +155,7 @@ class LinkStateDatabase:
         (newer but the same links: forward, routes unchanged), "shorter" (same freshness, shorter
         distance: kept, not forwarded) or "old" (ignore)."""
         address = record.origin.address
-        distance = record.distance + hops_travelled
+        distance = min(record.distance + hops_travelled, MAX_DISTANCE)
         held = self.records.get(address)
         if held is None:
             if len(self.records) >= self.capacity and not self._evict_one():

@@ -7,9 +7,20 @@ Envelopes in memory, wired by hand; a restart is a new Envelope at the same addr
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
-from federation.envelope.datagrams import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
+from federation.envelope.datagrams import (
+    ITEM_PACKET,
+    MAX_EPOCH,
+    PACKET_ITEM,
+    Envelope,
+    EnvelopeConfig,
+    EnvelopeConfigError,
+    envelope_epoch,
+)
+from federation.protocol import wire
 from federation.protocol.types import Address
 
 A = Address("10.0.0.1", 10500)
@@ -144,12 +155,40 @@ def test_open_frames_carry_the_stamp_too_but_anyone_can_write_it() -> None:
 
 
 def test_epoch_zero_means_unknown_and_is_no_envelope_epoch() -> None:
-    with pytest.raises(EnvelopeConfigError, match="1 to 2\\^64-1"):
+    with pytest.raises(EnvelopeConfigError, match=f"1 to {MAX_EPOCH}"):
         Envelope(A, 0)
-    with pytest.raises(EnvelopeConfigError, match="1 to 2\\^64-1"):
-        Envelope(A, 2**64)
+    with pytest.raises(EnvelopeConfigError, match=f"1 to {MAX_EPOCH}"):
+        Envelope(A, MAX_EPOCH + 1)
     assert envelope_epoch(0, 0.0) == 1
-    assert Envelope(A, 2**64 - 1).epoch == 2**64 - 1
+    assert Envelope(A, MAX_EPOCH).epoch == MAX_EPOCH
+
+
+def test_the_envelope_epoch_range_is_the_microseconds_of_the_node_epoch_range() -> None:
+    """A node's epoch never passes wire.MAX_EPOCH, so its envelope epoch never saturates: it grows at every
+    restart up to the last boot epoch of the range."""
+    assert MAX_EPOCH == (wire.MAX_EPOCH + 1) * 1_000_000 - 1 < 2**64
+    assert envelope_epoch(wire.MAX_EPOCH, 0.0) < MAX_EPOCH
+    assert envelope_epoch(wire.MAX_EPOCH - 1, 0.0) < envelope_epoch(wire.MAX_EPOCH, 0.0)
+    assert envelope_epoch(wire.MAX_EPOCH, 2.0**40 + 1) == MAX_EPOCH  # a clock past the year 36,812 saturates
+
+
+@pytest.mark.parametrize(("epoch", "seq", "receiver_epoch", "accepted"), [
+    (1, 1, 0, True), (MAX_EPOCH, 2**64 - 1, MAX_EPOCH, True),  # the edges of the ranges
+    (0, 1, 0, False), (MAX_EPOCH + 1, 1, 0, False), (2**64 - 1, 1, 0, False),  # sender epoch
+    (1, 0, 0, False),  # seq 0: sequence numbers start at 1
+    (1, 1, MAX_EPOCH + 1, False), (1, 1, 2**64 - 1, False),  # receiver epoch
+])
+def test_every_header_number_is_range_checked(epoch: int, seq: int, receiver_epoch: int, accepted: bool) -> None:
+    """Out of range: refused as `envelope_malformed` before the tag is checked or anything is learned."""
+    receiver = Envelope(B, receiver_epoch if 0 < receiver_epoch <= MAX_EPOCH else 5, MODES["open"])
+    sender = Envelope(A, 1, MODES["open"])
+    data = bytearray(sender.seal_body(PACKET_ITEM.pack(ITEM_PACKET, 5) + b"hello"))
+    struct.pack_into(">QQQ", data, 7, epoch, seq, receiver_epoch)  # after magic, version, kind and key id
+    packets = receiver.receive_datagram(bytes(data), A, 0.0)
+    if accepted:
+        assert receiver.drops.get("envelope_malformed", 0) == 0 and len(receiver.peers) == 1
+    else:
+        assert packets == [] and receiver.drops == {"envelope_malformed": 1} and len(receiver.peers) == 0
 
 
 def test_a_sender_named_as_the_destination_decides_the_stamp_whatever_else_comes_from_that_address() -> None:
