@@ -13,7 +13,10 @@ The figures these tests print (`-s`) are the ones docs/security.md reports.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -249,3 +252,56 @@ def test_fake_records_as_fast_as_a_socket_sends_them_are_survived(keyed: tuple[L
     print(f"\nrecords at full speed: {flood.summary()}")
     assert flood.handled > 20_000
     recovered(federation, flood, clients, f"records/{uuid.uuid4().hex[:8]}")
+
+
+SIGTERM_DEADLINE = 1.0
+"""seconds from SIGTERM to the wrapper's exit, under any load (issue 22)"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="spoofing the neighbour's source address needs a raw socket (root)")
+def test_sigterm_is_honoured_within_a_second_under_a_record_flood(keyed: tuple[LocalFederation, Path]) -> None:
+    """Fake records from n0's address as fast as a raw socket sends them, from a thread; after 2 s of it, SIGTERM
+    to n1: it must exit (cleanly, status 0) within SIGTERM_DEADLINE, the flood still running. Before issue 22 the
+    flooded wrapper ignored SIGTERM for more than 5 s."""
+    federation, key_file = keyed
+    n0, victim = wrapper_address(federation, "n0"), wrapper_address(federation, "n1")
+    holder = KeyHolder(Address("records.example", 10500), key_file, victim,
+                       int(federation.status("n1")["envelope"]["epoch"]))
+    sender = as_neighbour(federation, "n0")
+    datagrams = [holder.seal_body(PACKET_ITEM.pack(ITEM_PACKET, len(packet)) + packet)
+                 for packet in (wire.encode(wire.FEDERATE, sender, wire.Federate(record))
+                                for record in fake_records(0, 60_000))]  # built first: the sending is all the flood
+    process = federation.node("n1").wrapper_process
+    assert process is not None
+    stop = threading.Event()
+    sent = [0]
+
+    def flood() -> None:
+        with Spoofer() as spoofer:
+            for datagram in datagrams:
+                if stop.is_set():
+                    return
+                spoofer.send(n0, victim, datagram)
+                sent[0] += 1
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        wait_for(lambda: sent[0] >= 20_000 or not flooder.is_alive(), 30, interval=0.01,
+                 message="the flood to get going")
+        assert flooder.is_alive(), "the flood ended before SIGTERM: build more records"
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        try:
+            status = process.wait(timeout=SIGTERM_DEADLINE + 4)
+        except subprocess.TimeoutExpired:
+            status = None
+        exited = time.monotonic() - signalled
+        flooding = flooder.is_alive()
+    finally:
+        stop.set()
+        flooder.join(10)
+    print(f"\nSIGTERM under a record flood ({sent[0]} records sent): exited after {exited * 1000:.0f} ms, "
+          f"status {status}, the flood {'still running' if flooding else 'over'} at the exit")
+    assert flooding, "the flood ended before the wrapper exited: the measure is not under load"
+    assert status == 0 and exited <= SIGTERM_DEADLINE, f"exited after {exited:.2f} s with status {status}"
