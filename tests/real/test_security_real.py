@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from federation.daemon.keys import generate_key
-from federation.envelope.datagrams import HEADER, Envelope, EnvelopeConfig
+from federation.envelope.datagrams import HEADER, MAX_EPOCH, Envelope, EnvelopeConfig
 from federation.protocol import wire
 from federation.protocol.types import Address, BrokerId
 from federation.tools.launch import LocalFederation, line
@@ -141,7 +141,7 @@ def test_forged_datagrams_are_dropped_and_nothing_reaches_the_broker(keyed: Loca
     assert envelope["mode"] == ("aead" if envelope["encryption"] == "chacha20-poly1305" else "mac")
     before = drops(federation, "n1")
     packets = forged_publications(federation, f"{prefix}/forged", 3)
-    future_epoch = 2**63  # newer than n0's, so only the key can stop it
+    future_epoch = MAX_EPOCH  # newer than n0's, so only the key can stop it
     wrong_key = bytes(range(1, 33))
     forged_tag = [bytearray(d) for d in seal(packets, n0, n1, future_epoch, EnvelopeConfig(keys=(wrong_key,)))]
     our_id = bytes.fromhex(envelope["key_ids"][0])
@@ -272,7 +272,7 @@ def test_the_same_forgery_gets_through_an_open_overlay(tmp_path: Path, clients: 
         n0, n1 = address(federation, "n0"), address(federation, "n1")
         packets = forged_publications(federation, f"{prefix}/forged", 1)
         n1_epoch = epoch_on_the_wire(federation, "n1", "n0")  # the receiver epoch to stamp: in any of its datagrams
-        for datagram in seal(packets, n0, n1, 2**63, EnvelopeConfig(), receiver_epoch=n1_epoch):
+        for datagram in seal(packets, n0, n1, MAX_EPOCH, EnvelopeConfig(), receiver_epoch=n1_epoch):
             spoof(n0, n1, datagram)
         subscriber.wait_for_message(f"{prefix}/forged", b"forged 0")
     finally:
