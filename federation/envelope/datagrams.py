@@ -80,7 +80,7 @@ MAX_EPOCH = (wire.MAX_EPOCH + 1) * 1_000_000 - 1
 a receiver epoch of 0 means: not known yet. A header naming more is refused (`envelope_malformed`)"""
 ITEM_PACKET = 1
 ITEM_FRAGMENT = 2
-ITEM_EPOCH = 3
+ITEM_EPOCH = 5
 """an epoch announcement: the kind byte alone. It carries nothing but the header it is in, which teaches the
 receiver our epoch: the answer to a datagram refused for naming another epoch of ours (`receiver_epoch`)"""
 ANNOUNCE_GAP = 1.0
