@@ -102,8 +102,9 @@ def next_epoch(previous: int | None, now_seconds: float) -> int:
     epoch = wall if previous is None else max(previous + 1, wall)
     if not 0 <= epoch <= MAX_EPOCH:
         raise EpochExhausted(f"the saved epoch {previous} leaves no next epoch within 0 to {MAX_EPOCH} "
-                             f"(docs/protocol.md, \"Ranges\"); the file was not written by this wrapper: remove "
-                             f"its \"epoch\" field (the wrapper then starts from the unix time)")
+                             f"(docs/protocol.md, \"Ranges\"; only a hand-edited state file, or a million restarts "
+                             f"at the top of the range, get there): remove its \"epoch\" field to start again from "
+                             f"the unix time")
     return epoch
 
 
