@@ -53,9 +53,22 @@ def peer_socket() -> Iterator[tuple[socket.socket, Address]]:
         peer.close()
 
 
+PEER_EPOCH = 1
+"""the envelope epoch of the test's peers (`peer_envelope`, `packets_in`)"""
+
+
+def peer_envelope(wrapper: Running, peer: Address) -> Envelope:
+    """An (unsigned) envelope for a peer at `peer`, introduced to the wrapper's both ways, as if they had
+    exchanged a datagram: the peer stamps the wrapper's epoch, the wrapper stamps PEER_EPOCH."""
+    envelope = Envelope(peer, PEER_EPOCH)
+    envelope.set_peer_epoch(wrapper.config.bind, wrapper.envelope.epoch)
+    wrapper.envelope.set_peer_epoch(peer, PEER_EPOCH)
+    return envelope
+
+
 def packets_in(data: bytes) -> list[bytes]:
-    """the protocol packets of one datagram a runtime sent (unsigned envelope)"""
-    return Envelope(Address("127.0.0.1", 1), 1).receive_datagram(data, Address("127.0.0.1", 2), 0.0)
+    """the protocol packets of one datagram a runtime sent (unsigned envelope) to a peer of PEER_EPOCH"""
+    return Envelope(Address("127.0.0.1", 1), PEER_EPOCH).receive_datagram(data, Address("127.0.0.1", 2), 0.0)
 
 
 class RuntimeThread:

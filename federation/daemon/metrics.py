@@ -45,15 +45,15 @@ log = logging.getLogger("federation.daemon.metrics")
 Snapshot = dict[str, Any]
 
 NODE_DROP_REASONS = (
-    "oversized", "malformed", "unknown_type", "version", "wrong_length", "wrong_type", "bad_filter", "bad_topic",
-    "too_many_neighbours", "unknown_neighbour", "own_address", "system_topic", "stale_hello_back", "digest_not_up",
-    "core_announcements_full", "topics_full", "children_evicted", "tc_core_unreachable", "ownership_stale",
-    "ts_core_mismatch", "max_hops", "mesh_copy_neighbour_down", "shared_no_member", "publication_no_route",
-    "publication_no_core",
-    "publication_hold_overflow", "held_overflow", "reroute_topics_full", "replay_abandoned", "replay_evicted",
-    "qos0_late", "reliable_table_full", "delivery_backlogged", "inject_backlog_qos0", "inject_backlog_qos12",
-    "receive_backlog_qos0", "receive_backlog_qos12", "send_backlog_qos0", "publication_too_large",
-    "no_subscriber_after_broker_restart", "resubscribe_hold_full", "spool_expired", "spool_age",
+    "oversized", "malformed", "unknown_type", "version", "wrong_length", "wrong_type", "out_of_range", "bad_filter",
+    "bad_topic", "too_many_neighbours", "own_epoch_exhausted", "unknown_neighbour", "own_address", "system_topic",
+    "stale_hello_back", "digest_not_up", "core_announcements_full", "topics_full", "children_evicted",
+    "tc_core_unreachable", "ownership_stale", "ts_core_mismatch", "max_hops", "mesh_copy_neighbour_down",
+    "shared_no_member", "publication_no_route", "publication_no_core", "publication_hold_overflow", "held_overflow",
+    "reroute_topics_full", "replay_abandoned", "replay_evicted", "qos0_late", "reliable_table_full",
+    "delivery_backlogged", "inject_backlog_qos0", "inject_backlog_qos12", "receive_backlog_qos0",
+    "receive_backlog_qos12", "send_backlog_qos0", "publication_too_large", "no_subscriber_after_broker_restart",
+    "resubscribe_hold_full", "spool_expired", "spool_age",
 )
 """drop reasons the node and the daemon count (docs/drops.md; tests/docs/test_drop_reasons.py checks this list
 against the code), exported at 0 from the start with the envelope's"""

@@ -45,6 +45,9 @@ log = logging.getLogger("federation.daemon.metrics")
 
 PROBE_TIMEOUT = 2.0
 """seconds a request waits for the event loop's answer"""
+SHUTDOWN_POLL = 0.05
+"""seconds between the server thread's looks at a shutdown request (the default half second would be most of
+the wrapper's second to honour SIGTERM)"""
 PATHS = ("/metrics", "/healthz", "/readyz")
 JSON = "application/json"
 
@@ -144,6 +147,6 @@ def start_metrics_server(host: str, port: int, probe: Probe) -> ThreadingHTTPSer
     server = server_class((host, port), _Handler)
     server.probe = probe
     server.registry = registry
-    thread = threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(SHUTDOWN_POLL,), name="metrics-server", daemon=True)
     thread.start()
     return server

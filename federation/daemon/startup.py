@@ -34,7 +34,7 @@ from federation.daemon.injections import JOURNAL_FILE, InjectionJournal
 from federation.daemon.metrics_server import Probe, start_metrics_server
 from federation.daemon.record_log import RecordLog, RecordLogError
 from federation.daemon.spool import SPOOL_FILE, Spool
-from federation.daemon.state import LocalSubscriptions, PersistedState, StateStore, next_epoch
+from federation.daemon.state import EpochExhausted, LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.udp import open_socket
 from federation.envelope.datagrams import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
 from federation.protocol.node import Node
@@ -173,7 +173,10 @@ def boot(config: DaemonConfig, store: StateStore | None) -> tuple[Node, Envelope
         persisted, warning = store.load()
         if warning:
             log.warning("%s", warning)
-        epoch = next_epoch(persisted.epoch, wall)
+        try:
+            epoch = next_epoch(persisted.epoch, wall)
+        except EpochExhausted as error:
+            raise StartupError(f"--state-dir {store.path}: {error}") from None
         broker = str(config.broker)
         if persisted.broker is not None and persisted.broker != broker and persisted.subscriptions.clients:
             log.warning("saved subscriptions were learned from broker %s, not %s: not replaying them",

@@ -56,6 +56,7 @@ from federation.daemon.broker_log import (
     connect_discards_session,
     filters_end_with_session,
 )
+from federation.protocol.wire import MAX_EPOCH
 
 log = logging.getLogger("federation.daemon")
 """the wrapper's own logger"""
@@ -90,10 +91,21 @@ class ClientRecord:
     """the client connected with clean session/clean start 0: its filters outlive its connection"""
 
 
+class EpochExhausted(ValueError):
+    """The saved epoch leaves no next one within the node's range (docs/protocol.md, "Ranges")."""
+
+
 def next_epoch(previous: int | None, now_seconds: float) -> int:
-    """The boot epoch after `previous`: later than it, and at least the unix time."""
+    """The boot epoch after `previous`: later than it, and at least the unix time; EpochExhausted when that is
+    beyond MAX_EPOCH (only a state file written by hand, or a million restarts at the top of the range, can)."""
     wall = int(now_seconds)
-    return wall if previous is None else max(previous + 1, wall)
+    epoch = wall if previous is None else max(previous + 1, wall)
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise EpochExhausted(f"the saved epoch {previous} leaves no next epoch within 0 to {MAX_EPOCH} "
+                             f"(docs/protocol.md, \"Ranges\"; only a hand-edited state file, or a million restarts "
+                             f"at the top of the range, get there): remove its \"epoch\" field to start again from "
+                             f"the unix time")
+    return epoch
 
 
 class LocalSubscriptions:

@@ -7,8 +7,10 @@ the node's packets; `datagrams_to_send(now)` turns each destination's queue
 into as few datagrams as fit `max_datagram` bytes: several small packets are
 batched into one datagram, a packet too big for one datagram is split into
 fragments. Every datagram gets a header naming the sender (its announced
-address), the sender's *envelope epoch* (strictly greater at each restart)
-and a sequence number (+1 per datagram), and then, depending on the mode:
+address), the sender's *envelope epoch* (strictly greater at each restart),
+a sequence number (+1 per datagram) and the *receiver epoch* (the
+destination's envelope epoch as last learned from its own datagrams, 0
+before that), and then, depending on the mode:
 
 - `open` (no key): nothing more. Anyone who can send UDP to a wrapper can
   inject anything; meant for a lab, and the daemon says so loudly.
@@ -21,8 +23,12 @@ and a sequence number (+1 per datagram), and then, depending on the mode:
 Inbound, `receive_datagram` checks in order: the frame is well formed, its
 kind matches our configuration (a keyed wrapper refuses open frames, an
 unkeyed one cannot check keyed frames), the key id is one of ours, the tag
-verifies, and the (sender, epoch, sequence) is new (federation.envelope.replay); then
-it parses the items and reassembles fragments (federation.envelope.reassembly). Each
+verifies, the (sender, epoch, sequence) is new (federation.envelope.replay), and the
+receiver epoch is ours: only this life of ours is ever accepted, so nothing
+captured before a restart is, though the replay windows start empty (what
+the header teaches, the sender's epoch, is learned even from a datagram
+refused for that); then it parses the items and reassembles fragments
+(federation.envelope.reassembly). Each
 refusal is counted by reason and reported as a `packet_dropped` event (at
 most EVENT_BURST per reason per second, the rest counted in `suppressed`:
 a flood of forgeries must not become a flood of log lines). Nothing a peer
@@ -49,13 +55,13 @@ import hashlib
 import hmac
 import math
 import struct
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from federation.envelope.reassembly import Reassembler
-from federation.envelope.replay import SenderTable
+from federation.envelope.replay import PeerEpochs, SenderTable
 from federation.envelope.transfer import (
     DATA_ITEM,
     ITEM_ACK,
@@ -66,7 +72,7 @@ from federation.envelope.transfer import (
     Transfers,
     parse_ack,
 )
-from federation.protocol import events
+from federation.protocol import events, wire
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, Event
 
@@ -74,7 +80,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 MAGIC = 0xFE
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION = 2
 KIND_OPEN = 0
 KIND_MAC = 1
 KIND_AEAD = 2
@@ -84,10 +90,18 @@ ENCRYPTION_NONE = "none"
 ENCRYPTION_CHACHA = "chacha20-poly1305"
 ENCRYPTIONS = (ENCRYPTION_NONE, ENCRYPTION_CHACHA)
 
-HEADER = struct.Struct(">BBBIQQB")
-"""magic, version, kind, key id, epoch, sequence, sender length; then the sender (UTF-8)"""
+HEADER = struct.Struct(">BBBIQQQB")
+"""magic, version, kind, key id, epoch, sequence, receiver epoch, sender length; then the sender (UTF-8)"""
+MAX_EPOCH = (wire.MAX_EPOCH + 1) * 1_000_000 - 1
+"""envelope epochs are 1 to this (the microseconds of the node's epoch range: `envelope_epoch` never passes it);
+a receiver epoch of 0 means: not known yet. A header naming more is refused (`envelope_malformed`)"""
 ITEM_PACKET = 1
 ITEM_FRAGMENT = 2
+ITEM_EPOCH = 5
+"""an epoch announcement: the kind byte alone. It carries nothing but the header it is in, which teaches the
+receiver our epoch: the answer to a datagram refused for naming another epoch of ours (`receiver_epoch`)"""
+ANNOUNCE_GAP = 1.0
+"""seconds: at most one epoch announcement per address in this time"""
 PACKET_ITEM = struct.Struct(">BH")
 """item kind 1, packet length; then the packet"""
 FRAGMENT_ITEM = struct.Struct(">BIHHIH")
@@ -110,9 +124,10 @@ UNAUTHENTICATED = "unauthenticated"
 NO_KEY = "no_key"
 UNKNOWN_KEY = "unknown_key"
 BAD_MAC = "bad_mac"
+RECEIVER_EPOCH = "receiver_epoch"
 TOO_LARGE_TO_SEND = "too_large_to_send"
 DATAGRAM_REASONS = (NOT_ENVELOPE, ENVELOPE_VERSION_MISMATCH, ENVELOPE_MALFORMED, UNAUTHENTICATED, NO_KEY,
-                    UNKNOWN_KEY, BAD_MAC, "stale_epoch", "replayed", "too_old")
+                    UNKNOWN_KEY, BAD_MAC, "stale_epoch", "replayed", "too_old", RECEIVER_EPOCH)
 """reasons that refuse a whole received datagram (each received datagram is accepted or gets one of these)"""
 MESSAGE_REASONS = ("fragment_invalid", "reassembly_timeout", "reassembly_evicted", *TRANSFER_REASONS)
 """reasons that give up a fragmented packet or a bulk transfer (counted once per packet)"""
@@ -174,7 +189,8 @@ class EnvelopeConfig:
     reassembly_timeout: float = 5.0
     """seconds a partial message waits for its missing fragments"""
     reassembly_memory: int = 8 * 1024 * 1024
-    """bytes held by partial messages at most, all senders together"""
+    """bytes of memory partial messages hold at most, all senders together (pieces and bookkeeping, as charged
+    by federation.envelope.reassembly)"""
     max_senders: int = 256
     """senders whose replay windows are kept (least recently heard evicted)"""
     replay_window: int = 1024
@@ -187,6 +203,9 @@ class EnvelopeConfig:
     """seconds without progress after which a bulk transfer is given up"""
     receive_window: int = 1024 * 1024
     """bytes of the socket's receive buffer that bulk transfers may fill (the daemon sets what the kernel gave)"""
+    resend_window: float = 2.0
+    """seconds: packets sent to a peer before its epoch was known (refused there) are sent again when the peer's
+    first datagram teaches it, if at most this old"""
 
     @classmethod
     def from_settings(cls, settings: Settings, keys: Sequence[bytes] = (),
@@ -198,7 +217,8 @@ class EnvelopeConfig:
         return cls(tuple(keys), encryption, settings.max_datagram, settings.max_packet,
                    settings.reassembly_timeout, settings.reassembly_memory, max(64, 4 * settings.max_neighbours),
                    bulk_threshold=settings.bulk_threshold, transfer_memory=settings.transfer_memory,
-                   transfer_timeout=settings.transfer_timeout)
+                   transfer_timeout=settings.transfer_timeout,
+                   resend_window=max(1.0, 2 * settings.hello_interval))
 
     @property
     def max_fragmented(self) -> int:
@@ -238,8 +258,8 @@ class Envelope:
         self.sender = str(sender).encode("utf-8")
         if not 0 < len(self.sender) <= MAX_SENDER:
             raise EnvelopeConfigError(f"sender address {sender} is longer than {MAX_SENDER} bytes")
-        if not 0 <= epoch < 2**64:
-            raise EnvelopeConfigError(f"epoch must be an unsigned 64-bit integer, got {epoch}")
+        if not 0 < epoch <= MAX_EPOCH:
+            raise EnvelopeConfigError(f"epoch must be 1 to {MAX_EPOCH} (0 means unknown on the wire), got {epoch}")
         self.epoch = epoch
         self.keys, self._keys_by_id = _key_table(config.keys)
         if not self.keys:
@@ -261,6 +281,12 @@ class Envelope:
         self.seq = 0
         self.message_id = 0
         self.senders = SenderTable(config.max_senders, config.replay_window)
+        self.peers = PeerEpochs(config.max_senders)
+        self.first_contact = FirstContact(config.max_senders, config.resend_window)
+        self._announced: dict[Address, float] = {}
+        """address -> when we last announced our epoch to it (at most max_senders, the oldest forgotten)"""
+        self._announce: dict[Address, None] = {}
+        """addresses to announce our epoch to in the next datagrams_to_send"""
         self.reassembler = Reassembler(config.max_fragmented, config.reassembly_memory, config.reassembly_timeout)
         self.transfers = Transfers(TransferConfig(config.max_packet, config.transfer_memory, config.receive_window,
                                                   config.transfer_timeout),
@@ -296,10 +322,24 @@ class Envelope:
         out: list[tuple[bytes, Address]] = []
         queue, self._queue = self._queue, {}
         for to, packets in queue.items():
+            if not self.peers.stamp(to, self.senders):
+                self.first_contact.keep(to, packets, now)
             self._frame(packets, to, out)
         if self.transfers is not None:
             self._transfer_datagrams(self.transfers, out, now)
+        announce, self._announce = self._announce, {}
+        for to in announce:
+            if to not in queue:  # any datagram teaches our epoch; one that carries nothing else, if need be
+                out.append((self._seal([bytes([ITEM_EPOCH])], 1, self.peers.stamp(to, self.senders)), to))
+                self.counters["epoch_announcements_sent"] += 1
         return out
+
+    def set_peer_epoch(self, to: Address, epoch: int) -> None:
+        """Stamp `epoch` as the receiver epoch of what is sent to `to` until `to` is heard from. The daemon never
+        needs it (the peer's own datagrams teach it); for tools and tests that play a peer without listening."""
+        if not 0 <= epoch <= MAX_EPOCH:
+            raise ValueError(f"epoch must be 0 to {MAX_EPOCH}, got {epoch}")
+        self.peers.set(to, epoch)
 
     def _transfer_datagrams(self, transfers: Transfers, out: list[tuple[bytes, Address]], now: float) -> None:
         """Bulk transfers' acknowledgements (batched per destination) and the fragments their windows allow."""
@@ -311,13 +351,13 @@ class Envelope:
             used = 0
             for item in items:
                 if batch and used + len(item) > self.capacity:
-                    out.append((self._seal(batch, len(batch)), to))
+                    out.append((self._seal(batch, len(batch), self.peers.stamp(to, self.senders)), to))
                     batch, used = [], 0
                 batch.append(item)
                 used += len(item)
-            out.append((self._seal(batch, len(batch)), to))
+            out.append((self._seal(batch, len(batch), self.peers.stamp(to, self.senders)), to))
         for to, header, piece in transfers.data_to_send(now):
-            out.append((self._seal([header, piece], 1), to))
+            out.append((self._seal([header, piece], 1, self.peers.stamp(to, self.senders)), to))
 
     def set_receive_window(self, size: int) -> None:
         """Bytes of the socket's receive buffer bulk transfers may fill (the daemon: half of what the kernel
@@ -326,6 +366,7 @@ class Envelope:
             self.transfers.config = replace(self.transfers.config, receive_window=size)
 
     def _frame(self, packets: list[bytes], to: Address, out: list[tuple[bytes, Address]]) -> None:
+        stamp = self.peers.stamp(to, self.senders)
         capacity = self.capacity
         items: list[bytes] = []
         used = 0
@@ -334,7 +375,7 @@ class Envelope:
             need = PACKET_ITEM.size + len(packet)
             if need <= capacity:
                 if used + need > capacity:
-                    out.append((self._seal(items, count), to))
+                    out.append((self._seal(items, count, stamp), to))
                     items, used, count = [], 0, 0
                 items.append(PACKET_ITEM.pack(ITEM_PACKET, len(packet)))
                 items.append(packet)
@@ -342,7 +383,7 @@ class Envelope:
                 count += 1
                 continue
             if items:
-                out.append((self._seal(items, count), to))
+                out.append((self._seal(items, count, stamp), to))
             self.message_id = (self.message_id + 1) & 0xFFFFFFFF
             size = self.fragment_size
             fragments = math.ceil(len(packet) / size)
@@ -353,21 +394,22 @@ class Envelope:
                 used = FRAGMENT_ITEM.size + len(piece)
                 count = 1
                 if index + 1 < fragments:
-                    out.append((self._seal(items, count), to))
+                    out.append((self._seal(items, count, stamp), to))
             self.counters["fragments_sent"] += fragments
             self.counters["packets_fragmented"] += 1
         if items:
-            out.append((self._seal(items, count), to))
+            out.append((self._seal(items, count, stamp), to))
         self.counters["packets_sent"] += len(packets)
 
-    def seal_body(self, body: bytes) -> bytes:
-        """Seal an already-built item body as the next datagram (for tests and fuzzers that play a key holder)."""
-        return self._seal([body], 1)
+    def seal_body(self, body: bytes, to: Address | None = None) -> bytes:
+        """Seal an already-built item body as the next datagram for `to` (None: receiver epoch 0); for tests and
+        fuzzers that play a key holder."""
+        return self._seal([body], 1, 0 if to is None else self.peers.stamp(to, self.senders))
 
-    def _seal(self, items: list[bytes], count: int) -> bytes:
+    def _seal(self, items: list[bytes], count: int, receiver_epoch: int) -> bytes:
         self.seq += 1
         key_id = self._signing.key_id if self._signing is not None else 0
-        header = HEADER.pack(MAGIC, ENVELOPE_VERSION, self.kind, key_id, self.epoch, self.seq,
+        header = HEADER.pack(MAGIC, ENVELOPE_VERSION, self.kind, key_id, self.epoch, self.seq, receiver_epoch,
                              len(self.sender)) + self.sender
         body = b"".join(items)
         if self.kind == KIND_OPEN:
@@ -396,10 +438,14 @@ class Envelope:
             hint = ("an unframed protocol packet: the sender runs a wrapper without the envelope; upgrade it"
                     if size and 0x90 <= data[0] <= 0x9F else f"{size} bytes, first byte {data[:1].hex() or '-'}")
             return self._drop(NOT_ENVELOPE, hint, source, size, now)
-        _, version, kind, key_id, epoch, seq, sender_size = HEADER.unpack_from(data)
+        _, version, kind, key_id, epoch, seq, receiver_epoch, sender_size = HEADER.unpack_from(data)
         if version != ENVELOPE_VERSION:
             return self._drop(ENVELOPE_VERSION_MISMATCH, f"envelope version {version}, this wrapper speaks "
                                                          f"{ENVELOPE_VERSION}", source, size, now)
+        if not (0 < epoch <= MAX_EPOCH and seq and receiver_epoch <= MAX_EPOCH):
+            return self._drop(ENVELOPE_MALFORMED, f"epoch {epoch}, seq {seq}, receiver epoch {receiver_epoch}: "
+                                                  f"out of range (epochs 1 to {MAX_EPOCH}, seq from 1)",
+                              source, size, now)
         body_start = HEADER.size + sender_size
         tag_size = 0 if kind == KIND_OPEN else TAG_SIZE
         if kind not in MODES or sender_size == 0 or body_start + tag_size >= size:
@@ -449,7 +495,39 @@ class Envelope:
             self.counters["senders_evicted"] += 1
         if kind == KIND_AEAD and state.cipher_epoch != epoch:
             state.cipher, state.cipher_epoch, state.cipher_key_id = cipher, epoch, key_id
+        anchored = receiver_epoch == self.epoch
+        self.peers.heard(source, sender, epoch, anchored)
+        if source in self.first_contact:
+            self._resend_first_contact(source, now)
+        if not anchored:
+            self._announce_to(source, now)
+            return self._drop(RECEIVER_EPOCH, f"{sender} epoch {epoch} seq {seq} names receiver epoch "
+                                              f"{receiver_epoch}, ours is {self.epoch} (sent before we started, "
+                                              f"or before it heard us)", source, size, now)
         return self._open_items(body, sender, epoch, source, size, now)
+
+    def _announce_to(self, to: Address, now: float) -> None:
+        """Answer a datagram refused for naming another epoch of ours with one that names its sender's and teaches
+        ours: a peer that only answers (a dynamic neighbour waiting for our hello, or one we restarted under) would
+        otherwise never learn it. At most one per ANNOUNCE_GAP per address: a flood of replays makes a trickle."""
+        announced = self._announced
+        last = announced.get(to)
+        if last is not None and 0 <= now - last < ANNOUNCE_GAP:
+            return
+        announced.pop(to, None)
+        announced[to] = now
+        if len(announced) > self.config.max_senders:
+            del announced[next(iter(announced))]
+        self._announce[to] = None
+
+    def _resend_first_contact(self, to: Address, now: float) -> None:
+        """`to` just taught its epoch: what went there stamped 0 (refused) goes again, before what is queued."""
+        if not self.peers.stamp(to, self.senders):
+            return
+        packets = self.first_contact.release(to, now)
+        if packets:
+            self.counters["packets_resent"] += len(packets)
+            self._queue[to] = packets + self._queue.get(to, [])
 
     def _open_items(self, body: bytes, sender: str, epoch: int, source: Address, size: int,
                     now: float) -> list[bytes]:
@@ -465,6 +543,9 @@ class Envelope:
                 if length == 0 or position > end:
                     break
                 items.append((body[start:position],))
+            elif kind == ITEM_EPOCH:
+                position += 1
+                items.append(())
             elif kind == ITEM_FRAGMENT and position + FRAGMENT_ITEM.size <= end:
                 _, message, index, count, total, length = FRAGMENT_ITEM.unpack_from(body, position)
                 start = position + FRAGMENT_ITEM.size
@@ -500,6 +581,9 @@ class Envelope:
         for item in items:
             if len(item) == 1:
                 packets.append(item[0])
+                continue
+            if not item:  # an epoch announcement: its header taught what it had to
+                self.counters["epoch_announcements_received"] += 1
                 continue
             if item[0] == ITEM_DATA or item[0] == ITEM_ACK:
                 packet = self._on_transfer_item(item, sender, epoch, source, now)
@@ -606,11 +690,47 @@ class Envelope:
             "mode": self.mode, "encryption": self.config.encryption if self.keys else ENCRYPTION_NONE,
             "key_ids": self.key_ids(), "epoch": self.epoch, "seq": self.seq,
             "max_datagram": self.config.max_datagram, "max_packet": self.config.max_packet,
-            "senders": len(self.senders), "partial_messages": len(self.reassembler),
+            "senders": len(self.senders), "peers": len(self.peers), "partial_messages": len(self.reassembler),
             "reassembly_bytes": self.reassembler.used, "reassembly_memory": self.config.reassembly_memory,
+            "reassembly_senders": self.reassembler.senders(), "reassembly_evictions": self.reassembler.evictions,
             "counters": dict(sorted(self.counters.items())), "drops": dict(sorted(self.drops.items())),
             "transfers": self.transfers.status() if self.transfers is not None else None,
         }
+
+
+class FirstContact:
+    """Packets sent to peers whose epoch was not known yet (stamped 0, so certainly refused there), kept to be sent
+    again, stamped right, as soon as the peer's first datagram teaches its epoch. Without it, every link would come
+    up a hello interval late after a start: each side's first hello is refused. Only packets at most `window`
+    seconds old go again, at most PACKETS and BYTES per peer, for at most `capacity` peers (the oldest forgotten);
+    each goes again once. Nothing else is resent: a packet sent with a stale non-zero stamp (the peer restarted
+    meanwhile) is lost like any lost datagram (hellos repeat, QoS 1/2 publications are retransmitted)."""
+
+    PACKETS = 16
+    BYTES = 64 * 1024
+
+    def __init__(self, capacity: int, window: float) -> None:
+        self.capacity = capacity
+        self.window = window
+        self._kept: dict[Address, deque[tuple[float, bytes]]] = {}
+
+    def __contains__(self, to: object) -> bool:
+        return to in self._kept
+
+    def keep(self, to: Address, packets: list[bytes], now: float) -> None:
+        kept = self._kept.get(to)
+        if kept is None:
+            kept = self._kept[to] = deque()
+            if len(self._kept) > self.capacity:
+                del self._kept[next(iter(self._kept))]
+        kept.extend((now, packet) for packet in packets)
+        size = sum(len(packet) for _, packet in kept)
+        while kept and (len(kept) > self.PACKETS or size > self.BYTES):
+            size -= len(kept.popleft()[1])
+
+    def release(self, to: Address, now: float) -> list[bytes]:
+        kept = self._kept.pop(to, ())
+        return [packet for sent_at, packet in kept if now - sent_at <= self.window]
 
 
 def _key_table(secrets: Sequence[bytes]) -> tuple[list[FederationKey], dict[int, FederationKey]]:
@@ -631,5 +751,8 @@ def envelope_epoch(boot_epoch: int, unix_time: float) -> int:
     `max(boot_epoch * 10^6, unix time in microseconds)`: the boot epoch (persisted,
     never going backwards) makes it grow across restarts with a state directory;
     the microseconds make two restarts in the same second differ without one.
+    A boot epoch is at most wire.MAX_EPOCH (docs/protocol.md, "Ranges"), so this
+    stays within MAX_EPOCH; it saturates there only for a unix time past the year
+    36,812.
     """
-    return min(max(boot_epoch * 1_000_000, int(unix_time * 1_000_000)), 2**64 - 1)
+    return min(max(boot_epoch * 1_000_000, int(unix_time * 1_000_000), 1), MAX_EPOCH)

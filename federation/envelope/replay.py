@@ -24,12 +24,29 @@ evicted first (counted). Entries are only created by datagrams that passed
 authentication, so only a holder of the federation key can fill it; and a
 key holder can forge any packet anyway, so evicting a window gives such an
 attacker nothing it did not have.
+
+The windows live in memory, so they protect a receiver only within one of
+its lives. What protects it across its own restarts is the *receiver
+epoch* every datagram carries (`PeerEpochs`): the receiver's envelope epoch
+as the sender last learned it from the receiver's own datagrams. A receiver
+delivers only datagrams stamped with its current epoch, and its epoch is
+strictly greater at every start; so a datagram captured before a restart
+names an older epoch and is refused after it (`receiver_epoch`), although
+the new life's windows are empty. A sender learns the epoch from the
+header of any authentic datagram of the receiver (it needs none of its
+content), so after a restart one datagram each way re-anchors a pair of
+wrappers: the restarted one's first hellos are refused by the others, but
+teach them its epoch (and the envelope sends them again once the answers
+teach it theirs: datagrams.FirstContact). Nothing is delivered without the
+stamp, not even a hello: a replayed old hello therefore does nothing either.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any
+
+from federation.protocol.types import Address
 
 STALE_EPOCH = "stale_epoch"
 REPLAYED = "replayed"
@@ -128,3 +145,66 @@ class SenderTable:
     def epochs(self) -> dict[str, int]:
         """sender -> newest accepted epoch, sorted by sender (for status)."""
         return {sender: self._senders[sender].window.epoch for sender in sorted(self._senders)}
+
+
+class PeerEpochs:
+    """Destination -> the receiver epoch to stamp on datagrams sent there (0: not known yet).
+
+    The stamp for address D is, in this order:
+
+    1. the newest epoch in the sender table of the sender *named* D (a wrapper names itself by its
+       announced address, which is where its neighbours send: the usual case). Only datagrams of that
+       name can move it, so an authentic datagram of another wrapper (a key holder's, or one re-sent by
+       an attacker from D's address) changes nothing;
+    2. else (a wrapper behind NAT: it names itself otherwise than the address its datagrams come from)
+       the newest epoch of the sender *bound* to D: the name of the last datagram from D that carried
+       our current epoch (so produced for this life of ours, never a capture of an earlier one);
+    3. else the sender epoch of the last authentic datagram *heard* from D, anchored or not: what a pair
+       of wrappers that just (re)started bootstraps from.
+
+    Each map holds at most `capacity` addresses, the oldest entry forgotten first.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"peer epoch capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._bound: dict[Address, str] = {}
+        self._heard: dict[Address, int] = {}
+
+    def heard(self, source: Address, sender: str, epoch: int, anchored: bool) -> None:
+        """An authentic datagram from `source`, of `sender` at `epoch`; `anchored`: it carried our epoch."""
+        heard = self._heard
+        if heard.get(source) != epoch:
+            heard[source] = epoch
+            if len(heard) > self.capacity:
+                del heard[next(iter(heard))]
+        if anchored:
+            bound = self._bound
+            if bound.get(source) != sender:
+                bound[source] = sender
+                if len(bound) > self.capacity:
+                    del bound[next(iter(bound))]
+
+    def stamp(self, to: Address, senders: SenderTable) -> int:
+        state = senders.get(str(to))
+        if state is not None:
+            return state.window.epoch
+        name = self._bound.get(to)
+        if name is not None:
+            state = senders.get(name)
+            if state is not None:
+                return state.window.epoch
+        return self._heard.get(to, 0)
+
+    def set(self, to: Address, epoch: int) -> None:
+        """Stamp `epoch` on what goes to `to` until it is heard otherwise (a sender named `to`, once heard,
+        takes precedence: rule 1)."""
+        self._bound.pop(to, None)
+        self._heard.pop(to, None)
+        self._heard[to] = epoch
+        if len(self._heard) > self.capacity:
+            del self._heard[next(iter(self._heard))]
+
+    def __len__(self) -> int:
+        return len(self._heard.keys() | self._bound.keys())

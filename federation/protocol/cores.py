@@ -53,6 +53,7 @@ from federation.protocol.wire import (
     FLAG_WITHDRAWN,
     RECONSIDER_TOPIC_CORE,
     TOPIC_CORE,
+    further,
 )
 from federation.protocol.wire_types import TopicCore
 
@@ -200,7 +201,7 @@ class CoreElection(TopicTable):
             self._keep_pending(state, message, from_transport, from_announced, now)
             self._outbox.drop("tc_core_unreachable")
             return
-        distance = message.distance + 1
+        distance = further(message.distance)
         if state.core == core:
             if message.freshness > state.freshness:
                 state.core_epoch, state.core_seq = message.freshness
@@ -253,7 +254,7 @@ class CoreElection(TopicTable):
             return  # seen already
         state.withdrawn = marker
         self._outbox.send_up(TOPIC_CORE, TopicCore(message.filter, message.core, message.epoch, message.seq,
-                                                   message.distance + 1, FLAG_WITHDRAWN), exclude=from_transport)
+                                                   further(message.distance), FLAG_WITHDRAWN), exclude=from_transport)
         if state.core == message.core and message.freshness >= state.freshness:
             self._lose_core(state, now, reason="withdrawn")
         self.dirty.add(state.filter)
@@ -385,12 +386,12 @@ class CoreElection(TopicTable):
         if stored is not None and stored.record.epoch > message.epoch:
             self._outbox.drop("ownership_stale")  # from an earlier life of the owner
             return
-        outcome = self.ownership.receive(message.filter, core, message.epoch, message.seq, message.distance + 1,
+        outcome = self.ownership.receive(message.filter, core, message.epoch, message.seq, further(message.distance),
                                          withdrawn, now)
         if outcome == "old":
             return
         self._outbox.send_up(TOPIC_CORE, TopicCore(message.filter, core, message.epoch, message.seq,
-                                                   message.distance + 1, message.flags), exclude=from_transport)
+                                                   further(message.distance), message.flags), exclude=from_transport)
         if outcome == "refresh":
             return
         if withdrawn:

@@ -32,18 +32,38 @@ last computation (a cold start, a partition healing), distances can only
 shrink, so the routes are updated from the previous ones, starting at the
 nodes the new links bring closer; a link gone (or a record expired) means a
 full search.
+
+A full table makes room for a new record by evicting the foreign record
+received longest ago (the lowest (received_at, address)). Under a flood of
+fake records that happens once per record, so it must not scan the table:
+a min-heap of (received_at, address) finds it with lazy updates. An entry's
+time is never later than its record's (clocks only grow, and a record whose
+time moves back gets a new entry), so the heap's minimum is a lower bound:
+an entry found on top with an older time than its record's is pushed again
+with the current one, an entry of a record gone is dropped, and the first
+entry that matches its record is the oldest. Refreshing a record costs
+nothing then; each refresh costs at most one re-push later; the heap is
+rebuilt when its stale entries outnumber the records.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from federation.protocol.types import Address, BrokerId
-from federation.protocol.wire import DIGEST_BUCKETS, FLAG_LEAVING, LinkStateRecord, SummaryEntry, record_size
+from federation.protocol.wire import (
+    DIGEST_BUCKETS,
+    FLAG_LEAVING,
+    MAX_DISTANCE,
+    LinkStateRecord,
+    SummaryEntry,
+    record_size,
+)
 
 
 def entry_hash(address: Address, epoch: int, seq: int) -> int:
@@ -125,13 +145,17 @@ class LinkStateDatabase:
         """origin -> the BrokerId its record announces"""
         self.by_vid: dict[int, set[Address]] = {}
         """vid -> origins announcing it (for collision checks without a scan)"""
+        self._ages: list[tuple[float, Address]] = []
+        """(received_at, origin) of the foreign records, a min-heap with lazy updates (see the module's text)"""
+        self.eviction_steps = 0
+        """heap entries looked at to find whom to evict (a count of work, for tests)"""
 
     def accept(self, record: LinkStateRecord, hops_travelled: int, now: float) -> str:
         """Store a received record. Returns "new" (newer: forward; routes may change), "refresh"
         (newer but the same links: forward, routes unchanged), "shorter" (same freshness, shorter
         distance: kept, not forwarded) or "old" (ignore)."""
         address = record.origin.address
-        distance = record.distance + hops_travelled
+        distance = min(record.distance + hops_travelled, MAX_DISTANCE)
         held = self.records.get(address)
         if held is None:
             if len(self.records) >= self.capacity and not self._evict_one():
@@ -140,7 +164,7 @@ class LinkStateDatabase:
         elif record.freshness < held.record.freshness:
             return "old"
         elif record.freshness == held.record.freshness:
-            held.received_at = now
+            self._touch(held, now)
             if distance < held.record.distance:
                 held.record = _with_distance(held.record, distance)
                 held.encoded_size = None
@@ -157,6 +181,8 @@ class LinkStateDatabase:
     def _store(self, stored: StoredRecord, held: StoredRecord | None) -> None:
         address = stored.record.origin.address
         self.records[address] = stored
+        if address != self.own and (held is None or stored.received_at < held.received_at):
+            self._push_age(stored.received_at, address)
         if held is None or held.record.origin != stored.record.origin:
             self.changed_ids.append(address)
             if held is not None:
@@ -198,13 +224,39 @@ class LinkStateDatabase:
             self.changed_links.append((address, peer, False))
 
     def _evict_one(self) -> bool:
-        """Make room by dropping the oldest record that is not our own."""
-        candidates = [(stored.received_at, address) for address, stored in self.records.items()
-                      if address != self.own]
-        if not candidates:
-            return False
-        self._delete(min(candidates)[1])
-        return True
+        """Make room by dropping the oldest record that is not our own (lowest (received_at, address))."""
+        ages, records = self._ages, self.records
+        while ages:
+            self.eviction_steps += 1
+            received_at, address = ages[0]
+            stored = records.get(address)
+            if stored is None or address == self.own:
+                heapq.heappop(ages)  # a record gone (or ours, never evicted)
+            elif stored.received_at != received_at:
+                heapq.heapreplace(ages, (stored.received_at, address))  # refreshed since: its current time
+            else:
+                heapq.heappop(ages)
+                self._delete(address)
+                return True
+        return False
+
+    def _touch(self, stored: StoredRecord, now: float) -> None:
+        """Restart a record's expiry clock (a new heap entry only when the clock went back: the heap's times
+        are lower bounds)."""
+        back = now < stored.received_at
+        stored.received_at = now
+        if back:
+            self._push_age(now, stored.record.origin.address)
+
+    def _push_age(self, received_at: float, address: Address) -> None:
+        """An entry for a record stored with this time; or, when stale entries outnumber the records, the heap
+        rebuilt from the records (this one included)."""
+        ages = self._ages
+        if len(ages) > 2 * len(self.records) + 64:
+            ages[:] = [(stored.received_at, origin) for origin, stored in self.records.items() if origin != self.own]
+            heapq.heapify(ages)
+        else:
+            heapq.heappush(ages, (received_at, address))
 
     def routes_affected(self, routes: Routes) -> bool:
         """Do the changes since `routes` were computed move anything they say? Exact: False means a new
@@ -224,7 +276,10 @@ class LinkStateDatabase:
         stale = []
         for address, stored in self.records.items():
             if address in reachable:
-                stored.received_at = now
+                if address != self.own:
+                    self._touch(stored, now)
+                else:
+                    stored.received_at = now
             elif address != self.own and now - stored.received_at > lifetime:
                 stale.append(address)
         for address in stale:

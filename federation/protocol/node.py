@@ -104,6 +104,8 @@ class Node:
     def __init__(self, address: Address, neighbours: Iterable[Address], epoch: int, rng: random.Random,
                  settings: Settings | None = None, vid: int | None = None, name: str | None = None,
                  decode: wire.DecodeFunction = wire.decode, publication_events: bool = True) -> None:
+        if not 0 <= epoch <= wire.MAX_EPOCH:
+            raise ValueError(f"epoch must be 0 to {wire.MAX_EPOCH} (docs/protocol.md, \"Ranges\"), got {epoch}")
         neighbours = [a for a in neighbours if a != address]
         settings = (settings if settings is not None else Settings()).with_datagram_for(
             [address.host, *(a.host for a in neighbours)])

@@ -124,7 +124,8 @@ class Settings:
     reassembly_timeout: float = 5.0
     """seconds a fragmented packet waits for its missing fragments before it is dropped"""
     reassembly_memory: int = 8388608
-    """bytes held at most by partly received fragmented packets, all senders together (oldest evicted)"""
+    """bytes of memory partly received fragmented packets hold at most, all senders together, bookkeeping
+    included (the oldest of the sender holding the most evicted)"""
     max_neighbours: int = 64
     """neighbours (configured plus those that said hello first)"""
     max_nodes: int = 10000

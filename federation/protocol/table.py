@@ -147,19 +147,30 @@ class FederationTable:
         record = LinkStateRecord(identity.broker_id, identity.epoch, self.own_seq, 0, wire.FLAG_LEAVING, ())
         self._outbox.send_up(wire.FEDERATE, Federate(record), exclude=None)
 
-    def on_own_record(self, record: LinkStateRecord, now: float) -> None:
-        """A record of ours from an earlier life that is newer than our counters: jump past it."""
+    def on_own_record(self, record: LinkStateRecord, source: Address, now: float) -> None:
+        """A record of ours from an earlier life that is newer than our counters: jump past it, within the
+        ranges (docs/protocol.md, "Ranges"): the same epoch takes its seq, unless no seq is left after it; then,
+        as for a newer epoch, the epoch after the record's, unless that is beyond MAX_JUMP_EPOCH (the rest of
+        the range is for restarts): then the record is refused (`own_epoch_exhausted`), never adopted. Only a
+        forgery carries such a record (a life of ours cannot have counted that far). `source`: the neighbour it
+        came from."""
         identity = self._identity
         if record.freshness <= (identity.epoch, self.own_seq):
             return
-        if record.epoch > identity.epoch:
+        if record.epoch == identity.epoch and record.seq < wire.MAX_SEQ:
+            self.own_seq = record.seq
+        elif record.epoch < wire.MAX_JUMP_EPOCH:
             previous = identity.epoch
             identity.jump_epoch(record.epoch + 1)
             self.own_seq = 0
             self._outbox.emit(events.EPOCH_CHANGED, now, epoch=identity.epoch, previous=previous,
                               reason="older life announced a newer epoch")
         else:
-            self.own_seq = record.seq
+            self._outbox.drop("own_epoch_exhausted", event=events.PACKET_DROPPED, now=now,
+                              reason="own_epoch_exhausted", detail=f"a record of our address with epoch "
+                              f"{record.epoch} seq {record.seq}: no epoch to jump to within the range "
+                              f"(at most {wire.MAX_JUMP_EPOCH}); a forgery", source=str(source), size=0)
+            return
         self.trigger_origination(now)
 
     # ------------------------------------------------------------ flooding (`fd`, `tu`)
@@ -176,7 +187,7 @@ class FederationTable:
         forward: list[StoredRecord] = []
         for record in records:
             if record.origin.address == address:
-                self.on_own_record(record, now)
+                self.on_own_record(record, neighbour.transport, now)
                 continue
             outcome = self.lsdb.accept(record, 1, now)
             if outcome in ("old", "shorter"):
@@ -337,7 +348,7 @@ class FederationTable:
     def on_core_announcement(self, message: CoreAnnouncement, sender: Address, now: float) -> None:
         """`ca` is advisory: everyone computes the core from the table; this confirms it is alive."""
         held = self.core_announcements.get(message.core.address)
-        distance = message.distance + 1
+        distance = wire.further(message.distance)
         fresh = (message.epoch, message.seq)
         if held is not None and (fresh < held[:2] or (fresh == held[:2] and distance >= held[2])):
             return

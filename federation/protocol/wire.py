@@ -91,7 +91,25 @@ MODE_TOWARD_CORE = 0  # tm: still climbing toward the topic core
 MODE_IN_MESH = 1      # tm: spreading through the mesh
 MODE_TO_MEMBER = 2    # tm: on its way to the member broker `target` of the shared group `filter` (rule 9)
 
-MAX_U64 = 2**64 - 1
+# The ranges of the numbers a packet carries (docs/protocol.md, "Ranges"). A number outside its range is refused
+# at decode (`out_of_range`), before it touches any state: a node must never adopt a number it cannot go past,
+# such as an epoch of 2^64-1 naming itself, which it would jump past into what msgpack cannot encode.
+MAX_U64 = 2**64 - 1   # ids (vid), `tc.rank`, digest buckets (hashes)
+MAX_EPOCH = 2**40 - 1
+"""node epochs (sender, records, `ca`, `tc`, publication ids, `tm.prev`): 0 to this, about 1.1 × 10^12 (unix seconds
+reach it in the year 36,812); below 2^64 / 10^6, so the envelope epoch made of it never saturates"""
+EPOCHS_FOR_RESTARTS = 2**20
+"""the top of the epoch range only restarts reach: a node jumps past a newer life of itself only up to
+MAX_EPOCH - EPOCHS_FOR_RESTARTS (`MAX_JUMP_EPOCH`), so its own restarts always find a next epoch"""
+MAX_JUMP_EPOCH = MAX_EPOCH - EPOCHS_FOR_RESTARTS
+MAX_SEQ = 2**63 - 1
+"""sequence numbers (records, hellos, publications, `ca`, `tc`, summaries): 0 to this; a node's own counters
+stay below it (it jumps to its next epoch rather than take a seq it cannot count past)"""
+MAX_TIME = 2.0**40
+"""times (`hl.sent_at`, `hb.echo_sent_at`, `hb.replied_at`): finite seconds, 0 to this"""
+MAX_COUNT = 2**32 - 1  # dd.count: records in a table
+MAX_DISTANCE = 65535
+"""hop distances (records, `ca`, `tc`): 0 to this; a node adding its hop saturates there (`further`)"""
 MAX_HOLD = 3600.0     # rb: a longer hold is no pacing but an error (a receiver cuts it further)
 MAX_TEXT = 65535
 
@@ -228,15 +246,33 @@ def address_size(address: Address) -> int:
 
 # ---------------------------------------------------------------- decoding
 
+def further(distance: int) -> int:
+    """A distance one hop further, within its range (a record that travelled 65,535 hops stays there)."""
+    return distance + 1 if distance < MAX_DISTANCE else MAX_DISTANCE
+
+
 def _int(value: Any, what: str, low: int = 0, high: int = MAX_U64) -> int:
-    if type(value) is not int or not low <= value <= high:
+    if type(value) is not int:
         raise DecodeError("wrong_type", f"{what}: expected an integer in [{low}, {high}]")
+    if not low <= value <= high:
+        raise DecodeError("out_of_range", f"{what}: {value} is not in [{low}, {high}]")
     return value
 
 
-def _float(value: Any, what: str) -> float:
+def _epoch(value: Any, what: str) -> int:
+    return _int(value, what, 0, MAX_EPOCH)
+
+
+def _seq(value: Any, what: str) -> int:
+    return _int(value, what, 0, MAX_SEQ)
+
+
+def _float(value: Any, what: str, high: float) -> float:
+    """A number in [0, high]: finite (no NaN, no infinity)."""
     if type(value) not in (int, float) or math.isnan(value):  # NaN is not a time
         raise DecodeError("wrong_type", f"{what}: expected a number")
+    if not 0 <= value <= high:
+        raise DecodeError("out_of_range", f"{what}: {value} is not in [0, {high:g}]")
     return float(value)
 
 
@@ -334,6 +370,10 @@ def _u64_ok(value: Any) -> bool:
     return type(value) is int and 0 <= value <= MAX_U64
 
 
+def _epoch_ok(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_EPOCH
+
+
 def _fast_record(value: Any, max_neighbours: int) -> LinkStateRecord | None:
     """The record if `value` is a valid one, else None (then `_record_of` finds and names the fault).
     Records are most of the control traffic; this accepts exactly what `_record_of` accepts, without
@@ -343,8 +383,8 @@ def _fast_record(value: Any, max_neighbours: int) -> LinkStateRecord | None:
     vid, host, port, epoch, seq, distance, flags, neighbours = value
     if not (type(vid) is int and type(host) is str and type(port) is int and type(epoch) is int
             and type(seq) is int and type(distance) is int and type(flags) is int and type(neighbours) is list
-            and 0 <= vid <= MAX_U64 and len(host) <= 255 and 0 <= port <= 65535 and 0 <= epoch <= MAX_U64
-            and 0 <= seq <= MAX_U64 and 0 <= distance <= 65535 and 0 <= flags <= 255
+            and 0 <= vid <= MAX_U64 and len(host) <= 255 and 0 <= port <= 65535 and 0 <= epoch <= MAX_EPOCH
+            and 0 <= seq <= MAX_SEQ and 0 <= distance <= MAX_DISTANCE and 0 <= flags <= 255
             and len(neighbours) <= max_neighbours):
         return None
     addresses = []
@@ -370,9 +410,9 @@ def _record_of(value: Any, what: str, max_neighbours: int) -> LinkStateRecord:
         raise DecodeError("too_many_neighbours", f"{what}: {len(neighbours)} > {max_neighbours}")
     return LinkStateRecord(
         origin=_broker_id(fields[0:3], f"{what}.origin"),
-        epoch=_int(fields[3], f"{what}.epoch"),
-        seq=_int(fields[4], f"{what}.seq"),
-        distance=_int(fields[5], f"{what}.distance", 0, 65535),
+        epoch=_epoch(fields[3], f"{what}.epoch"),
+        seq=_seq(fields[4], f"{what}.seq"),
+        distance=_int(fields[5], f"{what}.distance", 0, MAX_DISTANCE),
         flags=_int(fields[6], f"{what}.flags", 0, 255),
         neighbours=tuple(_address(n, f"{what}.neighbours[{i}]") for i, n in enumerate(neighbours)),
     )
@@ -381,7 +421,7 @@ def _record_of(value: Any, what: str, max_neighbours: int) -> LinkStateRecord:
 def _summary_entry_of(value: Any, what: str) -> SummaryEntry:
     host, port, epoch, seq = _list(value, what, 4)
     return SummaryEntry(Address(_text(host, f"{what}.host", 255), _int(port, f"{what}.port", 0, 65535)),
-                        _int(epoch, f"{what}.epoch"), _int(seq, f"{what}.seq"))
+                        _epoch(epoch, f"{what}.epoch"), _seq(seq, f"{what}.seq"))
 
 
 _PROPERTY_SCALARS = (str, int, bytes)
@@ -408,10 +448,10 @@ def _prev_of(value: Any, epoch: int, seq: int) -> tuple[int, int] | None:
     if value is None:
         return None
     if type(value) is int:
-        prev = (epoch, _int(value, "tm.prev"))
+        prev = (epoch, _seq(value, "tm.prev"))
     else:
         prev_epoch, prev_seq = _list(value, "tm.prev", 2)
-        prev = (_int(prev_epoch, "tm.prev.epoch"), _int(prev_seq, "tm.prev.seq"))
+        prev = (_epoch(prev_epoch, "tm.prev.epoch"), _seq(prev_seq, "tm.prev.seq"))
     if prev >= (epoch, seq):
         raise DecodeError("wrong_type", "tm.prev: must name a publication before this one")
     return prev
@@ -424,11 +464,11 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
 
     if kind == HELLO:
         need(2)
-        return Hello(_int(fields[0], "hl.seq"), _float(fields[1], "hl.sent_at"))
+        return Hello(_seq(fields[0], "hl.seq"), _float(fields[1], "hl.sent_at", MAX_TIME))
     if kind == HELLO_BACK:
         need(3)
-        return HelloBack(_int(fields[0], "hb.echo_seq"), _float(fields[1], "hb.echo_sent_at"),
-                         _float(fields[2], "hb.replied_at"))
+        return HelloBack(_seq(fields[0], "hb.echo_seq"), _float(fields[1], "hb.echo_sent_at", MAX_TIME),
+                         _float(fields[2], "hb.replied_at", MAX_TIME))
     if kind == FEDERATE:
         need(1)
         return Federate(_record_of(fields[0], "fd.record", max_neighbours))
@@ -445,14 +485,14 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         return Reconsider(_broker_id(fields[0], "rc.target"), _broker_id(fields[1], "rc.holder"))
     if kind == CORE_ANNOUNCEMENT:
         need(4)
-        return CoreAnnouncement(_broker_id(fields[0], "ca.core"), _int(fields[1], "ca.epoch"),
-                                _int(fields[2], "ca.seq"), _int(fields[3], "ca.distance", 0, 65535))
+        return CoreAnnouncement(_broker_id(fields[0], "ca.core"), _epoch(fields[1], "ca.epoch"),
+                                _seq(fields[2], "ca.seq"), _int(fields[3], "ca.distance", 0, MAX_DISTANCE))
     if kind in (TOPIC_CORE, RECONSIDER_TOPIC_CORE):
         if len(fields) != 7:
             need(6)  # `rank` is an optional seventh field
         return TopicCore(_filter(fields[0], f"{kind}.filter"), _broker_id(fields[1], f"{kind}.core"),
-                         _int(fields[2], f"{kind}.epoch"), _int(fields[3], f"{kind}.seq"),
-                         _int(fields[4], f"{kind}.distance", 0, 65535), _int(fields[5], f"{kind}.flags", 0, 255),
+                         _epoch(fields[2], f"{kind}.epoch"), _seq(fields[3], f"{kind}.seq"),
+                         _int(fields[4], f"{kind}.distance", 0, MAX_DISTANCE), _int(fields[5], f"{kind}.flags", 0, 255),
                          _int(fields[6], f"{kind}.rank") if len(fields) == 7 else 0)
     if kind == TOPIC_SUBSCRIBE:
         need(3)
@@ -467,7 +507,7 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         retain = fields[10]
         if type(retain) is not bool:
             raise DecodeError("wrong_type", "tm.retain: expected a boolean")
-        epoch, seq = _int(fields[2], "tm.epoch"), _int(fields[3], "tm.seq")
+        epoch, seq = _epoch(fields[2], "tm.epoch"), _seq(fields[3], "tm.seq")
         mode = _int(fields[4], "tm.mode", 0, MODE_TO_MEMBER)
         if mode == MODE_TO_MEMBER and len(fields) != 13:
             raise DecodeError("wrong_length", f"tm: expected 13 body fields with mode 2, got {len(fields)}")
@@ -486,7 +526,7 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         if not all(_u64_ok(b) for b in buckets):
             for i, b in enumerate(buckets):
                 _int(b, f"dd.buckets[{i}]")
-        return DatabaseDigest(_int(fields[0], "dd.count"), tuple(buckets))
+        return DatabaseDigest(_int(fields[0], "dd.count", 0, MAX_COUNT), tuple(buckets))
     if kind == DATABASE_SUMMARY:
         need(1)
         items = _list(fields[0], "ds.entries")
@@ -498,7 +538,7 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
     if kind == TOPIC_ACK:
         need(4)
         return TopicAck(_filter_or_shared(fields[0], "ta.filter"), _address(fields[1], "ta.origin"),
-                        _int(fields[2], "ta.epoch"), _int(fields[3], "ta.seq"))
+                        _epoch(fields[2], "ta.epoch"), _seq(fields[3], "ta.seq"))
     if kind == TOPIC_BATCH:
         need(6)
         items = _list(fields[5], "tb.items")
@@ -506,19 +546,16 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
             raise DecodeError("wrong_length", "tb.items: expected seq, topic, payload for each of 1 or more")
         for index in range(0, len(items), 3):
             what = f"tb.items[{index // 3}]"
-            _int(items[index], f"{what}.seq")
+            _seq(items[index], f"{what}.seq")
             _topic(items[index + 1], f"{what}.topic")
             if type(items[index + 2]) is not bytes:
                 raise DecodeError("wrong_type", f"{what}.payload: expected bytes")
         return TopicBatch(_filter(fields[0], "tb.filter"), _address(fields[1], "tb.origin"),
-                          _int(fields[2], "tb.epoch"), _int(fields[3], "tb.mode", 0, 1),
+                          _epoch(fields[2], "tb.epoch"), _int(fields[3], "tb.mode", 0, 1),
                           _int(fields[4], "tb.hops", 0, 255), items)
     if kind == RECEIVER_BUSY:
         need(1)
-        hold = _float(fields[0], "rb.hold")
-        if not 0 <= hold <= MAX_HOLD:
-            raise DecodeError("wrong_type", f"rb.hold: expected seconds in [0, {MAX_HOLD:g}]")
-        return ReceiverBusy(hold)
+        return ReceiverBusy(_float(fields[0], "rb.hold", MAX_HOLD))
     if kind == SHARED_GROUPS:
         need(4)
         groups = []
@@ -529,7 +566,7 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
             _shared_filter(f"{SHARE_PREFIX}{_text(group, 'sg.group')}/{_text(filter_, 'sg.filter')}",
                            f"sg.groups[{index}]")
             groups.append((group, filter_))
-        return SharedGroups(_address(fields[0], "sg.origin"), _int(fields[1], "sg.epoch"), _int(fields[2], "sg.seq"),
+        return SharedGroups(_address(fields[0], "sg.origin"), _epoch(fields[1], "sg.epoch"), _seq(fields[2], "sg.seq"),
                             tuple(groups))
     raise DecodeError("unknown_type", repr(kind)[:40])
 
@@ -548,7 +585,7 @@ def _fast_topic_message(value: list[Any]) -> Packet | None:
             and type(mode) is int and 0 <= mode <= 1 and type(hops) is int and 0 <= hops <= 255
             and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2 and type(retain) is bool):
         return None
-    if not (type(epoch) is int and 0 <= epoch <= MAX_U64 and type(seq) is int and 0 <= seq <= MAX_U64
+    if not (type(epoch) is int and 0 <= epoch <= MAX_EPOCH and type(seq) is int and 0 <= seq <= MAX_SEQ
             and (prev is None or (type(prev) is int and 0 <= prev < seq))):
         return None
     checked = _fast_sender_and_origin(sender, origin)
@@ -565,7 +602,8 @@ def _fast_sender_and_origin(sender: list[Any], origin: list[Any]) -> tuple[Sende
     vid, host, port, sender_epoch = sender
     origin_host, origin_port = origin
     if not (type(vid) is int and 0 <= vid <= MAX_U64 and type(host) is str and len(host) <= 255
-            and type(port) is int and 0 <= port <= 65535 and type(sender_epoch) is int and 0 <= sender_epoch <= MAX_U64
+            and type(port) is int and 0 <= port <= 65535 and type(sender_epoch) is int
+            and 0 <= sender_epoch <= MAX_EPOCH
             and type(origin_host) is str and len(origin_host) <= 255 and type(origin_port) is int
             and 0 <= origin_port <= 65535):
         return None
@@ -579,7 +617,7 @@ def _fast_topic_batch(value: list[Any]) -> Packet | None:
     _kind, version, sender, filter_, origin, epoch, mode, hops, items = value
     if not (type(version) is int and version == PROTOCOL_VERSION and type(sender) is list and len(sender) == 4
             and type(filter_) is str and filter_ in _valid_filters and type(origin) is list and len(origin) == 2
-            and type(epoch) is int and 0 <= epoch <= MAX_U64 and type(mode) is int and 0 <= mode <= 1
+            and type(epoch) is int and 0 <= epoch <= MAX_EPOCH and type(mode) is int and 0 <= mode <= 1
             and type(hops) is int and 0 <= hops <= 255 and type(items) is list and items and not len(items) % 3):
         return None
     checked = _fast_sender_and_origin(sender, origin)
@@ -588,7 +626,7 @@ def _fast_topic_batch(value: list[Any]) -> Packet | None:
     topics = _valid_topics
     fields = iter(items)
     for seq, topic, payload in zip(fields, fields, fields, strict=True):
-        if not (type(seq) is int and 0 <= seq <= MAX_U64 and type(topic) is str and topic in topics
+        if not (type(seq) is int and 0 <= seq <= MAX_SEQ and type(topic) is str and topic in topics
                 and type(payload) is bytes):
             return None
     return Packet(TOPIC_BATCH, checked[0], TopicBatch(filter_, checked[1], epoch, mode, hops, items))
@@ -621,11 +659,11 @@ def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> 
         raise DecodeError("version", f"protocol version {value[1]!r}, this node speaks {PROTOCOL_VERSION}")
     sender_fields = value[2]
     if (type(sender_fields) is list and len(sender_fields) == 4 and _u64_ok(sender_fields[0])
-            and _host_ok(sender_fields[1]) and _port_ok(sender_fields[2]) and _u64_ok(sender_fields[3])):
+            and _host_ok(sender_fields[1]) and _port_ok(sender_fields[2]) and _epoch_ok(sender_fields[3])):
         sender = Sender(BrokerId(sender_fields[0], Address(sender_fields[1], sender_fields[2])), sender_fields[3])
     else:  # the slow path names the fault
         sender_fields = _list(sender_fields, "sender", 4)
-        sender = Sender(_broker_id(sender_fields[0:3], "sender"), _int(sender_fields[3], "sender.epoch"))
+        sender = Sender(_broker_id(sender_fields[0:3], "sender"), _epoch(sender_fields[3], "sender.epoch"))
     try:
         body = _decode_body(kind, value[3:], max_neighbours)
     except DecodeError:

@@ -20,6 +20,7 @@ from federation.daemon.state import (
     STATE_FILE,
     BackgroundWriter,
     ClientRecord,
+    EpochExhausted,
     LocalSubscriptions,
     PersistedState,
     StateError,
@@ -30,6 +31,7 @@ from federation.daemon.state import (
 from federation.daemon.status import StatusError, query
 from federation.protocol.node import Node
 from federation.protocol.types import Address
+from federation.protocol.wire import MAX_EPOCH, MAX_JUMP_EPOCH
 
 from broker_util import wait_for
 
@@ -65,6 +67,15 @@ def test_epoch_is_monotonic() -> None:
         following = next_epoch(epoch, 1000.0)
         assert epoch is None or following > epoch
         epoch = following
+
+
+def test_the_next_epoch_stays_in_the_node_range() -> None:
+    """docs/protocol.md "Ranges": a saved epoch at the top leaves no next one: the start is refused, with why."""
+    assert next_epoch(MAX_EPOCH - 1, 1000.0) == MAX_EPOCH
+    assert next_epoch(MAX_JUMP_EPOCH, 1000.0) == MAX_JUMP_EPOCH + 1  # a node pushed to the jump limit restarts
+    for saved in (MAX_EPOCH, 2**64 - 1):
+        with pytest.raises(EpochExhausted, match="no next epoch"):
+            next_epoch(saved, 1000.0)
 
 
 # ------------------------------------------------------------------ store

@@ -20,12 +20,11 @@ from federation.daemon.clock import Clock
 from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG, INJECTION_BACKLOG_HIGH, FlowControl
 from federation.daemon.running import DATA_SLICE, Running
 from federation.daemon.udp import MAX_DATAGRAM_READ, LocalAddresses, OverlayProtocol, kernel_receive_drops
-from federation.envelope.datagrams import Envelope
 from federation.protocol import wire
 from federation.protocol.node import Node
 from federation.protocol.types import Address, BrokerId, Injection
 
-from runtime_util import free_port, packets_in, peer_socket, started_wrapper
+from runtime_util import free_port, packets_in, peer_envelope, peer_socket, started_wrapper
 
 ORIGIN = Address("127.0.0.9", 10500)
 
@@ -143,7 +142,7 @@ def test_hello_is_answered_before_the_queued_data() -> None:
         try:
             with peer_socket() as (peer, peer_address):
                 peer.setblocking(False)
-                envelope = Envelope(peer_address, 1)
+                envelope = peer_envelope(wrapper, peer_address)
                 target = wrapper.config.bind
                 count = DATA_SLICE + 200
                 for seq in range(1, count + 1):
@@ -196,6 +195,7 @@ def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publi
                 broker = FakeBroker()
                 wrapper.broker = broker  # type: ignore[assignment]
                 neighbour = peer_address
+                peer_envelope(wrapper, peer_address)  # as after a first exchange: the wrapper stamps the peer's epoch
                 protocol.pause_writing()  # as asyncio does above the write-buffer high-water mark
                 message = wire.TopicMessage("t/#", node.address, node.epoch, 1, 1, 0, "t/x", b"p", 0, False, None)
                 reliable = dataclasses.replace(message, seq=2, qos=1)
@@ -237,7 +237,7 @@ def test_a_full_receive_backlog_counts_every_drop_and_reports_them_with_the_publ
             assert node.publication_events is publication_events
             node.events_emitted()
             wrapper.receive_backlog = PacketBacklog(max_packets=3, max_bytes=1 << 20)
-            envelope = Envelope(ORIGIN, 1)
+            envelope = peer_envelope(wrapper, ORIGIN)
             for seq in range(1, 9):
                 envelope.send(tm(seq), wrapper.config.bind)
             datagrams = [(data, ORIGIN) for data, _ in envelope.datagrams_to_send()]
@@ -517,7 +517,7 @@ def test_a_hello_drained_from_the_socket_is_answered_with_a_time_after_it_was_re
                     return read_waiting(limit)
 
                 protocol.read_waiting = recorded_read_waiting  # type: ignore[method-assign]
-                envelope = Envelope(peer_address, 1)
+                envelope = peer_envelope(wrapper, peer_address)
                 envelope.send(hello(peer_address, seq=7), wrapper.config.bind)
                 for data, _ in envelope.datagrams_to_send():
                     peer.sendto(data, (wrapper.config.bind.host, wrapper.config.bind.port))
@@ -557,7 +557,7 @@ def test_a_long_receive_backlog_tells_its_source_rb_and_ready_once_worked_off() 
             with peer_socket() as (peer, peer_address):
                 node = wrapper.node
                 node.neighbours.add_dynamic(peer_address)  # known, as a configured neighbour would be
-                envelope = Envelope(peer_address, 1)
+                envelope = peer_envelope(wrapper, peer_address)
                 for seq in range(1, node.pacing.high + 1):
                     envelope.send(tm(seq, origin=peer_address), wrapper.config.bind)
                 wrapper._receive_datagrams(node, [(data, peer_address) for data, _ in envelope.datagrams_to_send()])

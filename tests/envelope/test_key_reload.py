@@ -15,6 +15,7 @@ CIPHERS = ["none", "chacha20-poly1305"]
 
 
 def delivered(sender: Envelope, receiver: Envelope, packet: bytes) -> list[bytes]:
+    sender.set_peer_epoch(receiver.address, receiver.epoch)  # as their first exchange teaches it (receiver epochs)
     sender.send(packet, receiver.address)
     return [received for data, _ in sender.datagrams_to_send(0.0)
             for received in receiver.receive_datagram(data, sender.address, 0.0)]

@@ -245,6 +245,7 @@ def test_the_receiver_charges_the_memory_it_really_holds() -> None:
 
     receiver = Envelope(B, 1, config())
     sender = Envelope(A, 1, config())
+    sender.set_peer_epoch(B, receiver.epoch)
     sender.send(os.urandom(4 * MIB), B)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -320,6 +321,7 @@ def test_two_nodes_federate_16_mib_through_lossy_envelopes(qos: int) -> None:
 def test_a_packet_that_fits_one_datagram_is_never_a_transfer() -> None:
     """bulk_threshold below a datagram's size: what fits one datagram still goes whole, in one step."""
     sender, receiver = Envelope(A, 1, config(max_datagram=65507, bulk_threshold=1000)), Envelope(B, 1, config())
+    sender.set_peer_epoch(B, receiver.epoch)
     packet = os.urandom(5000)
     sender.send(packet, B)
     datagrams = sender.datagrams_to_send(0.0)

@@ -265,12 +265,12 @@ def general_prev(body: TopicMessage) -> Any:
 
 MESSAGES = [
     TopicMessage("bench/#", ORIGIN, 1, 5, 0, 0, "bench/t1", b"x" * 64, 0, False, None),
-    TopicMessage("bench/#", ORIGIN, 2**64 - 1, 2**32, 1, 255, "bench/\u6e29", b"", 2, True, None),
+    TopicMessage("bench/#", ORIGIN, wire.MAX_EPOCH, wire.MAX_SEQ, 1, 255, "bench/\u6e29", b"", 2, True, None),
     TopicMessage("a/+/c", Address("::1", 1), 0, 0, 1, 3, "a/b/c", b"\x00" * 300, 1, False,
                  {"content_type": "text/plain", "user_property": [["k", "v"]], "message_expiry": 5}),
     TopicMessage("#", Address("h" * 255, 65535), 7, 9, 0, 1, "x", b"p", 0, True, {}),
     TopicMessage("bench/#", ORIGIN, 3, 5, 0, 0, "bench/t1", b"x", 1, False, None, (3, 4)),
-    TopicMessage("bench/#", ORIGIN, 3, 5, 1, 2, "bench/t1", b"x", 2, False, None, (2, 2**64 - 1)),
+    TopicMessage("bench/#", ORIGIN, 3, 5, 1, 2, "bench/t1", b"x", 2, False, None, (2, wire.MAX_SEQ)),
     TopicMessage("bench/#", ORIGIN, 3, 5, 1, 2, "bench/t1", b"x", 1, False, {"content_type": "a"}, (3, 0)),
 ]
 

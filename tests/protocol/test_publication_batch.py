@@ -32,7 +32,7 @@ from runtime_util import started_wrapper
 ORIGIN = Address("127.0.0.10", 10500)
 SENDER = Sender(BrokerId(12345, Address("127.0.0.11", 10501)), 4)
 BATCH = TopicBatch("bench/#", ORIGIN, 3, wire.MODE_IN_MESH, 2,
-                   [5, "bench/t1", b"x" * 64, 6, "bench/\u6e29", b"", 2**64 - 1, "bench/t1", b"\x00\xff"])
+                   [5, "bench/t1", b"x" * 64, 6, "bench/\u6e29", b"", wire.MAX_SEQ, "bench/t1", b"\x00\xff"])
 
 
 def decode_or_fault(data: bytes) -> wire.Packet | tuple[str, str]:
@@ -61,7 +61,7 @@ def test_tb_is_the_documented_layout_and_decodes_to_itself(monkeypatch: pytest.M
     assert wire._fast_topic_batch(msgpack.unpackb(data, raw=False)) == general
     assert decode_or_fault(data) == general
     assert len(BATCH) == 3
-    assert [m.publication for m in BATCH.messages()] == [(ORIGIN, 3, 5), (ORIGIN, 3, 6), (ORIGIN, 3, 2**64 - 1)]
+    assert [m.publication for m in BATCH.messages()] == [(ORIGIN, 3, 5), (ORIGIN, 3, 6), (ORIGIN, 3, wire.MAX_SEQ)]
     assert all(m.qos == 0 and not m.retain and m.properties is None and m.hops == 2 for m in BATCH.messages())
     assert wire.publication_ids_of(data) == [m.publication for m in BATCH.messages()]
 
@@ -78,9 +78,11 @@ def good_fields() -> list[Any]:
 
 
 BAD: list[tuple[int, Any, str]] = [
-    (3, "a/#/b", "bad_filter"), (3, "$SYS/#", "bad_filter"), (4, ["h"], "wrong_type"), (5, -1, "wrong_type"),
-    (6, 2, "wrong_type"), (7, 256, "wrong_type"), (8, [], "wrong_length"), (8, [1, "a/b"], "wrong_length"),
-    (8, "items", "wrong_type"), (8, [-1, "a/b", b""], "wrong_type"), (8, [True, "a/b", b""], "wrong_type"),
+    (3, "a/#/b", "bad_filter"), (3, "$SYS/#", "bad_filter"), (4, ["h"], "wrong_type"), (5, -1, "out_of_range"),
+    (5, wire.MAX_EPOCH + 1, "out_of_range"), (6, 2, "out_of_range"), (7, 256, "out_of_range"),
+    (8, [], "wrong_length"), (8, [1, "a/b"], "wrong_length"),
+    (8, "items", "wrong_type"), (8, [-1, "a/b", b""], "out_of_range"),
+    (8, [wire.MAX_SEQ + 1, "a/b", b""], "out_of_range"), (8, [True, "a/b", b""], "wrong_type"),
     (8, [1, "a/+", b""], "bad_topic"), (8, [1, 5, b""], "wrong_type"), (8, [1, "a/b", "text"], "wrong_type"),
     (8, [1, "a/b", b"", 2, "a/b", None], "wrong_type"),
 ]

@@ -15,9 +15,6 @@ what stops it.
 from __future__ import annotations
 
 import os
-import socket
-import struct
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,11 +23,12 @@ from typing import Any
 import pytest
 
 from federation.daemon.keys import generate_key
-from federation.envelope.datagrams import Envelope, EnvelopeConfig
+from federation.envelope.datagrams import HEADER, MAX_EPOCH, Envelope, EnvelopeConfig
 from federation.protocol import wire
 from federation.protocol.types import Address, BrokerId
 from federation.tools.launch import LocalFederation, line
 
+from attack_util import Capture, spoof
 from broker_util import requires_mosquitto, wait_for
 from federation_util import FAST_SETTINGS, Clients, Subscriber, next_first_address
 from federation_util import clients_fixture as clients_fixture  # noqa: F401 - the `clients` fixture
@@ -40,65 +38,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="raw and packet sockets (spoofing, capture) need root"),
 ]
 
-ETH_P_IP = 0x0800
-PACKET_OUTGOING = 4
 WRAPPER_PORT = 10500
-
-
-# ------------------------------------------------------------------ the attacker's tools
-
-
-def spoof(source: Address, target: Address, payload: bytes) -> None:
-    """Send one UDP datagram to `target` that claims to come from `source` (IPv4, raw socket)."""
-    udp = struct.pack(">HHHH", source.port, target.port, 8 + len(payload), 0) + payload  # checksum 0: none
-    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
-                     socket.inet_aton(source.host), socket.inet_aton(target.host))
-    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as raw:
-        raw.sendto(ip + udp, (target.host, 0))
-
-
-class Capture:
-    """UDP payloads from `source` to `target` seen on the loopback interface while it runs."""
-
-    def __init__(self, source: Address, target: Address) -> None:
-        self.source, self.target = source, target
-        self.datagrams: list[bytes] = []
-        self._socket = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IP))
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
-        self._socket.bind(("lo", 0))
-        self._socket.settimeout(0.1)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._take(*self._socket.recvfrom(70000))
-            except TimeoutError:
-                continue
-
-    def _take(self, packet: bytes, address: tuple[Any, ...]) -> None:
-        if address[2] == PACKET_OUTGOING or len(packet) < 28 or packet[9] != socket.IPPROTO_UDP:
-            return
-        header = (packet[0] & 0x0F) * 4
-        sport, dport = struct.unpack_from(">HH", packet, header)
-        wanted = (socket.inet_aton(self.source.host), socket.inet_aton(self.target.host))
-        if (packet[12:16], packet[16:20]) == wanted and (sport, dport) == (self.source.port, self.target.port):
-            self.datagrams.append(bytes(packet[header + 8:]))
-
-    def stop(self) -> list[bytes]:
-        self._stop.set()
-        self._thread.join(5)
-        # What arrived while the thread was not scheduled (a loaded machine) is still in the socket: take it.
-        self._socket.setblocking(False)
-        try:
-            while True:
-                self._take(*self._socket.recvfrom(70000))
-        except BlockingIOError:
-            pass
-        self._socket.close()
-        return self.datagrams
 
 
 # ------------------------------------------------------------------ fixtures and helpers
@@ -155,11 +95,23 @@ def forged_publications(federation: LocalFederation, topic: str, count: int) -> 
             for index in range(count)]
 
 
-def seal(packets: list[bytes], sender: Address, to: Address, epoch: int, config: EnvelopeConfig) -> list[bytes]:
+def seal(packets: list[bytes], sender: Address, to: Address, epoch: int, config: EnvelopeConfig,
+         receiver_epoch: int = 0) -> list[bytes]:
     envelope = Envelope(sender, epoch, config)
+    envelope.set_peer_epoch(to, receiver_epoch)
     for packet in packets:
         envelope.send(packet, to)
     return [data for data, _ in envelope.datagrams_to_send()]
+
+
+def epoch_on_the_wire(federation: LocalFederation, name: str, neighbour: str) -> int:
+    """The envelope epoch `name` announces in the header of its datagrams to `neighbour`, read off the wire."""
+    capture = Capture(address(federation, name), address(federation, neighbour))
+    try:
+        wait_for(lambda: capture.datagrams, 10, message=f"a datagram from {name} to {neighbour}")
+    finally:
+        captured = capture.stop()
+    return int(HEADER.unpack_from(captured[0])[4])
 
 
 def subscribe_and_check_path(federation: LocalFederation, clients: Clients, prefix: str) -> Subscriber:
@@ -189,7 +141,7 @@ def test_forged_datagrams_are_dropped_and_nothing_reaches_the_broker(keyed: Loca
     assert envelope["mode"] == ("aead" if envelope["encryption"] == "chacha20-poly1305" else "mac")
     before = drops(federation, "n1")
     packets = forged_publications(federation, f"{prefix}/forged", 3)
-    future_epoch = 2**63  # newer than n0's, so only the key can stop it
+    future_epoch = MAX_EPOCH  # newer than n0's, so only the key can stop it
     wrong_key = bytes(range(1, 33))
     forged_tag = [bytearray(d) for d in seal(packets, n0, n1, future_epoch, EnvelopeConfig(keys=(wrong_key,)))]
     our_id = bytes.fromhex(envelope["key_ids"][0])
@@ -259,6 +211,56 @@ def test_captured_datagrams_replayed_are_dropped_also_after_the_sender_restarts(
     assert subscriber.count(f"{prefix}/captured", secret) == 1
 
 
+def test_a_capture_replayed_after_the_receiver_restarts_is_refused(keyed: LocalFederation, clients: Clients) -> None:
+    """The issue's attack: capture what n0 sends n1 while publications cross, restart n1 (its replay windows
+    start empty), replay the capture from n0's address. Every datagram names n1's old epoch: refused (and the
+    QoS 0 publications among them could only have been stopped there)."""
+    federation = keyed
+    prefix = f"restart/{uuid.uuid4().hex[:8]}"
+    subscriber = subscribe_and_check_path(federation, clients, prefix)
+    n0, n1 = address(federation, "n0"), address(federation, "n1")
+    capture = Capture(n0, n1)
+    try:
+        for index in range(20):  # QoS 0 and 1: a QoS 1 copy, accepted, might still be stopped by the journal
+            clients.publish(federation, "n0", f"{prefix}/captured/{index}", f"once {index}".encode(), qos=index % 2)
+        for index in range(20):
+            subscriber.wait_for_message(f"{prefix}/captured/{index}", f"once {index}".encode())
+    finally:
+        captured = capture.stop()
+    assert captured, "nothing captured from n0 to n1"
+    if federation.status("n0")["envelope"]["mode"] == "mac":  # readable: the capture holds every publication
+        assert all(any(f"once {index}".encode() in datagram for datagram in captured) for index in range(20))
+    before = drops(federation, "n1")
+    for datagram in captured:  # to the same life: the replay windows
+        spoof(n0, n1, datagram)
+    wait_drops(federation, "n1", {"replayed": before.get("replayed", 0) + len(captured)})
+
+    old_epoch = federation.status("n1")["envelope"]["epoch"]
+    federation.stop_wrapper("n1")
+    federation.start_wrapper("n1")
+    federation.wait_converged(timeout=20)
+    federation.wait_mesh(subscriber.topic_filter)
+    status = federation.status("n1")
+    assert status["envelope"]["epoch"] > old_epoch
+    refusals = ("receiver_epoch", "too_old", "replayed", "stale_epoch")
+    before = drops(federation, "n1")
+    for datagram in captured:
+        spoof(n0, n1, datagram)
+
+    def refused() -> int:
+        now = drops(federation, "n1")
+        return sum(now.get(reason, 0) - before.get(reason, 0) for reason in refusals)
+
+    wait_for(lambda: refused() >= len(captured), 10,
+             message=lambda: f"{len(captured)} refusals at n1; it counts {drops(federation, 'n1')}")
+    assert drops(federation, "n1").get("receiver_epoch", 0) - before.get("receiver_epoch", 0) > 0
+    barrier(federation, clients, subscriber, prefix)
+    for index in range(20):
+        assert subscriber.count(f"{prefix}/captured/{index}", f"once {index}".encode()) == 1
+    assert federation.status("n1")["counters"].get("duplicates_dropped", 0) == status["counters"].get(
+        "duplicates_dropped", 0), "the node saw replayed packets: the envelope let them through"
+
+
 def test_the_same_forgery_gets_through_an_open_overlay(tmp_path: Path, clients: Clients) -> None:
     """The control experiment: without a key, a spoofed datagram publishes into the remote broker."""
     federation = keyed_line(tmp_path / "open", key_file=None)
@@ -269,7 +271,8 @@ def test_the_same_forgery_gets_through_an_open_overlay(tmp_path: Path, clients: 
         subscriber = subscribe_and_check_path(federation, clients, prefix)
         n0, n1 = address(federation, "n0"), address(federation, "n1")
         packets = forged_publications(federation, f"{prefix}/forged", 1)
-        for datagram in seal(packets, n0, n1, 2**63, EnvelopeConfig()):
+        n1_epoch = epoch_on_the_wire(federation, "n1", "n0")  # the receiver epoch to stamp: in any of its datagrams
+        for datagram in seal(packets, n0, n1, MAX_EPOCH, EnvelopeConfig(), receiver_epoch=n1_epoch):
             spoof(n0, n1, datagram)
         subscriber.wait_for_message(f"{prefix}/forged", b"forged 0")
     finally:
