@@ -208,7 +208,8 @@ class LogCounters:
     own_client: int = 0
     """lines about the wrapper's own client id (ignored)"""
     dollar_filters: int = 0
-    """subscribe/unsubscribe lines for `$SYS/...` and other `$` filters except `$share/` (ignored)"""
+    """of `used`, subscribe/unsubscribe lines for `$SYS/...` and other `$` filters except `$share/`: reported (the
+    broker counts them among its subscriptions, federation.daemon.broker_subscriptions), never federated"""
     evicted: int = 0
     """connected ids forgotten because more than the cap were connected"""
 
@@ -466,11 +467,15 @@ class BrokerLogTracker:
         return text[:index], rest
 
     def _federable(self, topic_filter: str) -> bool:
-        """False (and counted as ignored) for `$SYS/...` and other `$` filters; `$share/...` passes."""
+        """True for every filter; `$SYS/...` and other `$` filters (not `$share/...`) are counted. They are
+        reported like the rest: the node never federates them, but the broker counts them among its subscriptions,
+        and a wrapper that left them out of its table took them for subscriptions it never saw (and over-delivered
+        for as long as they lasted). A `$share/` filter without its own filter is ignored (the broker refuses it)."""
         if topic_filter.startswith("$") and not _SHARED.fullmatch(topic_filter):
             self.counters.dollar_filters += 1
-            self.counters.ignored += 1
-            return False
+            if topic_filter.startswith("$share/") or topic_filter == "$share":
+                self.counters.ignored += 1
+                return False
         return True
 
     def _own(self) -> list[LogEvent]:

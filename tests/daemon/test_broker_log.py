@@ -272,7 +272,7 @@ def test_own_client_is_ignored_entirely() -> None:
     assert tracker.feed(SUB, line("w 0 x 1 t")) == [ClientSubscribed("w 0 x", "t", 1)]
 
 
-def test_dollar_filters_are_ignored_except_shared_subscriptions() -> None:
+def test_dollar_filters_are_reported_for_the_subscription_count_and_counted() -> None:
     tracker = BrokerLogTracker(OWN)
     tracker.feed(N, line(connect_text("c", protocol=5)))
     assert feed_all(tracker, [
@@ -281,8 +281,9 @@ def test_dollar_filters_are_ignored_except_shared_subscriptions() -> None:
         (SUB, "c 0 $other/x"),
         (UNSUB, "c $SYS/#"),
         (SUB, "c 0 $share/grp"),
-    ]) == []
-    assert tracker.counters.dollar_filters == 5
+    ]) == [ClientSubscribed("c", "$SYS/#", 0), ClientSubscribed("c", "$SYS/broker/clients/connected", 0),
+           ClientSubscribed("c", "$other/x", 0), ClientUnsubscribed("c", "$SYS/#")]
+    assert tracker.counters.dollar_filters == 5 and tracker.counters.ignored == 1
     assert feed_all(tracker, [(SUB, "c 1 $share/grp/s/t"), (SUB, "c 0 $share/g/#"), (UNSUB, "c $share/grp/s/t")]) == [
         ClientSubscribed("c", "$share/grp/s/t", 1),
         ClientSubscribed("c", "$share/g/#", 0),

@@ -174,16 +174,17 @@ def test_protocol_versions_and_username(broker: Broker, watcher: LogWatcher, pro
                                      ClientSubscribed(client, "v/x", 0)])
 
 
-def test_v5_shared_subscription_kept_sys_ignored(broker: Broker, watcher: LogWatcher, processes: Processes) -> None:
+def test_v5_shared_subscription_kept_sys_reported(broker: Broker, watcher: LogWatcher, processes: Processes) -> None:
     client = "v5(p2, c1, k60)"  # an id that holds the very suffix the broker appends
     processes.start(mosquitto_sub(broker.port, "-V", "mqttv5", "-i", client, "-t", "$share/grp/s/t",
                                   "-t", "$SYS/#", "-t", "v/5"))
     events = watcher.wait_for_events(client, [
         ClientConnected(client, True, 5, 60),
         ClientSubscribed(client, "$share/grp/s/t", 0),
+        ClientSubscribed(client, "$SYS/#", 0),
         ClientSubscribed(client, "v/5", 0),
     ])
-    assert len(events) == 3
+    assert len(events) == 4
     assert watcher.tracker.counters.dollar_filters == 1
 
 
