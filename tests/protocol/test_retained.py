@@ -4,10 +4,10 @@ retain, subscribers or not; the origin waits `retained_tree_wait` for the tree; 
 
 from __future__ import annotations
 
-from node_harness import Harness, address
-
 from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.types import BrokerId
+
+from node_harness import Harness, address
 
 SEED_LINKS = [(0, 1), (0, 2), (1, 4), (1, 5), (2, 5), (4, 5), (4, 3), (5, 3)]
 
