@@ -53,7 +53,7 @@ NODE_DROP_REASONS = (
     "reroute_topics_full", "replay_abandoned", "replay_evicted", "qos0_late", "reliable_table_full",
     "delivery_backlogged", "inject_backlog_qos0", "inject_backlog_qos12", "receive_backlog_qos0",
     "receive_backlog_qos12", "send_backlog_qos0", "publication_too_large", "no_subscriber_after_broker_restart",
-    "resubscribe_hold_full", "spool_expired", "spool_age",
+    "resubscribe_hold_full", "spool_expired", "spool_age", "retained_stale", "message_expired",
 )
 """drop reasons the node and the daemon count (docs/drops.md; tests/docs/test_drop_reasons.py checks this list
 against the code), exported at 0 from the start with the envelope's"""

@@ -66,6 +66,7 @@ from federation.daemon.health import Readiness
 from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
 from federation.daemon.reload import Reloads, reload_files
+from federation.daemon.retained import RetainedStore, prepare, stamp
 from federation.daemon.snapshots import metrics_snapshot, status_document, wrapper_readiness
 from federation.daemon.spool import Spool, SpooledPublication
 from federation.daemon.startup import Resources
@@ -143,6 +144,8 @@ class Running:
         """the injection journal (with a state directory)"""
         self.spool: Spool | None = resources.spool
         """the custody spool of our own QoS 1/2 publications (with a state directory)"""
+        self.retained = resources.retained if resources.retained is not None else RetainedStore()
+        """the newest retained value of every topic (kept in the state directory when there is one)"""
         self.restored_filters = persisted.filters
         """the filters the node knew in its previous life (`Node.restore`)"""
         self.outbox = wrapper_events.WrapperEvents(str(node.address))
@@ -397,12 +400,15 @@ class Running:
                         if run:
                             node.local_publish_run(run, now)
                             run = []
-                        publication = node.local_publish(item.topic, item.payload, qos, item.retain,
-                                                         item.properties, now)
+                        wall = time.time()
+                        properties = stamp(item.properties, item.retain, wall)  # version, expiry (retained.py)
+                        publication = node.local_publish(item.topic, item.payload, qos, item.retain, properties, now)
+                        if item.retain and publication is not None:
+                            self.retained.offer(item.topic, publication, qos, item.payload, properties)
                         if qos and publication is not None and spool is not None:
                             spooled.append(SpooledPublication(publication[1], publication[2], item.topic,
-                                                              item.payload, qos, item.retain, item.properties,
-                                                              time.time(), item.mid))
+                                                              item.payload, qos, item.retain, properties,
+                                                              wall, item.mid))
                     continue
                 if run:  # kept in order with what follows
                     node.local_publish_run(run, now)
@@ -457,6 +463,13 @@ class Running:
                 # Those the broker lost were handed over before what waits now; all of it now passes the hold.
                 waiting = [*reinjected, *self.flow.injection_queue.drain()]
                 self.flow.requeue(self.node, self.broker_subscriptions.admit(waiting, now), now)
+            if item.session_lost and self.retained.values:
+                # A broker without our session restarted, and without persistence its retained messages are gone:
+                # ours go back first (the broker's persistence may have kept them: injecting them again is harmless).
+                values = self.retained.reinjections(time.time())
+                log.info("the broker did not keep the wrapper's session: giving it the %d retained values of the "
+                         "retained store again", len(values))
+                self.flow.requeue(self.node, values, now)
         elif isinstance(item, Disconnected):
             self.outbox.emit(wrapper_events.BROKER_DISCONNECTED, now, reason=item.reason,
                              unfinished=item.unfinished)
@@ -514,6 +527,8 @@ class Running:
         paced_until = node.paced_until(now)  # first: a hold that ended makes the ready we owe upstream
         broker = self.broker
         injections = node.injections_to_make()
+        if injections:
+            injections = self._prepare(injections, now)
         # Before the packets: an injection the journal says is done acknowledges its copy in this same drain.
         self.flow.inject(node, broker, now, self._admit(injections, now) if injections else injections)
         released = node.custody_released()
@@ -545,6 +560,18 @@ class Running:
                     self.saver.schedule()
             if self.event_log is not None:
                 self.event_log.write(emitted)
+
+    def _prepare(self, injections: list[Injection], now: float) -> list[Injection]:
+        """Expiry counted down, retained ones checked against the store (federation.daemon.retained); those not
+        injected are counted and done (a newer value, or nothing left to deliver)."""
+        kept, dropped = prepare(injections, self.retained, time.time())
+        node = self.node
+        for publication, expired in dropped:
+            reason = "message_expired" if expired else "retained_stale"
+            node.drop(reason, event=events.PUBLICATION_DROPPED, now=now, pub=events.publication_text(publication),
+                      filter=None, reason=reason)
+            node.injection_done(publication, now)
+        return kept
 
     def _admit(self, injections: list[Injection], now: float) -> list[Injection]:
         """The node's injections that go to the broker: not those the journal says the broker completed or has

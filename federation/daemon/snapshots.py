@@ -44,6 +44,7 @@ from federation.daemon.health import Readiness, readiness
 from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
 from federation.daemon.reload import Reloads
+from federation.daemon.retained import RetainedStore
 from federation.daemon.udp import OverlayProtocol
 from federation.envelope.datagrams import Envelope
 from federation.protocol.node import Node
@@ -76,6 +77,8 @@ class WrapperParts(Protocol):
     def broker_subscriptions(self) -> BrokerSubscriptions: ...
     @property
     def duplicates_suppressed(self) -> int: ...
+    @property
+    def retained(self) -> RetainedStore: ...
     @property
     def protocol(self) -> OverlayProtocol: ...
     @property
@@ -119,6 +122,7 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
                         "announced_receive_maximum": RECEIVE_MAXIMUM},
             "injections": injection_counts(wrapper),
             "journal": wrapper.journal.status() if wrapper.journal is not None else None,
+            "retained": wrapper.retained.describe(),
             **wrapper.broker_subscriptions.status(),
         },
         "overload": {

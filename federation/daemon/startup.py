@@ -33,6 +33,7 @@ from federation.daemon.event_log import EventLog, EventLogError
 from federation.daemon.injections import JOURNAL_FILE, InjectionJournal
 from federation.daemon.metrics_server import Probe, start_metrics_server
 from federation.daemon.record_log import RecordLog, RecordLogError
+from federation.daemon.retained import RETAINED_FILE, RetainedStore
 from federation.daemon.spool import SPOOL_FILE, Spool
 from federation.daemon.state import EpochExhausted, LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.udp import open_socket
@@ -61,6 +62,8 @@ class Resources:
     """the injection journal in the state directory (federation.daemon.injections)"""
     spool: Spool | None = None
     """the custody spool of our own QoS 1/2 publications in the state directory (federation.daemon.spool)"""
+    retained: RetainedStore | None = None
+    """the retained store kept in the state directory (federation.daemon.retained)"""
 
     def close(self, transport: asyncio.BaseTransport | None = None) -> None:
         """Release everything. The socket is closed by `transport` when there is one: it sends what it still
@@ -73,6 +76,9 @@ class Resources:
         if self.spool is not None:
             self.spool.log.close()
             self.spool = None
+        if self.retained is not None:
+            self.retained.close()
+            self.retained = None
         if transport is not None:
             transport.close()
         else:
@@ -115,6 +121,7 @@ def open_resources(config: DaemonConfig, probe: Probe) -> Resources:
         if store is not None:
             resources.journal = open_journal(config, store.directory)
             resources.spool = open_spool(store.directory)
+            resources.retained = open_retained(store.directory)
     except BaseException:
         resources.close()
         raise
@@ -140,6 +147,23 @@ def open_spool(directory: Path) -> Spool:
         log.info("the custody spool holds %d publications a previous run had not delivered everywhere: sending "
                  "them again", spool.recovered_count)
     return spool
+
+
+def open_retained(directory: Path) -> RetainedStore:
+    """The retained store in the state directory, as a previous run left it; StartupError if unusable."""
+    path = directory / RETAINED_FILE
+    try:
+        record_log = RecordLog(path)
+    except (RecordLogError, OSError) as error:
+        raise StartupError(f"--state-dir: cannot use the retained store {path}: {error}; give a writable "
+                           f"directory") from None
+    store = RetainedStore(record_log)
+    if record_log.torn_bytes or store.undecodable:
+        log.warning("the retained store %s ended in a record cut short (%d bytes) or held %d records that could not "
+                    "be read: skipped", path, record_log.torn_bytes, store.undecodable)
+    if store.values:
+        log.info("the retained store holds %d retained topics from a previous run", len(store.values))
+    return store
 
 
 def open_journal(config: DaemonConfig, directory: Path) -> InjectionJournal:

@@ -43,7 +43,7 @@ from __future__ import annotations
 from federation.protocol import events
 from federation.protocol.events import id_text
 from federation.protocol.linkstate import Routes
-from federation.protocol.modes import HASH
+from federation.protocol.modes import HASH, RETAINED_FILTER
 from federation.protocol.ownership import OwnerEntry
 from federation.protocol.placement import rendezvous_weight, rendezvous_winner
 from federation.protocol.topics import ClaimKey, TopicState, TopicTable
@@ -108,10 +108,11 @@ class CoreElection(TopicTable):
 
     def rightful_core(self, filter_: str) -> BrokerId | None:
         """The core placement gives the filter (its owner, else the rendezvous winner); None under election."""
-        owner = self.owner_of(filter_)
+        retained = filter_ == RETAINED_FILTER
+        owner = None if retained else self.owner_of(filter_)
         if owner is not None:
             return owner
-        if self.policy.placement(filter_) != HASH:
+        if not retained and self.policy.placement(filter_) != HASH:
             return None
         identity = self._identity
         routes = self._table.routes
@@ -123,11 +124,15 @@ class CoreElection(TopicTable):
         if filter_ not in winners:
             members = [identity.broker_id] + [routes.ids[a] for a in sorted(routes.members)
                                               if a != identity.address and a in routes.ids]
-            winners[filter_] = rendezvous_winner(filter_, members)
+            # The retained tree is placed on the lowest id of the component: every node has the filter from its
+            # start, so an election would have every node claim at once.
+            winners[filter_] = min(members) if retained else rendezvous_winner(filter_, members)
         return winners[filter_]
 
     def claim_key(self, filter_: str, core: BrokerId, rank: int) -> ClaimKey:
         """How good a claim of `core` for `filter_` is: the lowest key wins (see the module docstring)."""
+        if filter_ == RETAINED_FILTER:
+            return (1, 0, core)  # the lowest id (`rightful_core`)
         owner = self.owner_of(filter_)
         if owner is not None and owner == core:
             return (0, 0, core)

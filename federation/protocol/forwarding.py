@@ -54,6 +54,7 @@ from enum import IntEnum
 
 from federation.protocol import events
 from federation.protocol.events import publication_text
+from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.topics import (
     HOLD,
     INFINITY,
@@ -152,7 +153,12 @@ class PublicationRouting(TopicTable):
 
     def publication_filters(self, matching: list[str]) -> list[str]:
         """The filters a new local publication is sent on: a replicated filter's tree reaches every broker,
-        so when one matches and can route, it alone carries the publication; else every matching filter."""
+        so when one matches and can route, it alone carries the publication; else every matching filter.
+        A retained publication's list starts with `RETAINED_FILTER` (`Publications.local_publish`)."""
+        if matching and matching[0] == RETAINED_FILTER:
+            state = self.topics.get(RETAINED_FILTER)
+            if state is not None and self._routable(state):
+                return [RETAINED_FILTER]
         if self.policy.replicated:
             for filter_ in matching:
                 state = self.topics.get(filter_)

@@ -45,6 +45,12 @@ REPLICATION_CHOICES = (INTEREST, FULL)
 PLACEMENT_CHOICES = (ELECTION, HASH)
 ROOT_CHOICES = (LOWEST_ID, CAPABILITY)
 
+RETAINED_FILTER = "//retained//"
+"""the built-in replicated filter that carries retained publications to every broker (docs/protocol.md rule 10):
+a tree over the component like `replication: full`'s, made when the first retained publication needs it (so a
+federation without retained publications sends nothing for it), kept out of the topic index (no topic is routed
+on it by matching) and reserved: a client subscription to exactly this filter is not federated"""
+
 RuleSetting = str | tuple[tuple[str, str], ...]
 """a mode for every filter (a string) or per-filter rules ((filter, mode) pairs, sorted)"""
 
@@ -195,7 +201,8 @@ class ModePolicy:
             replicated = tuple(sorted(filter_ for filter_, mode in replication if mode == FULL))
         self.replicated: tuple[str, ...] = replicated
         """the filters replicated in full: every node joins their meshes"""
-        self._replicated = frozenset(replicated)
+        self._replicated = frozenset((*replicated, RETAINED_FILTER))
+        """the replicated filters, the built-in one for retained publications included (made only on demand)"""
         if isinstance(core_placement, str):
             self._placement_rules: tuple[tuple[str, str], ...] = (("#", core_placement),)
         else:

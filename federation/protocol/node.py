@@ -54,6 +54,7 @@ from federation.protocol.events import addresses_text, id_text
 from federation.protocol.forwarding import SENT_TO_PACED
 from federation.protocol.linkstate import Routes
 from federation.protocol.mesh import MeshEngine
+from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.neighbours import Neighbour, NeighbourTable
 from federation.protocol.ordering import Ordering, Position, StreamKey
 from federation.protocol.pacing import Pacing
@@ -348,7 +349,7 @@ class Node:
             return None
         candidates = [self.next_hello, self.next_announce, self.next_stats, *self.table.next_deadlines()]
         if self.publications.parked:
-            candidates.append(self.mesh.claim_allowed_at)
+            candidates.append(self.publications.unpark_at(self.mesh.claim_allowed_at))
         for deadline in (self.neighbours.next_deadline(self.settings.neighbour_dead_after),
                          self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
                          self.sync.next_deadline(), self.publications.ordering.next_deadline()):
@@ -375,7 +376,7 @@ class Node:
         for message in publications.ordering.expire(now):  # gaps waited for long enough
             publications.inject(message, now)
         self._settle(now)
-        if publications.parked and not self.mesh.learning(now):
+        if publications.parked and now >= publications.unpark_at(self.mesh.claim_allowed_at):
             publications.unpark(now)
             self._settle(now)
 
@@ -383,7 +384,7 @@ class Node:
 
     def local_subscribe(self, client: str, filter_: str, qos: int, now: float) -> None:
         federated = federated_filter(filter_)
-        if federated is None:
+        if federated is None or federated == RETAINED_FILTER:  # reserved: the retained publications' tree
             return
         filters = self.clients.setdefault(client, {})
         if filter_ in filters:
@@ -422,7 +423,7 @@ class Node:
 
     def _release(self, client: str, filter_: str, now: float) -> None:
         federated = federated_filter(filter_)
-        if federated is None:
+        if federated is None or federated == RETAINED_FILTER:
             return
         if filter_.startswith(SHARE_PREFIX):
             self.emit(events.SUBSCRIPTION_REMOVED, now, client=client, filter=filter_, federated=filter_)

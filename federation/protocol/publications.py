@@ -60,6 +60,7 @@ from federation.protocol.custody import Custody, Entry
 from federation.protocol.dedup import SeenCache, StreamNumbers, injected_key, seen_key
 from federation.protocol.events import publication_text
 from federation.protocol.forwarding import NOT_SENT, PublicationRouting, Routed
+from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.ordering import Ordering, Position
 from federation.protocol.shared import SharedGroups
 from federation.protocol.topic_filter import is_system
@@ -105,7 +106,10 @@ class Publications:
         self.last_sent: dict[str, Position] = {}
         """filter -> our QoS 1/2 publication sent last on it (the next one's `prev`)"""
         self.parked: list[tuple[PublicationId, str, bytes, int, bool, dict[str, Any] | None]] = []
-        """our QoS 1/2 publications waiting for the node to learn the filters (`local_publish`)"""
+        """our QoS 1/2 publications waiting for the node to learn the filters, and our retained ones waiting for
+        the retained tree to form (`local_publish`)"""
+        self.retained_ready_at = float("-inf")
+        """when our retained publications may use the retained tree this node made (`_with_retained_tree`)"""
 
     @property
     def address(self) -> Address:
@@ -142,24 +146,45 @@ class Publications:
         self.injected.add(injected_key(self.streams, *publication))  # the local broker has it already
         router, outbox = self._router, self._outbox
         filters = router.matching(topic)
+        if retain:
+            filters = self._with_retained_tree(filters, now)
         outbox.counters["publications_originated"] += 1
         pub_text = None
         if outbox.publication_events:
             pub_text = publication_text(publication)
             outbox.emit(events.PUBLICATION_ORIGINATED, now, pub=pub_text, topic=topic, qos=qos,
                         retain=retain, size=len(payload), filters=filters)
-        if qos and (self.parked or (not filters and router.learning(now))):
+        if ((qos or retain) and self.parked) or (qos and not filters and router.learning(now)) or \
+                (retain and now < self.retained_ready_at):
             self.parked.append((publication, topic, payload, qos, retain, properties))
             return publication
         self._send_own(publication, topic, payload, qos, retain, properties, filters, now, pub_text, replayed)
         return publication
 
+    def _with_retained_tree(self, filters: list[str], now: float) -> list[str]:
+        """A retained publication's filters: the retained publications' tree first, then the matching ones (used
+        while the tree cannot route). The first retained publication a node knows of makes the tree: the mesh
+        places its core on the lowest id, every node joins it as it hears of it, and our retained publications
+        wait `retained_tree_wait` for them (`parked`)."""
+        router = self._router
+        if RETAINED_FILTER not in router.topics:
+            if router.state(RETAINED_FILTER) is None:
+                return filters  # topics full (counted): the matching filters alone
+            router.dirty.add(RETAINED_FILTER)
+            self.retained_ready_at = now + self._identity.settings.retained_tree_wait
+        return [RETAINED_FILTER, *filters]
+
+    def unpark_at(self, learned_at: float) -> float:
+        """When the parked publications may go (`learned_at`: when the node has learned the filters)."""
+        return max(learned_at, self.retained_ready_at)
+
     def unpark(self, now: float) -> None:
         """The node has learned the filters: the publications that waited for it go out, in order."""
         parked, self.parked = self.parked, []
         for publication, topic, payload, qos, retain, properties in parked:
-            self._send_own(publication, topic, payload, qos, retain, properties, self._router.matching(topic), now,
-                           None, True)
+            filters = self._router.matching(topic)
+            self._send_own(publication, topic, payload, qos, retain, properties,
+                           self._with_retained_tree(filters, now) if retain else filters, now, None, True)
 
     def _send_own(self, publication: PublicationId, topic: str, payload: bytes, qos: int, retain: bool,
                   properties: dict[str, Any] | None, filters: list[str], now: float, pub_text: str | None,
@@ -299,14 +324,14 @@ class Publications:
         pub_text = None
         if message.qos:
             key = injected_key(self.streams, message.origin, message.epoch, message.seq)
-            want = key not in self.injected and bool(self._local_matching(message.topic))
+            want = key not in self.injected and (message.retain or bool(self._local_matching(message.topic)))
             if want:
                 self._custody.expect_injection(message.publication, message.filter)
             for released in self.ordering.offer(message, want, now):  # this one and what waited for it
                 text = self.inject(released, now, key if released is message else None)
                 if released is message:
                     pub_text = text
-        elif self._local_matching(message.topic):
+        elif message.retain or self._local_matching(message.topic):
             key = injected_key(self.streams, message.origin, message.epoch, message.seq)
             if key not in self.injected and not self.ordering.qos0_late(message.origin, message.filter,
                                                                         message.epoch, message.seq):

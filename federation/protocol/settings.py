@@ -62,6 +62,9 @@ class Settings:
     publication_hold: float = 2.0
     """seconds a QoS 0 publication waits for a topic core (or a route) before it is dropped; QoS 1/2 ones wait
     until they can go on (`reliable_hold`)"""
+    retained_tree_wait: float = 0.5
+    """seconds a node that makes the retained publications' tree (at its first retained publication) holds its
+    retained publications, so that every node of the component hears of the tree and joins it first"""
     max_held_publications: int = 1000
     """publications held for want of a core or a route; beyond it the oldest QoS 0 one is dropped, else the
     oldest QoS 1/2 one held for a neighbour (left unacknowledged: its sender still has it); a node's own
@@ -200,7 +203,8 @@ class Settings:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{where}.{name}: must be greater than 0, got {getattr(self, name)!r}")
-        for name in ("min_announce_gap", "publication_hold", "spf_delay", "spf_hold", "flood_delay", "reorder_start"):
+        for name in ("min_announce_gap", "publication_hold", "retained_tree_wait", "spf_delay", "spf_hold",
+                     "flood_delay", "reorder_start"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{where}.{name}: must not be negative, got {getattr(self, name)!r}")
         for name in ("capability", "capability_cpu_weight", "capability_memory_weight"):

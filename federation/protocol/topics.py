@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from federation.protocol.context import IdentityView, NeighboursView, Outbox, TableView
-from federation.protocol.modes import ModePolicy
+from federation.protocol.modes import RETAINED_FILTER, ModePolicy
 from federation.protocol.ownership import OwnershipTable
 from federation.protocol.topic_filter import FilterIndex
 from federation.protocol.types import Address, BrokerId
@@ -207,14 +207,17 @@ class TopicTable:
                 return None
             state = TopicState(filter_)
             self.topics[filter_] = state
-            self.index.add(filter_)
+            if filter_ != RETAINED_FILTER:  # carries retained publications whatever their topic: never matched
+                self.index.add(filter_)
         return state
 
     def is_own_core(self, state: TopicState) -> bool:
         return state.core is not None and state.core == self._identity.broker_id
 
     def cores(self) -> dict[str, BrokerId]:
-        return {f: s.core for f, s in sorted(self.topics.items()) if s.core is not None}
+        """The core of every filter that has one (the view's topic cores), the built-in retained tree's left out:
+        every node has it, so it says nothing about subscriptions (its row is in `MeshEngine.describe`)."""
+        return {f: s.core for f, s in sorted(self.topics.items()) if s.core is not None and f != RETAINED_FILTER}
 
     def mark_all_dirty(self) -> None:
         self.dirty.update(self.topics)

@@ -22,6 +22,8 @@ one member broker of the federation's choosing (docs/protocol.md rule 9),
 so its deliveries count as `delivered_outside_bound`, never as lost or
 unexpected. A publication that is not in bound expects nobody: deliveries
 still count, as `delivered_outside_bound`.
+A retained publication is expected at every other node of O's component
+(docs/protocol.md rule 10: every broker stores the current retained value).
 
 Convergence. A component has converged when every node in it reports the
 same view, the view's members are exactly the component's addresses, its
@@ -171,11 +173,14 @@ class GroundTruth:
     def in_bound(self, now: float) -> bool:
         return not self.loss_active and self.last_disruption <= now - self.settle
 
-    def expected(self, origin: str, topic: str, now: float) -> tuple[bool, frozenset[str]]:
-        """(in bound, expected subscriber nodes) for a publication made now; see the module docstring."""
+    def expected(self, origin: str, topic: str, now: float, retain: bool = False) -> tuple[bool, frozenset[str]]:
+        """(in bound, expected subscriber nodes) for a publication made now; see the module docstring. A retained
+        one is expected at every other node of the component, subscribed or not (each broker stores it)."""
         if not self.in_bound(now) or origin not in self.component_of:
             return False, frozenset()
         component = self.components[self.component_of[origin]]
+        if retain:
+            return True, frozenset(name for name in component if name != origin)
         expected = set()
         for name in component:
             if name == origin:

@@ -302,7 +302,7 @@ class Simulation(Observer[Node]):
             self._sim_event("sim_publish_skipped", event.node, topic=event.topic,
                             reason="the node does not federate this topic")
             return
-        in_bound, expected = self.truth.expected(event.node, event.topic, now)
+        in_bound, expected = self.truth.expected(event.node, event.topic, now, event.retain)
         text = publication_text(publication)
         self.topics[publication] = event.topic
         if event.qos:

@@ -1,0 +1,251 @@
+"""The wrapper's retained store and what crossing the federation does to a publication's expiry.
+
+Theory of operation
+-------------------
+Every retained publication reaches every broker of the component and is injected there with retain 1
+(docs/protocol.md rule 10), so each broker holds the current retained value and serves its own new subscribers,
+with its own retain handling, retain-as-published and QoS downgrade. Two copies of one topic's retained value can
+cross (two publishers, a partition that heals), and a broker must end with the newest: the wrapper keeps what
+it last gave its broker per topic (`RetainedStore`), with the value's *version*, and does not inject an older
+one (counted `retained_stale`). A deletion (an empty retained payload) is kept as a tombstone, so a late copy
+of the value it deleted is refused too.
+
+The version is (origin time, origin epoch, origin seq, origin address), compared in that order: the origin
+time is the origin wrapper's wall clock, in milliseconds, when it took the publication from its broker; it
+travels in the publication's properties under `ORIGIN_TIME` (`stamp`), which no MQTT client sees (`prepare`
+takes it out before the injection). Epoch and seq order one origin's publications whatever its clock does;
+the address breaks the remaining ties. Across origins the newest is the one with the later clock reading, so
+brokers' clocks should be synchronised (NTP): a clock that runs ahead wins ties it should lose.
+
+The same stamp gives MQTT 5 message expiry its meaning across the federation: the receiving wrapper subtracts
+the time since the origin took the publication (its wall clock minus the stamp, at least 0) from the Message
+Expiry Interval, and drops a publication whose interval has run out (counted `message_expired`) instead of
+injecting it with its original interval. The broker then counts down what is left, as for a local client.
+
+The store is bounded (`max_topics`, `max_bytes`: tombstones go first, then the values kept longest; counted
+`evicted`), and kept across a restart in the state directory (`RETAINED_FILE`, a `RecordLog`: one record per
+value stored, compacted when dead records outweigh live ones). A broker that comes back without its session
+(restarted without persistence) lost its retained messages: `reinjections` gives the store's values back, with
+their remaining expiry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from federation.daemon.record_log import RecordLog
+from federation.protocol.types import Address, Injection, PublicationId
+
+ORIGIN_TIME = "federation_origin_ms"
+"""tm.properties key: the origin wrapper's wall clock (ms) when it took a retained or expiring publication"""
+EXPIRY = "message_expiry_interval"
+"""tm.properties key of MQTT 5's Message Expiry Interval (federation.daemon.mqtt_properties)"""
+RETAINED_FILE = "retained.log"
+"""the store's file in the state directory"""
+MAX_TOPICS = 100_000
+"""retained topics kept at most (values and tombstones)"""
+MAX_BYTES = 256 * 1024 * 1024
+"""payload bytes kept at most"""
+COMPACT_RATIO = 4
+COMPACT_MIN_BYTES = 1024 * 1024
+
+Version = tuple[int, int, int, str, int]
+"""(origin time in ms, origin epoch, origin seq, origin host, origin port): the newest is the largest"""
+
+
+def stamp(properties: dict[str, Any] | None, retain: bool, wall: float) -> dict[str, Any] | None:
+    """A local publication's properties as the federation carries them: with `ORIGIN_TIME` when it is retained or
+    expires (`wall`: seconds since the epoch); other publications are left as they are (nothing added)."""
+    if not retain and (properties is None or EXPIRY not in properties):
+        return properties
+    return {**(properties or {}), ORIGIN_TIME: int(wall * 1000)}
+
+
+def version_of(publication: PublicationId, properties: dict[str, Any] | None) -> Version:
+    origin, epoch, seq = publication
+    origin_ms = properties.get(ORIGIN_TIME, 0) if properties else 0
+    return (origin_ms if isinstance(origin_ms, int) else 0, epoch, seq, origin.host, origin.port)
+
+
+def remaining_expiry(properties: dict[str, Any], wall: float) -> int | None:
+    """The Message Expiry Interval left now (whole seconds, rounded up), 0 when it ran out, None without one."""
+    interval = properties.get(EXPIRY)
+    if not isinstance(interval, int):
+        return None
+    origin_ms = properties.get(ORIGIN_TIME)
+    if not isinstance(origin_ms, int):
+        return interval
+    left = interval - max(0.0, wall - origin_ms / 1000)
+    return math.ceil(left) if left > 0 else 0
+
+
+@dataclass(slots=True)
+class RetainedValue:
+    version: Version
+    qos: int
+    payload: bytes
+    """empty: a tombstone (the value was deleted)"""
+    properties: dict[str, Any] | None
+    """as carried (with `ORIGIN_TIME`): its expiry is computed again at each injection"""
+
+    @property
+    def publication(self) -> PublicationId:
+        origin_ms, epoch, seq, host, port = self.version
+        return (Address(host, port), epoch, seq)
+
+
+@dataclass
+class RetainedCounts:
+    stored: int = 0
+    """values and tombstones that replaced an older one or were new"""
+    stale: int = 0
+    """retained publications older than the stored value: not injected"""
+    expired: int = 0
+    """publications whose Message Expiry Interval ran out in the federation: not injected"""
+    evicted: int = 0
+    """values and tombstones forgotten for the bounds"""
+    reinjected: int = 0
+    """values given again to a broker that lost them"""
+
+
+class RetainedStore:
+    """topic -> the newest retained value this wrapper knows (see the module docstring)."""
+
+    def __init__(self, log: RecordLog | None = None, max_topics: int = MAX_TOPICS, max_bytes: int = MAX_BYTES) -> None:
+        self.log = log
+        self.max_topics = max_topics
+        self.max_bytes = max_bytes
+        self.values: dict[str, RetainedValue] = {}
+        """in the order stored (the oldest first: evicted first after the tombstones)"""
+        self.bytes = 0
+        self.counts = RetainedCounts()
+        self.undecodable = 0
+        if log is not None:
+            for record in log.loaded():
+                self._load(record)
+            self._bound()
+
+    def _load(self, record: bytes) -> None:
+        try:
+            topic, origin_ms, epoch, seq, host, port, qos, payload, properties = msgpack.unpackb(record, raw=False)
+            version: Version = (int(origin_ms), int(epoch), int(seq), str(host), int(port))
+            if properties is not None and not isinstance(properties, dict):
+                raise ValueError("properties")
+            self._put(str(topic), RetainedValue(version, int(qos), bytes(payload), properties))
+        except (ValueError, TypeError, msgpack.UnpackException):
+            self.undecodable += 1
+
+    def _put(self, topic: str, value: RetainedValue) -> bool:
+        old = self.values.get(topic)
+        if old is not None:
+            if value.version <= old.version:
+                return False
+            self.bytes -= len(old.payload)
+            del self.values[topic]  # to the end: the newest stored
+        self.values[topic] = value
+        self.bytes += len(value.payload)
+        return True
+
+    def offer(self, topic: str, publication: PublicationId, qos: int, payload: bytes,
+              properties: dict[str, Any] | None) -> bool:
+        """A retained publication given to (or made on) the local broker: True if it is the newest of its topic
+        (stored, written to the log), False if the store holds a newer one (counted stale)."""
+        value = RetainedValue(version_of(publication, properties), qos, payload, properties)
+        if not self._put(topic, value):
+            self.counts.stale += 1
+            return False
+        self.counts.stored += 1
+        if self.log is not None:
+            origin_ms, epoch, seq, host, port = value.version
+            self.log.append([msgpack.packb([topic, origin_ms, epoch, seq, host, port, qos, payload, properties],
+                                           use_bin_type=True)])
+        self._bound()
+        return True
+
+    def _bound(self) -> None:
+        evicted = 0
+        if len(self.values) > self.max_topics or self.bytes > self.max_bytes:
+            for topic in [t for t, v in self.values.items() if not v.payload]:  # tombstones first
+                if len(self.values) <= self.max_topics:
+                    break
+                del self.values[topic]
+                evicted += 1
+            while self.values and (len(self.values) > self.max_topics or self.bytes > self.max_bytes):
+                topic = next(iter(self.values))
+                self.bytes -= len(self.values.pop(topic).payload)
+                evicted += 1
+        self.counts.evicted += evicted
+        log = self.log
+        if log is not None and (evicted or log.size_bytes > max(COMPACT_MIN_BYTES, COMPACT_RATIO * (self.bytes + 64 *
+                                                                                                     len(self.values)))):
+            log.rewrite([msgpack.packb([topic, *value.version, value.qos, value.payload, value.properties],
+                                       use_bin_type=True) for topic, value in self.values.items()])
+
+    def reinjections(self, wall: float) -> list[Injection]:
+        """The stored values (not the tombstones) as injections with retain, their expiry counted down; those
+        whose expiry ran out are left out."""
+        found: list[Injection] = []
+        for topic, value in list(self.values.items()):
+            if not value.payload:
+                continue
+            expired, properties = carried(value.properties, wall)
+            if expired:
+                continue
+            found.append(Injection(topic, value.payload, value.qos, True, properties, value.publication, None))
+        self.counts.reinjected += len(found)
+        return found
+
+    def describe(self) -> dict[str, Any]:
+        counts = self.counts
+        return {"topics": len(self.values), "tombstones": sum(1 for v in self.values.values() if not v.payload),
+                "bytes": self.bytes, "stored": counts.stored, "stale": counts.stale, "expired": counts.expired,
+                "evicted": counts.evicted, "reinjected": counts.reinjected}
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+def carried(properties: dict[str, Any] | None, wall: float) -> tuple[bool, dict[str, Any] | None]:
+    """(expired, the properties to inject: without `ORIGIN_TIME`, the expiry counted down)."""
+    if not properties or ORIGIN_TIME not in properties:
+        return False, properties
+    left = remaining_expiry(properties, wall)
+    if left == 0:
+        return True, None
+    kept = {key: value for key, value in properties.items() if key != ORIGIN_TIME}
+    if left is not None:
+        kept[EXPIRY] = left
+    return False, kept or None
+
+
+def prepare(injections: Sequence[Injection], store: RetainedStore, wall: float
+            ) -> tuple[list[Injection], list[tuple[PublicationId, bool]]]:
+    """The node's injections as the broker gets them: expiry counted down and the stamp taken out, retained ones
+    checked against the store. Returns them and the publications not injected, each with True if it expired
+    (`message_expired`), False if it is stale (`retained_stale`): the caller counts them and tells the node they
+    are done."""
+    kept: list[Injection] = []
+    dropped: list[tuple[PublicationId, bool]] = []
+    for injection in injections:
+        properties = injection.properties
+        if not injection.retain and (not properties or ORIGIN_TIME not in properties):
+            kept.append(injection)  # the common case: nothing to do
+            continue
+        if injection.retain and not store.offer(injection.topic, injection.publication, injection.qos,
+                                                injection.payload, properties):
+            dropped.append((injection.publication, False))
+            continue
+        expired, adjusted = carried(properties, wall)
+        if expired:
+            store.counts.expired += 1
+            dropped.append((injection.publication, True))
+            continue
+        kept.append(Injection(injection.topic, injection.payload, injection.qos, injection.retain, adjusted,
+                              injection.publication, injection.filter))
+    return kept, dropped
