@@ -21,9 +21,11 @@ The JSON text is parsed once. Every later step reads a few columns of the
 parsed rows, so in a local run they are written to a columnar copy
 (Parquet, in a scratch directory the job removes) and read back from it:
 each step then reads only its columns, with its `type` filter pushed down,
-and nothing depends on the parsed rows, every column of them, fitting in
-the driver's memory. Without a scratch directory (a cluster, where the
-driver's disk is not the executors') the rows are cached as before.
+and nothing depends on the parsed rows fitting in the driver's memory (a
+cache of every column of a 10-million-event log does not fit in 3 GB and
+was parsed again by each step). Without a scratch directory (a cluster,
+where the driver's disk is not the executors') the rows are cached as
+before.
 """
 
 from __future__ import annotations
