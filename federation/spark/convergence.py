@@ -35,7 +35,6 @@ import math
 import os
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -166,21 +165,12 @@ class Steps:
 
 
 def analyse(spark: Any, files: list[str], args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    from federation.spark import analysis
     from federation.spark.reader import read_events
 
     steps = Steps()
-    with tempfile.TemporaryDirectory(prefix="federation-events-") as scratch:
-        # The columnar copy of the parsed rows (reader.py) lives on the driver's disk: local masters only.
-        local = spark.sparkContext.master.startswith("local")
-        events, summary = read_events(spark, files, os.path.join(scratch, "events") if local else None)
-        steps.done("read")
-        return _analyse(spark, events, summary, steps, args)
-
-
-def _analyse(spark: Any, events: Any, summary: Any, steps: Steps,
-             args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    from federation.spark import analysis
-
+    events, summary = read_events(spark, files)
+    steps.done("read")
     warnings = summary.warnings()
     for note in warnings:
         print(f"warning: {note}", file=sys.stderr)

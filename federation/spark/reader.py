@@ -16,16 +16,6 @@ says which versions were seen.
 
 Every row keeps its file and its position in the file (`seq`), so events
 of one instant replay in the order they were written.
-
-The JSON text is parsed once. Every later step reads a few columns of the
-parsed rows, so in a local run they are written to a columnar copy
-(Parquet, in a scratch directory the job removes) and read back from it:
-each step then reads only its columns, with its `type` filter pushed down,
-and nothing depends on the parsed rows fitting in the driver's memory (a
-cache of every column of a 10-million-event log does not fit in 3 GB and
-was parsed again by each step). Without a scratch directory (a cluster,
-where the driver's disk is not the executors') the rows are cached as
-before.
 """
 
 from __future__ import annotations
@@ -170,12 +160,8 @@ def resolve(patterns: list[str]) -> list[str]:
     return files
 
 
-def read_events(spark: SparkSession, files: list[str],
-                scratch: str | None = None) -> tuple[DataFrame, InputSummary]:
-    """(valid events with `file` and `seq`; the input summary). Raises InputError when nothing is usable.
-
-    `scratch`: a directory (absent or empty) for the columnar copy of the parsed rows; None: cache them instead.
-    """
+def read_events(spark: SparkSession, files: list[str]) -> tuple[DataFrame, InputSummary]:
+    """(valid events with `file` and `seq`, cached; the input summary). Raises InputError when nothing is usable."""
     raw = (spark.read.schema(EVENT_SCHEMA)
            .option("mode", "PERMISSIVE")
            .option("columnNameOfCorruptRecord", CORRUPT)
@@ -186,11 +172,7 @@ def read_events(spark: SparkSession, files: list[str],
     raw = raw.withColumn("status", F.when(F.col(CORRUPT).isNotNull() | incomplete, F.lit("corrupt"))
                          .when(~F.col("v").isin(*SUPPORTED_VERSIONS), F.concat(F.lit("v="), F.col("v")))
                          .otherwise(F.lit("ok")))
-    if scratch is None:
-        raw = raw.cache()
-    else:
-        raw.write.mode("overwrite").parquet(scratch)
-        raw = spark.read.parquet(scratch)
+    raw = raw.cache()
     summary = InputSummary(files)
     nodes: set[str] = set()
     for row in raw.groupBy("status", "type", "node").agg(F.count(F.lit(1)).alias("n"), F.min("t").alias("first"),
