@@ -14,7 +14,7 @@ lint: install
 	$(PYTHON) -m mypy federation
 
 test: lint
-	$(PYTHON) -m pytest -q -m "$(DEFAULT_MARKERS)"
+	$(PYTHON) -m pytest -q --durations=30 -m "$(DEFAULT_MARKERS)"
 
 test-all: lint
 	$(PYTHON) -m pytest -q -m "not lxd and not bench and not faults_long and not fuzz_long"
