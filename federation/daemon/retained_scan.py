@@ -1,0 +1,160 @@
+"""Reading the retained messages a broker already holds, so the federation gets those it does not know.
+
+Theory of operation
+-------------------
+The wrapper's own connection subscribes to `#` with retain handling 2 (federation.daemon.broker): it sees live
+publications, never the retained messages the broker held before. Those were published before the federation
+existed, or while the wrapper was down or away from its broker, and without this they would be federated only
+when published again (docs/protocol.md rule 10, "Retained messages the broker held before").
+
+`RetainedScan` is one short-lived second connection, with its own client id (`scan_client_id`: the broker-log
+tracker ignores it as it ignores the wrapper's own) and the same login (broker_auth.py). It subscribes to `#`
+with retain handling 0 at QoS 2 (so each message comes with the QoS it was retained with) and to a fence topic
+of its own under `$federation/` (which `#` does not match, so no subscriber and no wrapper sees it), then
+publishes once to the fence: the broker queues its messages for one client in order, so the fence comes back
+after every retained message the subscription to `#` was sent. The retained flag tells those apart from live
+publications (no retain-as-published), which are left to the main connection. When the fence is back, when the
+connection fails, or after `SCAN_TIMEOUT` (a broker whose ACL refuses the fence), `done` gets what was read, once,
+from the scan's own thread (paho's network thread), and the connection ends.
+
+Which of them to originate is `to_originate`, a pure rule (docs/protocol.md rule 10): a topic whose retained
+store entry changed while the scan ran is left alone (the store's value is newer than the reading, and the
+broker has been given it or took it from a client); otherwise a topic is originated when the store did not have
+it when the scan started, or had another payload (a tombstone included). A value the store holds, whether
+injected from the federation or taken from this broker before, is never originated again: that would give an
+old value a new version, and it would win over newer ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from federation.daemon.broker import KEEPALIVE, BrokerAdapter
+from federation.daemon.broker_auth import BrokerAuth
+from federation.daemon.mqtt_properties import properties_to_dict
+from federation.daemon.retained import RetainedValue
+from federation.protocol.types import Address
+
+log = logging.getLogger("federation.daemon")
+
+SCAN_CLIENT_SUFFIX = "-retained-scan"
+"""added to the wrapper's client id for the scan's connection"""
+FENCE_PREFIX = "$federation/retained-scan/"
+"""the fence topic is this and the scan's client id"""
+SCAN_SUBSCRIPTIONS = 2
+"""subscriptions the scan holds while it runs (`#` and the fence), which the broker counts"""
+SCAN_TIMEOUT = 10.0
+"""seconds a scan may take: then what was read is used, and the rest waits for a next publication"""
+
+
+def scan_client_id(client_id: str) -> str:
+    """The client id of the scan's connection for a wrapper whose own connection is `client_id`."""
+    return client_id + SCAN_CLIENT_SUFFIX
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRetained:
+    """A retained message the broker held, as the scan read it."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    properties: dict[str, Any] | None
+    """as for a local publication (federation.daemon.mqtt_properties); a message expiry is what is left"""
+
+
+def to_originate(held: list[HeldRetained], before: Mapping[str, RetainedValue],
+                 now: Mapping[str, RetainedValue]) -> Iterator[HeldRetained]:
+    """The retained messages read from the broker the federation does not know (module docstring): `before` is
+    the retained store's values when the scan started (a shallow copy), `now` the store's values now."""
+    for message in held:
+        known = before.get(message.topic)
+        if now.get(message.topic) is not known:
+            continue  # stored since the scan started: newer than what the scan read
+        if known is not None and known.payload == message.payload:
+            continue  # the store's own value (from the federation, or from this broker before)
+        yield message
+
+
+class RetainedScan:
+    """One reading of the broker's retained messages on a connection of its own (module docstring)."""
+
+    def __init__(self, broker: Address, client_id: str, auth: BrokerAuth,
+                 done: Callable[[list[HeldRetained], str | None], None], timeout: float = SCAN_TIMEOUT) -> None:
+        """`done(held, problem)` is called once, from another thread: `problem` is None when the fence came back,
+        else why the reading may be incomplete."""
+        self.broker = broker
+        self.client_id = scan_client_id(client_id)
+        self.fence = FENCE_PREFIX + self.client_id
+        self._done = done
+        self._held: list[HeldRetained] = []
+        self._lock = threading.Lock()
+        self._finished = False
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
+        BrokerAdapter.apply_auth(client, auth)
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_subscribe = self._on_subscribe
+        client.on_message = self._on_message
+        self.client = client
+        self._timer = threading.Timer(timeout, self._finish, (f"no answer within {timeout:g} s",))
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        """Connect and read, in paho's thread; never blocks."""
+        self.client.connect_async(self.broker.host, self.broker.port, keepalive=KEEPALIVE, clean_start=True)
+        self.client.loop_start()
+        self._timer.start()
+
+    def close(self) -> None:
+        """End the scan now (the wrapper stops); `done` is not called any more."""
+        with self._lock:
+            self._finished = True
+        self._timer.cancel()
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            self._finish(f"the broker refused the connection ({reason})")
+            return
+        client.subscribe([("#", SubscribeOptions(qos=2, retainHandling=SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)),
+                          (self.fence, SubscribeOptions(qos=2))])
+
+    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        self._finish("cannot connect to the broker")
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reasons: list[Any],
+                      properties: Any) -> None:
+        if reasons and reasons[0].is_failure:
+            self._finish(f"the broker refused the subscription to # ({reasons[0]})")
+            return
+        client.publish(self.fence, b"", qos=1)  # comes back after every retained message sent for `#`
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        if message.topic == self.fence:
+            self._finish(None)
+        elif message.retain and message.payload:
+            held = HeldRetained(message.topic, bytes(message.payload), message.qos,
+                                properties_to_dict(getattr(message, "properties", None)))
+            with self._lock:
+                self._held.append(held)
+
+    def _finish(self, problem: str | None) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            held = self._held
+        self._timer.cancel()
+        self.client.disconnect()
+        self.client.loop_stop()  # from paho's own thread it does not wait for itself
+        self._done(held, problem)
