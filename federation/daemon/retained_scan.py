@@ -71,6 +71,20 @@ class HeldRetained:
     """as for a local publication (federation.daemon.mqtt_properties); a message expiry is what is left"""
 
 
+@dataclass
+class ScanCounts:
+    """What the readings of this run did (status `daemon.broker.retained_scan`)."""
+
+    scans: int = 0
+    """readings that ended"""
+    incomplete: int = 0
+    """of them, ended without the fence (a refused connection or subscription, the timeout)"""
+    read: int = 0
+    """retained messages read"""
+    originated: int = 0
+    """of them, originated (`to_originate`)"""
+
+
 def to_originate(held: list[HeldRetained], before: Mapping[str, RetainedValue],
                  now: Mapping[str, RetainedValue]) -> Iterator[HeldRetained]:
     """The retained messages read from the broker the federation does not know (module docstring): `before` is
@@ -98,14 +112,18 @@ class RetainedScan:
         self._held: list[HeldRetained] = []
         self._lock = threading.Lock()
         self._finished = False
+        self._fence_refused: str | None = None
+        """why the broker refused the fence (its ACL), if it did: the scan then ends at its timeout"""
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
         BrokerAdapter.apply_auth(client, auth)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        client.on_disconnect = self._on_disconnect
         self.client = client
-        self._timer = threading.Timer(timeout, self._finish, (f"no answer within {timeout:g} s",))
+        self._timer = threading.Timer(timeout, self._timed_out, (timeout,))
         self._timer.daemon = True
 
     def start(self) -> None:
@@ -137,6 +155,8 @@ class RetainedScan:
         if reasons and reasons[0].is_failure:
             self._finish(f"the broker refused the subscription to # ({reasons[0]})")
             return
+        if len(reasons) > 1 and reasons[1].is_failure:
+            self._fence_refused = f"the broker refused the subscription to {self.fence} ({reasons[1]})"
         client.publish(self.fence, b"", qos=1)  # comes back after every retained message sent for `#`
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
@@ -147,6 +167,20 @@ class RetainedScan:
                                 properties_to_dict(getattr(message, "properties", None)))
             with self._lock:
                 self._held.append(held)
+
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        self._finish(f"the connection ended before the fence came back ({reason})")  # no reconnection: a broker
+        # that restarted meanwhile may hold an older persistence file's values
+
+    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            self._fence_refused = f"the broker refused the publication to {self.fence} ({reason})"
+
+    def _timed_out(self, timeout: float) -> None:
+        refused = self._fence_refused
+        self._finish(f"{refused}: give the wrapper's user `topic readwrite {FENCE_PREFIX}#` in the broker's "
+                     f"acl_file (configs/mosquitto.acl), so the scan knows when it has read everything"
+                     if refused is not None else f"the fence did not come back within {timeout:g} s")
 
     def _finish(self, problem: str | None) -> None:
         with self._lock:

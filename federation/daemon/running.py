@@ -71,6 +71,7 @@ from federation.daemon.retained_scan import (
     SCAN_SUBSCRIPTIONS,
     HeldRetained,
     RetainedScan,
+    ScanCounts,
     scan_client_id,
     to_originate,
 )
@@ -155,6 +156,9 @@ class Running:
         """the newest retained value of every topic (kept in the state directory when there is one)"""
         self.retained_scan: RetainedScan | None = None
         """the reading of the broker's retained messages under way (retained_scan.py)"""
+        self.retained_scan_counts = ScanCounts()
+        self._retained_scan_due = False
+        """the broker connected with the session kept: its retained messages are read once the wrapper is ready"""
         self.restored_filters = persisted.filters
         """the filters the node knew in its previous life (`Node.restore`)"""
         self.outbox = wrapper_events.WrapperEvents(str(node.address))
@@ -465,10 +469,12 @@ class Running:
                                   properties, wall, item.mid)
 
     def _start_retained_scan(self, now: float) -> None:
-        """Read the retained messages the broker holds on a second connection (retained_scan.py), unless a
-        reading is under way; the store's values now are what the reading is compared with."""
-        if self.retained_scan is not None:
+        """Read the retained messages the broker holds on a second connection (retained_scan.py) when one is due,
+        none is under way and the wrapper is ready (a neighbour up: what is originated has somewhere to go); the
+        store's values now are what the reading is compared with."""
+        if not self._retained_scan_due or self.retained_scan is not None or not wrapper_readiness(self).ready:
             return
+        self._retained_scan_due = False
         before = dict(self.retained.values)
         loop = self.loop
         scan: RetainedScan | None = None
@@ -480,6 +486,14 @@ class Running:
         self.retained_scan = scan
         self.broker_subscriptions.helpers_subscribed(SCAN_SUBSCRIPTIONS, now)
         scan.start()
+
+    def _drop_retained_scan(self, now: float) -> None:
+        """The reading under way is not used (the broker restarted meanwhile); it ends off the loop's thread."""
+        scan = self.retained_scan
+        if scan is not None:
+            self.retained_scan = None
+            self.broker_subscriptions.helpers_subscribed(0, now)
+            self.loop.run_in_executor(None, scan.close)
 
     def _on_retained_scan(self, scan: RetainedScan | None, before: dict[str, RetainedValue],
                           held: list[HeldRetained], problem: str | None) -> None:
@@ -504,7 +518,12 @@ class Running:
                 spooled.append(entry)
         if spooled and self.spool is not None:
             self.spool.add(spooled)
+        counts = self.retained_scan_counts
+        counts.scans += 1
+        counts.read += len(held)
+        counts.originated += originated
         if problem is not None:
+            counts.incomplete += 1
             log.warning("reading the broker's retained messages on a second connection (client id %r) may be "
                         "incomplete: %s; those not read are federated when published again", scan_client_id(
                             self.config.client_id), problem)
@@ -532,9 +551,11 @@ class Running:
                 # Those the broker lost were handed over before what waits now; all of it now passes the hold.
                 waiting = [*reinjected, *self.flow.injection_queue.drain()]
                 self.flow.requeue(self.node, self.broker_subscriptions.admit(waiting, now), now)
-            if not item.session_lost:
-                # What the broker holds is what it held before (not an older persistence file): read it.
-                self._start_retained_scan(now)
+            # A broker that kept the session holds what it held before (not an older persistence file): read it.
+            self._retained_scan_due = not item.session_lost
+            if item.session_lost and self.retained_scan is not None:
+                self._drop_retained_scan(now)
+            self._start_retained_scan(now)
             if item.session_lost and self.retained.values:
                 # A broker without our session restarted, and without persistence its retained messages are gone:
                 # ours go back first (the broker's persistence may have kept them: injecting them again is harmless).
@@ -732,6 +753,7 @@ class Running:
         self._housekeeping_handle = self.loop.call_later(HOUSEKEEPING_INTERVAL, self._housekeeping)
         now = self.clock.now()
         self.broker_subscriptions.tick(now)
+        self._start_retained_scan(now)
         self._drain_outputs(now)
 
     def _check_kernel_drops(self) -> None:
