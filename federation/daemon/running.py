@@ -470,9 +470,10 @@ class Running:
 
     def _start_retained_scan(self, now: float) -> None:
         """Read the retained messages the broker holds on a second connection (retained_scan.py) when one is due,
-        none is under way and the wrapper is ready (a neighbour up: what is originated has somewhere to go); the
-        store's values now are what the reading is compared with."""
-        if not self._retained_scan_due or self.retained_scan is not None or not wrapper_readiness(self).ready:
+        none is under way, the wrapper is ready and a neighbour is up (even without configured neighbours: what
+        is originated must have somewhere to go); the store's values now are what the reading is compared with."""
+        if not self._retained_scan_due or self.retained_scan is not None or not wrapper_readiness(self).ready \
+                or not any(neighbour.up for neighbour in self.node.neighbours.all()):
             return
         self._retained_scan_due = False
         before = dict(self.retained.values)
