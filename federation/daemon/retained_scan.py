@@ -179,7 +179,8 @@ class RetainedScan:
             held = HeldRetained(message.topic, bytes(message.payload), message.qos,
                                 properties_to_dict(getattr(message, "properties", None)))
             with self._lock:
-                self._held.append(held)
+                if not self._finished:
+                    self._held.append(held)
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         self._finish(f"the connection ended before the fence came back ({reason})")  # no reconnection: a broker
@@ -200,7 +201,7 @@ class RetainedScan:
             if self._finished:
                 return
             self._finished = True
-            held = self._held
+            held = list(self._held)
         self._timer.cancel()
         self.client.disconnect()
         self.client.loop_stop()  # from paho's own thread it does not wait for itself
