@@ -18,8 +18,9 @@ message can go out while older ones still wait in that queue. So the fence is pu
 comes back after retained messages came since it was published, and the reading is complete when one comes
 back with none (a round trip in which the broker, still sending as our acknowledgements free its window, sent
 nothing: 1,500 retained messages of QoS 0-2 read whole in about 0.5 s). When the reading is complete, when the
-connection fails or ends (no reconnection), or after `SCAN_TIMEOUT` (a broker whose ACL refuses the fence),
-`done` gets what was read, once, from the scan's own thread (paho's network thread), and the connection ends.
+connection fails or ends (no reconnection; Mosquitto closes it when its ACL refuses the fence), or after
+`SCAN_TIMEOUT`, `done` gets what was read, once, from the scan's own thread (paho's network thread), and the
+connection ends.
 
 Which of them to originate is `to_originate`, a pure rule (docs/protocol.md rule 10): a topic whose retained
 store entry changed while the scan ran is left alone (the store's value is newer than the reading, and the
@@ -55,6 +56,10 @@ FENCE_PREFIX = "$federation/retained-scan/"
 """the fence topic is this and the scan's client id"""
 SCAN_SUBSCRIPTIONS = 2
 """subscriptions the scan holds while it runs (`#` and the fence), which the broker counts"""
+ACL_HINT = (f"if the broker has an acl_file, give the wrapper's user `topic readwrite {FENCE_PREFIX}#` "
+            f"(configs/mosquitto.acl), so the reading can tell when it has everything")
+"""what to do when the fence is refused (Mosquitto 2.0.11 closes the connection of a client whose publication its
+ACL refuses)"""
 SCAN_TIMEOUT = 10.0
 """seconds a scan may take: then what was read is used, and the rest waits for a next publication"""
 
@@ -183,8 +188,8 @@ class RetainedScan:
                     self._held.append(held)
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
-        self._finish(f"the connection ended before the fence came back ({reason})")  # no reconnection: a broker
-        # that restarted meanwhile may hold an older persistence file's values
+        # No reconnection: a broker that restarted meanwhile may hold an older persistence file's values.
+        self._finish(f"the broker closed the connection before the fence came back ({reason}); {ACL_HINT}")
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
         if reason.is_failure:
@@ -192,9 +197,8 @@ class RetainedScan:
 
     def _timed_out(self, timeout: float) -> None:
         refused = self._fence_refused
-        self._finish(f"{refused}: give the wrapper's user `topic readwrite {FENCE_PREFIX}#` in the broker's "
-                     f"acl_file (configs/mosquitto.acl), so the scan knows when it has read everything"
-                     if refused is not None else f"the fence did not come back within {timeout:g} s")
+        self._finish(f"{refused}; {ACL_HINT}" if refused is not None
+                     else f"the fence did not come back within {timeout:g} s")
 
     def _finish(self, problem: str | None) -> None:
         with self._lock:
