@@ -104,6 +104,8 @@ class Unacked:
     """when it is sent again (None: sent in this step, armed by `arm`)"""
     reroute: bool = False
     """the neighbour went down: hand the copy back to the node (`route_again`) when due"""
+    hurried_at: float = float("-inf")
+    """when `neighbour_up` last sent it again at once (at most once per `retransmit_timeout_max`)"""
 
 
 class ReliableForwarding:
@@ -268,13 +270,20 @@ class ReliableForwarding:
                 self._schedule(key, entry, when)
 
     def neighbour_up(self, transport: Address, now: float) -> None:
-        """The neighbour is back (or restarted, having lost what it had): what waits for it goes again now."""
+        """The neighbour is back (or restarted, having lost what it had): what waits for it goes again now.
+
+        A copy goes at once at most once per `retransmit_timeout_max`: a restart is told by the `sender` of any
+        packet from the neighbour's address, which a key holder (anyone, in open mode) can forge in every
+        datagram, and a copy hurried at every one would be sent as fast as the forgeries come. So the backoff
+        bounds each copy's sending whatever arrives: its timer's, plus one hurried copy per
+        `retransmit_timeout_max`."""
+        settings = self.settings
         waiting = [(key, entry) for key, entry in self.unacked.items() if entry.transport == transport
-                   and not entry.reroute]
+                   and not entry.reroute and now - entry.hurried_at >= settings.retransmit_timeout_max]
         waiting.sort(key=lambda item: (item[0][1][1], item[0][1][2]))  # in the order their origins made them
         for key, entry in waiting:
-            entry.timeout = min(max(self.settings.retransmit_timeout, entry.timeout / 2),
-                                self.settings.retransmit_timeout_max)
+            entry.hurried_at = now
+            entry.timeout = min(max(settings.retransmit_timeout, entry.timeout / 2), settings.retransmit_timeout_max)
             self._schedule(key, entry, now)
 
     # ------------------------------------------------------------ receiving side
