@@ -24,7 +24,10 @@ have been recomputed (`route_again`): the node keeps it for a mesh
 neighbour that is still one (a child that may come back; tried again with
 the backoff, and at once when it comes back up: `neighbour_up`), or routes
 the publication again (another parent, the new mesh neighbours, or held
-while there is no way), and the new copies are tracked in turn.
+while there is no way), and the new copies are tracked in turn. A
+neighbour that restarts gets its copies again at once, but each copy at
+most once per `retransmit_timeout_max`: restarts are told by a packet's
+`sender`, which anyone holding the key can forge in every datagram.
 
 A mesh that changes while a publication crosses it can leave a part of it
 behind: the node that now leads to that part may have handled the
