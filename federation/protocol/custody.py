@@ -24,7 +24,7 @@ embedder drains (`Node.custody_released`) to let the spool forget it.
 
 A copy of a (publication, filter) the node took before is acknowledged at
 once (it has it, so every copy it must send is sent or owed already),
-except (the node decides it: `Node._receive_reliable`) a retransmission from
+except (the node decides it: `ReliableDelivery.receive`) a retransmission from
 the very neighbour whose acknowledgement is still owed (that one comes with
 the obligations done), and a copy sent toward the core through a node that
 is no mesh member: in-mesh flooding reaches every mesh neighbour of a node
@@ -38,7 +38,11 @@ sender upstream.
 No deadlock: an entry waits only for copies it sent, and a copy creates a
 waiting entry only at a node with no open entry for that (publication,
 filter): every waits-for edge goes from an entry to one opened after it (a
-copy is received after it is sent), so the relation has no cycle. Memory:
+copy is received after it is sent), so the relation has no cycle. A forged
+copy (an upstream that never sent it) can close a cycle of two: each
+neighbour's copy reaches the entry whose upstream it is, and settles the
+copy sent the other way (`ReliableDelivery.receive`); longer forged cycles
+are only bounded in cost (docs/protocol.md rule 7a). Memory:
 an entry lives while one of its copies is unacknowledged (bounded by the
 table of reliable forwarding and its refusal of new copies), held (bounded
 by `max_held_publications`) or waiting for the embedder (bounded by the

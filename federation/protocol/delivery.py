@@ -74,6 +74,9 @@ class ReliableDelivery:
         publications.duplicate(message, announced, now)
         if entry is not None and entry.upstream == sender:
             self._outbox.counters["retransmissions_absorbed"] += 1  # acknowledged once our obligations are done
+            # If we sent it a copy too (only forged copies make an upstream a next hop as well: each would wait
+            # for the other's acknowledgement, and absorb the other's copy, for ever), it has it: that copy is done.
+            self._copy_arrived(sender, message)
             return NOT_SENT
         routed = NOT_SENT
         if message.mode == MODE_TOWARD_CORE and not mesh.is_member(message.filter) \

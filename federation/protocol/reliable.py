@@ -24,7 +24,10 @@ have been recomputed (`route_again`): the node keeps it for a mesh
 neighbour that is still one (a child that may come back; tried again with
 the backoff, and at once when it comes back up: `neighbour_up`), or routes
 the publication again (another parent, the new mesh neighbours, or held
-while there is no way), and the new copies are tracked in turn.
+while there is no way), and the new copies are tracked in turn. A
+neighbour that restarts gets its copies again at once, but each copy at
+most once per `retransmit_timeout_max`: restarts are told by a packet's
+`sender`, which anyone holding the key can forge in every datagram.
 
 A mesh that changes while a publication crosses it can leave a part of it
 behind: the node that now leads to that part may have handled the
@@ -104,6 +107,8 @@ class Unacked:
     """when it is sent again (None: sent in this step, armed by `arm`)"""
     reroute: bool = False
     """the neighbour went down: hand the copy back to the node (`route_again`) when due"""
+    hurried_at: float = float("-inf")
+    """when `neighbour_up` last sent it again at once (at most once per `retransmit_timeout_max`)"""
 
 
 class ReliableForwarding:
@@ -268,13 +273,20 @@ class ReliableForwarding:
                 self._schedule(key, entry, when)
 
     def neighbour_up(self, transport: Address, now: float) -> None:
-        """The neighbour is back (or restarted, having lost what it had): what waits for it goes again now."""
+        """The neighbour is back (or restarted, having lost what it had): what waits for it goes again now.
+
+        A copy goes at once at most once per `retransmit_timeout_max`: a restart is told by the `sender` of any
+        packet from the neighbour's address, which a key holder (anyone, in open mode) can forge in every
+        datagram, and a copy hurried at every one would be sent as fast as the forgeries come. So the backoff
+        bounds each copy's sending whatever arrives: its timer's, plus one hurried copy per
+        `retransmit_timeout_max`."""
+        settings = self.settings
         waiting = [(key, entry) for key, entry in self.unacked.items() if entry.transport == transport
-                   and not entry.reroute]
+                   and not entry.reroute and now - entry.hurried_at >= settings.retransmit_timeout_max]
         waiting.sort(key=lambda item: (item[0][1][1], item[0][1][2]))  # in the order their origins made them
         for key, entry in waiting:
-            entry.timeout = min(max(self.settings.retransmit_timeout, entry.timeout / 2),
-                                self.settings.retransmit_timeout_max)
+            entry.hurried_at = now
+            entry.timeout = min(max(settings.retransmit_timeout, entry.timeout / 2), settings.retransmit_timeout_max)
             self._schedule(key, entry, now)
 
     # ------------------------------------------------------------ receiving side

@@ -12,7 +12,7 @@ from collections import Counter
 
 from federation.protocol import wire
 from federation.protocol.settings import Settings
-from federation.protocol.types import Address, PublicationId
+from federation.protocol.types import Address, BrokerId, PublicationId
 
 from node_harness import Harness, address
 
@@ -262,6 +262,66 @@ def test_a_child_that_is_down_keeps_its_copies_and_gets_them_when_it_comes_back(
     harness.run(harness.now + 10)
     assert delivered(harness, 2) == made
     assert sorted(publication for _, publication in harness.released) == sorted(made)
+    quiet(harness)
+
+
+# ---------------------------------------------------------------- forged copies (issue 22: the long live fuzz)
+
+FAKE = Address("10.9.9.9", 10500)
+
+
+def forge(kind: str, body: wire.Body, vid: int = 99, announced: Address = FAKE, epoch: int = 1) -> bytes:
+    """A packet as a key holder (anyone, in open mode) would send it from a neighbour's address."""
+    return wire.encode(kind, wire.Sender(BrokerId(vid, announced), epoch), body)
+
+
+def test_two_nodes_that_are_each_others_upstream_and_next_hop_do_not_deadlock() -> None:
+    """Forged copies can make two neighbours each other's upstream for a (publication, filter), each with a copy
+    out to the other: the fuzzed n1 of tests/real/test_fuzz_real.py takes a forged toward-core copy "from
+    n0" (another sender named, so n0 is not excluded) and sends it on toward the core through n0; n0 takes
+    it from n1 and holds it for want of a core, and once it learns one through n1 sends it back there (rule
+    7a: the only way is back). Each copy then comes from the upstream of the entry it reaches: before, each
+    node absorbed it as a retransmission and waited for the other's acknowledgement for ever, both
+    retransmitting. Now a copy from the upstream settles the copy sent to it (it has the pair), and both
+    entries close. The state is built directly here, as those forgeries leave it."""
+    harness = Harness([(0, 1)])
+    harness.run(5.0)
+    message = wire.TopicMessage("a/#", FAKE, 1, 1, wire.MODE_TOWARD_CORE, 1, "a/b", b"x", 1, False, None)
+    for index, other in ((0, 1), (1, 0)):
+        node = harness.nodes[index]
+        node.custody.open(message, address(other))
+        node.delivery.track(message, [address(other)])
+        node.outbox.send(wire.TOPIC_MESSAGE, message, [address(other)])
+        harness.flush(index)
+    harness.run(harness.now + 10)
+    assert sum(node.counters["retransmissions"] for node in harness.nodes.values()) <= 2
+    quiet(harness)
+
+
+def test_forged_restarts_of_a_neighbour_do_not_speed_up_retransmission() -> None:
+    """Every packet from a neighbour's address that names another sender (or a later epoch) says it restarted,
+    and its copies go again at once. A key holder can send one in every datagram: each copy still goes at
+    most once per `retransmit_timeout_max` more than its backoff sends it. Before, the origin here sent its
+    copy about a thousand times in 10 s, once for every forgery."""
+    harness = line()
+    harness.losing = {(1, 2, wire.TOPIC_ACK)}  # the relay's acknowledgement never reaches the origin
+    publish(harness, 2)
+    origin = harness.nodes[2]
+    started, retransmissions = harness.now, origin.counters["retransmissions"]
+    ack = wire.TopicAck("a/#", FAKE, 1, 1)
+    forgeries = 0
+    while harness.now < started + 10:
+        forgeries += 1
+        vid = 99 if forgeries % 2 else 1  # a stranger's name, then the relay's own again: "changed" each time
+        origin.receive_packet(forge(wire.TOPIC_ACK, ack, vid, address(1) if vid == 1 else FAKE), address(1),
+                              harness.now)
+        harness.flush(2)
+        harness.run(harness.now + 0.01)
+    sent = origin.counters["retransmissions"] - retransmissions
+    settings = origin.settings
+    assert forgeries > 900 and sent <= 2 * 10 / settings.retransmit_timeout_max + 5, sent
+    harness.losing = set()
+    harness.run(harness.now + 10)
     quiet(harness)
 
 

@@ -191,10 +191,6 @@ def test_a_live_wrapper_survives_mutated_datagrams(federation: LocalFederation, 
 
 
 @pytest.mark.fuzz_long
-@pytest.mark.xfail(strict=False, reason="since main's custody protocol v2 was merged (issue 19): after 60-70 s n1 "
-                   "retransmits about 90 QoS 1 copies to n0 without end (attempt 20 and on, about 700 a second), "
-                   "n0 dropping each as a duplicate, and a status request goes unanswered for 1 s; the merge commit "
-                   "before issue 22 part B fails the same way (docs/security.md, 'Fuzzing a live wrapper')")
 def test_a_live_wrapper_survives_a_million_mutated_datagrams(federation: LocalFederation, clients: Clients) -> None:
     print("\n" + run_fuzz(federation, clients, LONG_COUNT, seed=2))
 
