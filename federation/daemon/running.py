@@ -146,6 +146,7 @@ class Running:
         """the custody spool of our own QoS 1/2 publications (with a state directory)"""
         self.retained = resources.retained if resources.retained is not None else RetainedStore()
         """the newest retained value of every topic (kept in the state directory when there is one)"""
+        node.attach_retained(self.retained)  # the node compares it with the neighbours' stores (rule 10)
         self.restored_filters = persisted.filters
         """the filters the node knew in its previous life (`Node.restore`)"""
         self.outbox = wrapper_events.WrapperEvents(str(node.address))
