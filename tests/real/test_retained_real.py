@@ -108,3 +108,38 @@ def test_the_newest_retained_value_is_on_every_broker_and_comes_back_after_a_bro
     finally:
         for client in clients:
             client.close()
+
+
+def test_values_published_while_a_wrapper_was_away_reach_its_broker_when_it_comes_back(
+        federation: LocalFederation) -> None:
+    """QoS 0 retained publications (an update, a new topic, a deletion) made while n2's wrapper is stopped never
+    cross on the tree; when it starts again, the stores' anti-entropy (rule 10: `rd`, `rs`, `rr`, `rv`) brings its
+    store and its broker the newest values."""
+    publisher = Client(federation.node("n0").host, "pub-n0")
+    clients: list[Client] = [publisher]
+    try:
+        for topic, payload in (("rt/a", b"v1"), ("rt/gone", b"g1")):
+            publisher.client.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
+        wait_for(lambda: retained_store(federation, "n2")["stored"] == 2, timeout=10,
+                 message="both values in n2's retained store")
+        federation.stop_wrapper("n2")
+        wait_for(lambda: all(not neighbour["up"] for neighbour in federation.status("n1")["neighbours"]
+                             if neighbour["address"].startswith(federation.node("n2").host + ":")),
+                 timeout=10, message="n1 to see n2's wrapper gone")
+        for topic, payload in (("rt/a", b"v2"), ("rt/new", b"n1"), ("rt/gone", b"")):
+            publisher.client.publish(topic, payload, qos=0, retain=True).wait_for_publish(5)
+        wait_for(lambda: retained_store(federation, "n1")["stored"] == 5, timeout=10,
+                 message=lambda: f"the three at n1: {retained_store(federation, 'n1')}")
+        federation.start_wrapper("n2")
+        # a new life of the wrapper: its store came back from the state directory, its counts start at 0
+        wait_for(lambda: retained_store(federation, "n2")["stored"] == 3, timeout=15,
+                 message=lambda: f"the three at n2 by the anti-entropy: {retained_store(federation, 'n2')}")
+        late = late_subscriber(federation, "n2", "late-n2", "rt/#")
+        clients.append(late)
+        late.client.publish("rt/fence", b"f", qos=1)  # after its SUBSCRIBE on the same connection: in order
+        wait_for(lambda: (b"f", False) in late.messages(), timeout=5, message="the fence")
+        assert sorted(late.messages()) == [(b"f", False), (b"n1", True), (b"v2", True)]
+        assert federation.status("n2")["counters"]["retained_values_injected"] == 3
+    finally:
+        for client in clients:
+            client.close()
