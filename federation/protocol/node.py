@@ -27,9 +27,10 @@ anti-entropy digests); `mesh` runs topic cores, meshes and the routing of
 publications; `reliable` retransmits QoS 1/2 copies; `custody` holds each
 QoS 1/2 publication until what it owes is done; `publications` numbers,
 deduplicates, orders and delivers publications; `pacing` paces QoS 0 between
-neighbours. Only the node composes them and tells one what another's change
-means: a route change goes to the mesh and the database exchange
-(`_update_routes`), a new vid to the mesh, an acknowledgement to neighbour
+neighbours; `retained_sync` compares the embedder's retained store with the
+neighbours' (`attach_retained`) and brings the newest values. Only the node
+composes them and tells one what another's change means: a route change goes
+to the mesh and the database exchange (`_update_routes`), a new vid to the mesh, an acknowledgement to neighbour
 liveness, a publication forwarded to a neighbour pacing us to pacing, and
 what QoS 1/2 work means across the parts to `delivery`
 (federation.protocol.delivery, the node's composition for custody). After
