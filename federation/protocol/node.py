@@ -301,9 +301,9 @@ class Node:
         self._restored = True
 
     def attach_retained(self, index: RetainedIndex) -> None:
-        """Before `start`: the embedder's retained store (federation.protocol.retained_sync.RetainedIndex), which
-        the node reads to compare with its neighbours' and bring over the newest values (docs/protocol.md rule
-        10); the values it brings come out of `injections_to_make` with retain, and the embedder stores them
+        """The embedder's retained store (federation.protocol.retained_sync.RetainedIndex; give it before `start`),
+        which the node reads to compare with its neighbours' and bring over the newest values (docs/protocol.md
+        rule 10); the values it brings come out of `injections_to_make` with retain, and the embedder stores them
         (newest wins) as any other. Without one the node takes no part in that exchange."""
         self.retained_sync.index = index
 
