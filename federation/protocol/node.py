@@ -163,7 +163,7 @@ class Node:
                                          self.shared)
         """our publications and the ones received: numbering, duplicate caches, order, local delivery"""
         delivery.bind(self.reliable, self.mesh, self.publications)
-        self.retained_sync = RetainedSync(self.neighbours, self.outbox, self.publications.mark_injected)
+        self.retained_sync = RetainedSync(self.outbox, self.publications.mark_injected)
         """the anti-entropy of the embedder's retained store with the neighbours' (`attach_retained`)"""
         self._restored_filters: list[str] = []
         self._restored = False

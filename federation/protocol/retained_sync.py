@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from federation.protocol import wire
-from federation.protocol.context import NeighboursView, Outbox
+from federation.protocol.context import Outbox
 from federation.protocol.neighbours import Neighbour
 from federation.protocol.types import Address, Injection, PublicationId
 from federation.protocol.wire_types import (
@@ -150,16 +150,10 @@ class MemoryRetainedIndex:
         return True
 
 
-def _split_entries(outbox: Outbox, entries: list[RetainedEntry]) -> list[list[RetainedEntry]]:
-    return outbox.split(entries, wire.retained_entry_size)
-
-
 class RetainedSync:
     """The retained stores' anti-entropy with the neighbours (see the module docstring)."""
 
-    def __init__(self, neighbours: NeighboursView, outbox: Outbox,
-                 mark_injected: Callable[[list[PublicationId]], None]) -> None:
-        self._neighbours = neighbours
+    def __init__(self, outbox: Outbox, mark_injected: Callable[[list[PublicationId]], None]) -> None:
         self._outbox = outbox
         self._mark_injected = mark_injected
         """tells the node's injection cache that a publication was given to the embedder: a late `tm` copy of
@@ -169,11 +163,14 @@ class RetainedSync:
         self.cursor: dict[Address, str] = {}
         """neighbour transport -> the last topic of the summary sent to it (the next one starts after it)"""
         self.queued: dict[str, RetainedVersion] = {}
-        """topic -> the version given to the embedder and maybe not yet in its store (not given again)"""
+        """topic -> the version given to the embedder and maybe not yet in its store (not given again); forgotten
+        every announce interval, when the embedder has long taken what it was given"""
 
     # ------------------------------------------------------------ digests
 
     def send_digests(self) -> None:
+        """Every announce interval: our digest to every up neighbour, if our store holds anything."""
+        self.queued.clear()
         index = self.index
         if index is None or not index.retained_versions.count:
             return
@@ -211,7 +208,7 @@ class RetainedSync:
             start = next((i for i, entry in enumerate(entries) if entry.topic > after), 0)
             entries = (entries[start:] + entries[:start])[:MAX_SUMMARY]
             self.cursor[transport] = entries[-1].topic
-        for run in _split_entries(outbox, entries):
+        for run in outbox.split(entries, wire.retained_entry_size):
             outbox.send(wire.RETAINED_SUMMARY, RetainedSummary(tuple(run)), [transport])
 
     # ------------------------------------------------------------ summaries, requests, values
@@ -272,19 +269,7 @@ class RetainedSync:
         if given:
             outbox.counters["retained_values_injected"] += len(given)
             self._mark_injected(given)
-        self._forget_stored(versions)
 
     def _not_queued(self, topic: str, version: RetainedVersion) -> bool:
         queued = self.queued.get(topic)
         return queued is None or queued < version
-
-    def _forget_stored(self, versions: RetainedVersions) -> None:
-        """Forget the queued versions the store has caught up with (or passed), once there are many."""
-        if len(self.queued) < 1024:
-            return
-        for topic, version in list(self.queued.items()):
-            held = versions.get(topic)
-            if held is not None and held >= version:
-                del self.queued[topic]
-        if len(self.queued) >= 1024:  # the embedder refused them (newer ones, bounds): give up remembering
-            self.queued.clear()
