@@ -116,3 +116,22 @@ def test_after_a_partition_heals_every_node_ends_with_the_newest_retained_value_
     # what crossed came by the exchange, not by the tree
     sent = sim.network.hosts[1].node.sent_by_type
     assert sent["rd"] and sent["rs"] and sent["rv"]
+
+
+def test_a_node_that_was_down_gets_the_retained_values_published_meanwhile_when_it_restarts(
+        tmp_path: Path) -> None:
+    report, _events, sim = run(line_scenario([
+        {"at": 4, "publish": {"node": "n0", "topic": "status/a", "retain": True}},
+        {"at": 6, "kill": "n4"},
+        {"at": 8, "publish": {"node": "n0", "topic": "status/a", "retain": True}},
+        {"at": 8, "publish": {"node": "n2", "topic": "status/b", "retain": True}},
+        {"at": 12, "restart": "n4"},
+    ], duration=30.0), tmp_path)
+    assert report["invariants"]["ok"], report["invariants"]["violations"]
+    assert report["publications"]["duplicates"] == 0
+    stores = {name: {topic: index.retained_versions.get(topic) for topic in ("status/a", "status/b")}
+              for name, index in sim.retained.items()}
+    assert all(store == stores["n0"] for store in stores.values()), stores
+    assert stores["n0"]["status/a"] is not None and stores["n0"]["status/a"][2] == 2  # n0's second publication
+    node = sim.network.host("n4").node
+    assert node is not None and node.counters["retained_values_injected"] == 2
