@@ -245,8 +245,8 @@ class BrokerAdapter:
         # paho's signature says int, but it sleeps on floats; the first retry comes after 0.5 s.
         client.reconnect_delay_set(RECONNECT_MIN_DELAY, RECONNECT_MAX_DELAY)  # type: ignore[arg-type]
         self.auth = auth or BrokerAuth()
-        """user, password and TLS files of the login (`_apply_auth`)"""
-        self._apply_auth(client, self.auth)
+        """user, password and TLS files of the login (`apply_auth`)"""
+        self.apply_auth(client, self.auth)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
@@ -279,7 +279,7 @@ class BrokerAdapter:
             client.on_socket_close = self._on_socket_close
 
     @staticmethod
-    def _apply_auth(client: mqtt.Client, auth: BrokerAuth) -> None:
+    def apply_auth(client: mqtt.Client, auth: BrokerAuth) -> None:
         """The login's user and password, and its TLS context, on paho's client (read at the next connection)."""
         if auth.username is not None:
             client.username_pw_set(auth.username, auth.password)

@@ -300,13 +300,16 @@ class BrokerLogTracker:
     """Feed it every `$SYS/broker/log/#` message of one broker; it returns the events each line means.
 
     `own_client_id` is the wrapper's own connection to that broker: its lines
-    (including its subscription to the log) are ignored.
+    (including its subscription to the log) are ignored, and so are those of
+    `helper_client_ids`, the wrapper's other connections (its retained scan).
     """
 
-    def __init__(self, own_client_id: str, max_tracked_clients: int = DEFAULT_MAX_TRACKED_CLIENTS) -> None:
+    def __init__(self, own_client_id: str, max_tracked_clients: int = DEFAULT_MAX_TRACKED_CLIENTS,
+                 helper_client_ids: tuple[str, ...] = ()) -> None:
         if max_tracked_clients < 1:
             raise ValueError(f"max_tracked_clients must be >= 1, got {max_tracked_clients}")
         self.own_client_id = own_client_id
+        self.own_client_ids = frozenset((own_client_id, *helper_client_ids))
         self.max_tracked_clients = max_tracked_clients
         self.counters = LogCounters()
         self.last_line_time: int | None = None
@@ -375,7 +378,7 @@ class BrokerLogTracker:
 
     def _connected_line(self, match: re.Match[str]) -> list[LogEvent]:
         client = match.group("client")
-        if client == self.own_client_id:
+        if client in self.own_client_ids:
             return self._own()
         clean = match.group("clean") == "1"
         self._connected.pop(client, None)  # a reconnect moves the id to the newest end
@@ -388,7 +391,7 @@ class BrokerLogTracker:
                                 match.group("username"), match.group("kind") == "bridge")]
 
     def _gone_line(self, client: str, reason: GoneReason) -> list[LogEvent]:
-        if client == self.own_client_id:
+        if client in self.own_client_ids:
             return self._own()
         if client == UNKNOWN_CLIENT_ID and client not in self._connected:
             self.counters.ignored += 1  # a connection that never sent CONNECT
@@ -402,7 +405,7 @@ class BrokerLogTracker:
         if split is None:
             return self._not_understood(topic)
         client, rest = split
-        if client == self.own_client_id:
+        if client in self.own_client_ids:
             return self._own()
         qos = int(rest.group("qos"))
         if qos > 2:
@@ -421,7 +424,7 @@ class BrokerLogTracker:
             self.counters.truncated += 1
             return []
         client, rest = split
-        if client == self.own_client_id:
+        if client in self.own_client_ids:
             return self._own()
         qos = int(rest.group("qos"))
         topic_filter = widened_filter(rest.group("filter"))
@@ -439,7 +442,7 @@ class BrokerLogTracker:
         if split is None:
             return self._not_understood(topic)
         client, rest = split
-        if client == self.own_client_id:
+        if client in self.own_client_ids:
             return self._own()
         topic_filter = rest.group("filter")
         if not self._federable(topic_filter):
@@ -454,7 +457,7 @@ class BrokerLogTracker:
         spaces = [index for index, char in enumerate(text) if char == " "]
         for index in reversed(spaces):
             client = text[:index]
-            if client in self._connected or client == self.own_client_id:
+            if client in self._connected or client in self.own_client_ids:
                 rest = rest_form.fullmatch(text, index + 1)
                 if rest is not None:
                     return client, rest

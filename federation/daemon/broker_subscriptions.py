@@ -341,6 +341,9 @@ class BrokerSubscriptions:
         self.table = table
         self.hold = ResubscribeHold(grace)
         self.audit = SubscriptionAudit()
+        self.helper_subscriptions = 0
+        """subscriptions the wrapper's other connections hold now (its retained scan, federation.daemon.retained_scan),
+        which the broker counts as it counts the wrapper's own"""
         self._drops_logged_at = float("-inf")
         self._drops_unlogged = 0
 
@@ -389,14 +392,20 @@ class BrokerSubscriptions:
     # ------------------------------------------------------------ the broker's count
 
     def table_changed(self, now: float) -> None:
-        self._over_delivery(self.audit.known_changed(broker_counted(self.table), now), now)
+        known = broker_counted(self.table) + self.helper_subscriptions
+        self._over_delivery(self.audit.known_changed(known, now), now)
+
+    def helpers_subscribed(self, count: int, now: float) -> None:
+        """The wrapper's other connections hold `count` subscriptions from now on (`helper_subscriptions`)."""
+        self.helper_subscriptions = count
+        self.table_changed(now)
 
     def counted(self, count: int, now: float) -> list[Injection]:
         """The broker's subscription count: over-delivery starts or not, and, during a grace, the publications
         it releases (in order) when the broker holds subscriptions made since its restart that were not seen."""
         self._over_delivery(self.audit.sample(count, now), now)
         hold = self.hold
-        if not hold.unseen_subscriptions(count, self.audit.own):
+        if not hold.unseen_subscriptions(count, self.audit.own + self.helper_subscriptions):
             return []
         seen = len(hold.fresh_subscriptions)
         released, ended = hold.release_all()

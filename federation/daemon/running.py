@@ -66,7 +66,15 @@ from federation.daemon.health import Readiness
 from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
 from federation.daemon.reload import Reloads, reload_files
-from federation.daemon.retained import RetainedStore, prepare, stamp
+from federation.daemon.retained import RetainedStore, RetainedValue, prepare, stamp
+from federation.daemon.retained_scan import (
+    SCAN_SUBSCRIPTIONS,
+    HeldRetained,
+    RetainedScan,
+    ScanCounts,
+    scan_client_id,
+    to_originate,
+)
 from federation.daemon.snapshots import metrics_snapshot, status_document, wrapper_readiness
 from federation.daemon.spool import Spool, SpooledPublication
 from federation.daemon.startup import Resources
@@ -138,7 +146,7 @@ class Running:
         self.saver = (StateSaver(resources.store, persisted, loop, lambda: node.epoch, clock.now, node.known_filters)
                       if resources.store is not None else None)
         """writes the subscription table and the epoch; None without a state directory"""
-        self.tracker = BrokerLogTracker(config.client_id)
+        self.tracker = BrokerLogTracker(config.client_id, helper_client_ids=(scan_client_id(config.client_id),))
         self.broker_health = BrokerHealth(config.broker, config.client_id, loop.call_later, config.broker_auth)
         self.journal: InjectionJournal | None = resources.journal
         """the injection journal (with a state directory)"""
@@ -147,6 +155,11 @@ class Running:
         self.retained = resources.retained if resources.retained is not None else RetainedStore()
         """the newest retained value of every topic (kept in the state directory when there is one)"""
         node.attach_retained(self.retained)  # the node compares it with the neighbours' stores (rule 10)
+        self.retained_scan: RetainedScan | None = None
+        """the reading of the broker's retained messages under way (retained_scan.py)"""
+        self.retained_scan_counts = ScanCounts()
+        self._retained_scan_due = False
+        """the broker connected with the session kept: its retained messages are read once the wrapper is ready"""
         self.restored_filters = persisted.filters
         """the filters the node knew in its previous life (`Node.restore`)"""
         self.outbox = wrapper_events.WrapperEvents(str(node.address))
@@ -282,6 +295,9 @@ class Running:
                 handle.cancel()
         if self.saver is not None:
             self.saver.cancel()
+        if self.retained_scan is not None:
+            self.retained_scan.close()
+            self.retained_scan = None
         self.broker_health.close()
         self.resources.close(self.transport)
 
@@ -401,15 +417,9 @@ class Running:
                         if run:
                             node.local_publish_run(run, now)
                             run = []
-                        wall = time.time()
-                        properties = stamp(item.properties, item.retain, wall)  # version, expiry (retained.py)
-                        publication = node.local_publish(item.topic, item.payload, qos, item.retain, properties, now)
-                        if item.retain and publication is not None:
-                            self.retained.offer(item.topic, publication, qos, item.payload, properties)
-                        if qos and publication is not None and spool is not None:
-                            spooled.append(SpooledPublication(publication[1], publication[2], item.topic,
-                                                              item.payload, qos, item.retain, properties,
-                                                              wall, item.mid))
+                        entry = self._originate(item, now)
+                        if entry is not None:
+                            spooled.append(entry)
                     continue
                 if run:  # kept in order with what follows
                     node.local_publish_run(run, now)
@@ -444,6 +454,85 @@ class Running:
                 self.saver.schedule()
         self._drain_outputs(now)
 
+    def _originate(self, item: Publication, now: float) -> SpooledPublication | None:
+        """A local publication with a QoS, the retain flag or properties, to the node: stamped (version, expiry:
+        retained.py), a retained one stored; returns the spool entry to write for a QoS 1/2 one."""
+        wall = time.time()
+        properties = stamp(item.properties, item.retain, wall)
+        publication = self.node.local_publish(item.topic, item.payload, item.qos, item.retain, properties, now)
+        if publication is None:
+            return None
+        if item.retain:
+            self.retained.offer(item.topic, publication, item.qos, item.payload, properties)
+        if not item.qos or self.spool is None:
+            return None
+        return SpooledPublication(publication[1], publication[2], item.topic, item.payload, item.qos, item.retain,
+                                  properties, wall, item.mid)
+
+    def _start_retained_scan(self, now: float) -> None:
+        """Read the retained messages the broker holds on a second connection (retained_scan.py) when one is due,
+        none is under way, the wrapper is ready and a neighbour is up (even without configured neighbours: what
+        is originated must have somewhere to go); the store's values now are what the reading is compared with."""
+        if not self._retained_scan_due or self.retained_scan is not None or not wrapper_readiness(self).ready \
+                or not any(neighbour.up for neighbour in self.node.neighbours.all()):
+            return
+        self._retained_scan_due = False
+        before = dict(self.retained.values)
+        loop = self.loop
+        scan: RetainedScan | None = None
+
+        def done(held: list[HeldRetained], problem: str | None) -> None:  # on the scan's thread
+            loop.call_soon_threadsafe(self._on_retained_scan, scan, before, held, problem)
+
+        scan = RetainedScan(self.config.broker, self.config.client_id, self.config.broker_auth, done)
+        self.retained_scan = scan
+        self.broker_subscriptions.helpers_subscribed(SCAN_SUBSCRIPTIONS, now)
+        scan.start()
+
+    def _drop_retained_scan(self, now: float) -> None:
+        """The reading under way is not used (the broker restarted meanwhile); it ends off the loop's thread."""
+        scan = self.retained_scan
+        if scan is not None:
+            self.retained_scan = None
+            self.broker_subscriptions.helpers_subscribed(0, now)
+            self.loop.run_in_executor(None, scan.close)
+
+    def _on_retained_scan(self, scan: RetainedScan | None, before: dict[str, RetainedValue],
+                          held: list[HeldRetained], problem: str | None) -> None:
+        """A reading of the broker's retained messages ended: those the federation does not know are originated
+        as local retained publications (`to_originate`, docs/protocol.md rule 10)."""
+        if scan is not self.retained_scan or self.stopping:
+            return
+        self.retained_scan = None
+        now = self.clock.now()
+        self.broker_subscriptions.helpers_subscribed(0, now)
+        limit = self.node.settings.max_publication_bytes
+        spooled: list[SpooledPublication] = []
+        originated = 0
+        for message in list(to_originate(held, before, self.retained.values)):
+            item = Publication(message.topic, message.payload, message.qos, True, message.properties)
+            if len(item.payload) > limit:
+                self._refuse_publication(item, now)
+                continue
+            entry = self._originate(item, now)
+            originated += 1
+            if entry is not None:
+                spooled.append(entry)
+        if spooled and self.spool is not None:
+            self.spool.add(spooled)
+        counts = self.retained_scan_counts
+        counts.scans += 1
+        counts.read += len(held)
+        counts.originated += originated
+        if problem is not None:
+            counts.incomplete += 1
+            log.warning("reading the broker's retained messages on a second connection (client id %r) may be "
+                        "incomplete: %s; those not read are federated when published again", scan_client_id(
+                            self.config.client_id), problem)
+        log.info("the broker holds %d retained messages: %d of them the federation did not know, originated now",
+                 len(held), originated)
+        self._drain_outputs(now)
+
     def _on_broker_state(self, item: BrokerItem, now: float) -> None:
         """A change of the broker connection: health and warnings, events, and what a new session means."""
         self.broker_health.on_state(item, now)
@@ -464,6 +553,11 @@ class Running:
                 # Those the broker lost were handed over before what waits now; all of it now passes the hold.
                 waiting = [*reinjected, *self.flow.injection_queue.drain()]
                 self.flow.requeue(self.node, self.broker_subscriptions.admit(waiting, now), now)
+            # A broker that kept the session holds what it held before (not an older persistence file): read it.
+            self._retained_scan_due = not item.session_lost
+            if item.session_lost and self.retained_scan is not None:
+                self._drop_retained_scan(now)
+            self._start_retained_scan(now)
             if item.session_lost and self.retained.values:
                 # A broker without our session restarted, and without persistence its retained messages are gone:
                 # ours go back first (the broker's persistence may have kept them: injecting them again is harmless).
@@ -661,6 +755,7 @@ class Running:
         self._housekeeping_handle = self.loop.call_later(HOUSEKEEPING_INTERVAL, self._housekeeping)
         now = self.clock.now()
         self.broker_subscriptions.tick(now)
+        self._start_retained_scan(now)
         self._drain_outputs(now)
 
     def _check_kernel_drops(self) -> None:

@@ -45,6 +45,7 @@ from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
 from federation.daemon.reload import Reloads
 from federation.daemon.retained import RetainedStore
+from federation.daemon.retained_scan import ScanCounts
 from federation.daemon.udp import OverlayProtocol
 from federation.envelope.datagrams import Envelope
 from federation.protocol.node import Node
@@ -79,6 +80,8 @@ class WrapperParts(Protocol):
     def duplicates_suppressed(self) -> int: ...
     @property
     def retained(self) -> RetainedStore: ...
+    @property
+    def retained_scan_counts(self) -> ScanCounts: ...
     @property
     def protocol(self) -> OverlayProtocol: ...
     @property
@@ -123,6 +126,7 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
             "injections": injection_counts(wrapper),
             "journal": wrapper.journal.status() if wrapper.journal is not None else None,
             "retained": wrapper.retained.describe(),
+            "retained_scan": dataclasses.asdict(wrapper.retained_scan_counts),
             **wrapper.broker_subscriptions.status(),
         },
         "overload": {

@@ -244,7 +244,8 @@ class WrapperProcess:
 
 def test_the_shipped_acl_is_enough_for_the_wrapper_to_federate(tmp_path: Path) -> None:
     """Two brokers with passwords and exactly configs/mosquitto.acl for the wrapper's user (plus a rule for the
-    test's client); two wrappers log in from wrapper.yaml; a publication crosses."""
+    test's client); two wrappers log in from wrapper.yaml; a publication crosses, and so does a retained message
+    the broker held before its wrapper started (read on the wrapper's second connection, with the same login)."""
     from federation_util import next_first_address
 
     first = next_first_address()
@@ -254,6 +255,8 @@ def test_the_shipped_acl_is_enough_for_the_wrapper_to_federate(tmp_path: Path) -
     wrappers: list[WrapperProcess] = []
     processes = Processes()
     try:
+        subprocess.run(mosquitto_pub(brokers[0].port, "-t", "fed/held", "-m", "before", "-q", "1", "-r", "-u",
+                                     CLIENT_USER, "-P", PASSWORDS[CLIENT_USER], host=hosts[0]), check=True, timeout=10)
         for index, host in enumerate(hosts):
             directory = tmp_path / f"wrapper-{index}"
             directory.mkdir()
@@ -279,6 +282,11 @@ def test_the_shipped_acl_is_enough_for_the_wrapper_to_federate(tmp_path: Path) -
             wait_for(lambda index=index: ready(index), timeout=20,  # type: ignore[misc]
                      message=lambda index=index: f"wrapper {index} to log in and meet its neighbour:\n"  # type: ignore[misc]
                                                  f"{wrappers[index].log()[-3000:]}")
+        for index in range(2):  # the fence allowed by the shipped ACL: complete readings
+            wait_for(lambda index=index: query(hosts[index], 10500)["daemon"]["broker"]["retained_scan"]["scans"],  # type: ignore[misc]
+                     timeout=15, message="the reading of the broker's retained messages")
+            scan = query(hosts[index], 10500)["daemon"]["broker"]["retained_scan"]
+            assert (scan["scans"], scan["incomplete"], scan["originated"]) == (1, 0, 1 - index), scan
         received = tmp_path / "received"
         with open(received, "wb") as sink:
             processes.start(mosquitto_sub(brokers[1].port, "-i", "reader", "-t", "fed/#", "-q", "1", "-u",
@@ -292,6 +300,7 @@ def test_the_shipped_acl_is_enough_for_the_wrapper_to_federate(tmp_path: Path) -
         subprocess.run(mosquitto_pub(brokers[0].port, "-t", "fed/x", "-m", "across", "-q", "1", "-u", CLIENT_USER,
                                      "-P", PASSWORDS[CLIENT_USER], host=hosts[0]), check=True, timeout=10)
         wait_for(lambda: b"across" in received.read_bytes(), timeout=10, message="the publication on the other broker")
+        assert b"before" in received.read_bytes()  # retained on the second broker before the reader subscribed
         for wrapper in wrappers:
             log = wrapper.log()
             assert "refused" not in log and PASSWORDS[WRAPPER_USER] not in log, log

@@ -25,6 +25,7 @@ from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon.config import DaemonConfig
 from federation.daemon.lean_client import PAHO_PRIVATE_NAMES, PublicClient
 from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
+from federation.daemon.retained import ORIGIN_TIME
 from federation.daemon.running import Running
 from federation.daemon.runtime import Runtime
 from federation.protocol.types import Address, Injection
@@ -320,7 +321,12 @@ def test_runtime_feeds_the_node(broker: Broker, processes: Processes, tmp_path: 
         subprocess.run(mosquitto_pub(broker.port, "-V", "mqttv5", "-t", "c/1", "-m", "hello", "-q", "2", "-r",
                                      *PUB_PROPERTY_ARGS), check=True, timeout=10)
         wait_for(lambda: runtime.published, timeout=5, message="node.local_publish")
-        assert runtime.published[0] == ("c/1", b"hello", 2, True, {**PROPERTIES, "correlation_data": b"\x01corr"})
+        topic, payload, qos, retain, properties = runtime.published[0]
+        stamped = dict(properties or {})
+        origin_ms = stamped.pop(ORIGIN_TIME)  # a retained publication carries its version's time (rule 10)
+        assert isinstance(origin_ms, int) and origin_ms > 0
+        assert (topic, payload, qos, retain, stamped) == ("c/1", b"hello", 2, True,
+                                                          {**PROPERTIES, "correlation_data": b"\x01corr"})
         # A clean client's disconnect removes its filters; a persistent session keeps them.
         Processes.end(clean)
         wait_for(lambda: "clean-sub" not in node.clients, timeout=5, message="the clean client's filters to go")

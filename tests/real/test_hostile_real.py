@@ -80,9 +80,10 @@ def paced_send(federation: LocalFederation, attacker: socket.socket, victim: Add
 
 def fragments(holder: KeyHolder, first_message: int, messages: int, per_message: int, piece: int,
               per_datagram: int) -> list[bytes]:
-    """`per_message` fragments (of 65535) of each of `messages` packets that never complete, pieces of `piece`
-    bytes, `per_datagram` fragment items in each datagram, sealed by `holder`."""
-    items = [FRAGMENT_ITEM.pack(ITEM_FRAGMENT, message, index, 65535, 327680, piece) + os.urandom(piece)
+    """`per_message` fragments (of 65535) of each of `messages` packets of 64 KiB (the largest sent as plain
+    fragments; above it a packet goes as a bulk transfer) that never complete, pieces of `piece` bytes,
+    `per_datagram` fragment items in each datagram, sealed by `holder`."""
+    items = [FRAGMENT_ITEM.pack(ITEM_FRAGMENT, message, index, 65535, 65536, piece) + os.urandom(piece)
              for message in range(first_message, first_message + messages) for index in range(per_message)]
     return [holder.seal_body(b"".join(items[start:start + per_datagram]))
             for start in range(0, len(items), per_datagram)]

@@ -76,7 +76,7 @@ def assert_matches_simulator(mine: dict[str, Any], truth: dict[str, Any]) -> Non
 # ---------------------------------------------------------------- against the simulator
 
 @pytest.mark.parametrize("scenario", [
-    "seed-partition",      # cut and heal: two components, then one
+    pytest.param("seed-partition", marks=pytest.mark.slow),  # cut and heal; by default through the packaging test
     "wildcards",           # several matching filters, unsubscribe, disconnect
     pytest.param("ring6", marks=pytest.mark.slow),  # kill and restart: by default through the scenario file below
     pytest.param("lossy", marks=pytest.mark.slow),
@@ -214,6 +214,7 @@ def test_bad_input_gets_a_clear_message(spark: Any, tmp_path: Path, capsys: pyte
 # ---------------------------------------------------------------- the netns harness
 
 @pytest.mark.netns
+@pytest.mark.slow  # about a minute: the Spark job on a real netns run (`pytest -m slow`)
 @pytest.mark.skipif(NETNS_UNAVAILABLE is not None, reason=NETNS_UNAVAILABLE or "")
 def test_netns_run_counts_match_what_the_subscribers_printed(spark: Any, tmp_path: Path) -> None:
     """Real brokers, wrappers and mosquitto clients in network namespaces; the job reads their event logs."""

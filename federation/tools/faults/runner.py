@@ -16,7 +16,9 @@ case, so nothing of one case is counted in another.
 3. Drain: wait for the publishers' acknowledgements, then until every
    acknowledged publication has arrived, or nothing new has arrived for
    `quiet` seconds (but not before the setup has had as long after the
-   healing as the fault lasted, `SETTLE_CAP` at most), or `drain_timeout`
+   healing as the fault lasted, `SETTLE_CAP` at most, and counting from
+   when every wrapper is ready again: a wrapper restarted at the healing
+   took 7 s to start once under load), or `drain_timeout`
    has passed; then stop the subscribers and judge what they printed
    (`counting`). A subscriber that exits meanwhile (mosquitto_sub does on
    a protocol error) is started again, as an application would reconnect,
@@ -348,7 +350,12 @@ class CaseRun:
             now = time.monotonic()
             if count != last_count[0]:
                 last_count[0], last_change[0] = count, now
-            return "quiet" if now - last_change[0] >= self.timing.quiet and now >= settled else None
+            if now - last_change[0] < self.timing.quiet or now < settled:
+                return None
+            if not self.setup.forwarding_ready():  # a restarted wrapper still starting: quiet counts from its start
+                last_change[0] = now
+                return None
+            return "quiet"
 
         try:
             how = poll(drained, self.timing.drain_timeout, "the drain", interval=0.1)

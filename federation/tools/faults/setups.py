@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from federation.harness import statusview
 from federation.harness.nodeconfig import MOSQUITTO_CONF_TEMPLATE, mosquitto_template
 from federation.harness.processes import LaunchError
 from federation.tools.bench.setups import BenchBrokers, bridge_lines
@@ -156,6 +157,10 @@ class FaultSetup:
         """What the forwarding processes counted so far, per node (empty for a bridge chain)."""
         return {}
 
+    def forwarding_ready(self) -> bool:
+        """Every forwarding process is up and ready (a bridge chain's are the brokers: always)."""
+        return True
+
     def diagnostics(self) -> str:
         return self.brokers.diagnostics()
 
@@ -206,6 +211,12 @@ class FederationSetup(FaultSetup):
         for name in self.brokers.nodes:
             self.brokers.wait_wrapper_ready(name, timeout)
         self.brokers.wait_converged(timeout=timeout)
+
+    def forwarding_ready(self) -> bool:
+        """Every wrapper answers status and is ready: a wrapper restarted at a healing may take seconds to start
+        under load, and the drain must not call the federation quiet before it could deliver."""
+        documents = self.brokers.statuses(list(self.brokers.nodes))
+        return all(statusview.ready_problem(document) is None for document in documents.values())
 
     def snapshot(self) -> dict[str, Any]:
         found: dict[str, Any] = {}

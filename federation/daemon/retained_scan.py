@@ -1,0 +1,212 @@
+"""Reading the retained messages a broker already holds, so the federation gets those it does not know.
+
+Theory of operation
+-------------------
+The wrapper's own connection subscribes to `#` with retain handling 2 (federation.daemon.broker): it sees live
+publications, never the retained messages the broker held before. Those were published before the federation
+existed, or while the wrapper was down or away from its broker, and without this they would be federated only
+when published again (docs/protocol.md rule 10, "Retained messages the broker held before").
+
+`RetainedScan` is one short-lived second connection, with its own client id (`scan_client_id`: the broker-log
+tracker ignores it as it ignores the wrapper's own) and the same login (broker_auth.py). It subscribes to `#`
+with retain handling 0 at QoS 2 (so each message comes with the QoS it was retained with) and to a fence topic
+of its own under `$federation/` (which `#` does not match, so no subscriber and no wrapper sees it), then
+publishes to the fence. The retained flag tells the retained messages apart from live publications (no
+retain-as-published), which are left to the main connection. The fence does not simply come back last:
+Mosquitto (2.0.11, measured) sends at most 20 QoS 1/2 messages in flight and queues the rest, and a new
+message can go out while older ones still wait in that queue. So the fence is published again each time it
+comes back after retained messages came since it was published, and the reading is complete when one comes
+back with none (a round trip in which the broker, still sending as our acknowledgements free its window, sent
+nothing: 1,500 retained messages of QoS 0-2 read whole in about 0.5 s). When the reading is complete, when the
+connection fails or ends (no reconnection; Mosquitto closes it when its ACL refuses the fence), or after
+`SCAN_TIMEOUT`, `done` gets what was read, once, from the scan's own thread (paho's network thread), and the
+connection ends.
+
+Which of them to originate is `to_originate`, a pure rule (docs/protocol.md rule 10): a topic whose retained
+store entry changed while the scan ran is left alone (the store's value is newer than the reading, and the
+broker has been given it or took it from a client); otherwise a topic is originated when the store did not have
+it when the scan started, or had another payload (a tombstone included). A value the store holds, whether
+injected from the federation or taken from this broker before, is never originated again: that would give an
+old value a new version, and it would win over newer ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from federation.daemon.broker import KEEPALIVE, BrokerAdapter
+from federation.daemon.broker_auth import BrokerAuth
+from federation.daemon.mqtt_properties import properties_to_dict
+from federation.daemon.retained import RetainedValue
+from federation.protocol.types import Address
+
+log = logging.getLogger("federation.daemon")
+
+SCAN_CLIENT_SUFFIX = "-retained-scan"
+"""added to the wrapper's client id for the scan's connection"""
+FENCE_PREFIX = "$federation/retained-scan/"
+"""the fence topic is this and the scan's client id"""
+SCAN_SUBSCRIPTIONS = 2
+"""subscriptions the scan holds while it runs (`#` and the fence), which the broker counts"""
+ACL_HINT = (f"if the broker has an acl_file, give the wrapper's user `topic readwrite {FENCE_PREFIX}#` "
+            f"(configs/mosquitto.acl), so the reading can tell when it has everything")
+"""what to do when the fence is refused (Mosquitto 2.0.11 closes the connection of a client whose publication its
+ACL refuses)"""
+SCAN_TIMEOUT = 10.0
+"""seconds a scan may take: then what was read is used, and the rest waits for a next publication"""
+
+
+def scan_client_id(client_id: str) -> str:
+    """The client id of the scan's connection for a wrapper whose own connection is `client_id`."""
+    return client_id + SCAN_CLIENT_SUFFIX
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRetained:
+    """A retained message the broker held, as the scan read it."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    properties: dict[str, Any] | None
+    """as for a local publication (federation.daemon.mqtt_properties); a message expiry is what is left"""
+
+
+@dataclass
+class ScanCounts:
+    """What the readings of this run did (status `daemon.broker.retained_scan`)."""
+
+    scans: int = 0
+    """readings that ended"""
+    incomplete: int = 0
+    """of them, ended without the fence (a refused connection or subscription, the timeout)"""
+    read: int = 0
+    """retained messages read"""
+    originated: int = 0
+    """of them, originated (`to_originate`)"""
+
+
+def to_originate(held: list[HeldRetained], before: Mapping[str, RetainedValue],
+                 now: Mapping[str, RetainedValue]) -> Iterator[HeldRetained]:
+    """The retained messages read from the broker the federation does not know (module docstring): `before` is
+    the retained store's values when the scan started (a shallow copy), `now` the store's values now."""
+    for message in held:
+        known = before.get(message.topic)
+        if now.get(message.topic) is not known:
+            continue  # stored since the scan started: newer than what the scan read
+        if known is not None and known.payload == message.payload:
+            continue  # the store's own value (from the federation, or from this broker before)
+        yield message
+
+
+class RetainedScan:
+    """One reading of the broker's retained messages on a connection of its own (module docstring)."""
+
+    def __init__(self, broker: Address, client_id: str, auth: BrokerAuth,
+                 done: Callable[[list[HeldRetained], str | None], None], timeout: float = SCAN_TIMEOUT) -> None:
+        """`done(held, problem)` is called once, from another thread: `problem` is None when the fence came back,
+        else why the reading may be incomplete."""
+        self.broker = broker
+        self.client_id = scan_client_id(client_id)
+        self.fence = FENCE_PREFIX + self.client_id
+        self._done = done
+        self._held: list[HeldRetained] = []
+        self._lock = threading.Lock()
+        self._finished = False
+        self._read_at_fence = 0
+        """retained messages read when the fence was last published"""
+        self._fence_refused: str | None = None
+        """why the broker refused the fence (its ACL), if it did: the scan then ends at its timeout"""
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
+        BrokerAdapter.apply_auth(client, auth)
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_subscribe = self._on_subscribe
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        client.on_disconnect = self._on_disconnect
+        self.client = client
+        self._timer = threading.Timer(timeout, self._timed_out, (timeout,))
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        """Connect and read, in paho's thread; never blocks."""
+        self.client.connect_async(self.broker.host, self.broker.port, keepalive=KEEPALIVE, clean_start=True)
+        self.client.loop_start()
+        self._timer.start()
+
+    def close(self) -> None:
+        """End the scan now (the wrapper stops); `done` is not called any more."""
+        with self._lock:
+            self._finished = True
+        self._timer.cancel()
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            self._finish(f"the broker refused the connection ({reason})")
+            return
+        client.subscribe([("#", SubscribeOptions(qos=2, retainHandling=SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)),
+                          (self.fence, SubscribeOptions(qos=2))])
+
+    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        self._finish("cannot connect to the broker")
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reasons: list[Any],
+                      properties: Any) -> None:
+        if reasons and reasons[0].is_failure:
+            self._finish(f"the broker refused the subscription to # ({reasons[0]})")
+            return
+        if len(reasons) > 1 and reasons[1].is_failure:
+            self._fence_refused = f"the broker refused the subscription to {self.fence} ({reasons[1]})"
+        client.publish(self.fence, b"", qos=1)
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        if message.topic == self.fence:
+            with self._lock:
+                read = len(self._held)
+                quiet = read == self._read_at_fence
+                self._read_at_fence = read
+            if quiet:
+                self._finish(None)
+            else:  # more may wait in the broker's queue for this client: once more
+                client.publish(self.fence, b"", qos=1)
+        elif message.retain and message.payload:
+            held = HeldRetained(message.topic, bytes(message.payload), message.qos,
+                                properties_to_dict(getattr(message, "properties", None)))
+            with self._lock:
+                if not self._finished:
+                    self._held.append(held)
+
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        # No reconnection: a broker that restarted meanwhile may hold an older persistence file's values.
+        self._finish(f"the broker closed the connection before the fence came back ({reason}); {ACL_HINT}")
+
+    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            self._fence_refused = f"the broker refused the publication to {self.fence} ({reason})"
+
+    def _timed_out(self, timeout: float) -> None:
+        refused = self._fence_refused
+        self._finish(f"{refused}; {ACL_HINT}" if refused is not None
+                     else f"the fence did not come back within {timeout:g} s")
+
+    def _finish(self, problem: str | None) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            held = list(self._held)
+        self._timer.cancel()
+        self.client.disconnect()
+        self.client.loop_stop()  # from paho's own thread it does not wait for itself
+        self._done(held, problem)
