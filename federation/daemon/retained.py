@@ -39,7 +39,9 @@ from typing import Any
 import msgpack
 
 from federation.daemon.record_log import RecordLog
+from federation.protocol.retained_sync import RetainedVersions
 from federation.protocol.types import Address, Injection, PublicationId
+from federation.protocol.wire_types import RetainedCopy
 
 ORIGIN_TIME = "federation_origin_ms"
 """tm.properties key: the origin wrapper's wall clock (ms) when it took a retained or expiring publication"""
@@ -125,6 +127,8 @@ class RetainedStore:
         self.bytes = 0
         self.counts = RetainedCounts()
         self.undecodable = 0
+        self.retained_versions = RetainedVersions()
+        """every topic's version by bucket, for the node's anti-entropy of the stores (`Node.attach_retained`)"""
         if log is not None:
             for record in log.loaded():
                 self._load(record)
@@ -149,6 +153,7 @@ class RetainedStore:
             del self.values[topic]  # to the end: the newest stored
         self.values[topic] = value
         self.bytes += len(value.payload)
+        self.retained_versions.put(topic, value.version)
         return True
 
     def offer(self, topic: str, publication: PublicationId, qos: int, payload: bytes,
@@ -174,10 +179,12 @@ class RetainedStore:
                 if len(self.values) <= self.max_topics:
                     break
                 del self.values[topic]
+                self.retained_versions.remove(topic)
                 evicted += 1
             while self.values and (len(self.values) > self.max_topics or self.bytes > self.max_bytes):
                 topic = next(iter(self.values))
                 self.bytes -= len(self.values.pop(topic).payload)
+                self.retained_versions.remove(topic)
                 evicted += 1
         self.counts.evicted += evicted
         log = self.log
@@ -199,6 +206,13 @@ class RetainedStore:
             found.append(Injection(topic, value.payload, value.qos, True, properties, value.publication, None))
         self.counts.reinjected += len(found)
         return found
+
+    def retained_copy(self, topic: str) -> RetainedCopy | None:
+        """The stored value of `topic` as the anti-entropy carries it (`RetainedIndex`), properties as carried."""
+        value = self.values.get(topic)
+        if value is None:
+            return None
+        return RetainedCopy(topic, value.version, value.qos, value.payload, value.properties)
 
     def describe(self) -> dict[str, Any]:
         counts = self.counts

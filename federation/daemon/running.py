@@ -154,6 +154,7 @@ class Running:
         """the custody spool of our own QoS 1/2 publications (with a state directory)"""
         self.retained = resources.retained if resources.retained is not None else RetainedStore()
         """the newest retained value of every topic (kept in the state directory when there is one)"""
+        node.attach_retained(self.retained)  # the node compares it with the neighbours' stores (rule 10)
         self.retained_scan: RetainedScan | None = None
         """the reading of the broker's retained messages under way (retained_scan.py)"""
         self.retained_scan_counts = ScanCounts()

@@ -27,9 +27,10 @@ anti-entropy digests); `mesh` runs topic cores, meshes and the routing of
 publications; `reliable` retransmits QoS 1/2 copies; `custody` holds each
 QoS 1/2 publication until what it owes is done; `publications` numbers,
 deduplicates, orders and delivers publications; `pacing` paces QoS 0 between
-neighbours. Only the node composes them and tells one what another's change
-means: a route change goes to the mesh and the database exchange
-(`_update_routes`), a new vid to the mesh, an acknowledgement to neighbour
+neighbours; `retained_sync` compares the embedder's retained store with the
+neighbours' (`attach_retained`) and brings the newest values. Only the node
+composes them and tells one what another's change means: a route change goes
+to the mesh and the database exchange (`_update_routes`), a new vid to the mesh, an acknowledgement to neighbour
 liveness, a publication forwarded to a neighbour pacing us to pacing, and
 what QoS 1/2 work means across the parts to `delivery`
 (federation.protocol.delivery, the node's composition for custody). After
@@ -60,6 +61,7 @@ from federation.protocol.ordering import Ordering, Position, StreamKey
 from federation.protocol.pacing import Pacing
 from federation.protocol.publications import Publications
 from federation.protocol.reliable import ReliableForwarding
+from federation.protocol.retained_sync import RetainedIndex, RetainedSync
 from federation.protocol.settings import Settings
 from federation.protocol.shared import SharedGroups, split_shared
 from federation.protocol.table import VID_RANGE, FederationTable
@@ -77,6 +79,10 @@ from federation.protocol.wire_types import (
     Packet,
     ReceiverBusy,
     Reconsider,
+    RetainedDigest,
+    RetainedRequest,
+    RetainedSummary,
+    RetainedValues,
     Sender,
     TopicAck,
     TopicBatch,
@@ -157,6 +163,8 @@ class Node:
                                          self.shared)
         """our publications and the ones received: numbering, duplicate caches, order, local delivery"""
         delivery.bind(self.reliable, self.mesh, self.publications)
+        self.retained_sync = RetainedSync(self.outbox, self.publications.mark_injected)
+        """the anti-entropy of the embedder's retained store with the neighbours' (`attach_retained`)"""
         self._restored_filters: list[str] = []
         self._restored = False
         self.received_by_type: Counter[str] = Counter()
@@ -291,6 +299,13 @@ class Node:
             self.publications.ordering.restore(dict(streams))
         self._restored_filters = sorted(set(filters))
         self._restored = True
+
+    def attach_retained(self, index: RetainedIndex) -> None:
+        """The embedder's retained store (federation.protocol.retained_sync.RetainedIndex; give it before `start`),
+        which the node reads to compare with its neighbours' and bring over the newest values (docs/protocol.md
+        rule 10); the values it brings come out of `injections_to_make` with retain, and the embedder stores them
+        (newest wins) as any other. Without one the node takes no part in that exchange."""
+        self.retained_sync.index = index
 
     def known_filters(self) -> list[str]:
         """The federated filters this node knows (a core, or one lost lately), for the embedder to save and give
@@ -561,6 +576,14 @@ class Node:
             self.sync.on_request(body, neighbour)
         elif isinstance(body, SharedGroupsAnnouncement):
             self.shared.on_announcement(body, sender, now)
+        elif isinstance(body, RetainedDigest):
+            self.retained_sync.on_digest(body, neighbour)
+        elif isinstance(body, RetainedSummary):
+            self.retained_sync.on_summary(body, neighbour)
+        elif isinstance(body, RetainedRequest):
+            self.retained_sync.on_request(body, neighbour)
+        elif isinstance(body, RetainedValues):
+            self.retained_sync.on_values(body, neighbour)
 
     def _send_receiver_busy(self, neighbour: Address, hold: float) -> None:
         self.outbox.send(wire.RECEIVER_BUSY, ReceiverBusy(hold), [neighbour])
@@ -594,6 +617,7 @@ class Node:
             self.table.originate_if_due(now)
             self.sync.sync(neighbour, now)
             self.shared.neighbour_up(neighbour.transport)
+            self.retained_sync.neighbour_up(neighbour)
             self.reliable.neighbour_up(neighbour.transport, now)  # what waits for it goes now
             if all(n.up for n in self.neighbours.all() if n.configured):
                 # Everything we can hear is syncing: claims need wait only for that exchange.
@@ -606,6 +630,7 @@ class Node:
             self.neighbours.remove(neighbour.transport)
         self.reliable.neighbour_down(neighbour.transport, now)
         self.sync.neighbour_down(neighbour.transport)
+        self.retained_sync.neighbour_down(neighbour.transport)
         self.pacing.forget(neighbour.transport)
         self.table.trigger_origination(now)
 
@@ -655,6 +680,7 @@ class Node:
         """Every announce interval: anti-entropy digests, management-core refresh, expiry, topics.
         Our own record is not re-flooded: it is originated only when our neighbours change."""
         self.sync.send_digests()
+        self.retained_sync.send_digests()
         self.table.periodic(now)
         self.sync.expire_left_out(now)
         self.mesh.periodic(now)

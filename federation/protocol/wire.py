@@ -35,6 +35,13 @@ from federation.protocol.wire_types import (  # the packet values, importable fr
     Packet,
     ReceiverBusy,
     Reconsider,
+    RetainedCopy,
+    RetainedDigest,
+    RetainedEntry,
+    RetainedRequest,
+    RetainedSummary,
+    RetainedValues,
+    RetainedVersion,
     Sender,
     SharedGroups,
     SummaryEntry,
@@ -67,11 +74,15 @@ TOPIC_ACK = "ta"
 RECEIVER_BUSY = "rb"
 TOPIC_BATCH = "tb"
 SHARED_GROUPS = "sg"
+RETAINED_DIGEST = "rd"
+RETAINED_SUMMARY = "rs"
+RETAINED_REQUEST = "rr"
+RETAINED_VALUES = "rv"
 
 MESSAGE_TYPES = (HELLO, HELLO_BACK, FEDERATE, RECONSIDER, CORE_ANNOUNCEMENT, TOPIC_CORE,
                  RECONSIDER_TOPIC_CORE, TOPIC_SUBSCRIBE, TOPIC_MESSAGE, TOPOLOGY_UPDATE,
                  DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK, RECEIVER_BUSY, TOPIC_BATCH,
-                 SHARED_GROUPS)
+                 SHARED_GROUPS, RETAINED_DIGEST, RETAINED_SUMMARY, RETAINED_REQUEST, RETAINED_VALUES)
 DATA_TYPES = frozenset((TOPIC_MESSAGE, TOPIC_BATCH))
 """the packets that carry publications (data traffic); every other type is control traffic"""
 
@@ -79,7 +90,7 @@ DATA_TYPES = frozenset((TOPIC_MESSAGE, TOPIC_BATCH))
 # Safe to share: packing plain values runs in C without releasing the GIL or calling back into Python.
 _pack = msgpack.Packer(use_bin_type=True).pack
 
-DIGEST_BUCKETS = 16   # dd: bucket hashes per digest
+DIGEST_BUCKETS = 16   # dd, rd: bucket hashes per digest
 
 # Flag bits.
 FLAG_LEAVING = 1      # fd: the origin is shutting down cleanly
@@ -107,7 +118,7 @@ MAX_SEQ = 2**63 - 1
 stay below it (it jumps to its next epoch rather than take a seq it cannot count past)"""
 MAX_TIME = 2.0**40
 """times (`hl.sent_at`, `hb.echo_sent_at`, `hb.replied_at`): finite seconds, 0 to this"""
-MAX_COUNT = 2**32 - 1  # dd.count: records in a table
+MAX_COUNT = 2**32 - 1  # dd.count, rd.count: records in a table, topics in a retained store
 MAX_DISTANCE = 65535
 """hop distances (records, `ca`, `tc`): 0 to this; a node adding its hop saturates there (`further`)"""
 MAX_HOLD = 3600.0     # rb: a longer hold is no pacing but an error (a receiver cuts it further)
@@ -136,6 +147,14 @@ def _record(record: LinkStateRecord) -> list[Any]:
 
 def _summary_entry(entry: SummaryEntry) -> list[Any]:
     return [entry.origin.host, entry.origin.port, entry.epoch, entry.seq]
+
+
+def _retained_entry(topic: str, version: RetainedVersion) -> list[Any]:
+    return [topic, *version]
+
+
+def _retained_value(copy: RetainedCopy) -> list[Any]:
+    return [copy.topic, *copy.version, copy.qos, copy.payload, copy.properties]
 
 
 def _header(kind: str, sender: Sender) -> list[Any]:
@@ -203,6 +222,14 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
         fields = [body.hold]
     elif isinstance(body, SharedGroups):
         fields = [[body.origin.host, body.origin.port], body.epoch, body.seq, [list(g) for g in body.groups]]
+    elif isinstance(body, RetainedDigest):
+        fields = [body.count, list(body.buckets)]
+    elif isinstance(body, RetainedSummary):
+        fields = [[_retained_entry(e.topic, e.version) for e in body.entries]]
+    elif isinstance(body, RetainedRequest):
+        fields = [list(body.topics)]
+    elif isinstance(body, RetainedValues):
+        fields = [[_retained_value(v) for v in body.values]]
     else:  # pragma: no cover - a programming error, not a peer's
         raise TypeError(f"cannot encode {body!r}")
     packed: bytes = _pack(_header(kind, sender) + fields)
@@ -242,6 +269,21 @@ def summary_entry_size(entry: SummaryEntry) -> int:
 def address_size(address: Address) -> int:
     """Encoded size of one address inside a `dr` request (for splitting requests)."""
     return len(msgpack.packb([address.host, address.port], use_bin_type=True))
+
+
+def retained_entry_size(entry: RetainedEntry) -> int:
+    """Encoded size of one entry inside an `rs` summary (for splitting summaries)."""
+    return len(msgpack.packb(_retained_entry(entry.topic, entry.version), use_bin_type=True))
+
+
+def retained_topic_size(topic: str) -> int:
+    """Encoded size of one topic inside an `rr` request."""
+    return _str_size(topic)
+
+
+def retained_value_size(copy: RetainedCopy) -> int:
+    """Encoded size of one value inside an `rv` packet."""
+    return len(msgpack.packb(_retained_value(copy), use_bin_type=True))
 
 
 # ---------------------------------------------------------------- decoding
@@ -424,6 +466,26 @@ def _summary_entry_of(value: Any, what: str) -> SummaryEntry:
                         _epoch(epoch, f"{what}.epoch"), _seq(seq, f"{what}.seq"))
 
 
+def _retained_version(fields: list[Any], what: str) -> RetainedVersion:
+    origin_ms, epoch, seq, host, port = fields
+    return (_int(origin_ms, f"{what}.origin_ms", 0, MAX_SEQ), _epoch(epoch, f"{what}.epoch"),
+            _seq(seq, f"{what}.seq"), _text(host, f"{what}.host", 255), _int(port, f"{what}.port", 0, 65535))
+
+
+def _retained_entry_of(value: Any, what: str) -> RetainedEntry:
+    fields = _list(value, what, 6)
+    return RetainedEntry(_topic(fields[0], f"{what}.topic"), _retained_version(fields[1:6], what))
+
+
+def _retained_value_of(value: Any, what: str) -> RetainedCopy:
+    fields = _list(value, what, 9)
+    payload = fields[7]
+    if type(payload) is not bytes:
+        raise DecodeError("wrong_type", f"{what}.payload: expected bytes")
+    return RetainedCopy(_topic(fields[0], f"{what}.topic"), _retained_version(fields[1:6], what),
+                        _int(fields[6], f"{what}.qos", 0, 2), payload, _properties(fields[8], f"{what}.properties"))
+
+
 _PROPERTY_SCALARS = (str, int, bytes)
 
 
@@ -520,13 +582,27 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
             retain=retain, properties=_properties(fields[11], "tm.properties"), prev=_prev_of(fields[6], epoch, seq),
             target=_address(fields[12], "tm.target") if to_member else None,
         )
-    if kind == DATABASE_DIGEST:
+    if kind in (DATABASE_DIGEST, RETAINED_DIGEST):
         need(2)
-        buckets = _list(fields[1], "dd.buckets", DIGEST_BUCKETS)
+        buckets = _list(fields[1], f"{kind}.buckets", DIGEST_BUCKETS)
         if not all(_u64_ok(b) for b in buckets):
             for i, b in enumerate(buckets):
-                _int(b, f"dd.buckets[{i}]")
-        return DatabaseDigest(_int(fields[0], "dd.count", 0, MAX_COUNT), tuple(buckets))
+                _int(b, f"{kind}.buckets[{i}]")
+        count = _int(fields[0], f"{kind}.count", 0, MAX_COUNT)
+        return DatabaseDigest(count, tuple(buckets)) if kind == DATABASE_DIGEST else RetainedDigest(count,
+                                                                                                   tuple(buckets))
+    if kind == RETAINED_SUMMARY:
+        need(1)
+        items = _list(fields[0], "rs.entries")
+        return RetainedSummary(tuple(_retained_entry_of(e, f"rs.entries[{i}]") for i, e in enumerate(items)))
+    if kind == RETAINED_REQUEST:
+        need(1)
+        items = _list(fields[0], "rr.topics")
+        return RetainedRequest(tuple(_topic(t, f"rr.topics[{i}]") for i, t in enumerate(items)))
+    if kind == RETAINED_VALUES:
+        need(1)
+        items = _list(fields[0], "rv.values")
+        return RetainedValues(tuple(_retained_value_of(v, f"rv.values[{i}]") for i, v in enumerate(items)))
     if kind == DATABASE_SUMMARY:
         need(1)
         items = _list(fields[0], "ds.entries")

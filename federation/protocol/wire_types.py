@@ -219,9 +219,63 @@ class ReceiverBusy:
     hold: float
 
 
+RetainedVersion = tuple[int, int, int, str, int]
+"""a retained value's version: (origin time in ms, origin epoch, origin seq, origin host, origin port), the newest
+the largest (docs/protocol.md rule 10)"""
+
+
+@dataclass(frozen=True)
+class RetainedDigest:
+    """`rd`: how many retained topics the sender's store holds and the XOR of their entry hashes per bucket."""
+
+    count: int
+    buckets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RetainedEntry:
+    """One topic's version in an `rs` summary."""
+
+    topic: str
+    version: RetainedVersion
+
+
+@dataclass(frozen=True)
+class RetainedSummary:
+    """`rs`: the versions of the sender's retained topics in the buckets that differed."""
+
+    entries: tuple[RetainedEntry, ...]
+
+
+@dataclass(frozen=True)
+class RetainedRequest:
+    """`rr`: the topics whose retained values the sender wants (answered with `rv`)."""
+
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RetainedCopy:
+    """One stored retained value as it travels in `rv`, with its original version (an empty payload: a
+    deletion, kept as a tombstone)."""
+
+    topic: str
+    version: RetainedVersion
+    qos: int
+    payload: bytes
+    properties: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class RetainedValues:
+    """`rv`: retained values the receiver asked for or holds older."""
+
+    values: tuple[RetainedCopy, ...]
+
+
 Body = (Hello | HelloBack | Federate | TopologyUpdate | Reconsider | CoreAnnouncement | TopicCore | TopicSubscribe
         | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck | ReceiverBusy | TopicBatch
-        | SharedGroups)
+        | SharedGroups | RetainedDigest | RetainedSummary | RetainedRequest | RetainedValues)
 
 
 @dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender

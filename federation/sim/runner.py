@@ -45,9 +45,11 @@ from typing import IO, Any
 from federation.protocol.events import id_text, publication_text
 from federation.protocol.node import Node
 from federation.protocol.ordering import Position, StreamKey
+from federation.protocol.retained_sync import MemoryRetainedIndex
 from federation.protocol.types import Event, Injection, PublicationId
 from federation.protocol.wire import DATA_TYPES, DecodeFunction
 from federation.protocol.wire import decode as wire_decode
+from federation.protocol.wire_types import RetainedCopy
 from federation.scenario.model import (
     Cut,
     Disconnect,
@@ -122,6 +124,9 @@ class Simulation(Observer[Node]):
         """node name -> the filters it knew when it was killed (`Node.known_filters`, as the daemon saves them)"""
         self.spools: dict[str, dict[PublicationId, tuple[str, bytes, int, bool]]] = {}
         """node name -> its own QoS 1/2 publications not yet released (topic, payload, qos, retain)"""
+        self.retained: dict[str, MemoryRetainedIndex] = {}
+        """node name -> its broker's retained store (newest wins), as the wrapper's retained store keeps it: the
+        node compares it with its neighbours' (docs/protocol.md rule 10); kept across a restart when durable"""
         self._factory = node_factory
         node_factory = self._build
         vids = {spec.name: spec.vid for spec in scenario.nodes}
@@ -270,6 +275,8 @@ class Simulation(Observer[Node]):
             return
         payload_id, payload = self._payload(event)
         publication = node.local_publish(event.topic, payload, event.qos, event.retain, None, self.now)
+        if publication is not None and event.retain:
+            self._store_retained(event.node, event.topic, payload, event.qos, publication)
         if publication is not None and event.qos:
             self.spools.setdefault(event.node, {})[publication] = (event.topic, payload, event.qos, event.retain)
         self._record_publication(event, node, publication, payload_id, payload)
@@ -321,6 +328,9 @@ class Simulation(Observer[Node]):
     def _build(self, setup: NodeSetup) -> Node:
         """A node incarnation; a restarted one gets its journal back before it starts."""
         node = self._factory(setup)
+        if not self.durable or setup.name not in self.retained:
+            self.retained[setup.name] = MemoryRetainedIndex()
+        node.attach_retained(self.retained[setup.name])
         if self.durable:
             node.restore(self.journals.get(setup.name, {}), self.positions.get(setup.name, {}),
                          self.filters.get(setup.name, ()))
@@ -396,6 +406,9 @@ class Simulation(Observer[Node]):
                     if positions.get(key, (-1, -1)) < (epoch, seq):
                         positions[key] = (epoch, seq)
         for injection in injections:
+            if injection.retain:
+                self._store_retained(host.name, injection.topic, injection.payload, injection.qos,
+                                     injection.publication)
             text = publication_text(injection.publication)
             subscribed = self.truth.subscribed(host.name, injection.topic)
             self.deliveries.append(DeliveryRecord(text, host.name, now, subscribed))
@@ -405,6 +418,12 @@ class Simulation(Observer[Node]):
                 record = event.to_json_dict()
                 record["name"] = host.name
                 self._write(record)
+
+    def _store_retained(self, name: str, topic: str, payload: bytes, qos: int, publication: PublicationId) -> None:
+        """A retained publication made on or injected into `name`'s broker: into its store if the newest (the
+        simulator carries no origin time, so versions order by epoch, seq and origin address)."""
+        origin, epoch, seq = publication
+        self.retained[name].offer(RetainedCopy(topic, (0, epoch, seq, origin.host, origin.port), qos, payload, None))
 
     def custody_released(self, host: Host[Node], publications: list[PublicationId], now: float) -> None:
         self.released.setdefault(host.name, set()).update(publications)

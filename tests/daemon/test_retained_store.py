@@ -87,3 +87,26 @@ def test_the_store_is_bounded_tombstones_first_then_the_oldest(tmp_path: Path) -
     assert list(store.values) == ["e"] and store.bytes == 1000
     store.close()
     assert list(RetainedStore(RecordLog(tmp_path / "retained.log")).values) == ["e"]
+
+
+def test_the_versions_the_node_compares_follow_the_store_through_updates_evictions_and_a_restart(
+        tmp_path: Path) -> None:
+    """`retained_versions` (what the node's anti-entropy reads, docs/protocol.md rule 10) holds exactly the stored
+    topics' versions, and `retained_copy` gives a value as it travels, its stamp kept."""
+    path = tmp_path / "retained.log"
+    store = RetainedStore(RecordLog(path), max_topics=2)
+    prepare([injection("a", b"1", (A, 1, 1), WALL), injection("a", b"2", (B, 1, 1), WALL + 1),
+             injection("b", b"", (A, 1, 2), WALL), injection("c", b"3", (A, 1, 3), WALL)], store, WALL + 2)
+    assert list(store.values) == ["a", "c"]  # the tombstone evicted first
+    expected = {topic: value.version for topic, value in store.values.items()}
+    assert {t: store.retained_versions.get(t) for t in ("a", "b", "c")} == {**expected, "b": None}
+    assert store.retained_versions.count == 2
+    copy = store.retained_copy("a")
+    assert copy is not None and (copy.version, copy.payload) == (expected["a"], b"2")
+    assert copy.properties == {ORIGIN_TIME: int((WALL + 1) * 1000)}
+    assert store.retained_copy("b") is None
+    digest = store.retained_versions.digest()
+    store.close()
+    again = RetainedStore(RecordLog(path), max_topics=2)
+    assert again.retained_versions.digest() == digest
+    again.close()

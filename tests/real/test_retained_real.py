@@ -8,6 +8,7 @@ a broker restarted without persistence gets the retained values back from its wr
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from federation.harness.processes import find_tool
+from federation.tools.faults.packet_filter import Cut, PacketFilter
 from federation.tools.launch import LocalFederation, line, node_names
 
 from broker_util import requires_mosquitto, wait_for
@@ -106,5 +109,77 @@ def test_the_newest_retained_value_is_on_every_broker_and_comes_back_after_a_bro
         assert gone.messages()[0] == (b"f", False)  # the broker answered the SUBSCRIBE with no retained value
         assert all(retained_store(federation, name)["stale"] == 0 for name in ("n0", "n1", "n2"))
     finally:
+        for client in clients:
+            client.close()
+
+
+def test_values_published_while_a_wrapper_was_away_reach_its_broker_when_it_comes_back(
+        federation: LocalFederation) -> None:
+    """QoS 0 retained publications (an update, a new topic, a deletion) made while n2's wrapper is stopped never
+    cross on the tree; when it starts again, the stores' anti-entropy (rule 10: `rd`, `rs`, `rr`, `rv`) brings its
+    store and its broker the newest values."""
+    publisher = Client(federation.node("n0").host, "pub-n0")
+    clients: list[Client] = [publisher]
+    try:
+        for topic, payload in (("rt/a", b"v1"), ("rt/gone", b"g1")):
+            publisher.client.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
+        wait_for(lambda: retained_store(federation, "n2")["stored"] == 2, timeout=10,
+                 message="both values in n2's retained store")
+        federation.stop_wrapper("n2")
+        wait_for(lambda: all(not neighbour["up"] for neighbour in federation.status("n1")["neighbours"]
+                             if neighbour["address"].startswith(federation.node("n2").host + ":")),
+                 timeout=10, message="n1 to see n2's wrapper gone")
+        for topic, payload in (("rt/a", b"v2"), ("rt/new", b"n1"), ("rt/gone", b"")):
+            publisher.client.publish(topic, payload, qos=0, retain=True).wait_for_publish(5)
+        wait_for(lambda: retained_store(federation, "n1")["stored"] == 5, timeout=10,
+                 message=lambda: f"the three at n1: {retained_store(federation, 'n1')}")
+        federation.start_wrapper("n2")
+        # a new life of the wrapper: its store came back from the state directory, its counts start at 0
+        wait_for(lambda: retained_store(federation, "n2")["stored"] == 3, timeout=15,
+                 message=lambda: f"the three at n2 by the anti-entropy: {retained_store(federation, 'n2')}")
+        late = late_subscriber(federation, "n2", "late-n2", "rt/#")
+        clients.append(late)
+        late.client.publish("rt/fence", b"f", qos=1)  # after its SUBSCRIBE on the same connection: in order
+        wait_for(lambda: (b"f", False) in late.messages(), timeout=5, message="the fence")
+        assert sorted(late.messages()) == [(b"f", False), (b"n1", True), (b"v2", True)]
+        assert federation.status("n2")["counters"]["retained_values_injected"] == 3
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or find_tool("nft") is None,
+                    reason="the partition is an nftables rule: needs root and nftables")
+def test_after_a_partition_heals_every_broker_holds_the_newest_retained_values(
+        federation: LocalFederation) -> None:
+    """n0-n1 | n2 cut (the wrappers' UDP between n1 and n2 dropped): QoS 0 retained publications on both sides,
+    one topic updated on both (n0's later), one only on n2's side; after the heal every broker serves the newest."""
+    hosts = {name: federation.node(name).host for name in ("n0", "n1", "n2")}
+    publishers = {name: Client(hosts[name], f"pub-{name}") for name in ("n0", "n2")}
+    clients: list[Client] = list(publishers.values())
+    packet_filter = PacketFilter()
+    try:
+        cut = packet_filter.block(Cut((hosts["n1"],), (hosts["n2"],), "udp", federation.node("n1").wrapper_port))
+        wait_for(lambda: not any(n["up"] for n in federation.status("n2")["neighbours"]), timeout=10,
+                 message="n2 to see n1 down")
+        publishers["n2"].client.publish("rt/x", b"right", qos=0, retain=True).wait_for_publish(5)
+        publishers["n2"].client.publish("rt/y", b"right only", qos=0, retain=True).wait_for_publish(5)
+        wait_for(lambda: retained_store(federation, "n2")["stored"] == 2, timeout=10, message="n2's two values")
+        publishers["n0"].client.publish("rt/x", b"left", qos=0, retain=True).wait_for_publish(5)  # the newest
+        wait_for(lambda: retained_store(federation, "n1")["stored"] == 1, timeout=10, message="n0's value at n1")
+        packet_filter.unblock(cut)
+        wait_for(lambda: [retained_store(federation, name)["stored"] for name in ("n0", "n1", "n2")] == [2, 2, 3],
+                 timeout=20, message=lambda: "the newest everywhere: " + str(
+                     {name: retained_store(federation, name) for name in ("n0", "n1", "n2")}))
+        for name in ("n0", "n1", "n2"):
+            late = late_subscriber(federation, name, f"late-{name}", "rt/#")
+            clients.append(late)
+            fence = b"fence " + name.encode()  # the other brokers' fences may come too: live, not retained
+            late.client.publish("rt/fence", fence, qos=1)  # after its SUBSCRIBE on the same connection: in order
+            wait_for(lambda late=late, fence=fence: (fence, False) in late.messages(), timeout=5,
+                     message="the fence")
+            assert sorted(m for m in late.messages() if m[1]) == [(b"left", True), (b"right only", True)], name
+    finally:
+        packet_filter.close()
         for client in clients:
             client.close()
