@@ -29,7 +29,8 @@ restart, and the daemon does not inject what the journal says is done (`is_compl
 `duplicate_suppressed`; the protocol side will load these into the node's injection cache instead).
 
 Records (msgpack arrays): `["i", mid, host, port, epoch, seq, topic, payload, qos, retain, properties]`,
-`["r", mid]`, `["c", mid]` (finished), `["a", mid]` (abandoned: forgotten, not completed), and, written only
+`["r", mid]`, `["c", mid]` (finished; `["C", [mid, ...]]` for a pass's completions in one record), `["a", mid]`
+(abandoned: forgotten, not completed), and, written only
 by compaction, `["k", host, port, epoch, seq]` (a completed id). Packet ids are reused (16 bits), so a record
 refers to the latest `i` of its packet id before it. The file is rewritten with the live records
 (`RecordLog.rewrite`: atomic) when it is over `COMPACT_MIN_BYTES` and `COMPACT_RATIO` times their size.
@@ -139,6 +140,9 @@ class InjectionJournal:
                 self._release(int(fields[1]))
             elif kind == "c":
                 self._finish(int(fields[1]))
+            elif kind == "C":
+                for mid in fields[1]:
+                    self._finish(int(mid))
             elif kind == "a":
                 self._forget(int(fields[1]))
             elif kind == "k":
@@ -241,7 +245,7 @@ class InjectionJournal:
         """The broker completed these (PUBACK, PUBCOMP; also a refusal): one write for them all."""
         done = [mid for mid in mids if self._finish(mid)]
         if done:
-            self._append([_encode("c", mid) for mid in done])
+            self._append([_encode("c", done[0]) if len(done) == 1 else _encode("C", done)])
             self._maybe_compact()
 
     def abandoned(self, mids: Iterable[int]) -> None:

@@ -399,8 +399,11 @@ class Running:
         acks: list[tuple[int, int]] = []
         spooled: list[SpooledPublication] = []
         spool = self.spool
-        # QoS 0 publications in a row: one `tb` run (federation.protocol.publications)
+        # Plain publications of one QoS in a row: one run (`tb` for QoS 0, `tq` for QoS 1/2: federation.protocol
+        # .publications), their packet ids kept for the spool.
         run: list[tuple[str, bytes]] = []
+        run_qos = 0
+        run_mids: list[int] = []
         try:
             for item in batch:
                 if isinstance(item, Publication):
@@ -411,19 +414,25 @@ class Running:
                             continue  # in custody since before a restart: acknowledged now, not originated twice
                     if len(item.payload) > limit:
                         self._refuse_publication(item, now)
-                    elif not qos and not item.retain and item.properties is None:
+                    elif not item.retain and item.properties is None:
+                        if run and qos != run_qos:
+                            self._publish_run(run, run_qos, run_mids, now, spooled)
+                            run, run_mids = [], []
                         run.append((item.topic, item.payload))
+                        run_qos = qos
+                        if qos:
+                            run_mids.append(item.mid)
                     else:
                         if run:
-                            node.local_publish_run(run, now)
-                            run = []
+                            self._publish_run(run, run_qos, run_mids, now, spooled)
+                            run, run_mids = [], []
                         entry = self._originate(item, now)
                         if entry is not None:
                             spooled.append(entry)
                     continue
                 if run:  # kept in order with what follows
-                    node.local_publish_run(run, now)
-                    run = []
+                    self._publish_run(run, run_qos, run_mids, now, spooled)
+                    run, run_mids = [], []
                 if isinstance(item, LogLine):
                     if item.qos:
                         acks.append((item.mid, item.qos))
@@ -441,7 +450,7 @@ class Running:
                 else:
                     self._on_broker_state(item, now)
             if run:
-                node.local_publish_run(run, now)
+                self._publish_run(run, run_qos, run_mids, now, spooled)
         finally:
             # The one place the broker's publications (and log lines) are acknowledged: after the node took them
             # and, for QoS 1/2, the spool holds them (one write: a killed wrapper loses none it acknowledged).
@@ -453,6 +462,18 @@ class Running:
             if self.saver is not None:
                 self.saver.schedule()
         self._drain_outputs(now)
+
+    def _publish_run(self, run: list[tuple[str, bytes]], qos: int, mids: list[int], now: float,
+                     spooled: list[SpooledPublication]) -> None:
+        """A run of plain local publications of one QoS to the node; the spool entries of QoS 1/2 ones to `spooled`."""
+        made = self.node.local_publish_run(run, now, qos=qos)
+        if not qos or self.spool is None:
+            return
+        wall = time.time()
+        for (topic, payload), mid, publication in zip(run, mids, made, strict=True):
+            if publication is not None:
+                spooled.append(SpooledPublication(publication[1], publication[2], topic, payload, qos, False, None,
+                                                  wall, mid))
 
     def _originate(self, item: Publication, now: float) -> SpooledPublication | None:
         """A local publication with a QoS, the retain flag or properties, to the node: stamped (version, expiry:

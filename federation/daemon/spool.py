@@ -17,9 +17,11 @@ originating them a second time.
 
 Records (msgpack arrays): `["p", epoch, seq, topic, payload, qos, retain, properties, received_at, mid]`
 for a publication taken into custody (`mid`, the broker's packet id, came later: a record without it reads
-as 0), `["d", epoch, seq]` for one released or dropped. `received_at` is wall-clock seconds: a publication's
-MQTT message expiry counts from it, and so does `max_age`. The file is compacted (`RecordLog.rewrite`) when
-dead records outweigh live ones by `COMPACT_RATIO` and it is over `COMPACT_MIN_BYTES`.
+as 0), `["d", epoch, seq]` for one released or dropped, `["D", epoch, [seq, ...]]` for several of one epoch
+released together (one record for what one acknowledgement released). `received_at` is wall-clock seconds:
+a publication's MQTT message expiry counts from it, and so does `max_age`. The file is compacted
+(`RecordLog.rewrite`) when dead records outweigh live ones by `COMPACT_RATIO` and it is over
+`COMPACT_MIN_BYTES`.
 
 Bounds, each a documented setting: `max_bytes` (payload bytes in custody) and `max_age` (seconds). Over
 `high_water` of `max_bytes` the runtime stops reading from its broker (it queues for the wrapper's
@@ -121,6 +123,10 @@ class Spool:
                 self._keep(entry)
             elif kind == "d":
                 self._forget((int(fields[1]), int(fields[2])))
+            elif kind == "D":
+                epoch = int(fields[1])
+                for seq in fields[2]:
+                    self._forget((epoch, int(seq)))
             else:
                 self.undecodable += 1
         except (ValueError, TypeError, IndexError, msgpack.UnpackException):
@@ -168,7 +174,15 @@ class Spool:
         """Custody complete (or the publication dropped): forget these; returns how many were held."""
         released = [key for key in keys if self._forget(key)]
         if released:
-            self.log.append([msgpack.packb(["d", epoch, seq]) for epoch, seq in released])
+            by_epoch: dict[int, list[int]] = {}
+            for epoch, seq in released:
+                seqs = by_epoch.get(epoch)
+                if seqs is None:
+                    by_epoch[epoch] = [seq]
+                else:
+                    seqs.append(seq)
+            self.log.append([msgpack.packb(["d", epoch, seqs[0]] if len(seqs) == 1 else ["D", epoch, seqs])
+                             for epoch, seqs in by_epoch.items()])
             self._update_pause()
             self._maybe_compact()
         return len(released)

@@ -38,8 +38,25 @@ from federation.protocol.linkstate import LinkStateDatabase, Routes, StoredRecor
 from federation.protocol.neighbours import Neighbour
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, BrokerId, Event, Injection
-from federation.protocol.wire import TOPOLOGY_UPDATE, encode
-from federation.protocol.wire_types import Body, Sender, TopologyUpdate
+from federation.protocol.wire import (
+    TOPIC_ACK,
+    TOPIC_ACKS,
+    TOPIC_MESSAGE,
+    TOPIC_RELIABLE_BATCH,
+    TOPOLOGY_UPDATE,
+    encode,
+    reliable_item_size,
+    reliable_items,
+)
+from federation.protocol.wire_types import (
+    Body,
+    Sender,
+    TopicAck,
+    TopicAcks,
+    TopicMessage,
+    TopicReliableBatch,
+    TopologyUpdate,
+)
 
 Item = TypeVar("Item")
 
@@ -131,6 +148,15 @@ def _stored_size(stored: StoredRecord) -> int:
     return stored.size
 
 
+def _seq_size(seq: int) -> int:
+    """Bytes msgpack uses for one seq of a `tk`."""
+    return 1 if seq < 128 else 3 if seq < 65536 else 5 if seq < 2**32 else 9
+
+
+AckKey = tuple[Address, str, Address, int]
+"""(transport of the neighbour acknowledged, filter, origin, epoch): the acknowledgements one `tk` can carry"""
+
+
 class Outbox:
     """What the node's parts send, emit and count, drained by the embedder through the node.
 
@@ -139,7 +165,7 @@ class Outbox:
 
     __slots__ = ("packets", "events", "injections", "counters", "drops", "sent_by_type", "sent_bytes_by_type",
                  "publication_events", "closed", "version", "_identity", "_neighbours", "_address_text",
-                 "_sender")
+                 "_sender", "_acks")
 
     def __init__(self, identity: IdentityView, neighbours: NeighboursView, publication_events: bool) -> None:
         self._identity = identity
@@ -149,6 +175,8 @@ class Outbox:
         self._sender: Sender | None = None
         """the header of the packets we send, rebuilt when the id or the epoch changes"""
         self.packets: list[tuple[bytes, Address]] = []
+        self._acks: dict[AckKey, list[int]] = {}
+        """acknowledgements owed, gathered until the packets are taken (`acknowledge`)"""
         self.events: list[Event] = []
         self.injections: list[Injection] = []
         """remote publications for the local broker, each once"""
@@ -167,21 +195,61 @@ class Outbox:
 
     # ------------------------------------------------------------ packets
 
-    def send(self, kind: str, body: Body, transports: list[Address]) -> None:
-        """Encode one packet and queue a copy for each transport address."""
-        if not transports or self.closed:
-            return
+    def _header(self) -> Sender:
+        """The `sender` of the packets we send now (rebuilt only when our id or epoch changed)."""
         identity = self._identity
         sender = self._sender
         broker_id = identity.broker_id
         if sender is None or sender.broker_id is not broker_id or sender.epoch != identity.epoch:
             sender = self._sender = Sender(broker_id, identity.epoch)
-        data = encode(kind, sender, body)
+        return sender
+
+    def send(self, kind: str, body: Body, transports: list[Address]) -> None:
+        """Encode one packet and queue a copy for each transport address."""
+        if not transports or self.closed:
+            return
+        data = encode(kind, self._header(), body)
         packets = self.packets
         for transport in transports:
             packets.append((data, transport))
         self.sent_by_type[kind] += len(transports)
         self.sent_bytes_by_type[kind] += len(data) * len(transports)
+
+    def acknowledge(self, transport: Address, filter_: str, origin: Address, epoch: int, seq: int) -> None:
+        """Owe `transport` the acknowledgement of a QoS 1/2 (publication, filter) (docs/protocol.md rule 7a). The
+        acknowledgements owed to one neighbour for one (filter, origin, epoch) leave together when the packets are
+        taken: one `ta`, or a `tk` for several (rule 7e), so a run of publications costs a packet, not one each."""
+        key = (transport, filter_, origin, epoch)
+        seqs = self._acks.get(key)
+        if seqs is None:
+            self._acks[key] = [seq]
+        else:
+            seqs.append(seq)
+
+    def _send_acks(self) -> None:
+        acks, self._acks = self._acks, {}
+        for (transport, filter_, origin, epoch), seqs in acks.items():  # in the order they were first owed
+            if len(seqs) == 1:
+                self.send(TOPIC_ACK, TopicAck(filter_, origin, epoch, seqs[0]), [transport])
+                continue
+            empty = TopicAcks(filter_, origin, epoch, [])
+            header = len(encode(TOPIC_ACKS, self._header(), empty)) + 2  # + the seqs array's header growing
+            for part in self.split(seqs, _seq_size, header):
+                self.send(TOPIC_ACKS, TopicAcks(filter_, origin, epoch, part), [transport])
+
+    def send_run(self, messages: list[TopicMessage], transports: list[Address]) -> None:
+        """Copies of QoS 1/2 publications that share their origin, epoch, filter, mode, hops and QoS, none retained
+        or with properties, in seq order: a `tm` for one, else `tq` runs that each fit a datagram (rule 7e)."""
+        if len(messages) == 1:
+            self.send(TOPIC_MESSAGE, messages[0], transports)
+            return
+        first = messages[0]
+        empty = TopicReliableBatch(first.filter, first.origin, first.epoch, first.mode, first.hops, first.qos, [])
+        header = len(encode(TOPIC_RELIABLE_BATCH, self._header(), empty)) + 4  # + the items array's header growing
+        for part in self.split(messages, reliable_item_size, header):
+            self.send(TOPIC_RELIABLE_BATCH, TopicReliableBatch(first.filter, first.origin, first.epoch, first.mode,
+                                                               first.hops, first.qos, reliable_items(part)),
+                      transports)
 
     def send_up(self, kind: str, body: Body, exclude: Address | None) -> None:
         """Send to every up neighbour except `exclude` (a transport address)."""
@@ -229,6 +297,8 @@ class Outbox:
     # ------------------------------------------------------------ draining (by the node, for the embedder)
 
     def take_packets(self) -> list[tuple[bytes, Address]]:
+        if self._acks:
+            self._send_acks()
         out, self.packets = self.packets, []
         return out
 

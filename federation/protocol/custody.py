@@ -54,10 +54,9 @@ acknowledged, send their copies again, and the node takes them anew.
 
 from __future__ import annotations
 
-from federation.protocol import wire
 from federation.protocol.context import Outbox
 from federation.protocol.types import Address, PublicationId
-from federation.protocol.wire_types import TopicAck, TopicMessage
+from federation.protocol.wire_types import TopicMessage
 
 EntryKey = tuple[PublicationId, str]
 """(publication, filter)"""
@@ -130,8 +129,7 @@ class Custody:
         del self.entries[(publication, message.filter)]
         outbox = self._outbox
         if entry.upstream is not None:
-            outbox.send(wire.TOPIC_ACK, TopicAck(message.filter, message.origin, message.epoch, message.seq),
-                        [entry.upstream])
+            outbox.acknowledge(entry.upstream, message.filter, message.origin, message.epoch, message.seq)
             return
         left = self._origin_open[publication] - 1
         if left:

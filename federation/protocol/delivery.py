@@ -26,7 +26,7 @@ from federation.protocol.reliable import ReliableForwarding
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, PublicationId
 from federation.protocol.wire import MODE_IN_MESH, MODE_TO_MEMBER, MODE_TOWARD_CORE
-from federation.protocol.wire_types import TopicAck, TopicMessage
+from federation.protocol.wire_types import TopicAck, TopicAcks, TopicMessage, TopicReliableBatch
 
 
 class ReliableDelivery:
@@ -98,6 +98,34 @@ class ReliableDelivery:
         reliable.acknowledge(message, sender)
         return routed
 
+    def receive_run(self, batch: TopicReliableBatch, sender: Address, announced: Address, now: float) -> Routed:
+        """A `tq` from neighbour `sender`: each publication as `receive` would take its `tm`, and the new ones
+        routed on together (one decision, `tq` runs) once each has its entry open (rule 7e)."""
+        reliable, _mesh, publications = self._parts
+        custody = self.custody
+        get, seen, seen_key = custody.get, publications.seen, publications.seen_key
+        taken: list[Entry] = []
+        furthest = NOT_SENT
+        for message in batch.messages():
+            key = seen_key(message)
+            if key not in seen and get(message.publication, message.filter) is None:
+                refusal = reliable.pressure()
+                if refusal is not None:
+                    self._outbox.drop(refusal)  # a new copy, unacknowledged: its sender sends it again
+                    continue
+                seen.add(key)
+                taken.append(custody.open(message, sender))
+            else:  # a copy handled before: custody's rules for it, alone
+                furthest = max(furthest, self.receive(message, sender, announced, now))
+        if taken:
+            messages = [entry.message for entry in taken]
+            reliable.remember_run(messages, sender, now)
+            furthest = max(furthest, publications.take_run(messages, announced, now))
+            settle = custody.settle
+            for entry in taken:
+                settle(entry)  # acknowledged now if it owes nothing
+        return furthest
+
     def _failed_over_to_us(self, message: TopicMessage, entry: Entry | None, sender: Address, announced: Address,
                            now: float) -> Routed:
         """A mode 2 copy we handled before (we relayed it toward another member broker) comes back with us as
@@ -134,6 +162,19 @@ class ReliableDelivery:
             return False
         if copy.owned:
             self.custody.copy_done(sender, ack.publication, ack.filter)
+        return True
+
+    def on_acks(self, acks: TopicAcks, sender: Address) -> bool:
+        """A `tk`: True when it acknowledged a copy we waited for."""
+        reliable, _, _ = self._parts
+        settled = reliable.on_acks(acks, sender)
+        if not settled:
+            return False
+        copy_done = self.custody.copy_done
+        origin, epoch, filter_ = acks.origin, acks.epoch, acks.filter
+        for seq, copy in settled:
+            if copy.owned:
+                copy_done(sender, (origin, epoch, seq), filter_)
         return True
 
     # ------------------------------------------------------------ what the parts hand back

@@ -254,6 +254,45 @@ class PublicationRouting(TopicTable):
             return SENT_TO_PACED
         return SENT
 
+    def route_run(self, state: TopicState, messages: list[TopicMessage], from_announced: Address | None,
+                  now: float) -> Routed:
+        """`route` for a run of QoS 1/2 publications of one origin, epoch and filter, in seq order, none retained or
+        with properties (docs/protocol.md rule 7e): one decision and `tq` runs, each copy tracked as `route` tracks
+        it; where the run cannot go on whole (no core, no route, every mesh neighbour down) each goes alone."""
+        decision = self._decision(state, from_announced) if state.core is not None else HOLD
+        if decision is LEAF:
+            return NOT_SENT
+        if type(decision) is not Forward or not decision.transports:
+            furthest = NOT_SENT
+            for message in messages:
+                furthest = max(furthest, self.route(state, message, from_announced, now))
+            return furthest
+        mode = decision.mode
+        transports = decision.transports
+        first = messages[0]
+        hops = first.hops + 1 if from_announced is not None else first.hops
+        if mode != first.mode or hops != first.hops:
+            messages = [TopicMessage(m.filter, m.origin, m.epoch, m.seq, mode, hops, m.topic, m.payload, m.qos,
+                                     False, None, m.prev) for m in messages]
+        track = self._track
+        down = decision.down
+        for message in messages:
+            if down:  # kept for mesh neighbours that are down: sent when they come back
+                track(message, down)
+            track(message, transports)  # retransmitted until the next hop acknowledges it
+        outbox = self._outbox
+        outbox.send_run(messages, transports)
+        outbox.counters["publications_forwarded"] += len(messages)
+        if outbox.publication_events:
+            mode_text = "mesh" if mode == MODE_IN_MESH else "toward_core"
+            for message in messages:
+                outbox.emit(events.PUBLICATION_FORWARDED, now, pub=publication_text(message.publication),
+                            filter=state.filter, to=decision.texts, mode=mode_text)
+        paced_by = self._paced_by
+        if paced_by and not paced_by.keys().isdisjoint(transports):
+            return SENT_TO_PACED
+        return SENT
+
     def route_again(self, message: TopicMessage, now: float, exclude: Address | None = None) -> Routed:
         """Route a QoS 1/2 publication again from here (reliable forwarding's reroute, when a next hop went down;
         a copy rerouted toward the core through us, `exclude` being its sender): as a new one, or held when

@@ -85,9 +85,11 @@ from federation.protocol.wire_types import (
     RetainedValues,
     Sender,
     TopicAck,
+    TopicAcks,
     TopicBatch,
     TopicCore,
     TopicMessage,
+    TopicReliableBatch,
     TopicSubscribe,
     TopologyUpdate,
 )
@@ -470,23 +472,29 @@ class Node:
             self._settle(now)
         return publication
 
-    def local_publish_run(self, run: list[tuple[str, bytes]], now: float, *,
+    def local_publish_run(self, run: list[tuple[str, bytes]], now: float, *, qos: int = 0,
                           publication_ids: list[PublicationId | None] | None = None) -> list[PublicationId | None]:
-        """QoS 0 publications (topic, payload) read together from the local broker, neither retained nor with
-        properties: each as `local_publish` would handle it, sent as `tb` runs (federation.protocol.publications).
+        """Publications (topic, payload) of one QoS read together from the local broker, neither retained nor with
+        properties: each as `local_publish` would handle it, sent as runs (federation.protocol.publications): `tb`
+        for QoS 0 (docs/protocol.md rule 7c), `tq` for QoS 1/2 (rule 7e; in custody, as each would be).
         `publication_ids`: their earlier ids, one per publication (None for a new one), as `local_publish` takes
         them; such a run goes one `tm` each."""
         if self.stopped:
             return [None] * len(run)
-        if publication_ids is not None:
-            return [self.local_publish(topic, payload, 0, False, None, now, publication_id=publication_id)
-                    for (topic, payload), publication_id in zip(run, publication_ids, strict=True)]
-        if len(run) == 1:
-            topic, payload = run[0]
-            return [self.local_publish(topic, payload, 0, False, None, now)]
-        made = self.publications.originate_run(run, now)
+        if publication_ids is not None or len(run) == 1 or (qos and not self._reliable_run_ready(now)):
+            ids = publication_ids if publication_ids is not None else [None] * len(run)
+            return [self.local_publish(topic, payload, qos, False, None, now, publication_id=publication_id)
+                    for (topic, payload), publication_id in zip(run, ids, strict=True)]
+        publications = self.publications
+        made = publications.originate_reliable_run(run, qos, now) if qos else publications.originate_run(run, now)
         self._settle(now)
         return made
+
+    def _reliable_run_ready(self, now: float) -> bool:
+        """Can a run of QoS 1/2 publications go as one (rule 7e)? Not while some of ours are parked or the node is
+        still learning the filters (the run's publications may have to wait, in order), nor while shared groups are
+        known (each publication goes to a member broker of its own): then each goes as `local_publish` takes it."""
+        return not self.publications.parked and not self.mesh.learning(now) and not self.shared.active
 
     # ------------------------------------------------------------ packets
 
@@ -542,6 +550,12 @@ class Node:
         elif isinstance(body, TopicBatch):
             if self.publications.on_batch(body, announced, now) is SENT_TO_PACED:
                 self.pacing.relay(sender, now)
+        elif isinstance(body, TopicReliableBatch):
+            if self.delivery.receive_run(body, sender, announced, now) is SENT_TO_PACED:
+                self.pacing.relay(sender, now)
+        elif isinstance(body, TopicAcks):
+            if self.delivery.on_acks(body, sender):  # it echoes copies we sent: both directions work (rule 1)
+                self.neighbours.record_echo(neighbour, now)
         elif isinstance(body, Hello):
             self.outbox.send(wire.HELLO_BACK, HelloBack(body.seq, body.sent_at, now), [sender])
             if not neighbour.up:

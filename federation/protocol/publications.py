@@ -291,6 +291,72 @@ class Publications:
                 router.route_batch(state, TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 0, flat), None, now)
         return made
 
+    def originate_reliable_run(self, run: list[tuple[str, bytes]], qos: int, now: float) -> list[PublicationId | None]:
+        """QoS 1/2 publications made on the local broker, neither retained nor with properties, in the order read:
+        each into custody as `local_publish` takes it, sent as `tq` runs per filter (rule 7e); returns their ids
+        (None for a `$` topic). The caller has checked that none would be parked and no shared group is known."""
+        identity, outbox, router, custody = self._identity, self._outbox, self._router, self._custody
+        address, epoch = identity.address, identity.epoch
+        streams = self.streams
+        injected_base = streams.base(address.host, address.port, epoch, None)
+        seen_bases: dict[str, int] = {}
+        injected_add, seen_add = self.injected.add, self.seen.add
+        matching, publication_filters = router.matching, router.publication_filters
+        last_sent, own_open, open_entry = self.last_sent, custody.own_open, custody.open
+        events_on = outbox.publication_events
+        first = seq = identity.publication_seq
+        runs: dict[str, list[TopicMessage]] = {}
+        entries: list[Entry] = []
+        made: list[PublicationId | None] = []
+        for topic, payload in run:
+            if is_system(topic):
+                made.append(None)
+                continue
+            seq += 1
+            publication: PublicationId = (address, epoch, seq)
+            made.append(publication)
+            injected_add(injected_base | seq)  # the local broker has it already
+            filters = matching(topic)
+            if events_on:
+                outbox.emit(events.PUBLICATION_ORIGINATED, now, pub=publication_text(publication), topic=topic,
+                            qos=qos, retain=False, size=len(payload), filters=filters)
+            position = (epoch, seq)
+            sent = False
+            for filter_ in publication_filters(filters):
+                base = seen_bases.get(filter_)
+                if base is None:
+                    base = seen_bases[filter_] = streams.base(address.host, address.port, epoch, filter_)
+                seen_add(base | seq)
+                prev = None
+                last = last_sent.get(filter_)
+                if last is None or last < position:
+                    if last is not None and own_open((address, last[0], last[1])):
+                        prev = last  # still on its way somewhere: receivers wait for it
+                    last_sent[filter_] = position
+                message = TopicMessage(filter_, address, epoch, seq, MODE_TOWARD_CORE, 0, topic, payload, qos, False,
+                                       None, prev)
+                entries.append(open_entry(message, None))
+                messages = runs.get(filter_)
+                if messages is None:
+                    runs[filter_] = [message]
+                else:
+                    messages.append(message)
+                sent = True
+            if not sent:
+                custody.release_now(publication)  # no filter carries it: nothing to wait for
+        outbox.counters["publications_originated"] += seq - first
+        identity.publication_seq = seq
+        # Every entry is open before any is routed: a publication is released only when all its filters are done.
+        route_run, topics = router.route_run, router.topics
+        for filter_, messages in runs.items():
+            route_run(topics[filter_], messages, None, now)
+        settle = custody.settle
+        for entry in entries:
+            settle(entry)
+        if len(last_sent) > 2 * len(topics) + 64:  # filters long gone
+            self.last_sent = {f: p for f, p in last_sent.items() if f in topics}
+        return made
+
     def _send_to_members(self, publication: PublicationId, topic: str, payload: bytes, now: float) -> None:
         """A QoS 0 publication of a run to the member broker chosen for each shared group it matches."""
         address, epoch, seq = publication
@@ -345,6 +411,36 @@ class Publications:
             outbox.drop("topics_full")
             return NOT_SENT
         return router.route(state, message, from_announced, now, pub_text)
+
+    def take_run(self, messages: list[TopicMessage], from_announced: Address, now: float) -> Routed:
+        """QoS 1/2 publications of one `tq` the node found new and took into custody (their entries are open): each
+        delivered once and in order as `take` would, then routed on together (one decision for the run)."""
+        ordering, custody, injected = self.ordering, self._custody, self.injected
+        local_matching, streams = self._local_matching, self.streams
+        routed: list[TopicMessage] = []
+        for message in messages:
+            if is_system(message.topic):
+                self._drop_system_topic(message.topic, from_announced, now)
+                continue
+            key = injected_key(streams, message.origin, message.epoch, message.seq)
+            want = key not in injected and bool(local_matching(message.topic))
+            if want:
+                custody.expect_injection(message.publication, message.filter)
+            for released in ordering.offer(message, want, now):  # this one and what waited for it
+                self.inject(released, now, key if released is message else None)
+            routed.append(message)
+        if not routed:
+            return NOT_SENT
+        first = routed[0]
+        if first.hops + 1 >= self._max_hops:
+            self._outbox.drop("max_hops", len(routed))
+            return NOT_SENT
+        router = self._router
+        state = router.state(first.filter)
+        if state is None:
+            self._outbox.drop("topics_full", len(routed))
+            return NOT_SENT
+        return router.route_run(state, routed, from_announced, now)
 
     def to_member(self, message: TopicMessage, from_announced: Address | None, now: float) -> Routed:
         """A mode 2 copy: on toward its target, or given to our broker when we serve its group."""

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -78,10 +78,19 @@ from federation.protocol.events import publication_text
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, PublicationId
 from federation.protocol.wire import MODE_IN_MESH
-from federation.protocol.wire_types import TopicAck, TopicMessage
+from federation.protocol.wire_types import TopicAck, TopicAcks, TopicMessage
 
 JITTER = 0.25
 """a timeout is stretched by up to this fraction, drawn from the node's RNG"""
+
+
+def _by_seq(message: TopicMessage) -> int:
+    return message.seq
+
+
+def _plain(message: TopicMessage) -> bool:
+    """Can this copy travel in a `tq` (not retained, no properties, not to a shared group's member)?"""
+    return not message.retain and message.properties is None and message.target is None
 
 Key = tuple[Address, PublicationId, str]
 """(transport of the next hop, publication, filter): one tracked copy"""
@@ -94,7 +103,7 @@ Track = Callable[[TopicMessage, list[Address]], None]
 """the node's `track`: remembers copies sent now, here and in custody"""
 
 
-@dataclass
+@dataclass(slots=True)
 class Unacked:
     transport: Address
     message: TopicMessage
@@ -109,6 +118,33 @@ class Unacked:
     """the neighbour went down: hand the copy back to the node (`route_again`) when due"""
     hurried_at: float = float("-inf")
     """when `neighbour_up` last sent it again at once (at most once per `retransmit_timeout_max`)"""
+
+
+class RecentPublications:
+    """QoS >= 1 publications handled lately, a run at a time: (when handled, the neighbour they came from or None,
+    the publications), oldest first. `len` counts publications (a publication handled twice, as received and as
+    sent on, counts twice: the bound is on what is kept)."""
+
+    __slots__ = ("runs", "count")
+
+    def __init__(self) -> None:
+        self.runs: deque[tuple[float, Address | None, list[TopicMessage]]] = deque()
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+
+class Flight:
+    """Copies given one deadline together (those sent to one neighbour in one step, or sent again together): one
+    entry in the heap for all of them. `start` skips the keys found settled or rescheduled, so looking for a live
+    one costs each key once."""
+
+    __slots__ = ("keys", "start")
+
+    def __init__(self, keys: list[Key]) -> None:
+        self.keys = keys
+        self.start = 0
 
 
 class ReliableForwarding:
@@ -129,12 +165,13 @@ class ReliableForwarding:
         """oldest first"""
         self.orphans: OrderedDict[Key, None] = OrderedDict()
         """the copies nobody waits for, oldest first: the ones forgotten when the table is full"""
-        self._heap: list[tuple[float, int, Key]] = []
+        self._heap: list[tuple[float, int, Flight]] = []
+        """(deadline, push number, the copies given it): lazily deleted (a copy's `due` says whether it is live)"""
         self._fresh: list[Key] = []
         self._pushes = 0
         self._armed_at = float("-inf")
-        self.recent: OrderedDict[tuple[PublicationId, str], tuple[TopicMessage, float, Address | None]] = OrderedDict()
-        """(publication, filter) -> (message, when handled, neighbour it came from): replayed to new mesh neighbours"""
+        self.recent = RecentPublications()
+        """the QoS >= 1 publications handled lately: replayed to new mesh neighbours (`mesh_neighbour_added`)"""
         self.recent_evicted = 0
         """recent publications forgotten before their replay window ended because `recent` was full"""
 
@@ -185,92 +222,159 @@ class ReliableForwarding:
         return entry
 
     def arm(self, now: float) -> None:
-        """Give the copies sent in this step their first deadline (the node calls it after every input)."""
+        """Give the copies sent in this step their first deadline (the node calls it after every input): one per
+        neighbour, so a run of copies costs one timer."""
         self._armed_at = now
         if not self._fresh:
             return
         fresh, self._fresh = self._fresh, []
+        unacked = self.unacked
+        flights: dict[Address, list[Key]] = {}
+        sent: list[TopicMessage] = []
         for key in fresh:
-            entry = self.unacked.get(key)
+            entry = unacked.get(key)
             if entry is None or entry.due is not None:
-                continue
-            self.remember(entry.message, None, now)
-            neighbour = self._neighbours.get(entry.transport)
+                continue  # settled already, or tracked twice in this step (armed once)
+            entry.due = now  # until `_schedule` below gives the deadline
+            message = entry.message
+            if not sent or sent[-1] is not message:  # a copy to several neighbours is one publication
+                sent.append(message)
+            keys = flights.get(entry.transport)
+            if keys is None:
+                flights[entry.transport] = [key]
+            else:
+                keys.append(key)
+        if sent:
+            self.remember_run(sent, None, now)
+        settings = self.settings
+        for transport, keys in flights.items():
+            neighbour = self._neighbours.get(transport)
             rtt = neighbour.rtt if neighbour is not None and neighbour.rtt is not None else 0.0
-            entry.timeout = min(max(self.settings.retransmit_timeout, 2 * rtt), self.settings.retransmit_timeout_max)
-            self._schedule(key, entry, now + entry.timeout * (1 + JITTER * self._rng.random()))
+            timeout = min(max(settings.retransmit_timeout, 2 * rtt), settings.retransmit_timeout_max)
+            for key in keys:
+                unacked[key].timeout = timeout
+            self._schedule(keys, now + timeout * (1 + JITTER * self._rng.random()))
 
-    def _schedule(self, key: Key, entry: Unacked, due: float) -> None:
-        entry.due = due
+    def _schedule(self, keys: list[Key], due: float) -> None:
+        """Give these copies (in the table) the deadline `due`, as one heap entry."""
+        unacked = self.unacked
+        for key in keys:
+            unacked[key].due = due
         self._pushes += 1
         heap = self._heap
-        heapq.heappush(heap, (due, self._pushes, key))
-        if len(heap) > 4 * len(self.unacked) + 64:  # mostly stale deadlines: rebuild, so the heap stays bounded
-            unacked = self.unacked
-            self._heap = [item for item in heap if (e := unacked.get(item[2])) is not None and e.due == item[0]]
+        heapq.heappush(heap, (due, self._pushes, Flight(keys)))
+        if len(heap) > 4 * len(unacked) + 64:  # mostly stale deadlines: rebuild, so the heap stays bounded
+            self._heap = [item for item in heap if self._live(item[2], item[0])]
             heapq.heapify(self._heap)
+
+    def _live(self, flight: Flight, due: float) -> bool:
+        """Does a copy of `flight` still wait for `due`? (Advances `flight.start` past those that do not.)"""
+        keys, unacked = flight.keys, self.unacked
+        index = flight.start
+        while index < len(keys):
+            entry = unacked.get(keys[index])
+            if entry is not None and entry.due == due:
+                flight.start = index
+                return True
+            index += 1
+        flight.start = index
+        return False
 
     def next_deadline(self) -> float | None:
         if self._fresh:
             return self._armed_at
         heap = self._heap
         while heap:
-            due, _, key = heap[0]
-            entry = self.unacked.get(key)
-            if entry is not None and entry.due == due:
+            due, _, flight = heap[0]
+            if self._live(flight, due):
                 return due
             heapq.heappop(heap)  # acknowledged, evicted or rescheduled since
         return None
 
     def on_timer(self, now: float) -> None:
         """Retransmit every copy whose deadline has come, or hand it back to the node if its neighbour is down."""
-        heap = self._heap
-        due_now: list[Unacked] = []
+        heap, unacked = self._heap, self.unacked
+        due_now: dict[Key, Unacked] = {}
         while heap and heap[0][0] <= now:
-            due, _, key = heapq.heappop(heap)
-            entry = self.unacked.get(key)
-            if entry is not None and entry.due == due:
-                due_now.append(entry)
-        for entry in due_now:
-            key = (entry.transport, entry.message.publication, entry.message.filter)
-            if self.unacked.get(key) is not entry:
+            due, _, flight = heapq.heappop(heap)
+            keys = flight.keys
+            for index in range(flight.start, len(keys)):
+                key = keys[index]
+                entry = unacked.get(key)
+                if entry is not None and entry.due == due:
+                    due_now[key] = entry
+        resend: list[tuple[Key, Unacked]] = []
+        for key, entry in due_now.items():
+            if unacked.get(key) is not entry:
                 continue  # settled by an earlier reroute in this loop
             neighbour = self._neighbours.get(entry.transport)
             if not entry.reroute and neighbour is not None and neighbour.up:
-                self._retransmit(key, entry, now)
+                resend.append((key, entry))
             elif not entry.owned:
                 self._forget(key)  # a replay to a neighbour gone: nobody waits for it
                 self._outbox.drop("replay_abandoned")
             else:
-                del self.unacked[key]
+                del unacked[key]
                 if self._route_again(entry.message, entry.transport, now):
-                    if key not in self.unacked:  # kept for a mesh neighbour that may come back: later again
+                    if key not in unacked:  # kept for a mesh neighbour that may come back: later again
                         entry.reroute = False
-                        self.unacked[key] = entry
-                        self._backoff(key, entry, now)
+                        unacked[key] = entry
+                        self._backoff([(key, entry)], now)
                 else:
                     self._outbox.counters["reroutes"] += 1  # routed again elsewhere (or held): this copy is settled
+        if resend:
+            self._retransmit(resend, now)
 
-    def _retransmit(self, key: Key, entry: Unacked, now: float) -> None:
+    def _retransmit(self, copies: list[tuple[Key, Unacked]], now: float) -> None:
+        """Send these copies again, unchanged (tracked already): the copies of one run together, as the run."""
         outbox = self._outbox
-        entry.retransmissions += 1
-        outbox.send(wire.TOPIC_MESSAGE, entry.message, [entry.transport])  # the same copy: tracked already
-        outbox.counters["retransmissions"] += 1
-        outbox.emit(events.PUBLICATION_RETRANSMITTED, now, pub=publication_text(entry.message.publication),
-                    filter=entry.message.filter, to=str(entry.transport), attempt=entry.retransmissions)
-        self._backoff(key, entry, now)
+        runs: dict[tuple[Address, str, Address, int, int, int, int], list[TopicMessage]] = {}
+        for _key, entry in copies:
+            entry.retransmissions += 1
+            message = entry.message
+            outbox.emit(events.PUBLICATION_RETRANSMITTED, now, pub=publication_text(message.publication),
+                        filter=message.filter, to=str(entry.transport), attempt=entry.retransmissions)
+            if not _plain(message):
+                outbox.send(wire.TOPIC_MESSAGE, message, [entry.transport])
+                continue
+            run_key = (entry.transport, message.filter, message.origin, message.epoch, message.mode, message.hops,
+                       message.qos)
+            run = runs.get(run_key)
+            if run is None:
+                runs[run_key] = [message]
+            else:
+                run.append(message)
+        for (transport, *_), messages in runs.items():
+            messages.sort(key=_by_seq)
+            outbox.send_run(messages, [transport])
+        outbox.counters["retransmissions"] += len(copies)
+        self._backoff(copies, now)
 
-    def _backoff(self, key: Key, entry: Unacked, now: float) -> None:
-        entry.timeout = min(entry.timeout * 2, self.settings.retransmit_timeout_max)
-        self._schedule(key, entry, now + entry.timeout * (1 + JITTER * self._rng.random()))
+    def _backoff(self, copies: list[tuple[Key, Unacked]], now: float) -> None:
+        """Double each copy's timeout (up to the maximum) and give the copies that share a neighbour and a timeout
+        one deadline, with its own jitter."""
+        settings = self.settings
+        groups: dict[tuple[Address, float], list[Key]] = {}
+        for key, entry in copies:
+            entry.timeout = min(entry.timeout * 2, settings.retransmit_timeout_max)
+            group = groups.get((entry.transport, entry.timeout))
+            if group is None:
+                groups[(entry.transport, entry.timeout)] = [key]
+            else:
+                group.append(key)
+        for (_transport, timeout), keys in groups.items():
+            self._schedule(keys, now + timeout * (1 + JITTER * self._rng.random()))
 
     def neighbour_down(self, transport: Address, now: float) -> None:
         """Copies waiting for this neighbour go back to the node once routes have been recomputed."""
         when = now + self.settings.spf_delay + self.settings.spf_hold
+        keys = []
         for key, entry in self.unacked.items():
             if entry.transport == transport:
                 entry.reroute = True
-                self._schedule(key, entry, when)
+                keys.append(key)
+        if keys:
+            self._schedule(keys, when)
 
     def neighbour_up(self, transport: Address, now: float) -> None:
         """The neighbour is back (or restarted, having lost what it had): what waits for it goes again now.
@@ -284,10 +388,11 @@ class ReliableForwarding:
         waiting = [(key, entry) for key, entry in self.unacked.items() if entry.transport == transport
                    and not entry.reroute and now - entry.hurried_at >= settings.retransmit_timeout_max]
         waiting.sort(key=lambda item: (item[0][1][1], item[0][1][2]))  # in the order their origins made them
-        for key, entry in waiting:
+        for _key, entry in waiting:
             entry.hurried_at = now
             entry.timeout = min(max(settings.retransmit_timeout, entry.timeout / 2), settings.retransmit_timeout_max)
-            self._schedule(key, entry, now)
+        if waiting:
+            self._schedule([key for key, _entry in waiting], now)
 
     # ------------------------------------------------------------ receiving side
 
@@ -312,8 +417,7 @@ class ReliableForwarding:
         return self._forget((transport, message.publication, message.filter))
 
     def acknowledge(self, message: TopicMessage, transport: Address) -> None:
-        self._outbox.send(wire.TOPIC_ACK, TopicAck(message.filter, message.origin, message.epoch, message.seq),
-                          [transport])
+        self._outbox.acknowledge(transport, message.filter, message.origin, message.epoch, message.seq)
 
     def on_ack(self, ack: TopicAck, transport: Address) -> Unacked | None:
         """A `ta` from a neighbour: the copy it acknowledged (no longer tracked), or None if we waited for none."""
@@ -324,6 +428,21 @@ class ReliableForwarding:
         self._outbox.counters["acks"] += 1
         return entry
 
+    def on_acks(self, acks: TopicAcks, transport: Address) -> list[tuple[int, Unacked]]:
+        """A `tk` from a neighbour: each copy it acknowledged (no longer tracked), with its seq."""
+        filter_, origin, epoch = acks.filter, acks.origin, acks.epoch
+        settled = []
+        forget = self._forget
+        for seq in acks.seqs:
+            entry = forget((transport, (origin, epoch, seq), filter_))
+            if entry is not None:
+                settled.append((seq, entry))
+        counters = self._outbox.counters
+        counters["acks"] += len(settled)
+        if len(settled) < len(acks.seqs):
+            counters["acks_unmatched"] += len(acks.seqs) - len(settled)
+        return settled
+
     # ------------------------------------------------------------ repair of changing meshes
 
     @property
@@ -332,28 +451,51 @@ class ReliableForwarding:
 
     def remember(self, message: TopicMessage, source: Address | None, now: float) -> None:
         """Keep a QoS >= 1 publication handled now, for new mesh neighbours (bounded, oldest forgotten first)."""
-        key = (message.publication, message.filter)
+        self.remember_run([message], source, now)
+
+    def remember_run(self, messages: list[TopicMessage], source: Address | None, now: float) -> None:
+        """Keep QoS >= 1 publications handled now together (from `source`, None for ours or sent on), as one entry:
+        a run costs one append here. The list is kept as given: the caller does not change it afterwards."""
         recent = self.recent
-        if key in recent:
-            return
-        recent[key] = (message, now, source)
+        recent.runs.append((now, source, messages))
+        recent.count += len(messages)
         horizon = now - self.replay_window
-        while recent and (len(recent) > self.settings.max_unacked or next(iter(recent.values()))[1] < horizon):
-            if len(recent) > self.settings.max_unacked:
-                self.recent_evicted += 1  # forgotten before its replay window ended: the table was full
-            recent.popitem(last=False)
+        limit = self.settings.max_unacked
+        runs = recent.runs
+        while runs:
+            handled_at, first_source, first = runs[0]
+            excess = recent.count - limit
+            if excess > 0:  # forgotten before their replay window ended: the table was full
+                self.recent_evicted += min(excess, len(first))
+                if excess < len(first):
+                    runs[0] = (handled_at, first_source, first[excess:])
+                    recent.count -= excess
+                    continue
+            elif handled_at >= horizon:
+                break
+            runs.popleft()
+            recent.count -= len(first)
 
     def mesh_neighbour_added(self, filter_: str, announced: Address, now: float) -> None:
-        """A new child or parent in `filter_`'s mesh: send it the recent QoS >= 1 publications of that filter."""
+        """A new child or parent in `filter_`'s mesh: send it the recent QoS >= 1 publications of that filter (each
+        once, and none that came from it)."""
         transport = self._neighbours.transport_for(announced)
         if transport is None:
             return
         horizon = now - self.replay_window
-        replay = [message for (_, message_filter), (message, handled_at, source) in self.recent.items()
-                  if message_filter == filter_ and handled_at >= horizon and source != transport]
-        replay.sort(key=lambda message: (message.origin, message.epoch, message.seq))  # each origin's in order
+        runs = [run for run in self.recent.runs if run[0] >= horizon]
+        from_it = {(message.publication, message.filter) for _, source, messages in runs if source == transport
+                   for message in messages}
+        chosen: dict[tuple[PublicationId, str], TopicMessage] = {}
+        for _, _source, messages in runs:
+            for message in messages:
+                key = (message.publication, message.filter)
+                if message.filter == filter_ and key not in from_it and key not in chosen:
+                    chosen[key] = message  # the first handled: as received, before it was sent on
+        replay = sorted(chosen.values(), key=lambda message: (message.origin, message.epoch, message.seq))
         before: TopicMessage | None = None
-        for message in replay:
+        copies: list[TopicMessage] = []
+        for message in replay:  # each origin's in order
             prev = message.prev
             if before is not None and before.origin == message.origin:
                 # Chained to the one replayed before it: the new neighbour may not have been meant to get
@@ -363,7 +505,17 @@ class ReliableForwarding:
             copy = replace(message, mode=MODE_IN_MESH, hops=message.hops + 1, prev=prev)
             before = message
             self._track(copy, [transport])
-            self._outbox.send(wire.TOPIC_MESSAGE, copy, [transport])
+            copies.append(copy)
+        outbox = self._outbox
+        run: list[TopicMessage] = []
+        for copy in copies:  # one origin's plain publications of one epoch, hops and QoS go as `tq` (rule 7e)
+            if run and not (_plain(copy) and _plain(run[-1]) and (copy.origin, copy.epoch, copy.hops, copy.qos)
+                            == (run[-1].origin, run[-1].epoch, run[-1].hops, run[-1].qos)):
+                outbox.send_run(run, [transport])
+                run = []
+            run.append(copy)
+        if run:
+            outbox.send_run(run, [transport])
         if replay:
             self._outbox.counters["replayed_to_new_mesh_neighbours"] += len(replay)
 

@@ -46,16 +46,19 @@ from federation.protocol.wire_types import (  # the packet values, importable fr
     SharedGroups,
     SummaryEntry,
     TopicAck,
+    TopicAcks,
     TopicBatch,
     TopicCore,
     TopicMessage,
+    TopicReliableBatch,
     TopicSubscribe,
     TopologyUpdate,
 )
 
-PROTOCOL_VERSION = 2
-"""2: `tm` carries `prev` (the stream order of QoS 1/2 publications, docs/protocol.md rule 7d); a node of
-version 1 and one of version 2 refuse each other's packets (`version`), so their link never comes up"""
+PROTOCOL_VERSION = 3
+"""3: runs of QoS 1/2 publications (`tq`) and their acknowledgements (`tk`), docs/protocol.md rule 7e; 2: `tm`
+carries `prev` (rule 7d). Nodes of different versions refuse each other's packets (`version`), so their link never
+comes up: a version 2 node would drop every `tq` and its sender would retransmit it for ever"""
 
 HELLO = "hl"
 HELLO_BACK = "hb"
@@ -78,12 +81,15 @@ RETAINED_DIGEST = "rd"
 RETAINED_SUMMARY = "rs"
 RETAINED_REQUEST = "rr"
 RETAINED_VALUES = "rv"
+TOPIC_RELIABLE_BATCH = "tq"
+TOPIC_ACKS = "tk"
 
 MESSAGE_TYPES = (HELLO, HELLO_BACK, FEDERATE, RECONSIDER, CORE_ANNOUNCEMENT, TOPIC_CORE,
                  RECONSIDER_TOPIC_CORE, TOPIC_SUBSCRIBE, TOPIC_MESSAGE, TOPOLOGY_UPDATE,
                  DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK, RECEIVER_BUSY, TOPIC_BATCH,
-                 SHARED_GROUPS, RETAINED_DIGEST, RETAINED_SUMMARY, RETAINED_REQUEST, RETAINED_VALUES)
-DATA_TYPES = frozenset((TOPIC_MESSAGE, TOPIC_BATCH))
+                 SHARED_GROUPS, RETAINED_DIGEST, RETAINED_SUMMARY, RETAINED_REQUEST, RETAINED_VALUES,
+                 TOPIC_RELIABLE_BATCH, TOPIC_ACKS)
+DATA_TYPES = frozenset((TOPIC_MESSAGE, TOPIC_BATCH, TOPIC_RELIABLE_BATCH))
 """the packets that carry publications (data traffic); every other type is control traffic"""
 
 # One packer for every `encode`: `msgpack.packb` builds a new Packer per call, a third of its cost.
@@ -189,6 +195,18 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
             [kind, PROTOCOL_VERSION, [broker_id.vid, broker_id.address.host, broker_id.address.port, sender.epoch],
              body.filter, [origin.host, origin.port], body.epoch, body.mode, body.hops, body.items])
         return packed_tb
+    if type(body) is TopicReliableBatch:
+        broker_id, origin = sender.broker_id, body.origin
+        packed_tq: bytes = _pack(
+            [kind, PROTOCOL_VERSION, [broker_id.vid, broker_id.address.host, broker_id.address.port, sender.epoch],
+             body.filter, [origin.host, origin.port], body.epoch, body.mode, body.hops, body.qos, body.items])
+        return packed_tq
+    if type(body) is TopicAcks:
+        broker_id, origin = sender.broker_id, body.origin
+        packed_tk: bytes = _pack(
+            [kind, PROTOCOL_VERSION, [broker_id.vid, broker_id.address.host, broker_id.address.port, sender.epoch],
+             body.filter, [origin.host, origin.port], body.epoch, body.seqs])
+        return packed_tk
     if isinstance(body, Hello):
         fields = [body.seq, body.sent_at]
     elif isinstance(body, HelloBack):
@@ -259,6 +277,28 @@ def record_size(record: LinkStateRecord) -> int:
         size += (2 + length + (1 if length < 32 else 2 if length < 256 else 3 if length < 65536 else 5)
                  + (0 if port < 128 else 1 if port < 256 else 2 if port < 65536 else _uint_size(port) - 1))
     return size
+
+
+def reliable_item_size(message: TopicMessage) -> int:
+    """Bytes one publication adds to a `tq` at most: seq (9), prev (nil, a seq, or [epoch, seq]), topic, payload."""
+    prev = message.prev
+    topic = message.topic
+    return (9 + (1 if prev is None else 9 if prev[0] == message.epoch else 19) + len(message.payload) + 5
+            + (len(topic) if topic.isascii() else len(topic.encode())) + 3)
+
+
+def reliable_items(messages: list[TopicMessage]) -> list[Any]:
+    """The flat `tq.items` of these publications (one origin and epoch): seq, prev as `tm` writes it, topic,
+    payload."""
+    items: list[Any] = []
+    append = items.append
+    for message in messages:
+        prev = message.prev
+        append(message.seq)
+        append(None if prev is None else prev[1] if prev[0] == message.epoch else [prev[0], prev[1]])
+        append(message.topic)
+        append(message.payload)
+    return items
 
 
 def summary_entry_size(entry: SummaryEntry) -> int:
@@ -505,17 +545,18 @@ def _properties(value: Any, what: str) -> dict[str, Any] | None:
     return value
 
 
-def _prev_of(value: Any, epoch: int, seq: int) -> tuple[int, int] | None:
-    """`tm.prev`: nil, a seq of the publication's epoch, or [epoch, seq]; always before the publication itself."""
+def _prev_of(value: Any, epoch: int, seq: int, what: str = "tm.prev") -> tuple[int, int] | None:
+    """`tm.prev` (and a `tq` item's): nil, a seq of the publication's epoch, or [epoch, seq]; always before the
+    publication itself."""
     if value is None:
         return None
     if type(value) is int:
-        prev = (epoch, _seq(value, "tm.prev"))
+        prev = (epoch, _seq(value, what))
     else:
-        prev_epoch, prev_seq = _list(value, "tm.prev", 2)
-        prev = (_epoch(prev_epoch, "tm.prev.epoch"), _seq(prev_seq, "tm.prev.seq"))
+        prev_epoch, prev_seq = _list(value, what, 2)
+        prev = (_epoch(prev_epoch, f"{what}.epoch"), _seq(prev_seq, f"{what}.seq"))
     if prev >= (epoch, seq):
-        raise DecodeError("wrong_type", "tm.prev: must name a publication before this one")
+        raise DecodeError("wrong_type", f"{what}: must name a publication before this one")
     return prev
 
 
@@ -629,6 +670,31 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         return TopicBatch(_filter(fields[0], "tb.filter"), _address(fields[1], "tb.origin"),
                           _epoch(fields[2], "tb.epoch"), _int(fields[3], "tb.mode", 0, 1),
                           _int(fields[4], "tb.hops", 0, 255), items)
+    if kind == TOPIC_RELIABLE_BATCH:
+        need(7)
+        items = _list(fields[6], "tq.items")
+        if not items or len(items) % 4:
+            raise DecodeError("wrong_length", "tq.items: expected seq, prev, topic, payload for each of 1 or more")
+        epoch = _epoch(fields[2], "tq.epoch")
+        for index in range(0, len(items), 4):
+            what = f"tq.items[{index // 4}]"
+            seq = _seq(items[index], f"{what}.seq")
+            _prev_of(items[index + 1], epoch, seq, f"{what}.prev")
+            _topic(items[index + 2], f"{what}.topic")
+            if type(items[index + 3]) is not bytes:
+                raise DecodeError("wrong_type", f"{what}.payload: expected bytes")
+        return TopicReliableBatch(_filter(fields[0], "tq.filter"), _address(fields[1], "tq.origin"), epoch,
+                                  _int(fields[3], "tq.mode", 0, 1), _int(fields[4], "tq.hops", 0, 255),
+                                  _int(fields[5], "tq.qos", 1, 2), items)
+    if kind == TOPIC_ACKS:
+        need(4)
+        seqs = _list(fields[3], "tk.seqs")
+        if not seqs:
+            raise DecodeError("wrong_length", "tk.seqs: expected 1 or more")
+        for index, seq in enumerate(seqs):
+            _seq(seq, f"tk.seqs[{index}]")
+        return TopicAcks(_filter_or_shared(fields[0], "tk.filter"), _address(fields[1], "tk.origin"),
+                         _epoch(fields[2], "tk.epoch"), seqs)
     if kind == RECEIVER_BUSY:
         need(1)
         return ReceiverBusy(_float(fields[0], "rb.hold", MAX_HOLD))
@@ -708,6 +774,45 @@ def _fast_topic_batch(value: list[Any]) -> Packet | None:
     return Packet(TOPIC_BATCH, checked[0], TopicBatch(filter_, checked[1], epoch, mode, hops, items))
 
 
+def _fast_reliable_batch(value: list[Any]) -> Packet | None:
+    """The packet if `value` is a valid `tq` whose filter and every topic were validated lately and whose items
+    name `prev` as nil or a seq of the run's epoch, else None (the general path decodes it and names any fault)."""
+    _kind, version, sender, filter_, origin, epoch, mode, hops, qos, items = value
+    if not (type(version) is int and version == PROTOCOL_VERSION and type(sender) is list and len(sender) == 4
+            and type(filter_) is str and filter_ in _valid_filters and type(origin) is list and len(origin) == 2
+            and type(epoch) is int and 0 <= epoch <= MAX_EPOCH and type(mode) is int and 0 <= mode <= 1
+            and type(hops) is int and 0 <= hops <= 255 and type(qos) is int and 1 <= qos <= 2
+            and type(items) is list and items and not len(items) % 4):
+        return None
+    checked = _fast_sender_and_origin(sender, origin)
+    if checked is None:
+        return None
+    topics = _valid_topics
+    fields = iter(items)
+    for seq, prev, topic, payload in zip(fields, fields, fields, fields, strict=True):
+        if not (type(seq) is int and 0 <= seq <= MAX_SEQ and (prev is None or (type(prev) is int and 0 <= prev < seq))
+                and type(topic) is str and topic in topics and type(payload) is bytes):
+            return None
+    return Packet(TOPIC_RELIABLE_BATCH, checked[0],
+                  TopicReliableBatch(filter_, checked[1], epoch, mode, hops, qos, items))
+
+
+def _fast_topic_acks(value: list[Any]) -> Packet | None:
+    """The packet if `value` is a valid `tk` whose filter was validated lately, else None."""
+    _kind, version, sender, filter_, origin, epoch, seqs = value
+    if not (type(version) is int and version == PROTOCOL_VERSION and type(sender) is list and len(sender) == 4
+            and type(filter_) is str and filter_ in _valid_filters and type(origin) is list and len(origin) == 2
+            and type(epoch) is int and 0 <= epoch <= MAX_EPOCH and type(seqs) is list and seqs):
+        return None
+    for seq in seqs:
+        if not (type(seq) is int and 0 <= seq <= MAX_SEQ):
+            return None
+    checked = _fast_sender_and_origin(sender, origin)
+    if checked is None:
+        return None
+    return Packet(TOPIC_ACKS, checked[0], TopicAcks(filter_, checked[1], epoch, seqs))
+
+
 def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> Packet:
     """Decode one datagram or raise DecodeError; never raises anything else."""
     if len(data) > max_packet:
@@ -727,6 +832,14 @@ def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> 
             return packet
     elif len(value) == 9 and type(kind) is str and kind == TOPIC_BATCH:
         packet = _fast_topic_batch(value)
+        if packet is not None:
+            return packet
+    elif len(value) == 10 and type(kind) is str and kind == TOPIC_RELIABLE_BATCH:
+        packet = _fast_reliable_batch(value)
+        if packet is not None:
+            return packet
+    elif len(value) == 7 and type(kind) is str and kind == TOPIC_ACKS:
+        packet = _fast_topic_acks(value)
         if packet is not None:
             return packet
     if type(kind) is not str or kind not in MESSAGE_TYPES:
@@ -782,7 +895,7 @@ def plain_topic_message_qos(data: bytes) -> int | None:
 
 
 def publication_ids_of(data: bytes, max_packet: int = 65507) -> list[PublicationId]:
-    """The publication ids an encoded `tm` or `tb` packet carries (none for any other packet)."""
+    """The publication ids an encoded `tm`, `tb` or `tq` packet carries (none for any other packet)."""
     if packet_type(data) not in DATA_TYPES:
         return []
     try:
@@ -791,9 +904,10 @@ def publication_ids_of(data: bytes, max_packet: int = 65507) -> list[Publication
         return []
     if isinstance(body, TopicMessage):
         return [body.publication]
+    if isinstance(body, TopicReliableBatch):
+        return [(body.origin, body.epoch, seq) for seq in body.items[::4]]
     assert isinstance(body, TopicBatch)
-    origin, epoch = body.origin, body.epoch
-    return [(origin, epoch, seq) for seq in body.items[::3]]
+    return [(body.origin, body.epoch, seq) for seq in body.items[::3]]
 
 
 Decoder = Callable[[bytes], Packet]

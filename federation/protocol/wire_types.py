@@ -211,6 +211,44 @@ class TopicBatch:
                              False, None) for seq, topic, payload in zip(items, items, items, strict=True)]
 
 
+@dataclass(slots=True)  # a hot value type: see Sender (no hash: `items` is a list, as msgpack gives it)
+class TopicReliableBatch:
+    """`tq`: a run of QoS 1 or 2 publications from one origin on one filter, neither retained nor with properties,
+    in one packet (docs/protocol.md rule 7e). `items` is flat, four entries per publication: seq, prev (as `tm`
+    writes it: nil, a seq of `epoch`, or [epoch, seq]), topic, payload. Each publication is the `tm` it would be
+    alone: acknowledged, retransmitted and ordered one by one. Nothing mutates it."""
+
+    filter: str
+    origin: Address
+    epoch: int
+    mode: int
+    hops: int
+    qos: int
+    items: list[Any]
+
+    def __len__(self) -> int:
+        return len(self.items) // 4
+
+    def messages(self) -> list[TopicMessage]:
+        """The same publications as `tm` bodies."""
+        filter_, origin, epoch, mode, hops, qos = self.filter, self.origin, self.epoch, self.mode, self.hops, self.qos
+        items = iter(self.items)
+        return [TopicMessage(filter_, origin, epoch, seq, mode, hops, topic, payload, qos, False, None,
+                             None if prev is None else (epoch, prev) if type(prev) is int else (prev[0], prev[1]))
+                for seq, prev, topic, payload in zip(items, items, items, items, strict=True)]
+
+
+@dataclass(slots=True)  # a hot value type: see Sender
+class TopicAcks:
+    """`tk`: several `ta` of one (filter, origin, epoch) in one packet: the sender has each (publication, filter)
+    named by a seq of `seqs` (federation.protocol.reliable; docs/protocol.md rule 7e)."""
+
+    filter: str
+    origin: Address
+    epoch: int
+    seqs: list[int]
+
+
 @dataclass(frozen=True)
 class ReceiverBusy:
     """`rb`: the sender's receive backlog is long; read no publications from your broker for `hold`
@@ -275,7 +313,8 @@ class RetainedValues:
 
 Body = (Hello | HelloBack | Federate | TopologyUpdate | Reconsider | CoreAnnouncement | TopicCore | TopicSubscribe
         | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck | ReceiverBusy | TopicBatch
-        | SharedGroups | RetainedDigest | RetainedSummary | RetainedRequest | RetainedValues)
+        | SharedGroups | RetainedDigest | RetainedSummary | RetainedRequest | RetainedValues | TopicReliableBatch
+        | TopicAcks)
 
 
 @dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender

@@ -122,3 +122,16 @@ def test_a_full_disk_does_not_stop_the_injections(tmp_path: Path, monkeypatch: p
     journal.finished([1])
     assert journal.write_errors == 2 and journal.is_completed(injection(1).publication)
     assert len([r for r in caplog.records if "cannot write the injection journal" in r.getMessage()]) == 1
+
+
+def test_a_pass_of_completions_is_one_record_and_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "injections.log"
+    journal = reopen(path)
+    journal.started([(mid, injection(mid, qos=1)) for mid in range(1, 21)])
+    journal.finished(range(1, 20))
+    journal.finished([20, 99])  # one known, one not: a plain `c` record
+    journal.close()
+    records = RecordLog(path).loaded()
+    assert len(records) == 20 + 2  # the `i` records, one `C` for 19 completions, one `c`
+    again = reopen(path)
+    assert not again.in_flight() and all(again.is_completed(injection(mid).publication) for mid in range(1, 21))

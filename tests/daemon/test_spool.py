@@ -96,3 +96,15 @@ def test_a_record_written_before_packet_ids_were_kept_still_reads(tmp_path: Path
     spool = open_spool(tmp_path / "spool")
     assert [(entry.key, entry.mid) for entry in spool.recovered()] == [((7, 1), 0)]
     assert spool.undecodable == 0
+
+
+def test_releases_of_one_pass_are_one_record_per_epoch(tmp_path: Path) -> None:
+    spool = open_spool(tmp_path / "spool")
+    taken = [publication(n) for n in range(1, 11)] + [publication(n, epoch=8) for n in range(1, 4)]
+    spool.add(taken)
+    assert spool.release([(7, n) for n in range(1, 9)] + [(8, 1), (8, 2), (9, 1)]) == 10
+    spool.log.close()
+    records = RecordLog(tmp_path / "spool").loaded()
+    assert [msgpack.unpackb(r)[0] for r in records[13:]] == ["D", "D"]
+    again = open_spool(tmp_path / "spool")
+    assert [entry.key for entry in again.recovered()] == [(7, 9), (7, 10), (8, 3)]

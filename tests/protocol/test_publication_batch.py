@@ -53,7 +53,7 @@ def decode_general(data: bytes, monkeypatch: pytest.MonkeyPatch) -> wire.Packet 
 
 def test_tb_is_the_documented_layout_and_decodes_to_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     data = wire.encode(wire.TOPIC_BATCH, SENDER, BATCH)
-    assert data == msgpack.packb(["tb", 2, [12345, "127.0.0.11", 10501, 4], "bench/#", ["127.0.0.10", 10500], 3,
+    assert data == msgpack.packb(["tb", 3, [12345, "127.0.0.11", 10501, 4], "bench/#", ["127.0.0.10", 10500], 3,
                                   1, 2, BATCH.items], use_bin_type=True)
     assert wire.packet_type(data) == wire.TOPIC_BATCH and wire.TOPIC_BATCH in wire.DATA_TYPES
     general = decode_general(data, monkeypatch)  # fills the filter and topic memo the shortcut needs
@@ -74,7 +74,7 @@ def test_publication_ids_of_data_packets_only() -> None:
 
 
 def good_fields() -> list[Any]:
-    return ["tb", 2, [1, "h", 1, 1], "a/#", ["h", 1], 0, 0, 0, [1, "a/b", b"p", 2, "a/c", b""]]
+    return ["tb", 3, [1, "h", 1, 1], "a/#", ["h", 1], 0, 0, 0, [1, "a/b", b"p", 2, "a/c", b""]]
 
 
 BAD: list[tuple[int, Any, str]] = [
@@ -246,27 +246,33 @@ def test_on_loopback_a_run_of_hundreds_travels_in_one_datagram() -> None:
     assert len(elsewhere.outbox.split([(i, t, p) for i, (t, p) in enumerate(run)], batch_item_size, 100)) > 30
 
 
-def test_the_runtime_hands_plain_qos0_runs_over_in_order() -> None:
-    """QoS 1, retained and property-carrying publications and log lines end a run: order is kept."""
+def test_the_runtime_hands_plain_runs_of_one_qos_over_in_order() -> None:
+    """Plain publications of one QoS in a row are one run (QoS 1/2 ones too: `tq`, rule 7e); a change of QoS,
+    retained and property-carrying publications and log lines end a run: order is kept."""
 
-    async def scenario() -> list[tuple[str, Any]]:
+    async def scenario() -> list[tuple[Any, ...]]:
         wrapper = await started_wrapper()
-        calls: list[tuple[str, Any]] = []
+        calls: list[tuple[Any, ...]] = []
         node = wrapper.node
-        node.local_publish_run = lambda run, now: calls.append(("run", [t for t, _ in run])) or []  # type: ignore
+        node.local_publish_run = (  # type: ignore[method-assign]
+            lambda run, now, qos=0: calls.append(("run", qos, [t for t, _ in run])) or [None] * len(run))
         node.local_publish = (  # type: ignore[method-assign]
             lambda topic, payload, qos, retain, properties, now: calls.append(("one", topic)))
         try:
             wrapper._on_broker_items([
                 Publication("a/1", b"", 0, False, None), Publication("a/2", b"", 0, False, None),
-                Publication("a/3", b"", 1, False, None), Publication("a/4", b"", 0, False, None),
+                Publication("a/3", b"", 1, False, None, mid=1), Publication("a/4", b"", 0, False, None),
                 Publication("a/5", b"", 0, True, None), Publication("a/6", b"", 0, False, {"content_type": "x"}),
                 Publication("a/7", b"", 0, False, None), LogLine("$SYS/broker/log/N", b"x"),
                 Publication("a/8", b"", 0, False, None), Publication("a/9", b"", 0, False, None),
+                Publication("a/10", b"", 1, False, None, mid=2), Publication("a/11", b"", 1, False, None, mid=3),
+                Publication("a/12", b"", 2, False, None, mid=4),
             ])
         finally:
             wrapper.close()
         return calls
 
-    assert asyncio.run(scenario()) == [("run", ["a/1", "a/2"]), ("one", "a/3"), ("run", ["a/4"]), ("one", "a/5"),
-                                       ("one", "a/6"), ("run", ["a/7"]), ("run", ["a/8", "a/9"])]
+    assert asyncio.run(scenario()) == [("run", 0, ["a/1", "a/2"]), ("run", 1, ["a/3"]), ("run", 0, ["a/4"]),
+                                       ("one", "a/5"), ("one", "a/6"), ("run", 0, ["a/7"]),
+                                       ("run", 0, ["a/8", "a/9"]), ("run", 1, ["a/10", "a/11"]),
+                                       ("run", 2, ["a/12"])]

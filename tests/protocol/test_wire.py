@@ -66,19 +66,20 @@ def test_strict_rejections_have_reasons() -> None:
     assert reason(good[:-1]) == "malformed"
     assert reason(good + b"\x00") == "malformed"
     assert reason(msgpack.packb({"a": 1})) == "malformed"
-    assert reason(msgpack.packb(["zz", 2, [1, "h", 1, 1]])) == "unknown_type"
+    assert reason(msgpack.packb(["zz", 3, [1, "h", 1, 1]])) == "unknown_type"
     assert reason(msgpack.packb(["hl", 1, [1, "h", 1, 1], 1, 2.0])) == "version"  # a version 1 node
-    assert reason(msgpack.packb(["hl", 3, [1, "h", 1, 1], 1, 2.0])) == "version"
-    assert reason(msgpack.packb(["hl", 2, [1, "h", 1, 1], "x", 2.0])) == "wrong_type"
-    assert reason(msgpack.packb(["hl", 2, [1, "h", 1, 1], 1])) == "wrong_length"
-    assert reason(msgpack.packb(["hl", 2, [-1, "h", 1, 1], 1, 2.0])) == "out_of_range"
-    assert reason(msgpack.packb(["hl", 2, [1, "h", 70000, 1], 1, 2.0])) == "out_of_range"
-    assert reason(msgpack.packb(["hl", 2, [1, "h", 1, 1], 1, float("nan")])) == "wrong_type"
+    assert reason(msgpack.packb(["hl", 2, [1, "h", 1, 1], 1, 2.0])) == "version"  # version 2: no `tq`, `tk`
+    assert reason(msgpack.packb(["hl", 4, [1, "h", 1, 1], 1, 2.0])) == "version"
+    assert reason(msgpack.packb(["hl", 3, [1, "h", 1, 1], "x", 2.0])) == "wrong_type"
+    assert reason(msgpack.packb(["hl", 3, [1, "h", 1, 1], 1])) == "wrong_length"
+    assert reason(msgpack.packb(["hl", 3, [-1, "h", 1, 1], 1, 2.0])) == "out_of_range"
+    assert reason(msgpack.packb(["hl", 3, [1, "h", 70000, 1], 1, 2.0])) == "out_of_range"
+    assert reason(msgpack.packb(["hl", 3, [1, "h", 1, 1], 1, float("nan")])) == "wrong_type"
     assert reason(good, max_packet=5) == "oversized"
-    tm = msgpack.packb(["tm", 2, [1, "h", 1, 1], "f", ["h", 1], 0, 0, 0, 0, None, "t", "not-bytes", 0, False,
+    tm = msgpack.packb(["tm", 3, [1, "h", 1, 1], "f", ["h", 1], 0, 0, 0, 0, None, "t", "not-bytes", 0, False,
                          None])
     assert reason(tm) == "wrong_type"
-    tm = msgpack.packb(["tm", 2, [1, "h", 1, 1], "f", ["h", 1], 0, 0, 0, 0, None, "t", b"", 3, False, None])
+    tm = msgpack.packb(["tm", 3, [1, "h", 1, 1], "f", ["h", 1], 0, 0, 0, 0, None, "t", b"", 3, False, None])
     assert reason(tm) == "out_of_range"
     many = wire.LinkStateRecord(SENDER.broker_id, 1, 1, 0, 0, tuple(Address("h", p) for p in range(1, 40)))
     assert reason(wire.encode(wire.FEDERATE, SENDER, wire.Federate(many)), max_neighbours=8) == "too_many_neighbours"
@@ -108,11 +109,11 @@ def test_random_mutations_never_raise_anything_else() -> None:
 
 
 def test_filters_and_topics_from_peers_are_validated() -> None:
-    bad_filter = msgpack.packb(["ts", 2, [1, "h", 1, 1], "a/#/b", [1, "h", 1], 0])
+    bad_filter = msgpack.packb(["ts", 3, [1, "h", 1, 1], "a/#/b", [1, "h", 1], 0])
     assert reason(bad_filter) == "bad_filter"
-    system = msgpack.packb(["tc", 2, [1, "h", 1, 1], "$SYS/#", [1, "h", 1], 1, 1, 0, 0])
+    system = msgpack.packb(["tc", 3, [1, "h", 1, 1], "$SYS/#", [1, "h", 1], 1, 1, 0, 0])
     assert reason(system) == "bad_filter"
-    tm = msgpack.packb(["tm", 2, [1, "h", 1, 1], "a/#", ["h", 1], 0, 0, 0, 0, None, "a/+", b"", 0, False, None])
+    tm = msgpack.packb(["tm", 3, [1, "h", 1, 1], "a/#", ["h", 1], 0, 0, 0, 0, None, "a/+", b"", 0, False, None])
     assert reason(tm) == "bad_topic"
 
 
@@ -121,37 +122,37 @@ def test_topic_core_rank_is_an_optional_seventh_field() -> None:
     assert len(msgpack.unpackb(plain)) == 3 + 6  # rank 0 is left off: the v1 layout
     ranked = wire.encode(wire.TOPIC_CORE, SENDER, wire.TopicCore("a/#", CORE, 1, 2, 3, 0, 5))
     assert msgpack.unpackb(ranked)[-1] == 5
-    explicit_zero = msgpack.packb(["tc", 2, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, 0])
+    explicit_zero = msgpack.packb(["tc", 3, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, 0])
     body = wire.decode(explicit_zero).body
     assert isinstance(body, wire.TopicCore) and body.rank == 0
-    assert reason(msgpack.packb(["tc", 2, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, -1])) == "out_of_range"
-    assert reason(msgpack.packb(["rt", 2, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, 1, 2])) == "wrong_length"
-    assert reason(msgpack.packb(["tc", 2, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0])) == "wrong_length"
+    assert reason(msgpack.packb(["tc", 3, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, -1])) == "out_of_range"
+    assert reason(msgpack.packb(["rt", 3, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, 1, 2])) == "wrong_length"
+    assert reason(msgpack.packb(["tc", 3, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0])) == "wrong_length"
 
 
 def test_hello_back_carries_the_three_clock_stamps() -> None:
     """hb = [echo_seq, t1 (the hello's sent_at, echoed), t2 = t3 (replied_at, the replier's clock)]."""
     data = wire.encode(wire.HELLO_BACK, SENDER, wire.HelloBack(4, 1_763_700_000.125, 1_763_700_000.5))
     assert msgpack.unpackb(data)[3:] == [4, 1_763_700_000.125, 1_763_700_000.5]  # unix times keep sub-ms precision
-    assert reason(msgpack.packb(["hb", 2, [1, "h", 1, 1], 4, 1.0, float("nan")])) == "wrong_type"
-    assert reason(msgpack.packb(["hb", 2, [1, "h", 1, 1], 4, 1.0])) == "wrong_length"
+    assert reason(msgpack.packb(["hb", 3, [1, "h", 1, 1], 4, 1.0, float("nan")])) == "wrong_type"
+    assert reason(msgpack.packb(["hb", 3, [1, "h", 1, 1], 4, 1.0])) == "wrong_length"
 
 
 def test_database_messages_are_validated() -> None:
     sender = [1, "h", 1, 1]
     sixteen = list(range(16))
-    assert isinstance(wire.decode(msgpack.packb(["dd", 2, sender, 0, sixteen])).body, wire.DatabaseDigest)
-    assert reason(msgpack.packb(["dd", 2, sender, 0, sixteen[:15]])) == "wrong_type"  # exactly 16 buckets
-    assert reason(msgpack.packb(["dd", 2, sender, 0, sixteen[:15] + [-1]])) == "out_of_range"
-    assert reason(msgpack.packb(["dd", 2, sender, -1, sixteen])) == "out_of_range"
-    assert reason(msgpack.packb(["dd", 2, sender, wire.MAX_COUNT + 1, sixteen])) == "out_of_range"
-    assert reason(msgpack.packb(["dd", 2, sender, 0])) == "wrong_length"
-    assert reason(msgpack.packb(["ds", 2, sender, [["h", 1, 1]]])) == "wrong_type"
-    assert reason(msgpack.packb(["ds", 2, sender, [["h", 70000, 1, 1]]])) == "out_of_range"
-    assert reason(msgpack.packb(["ds", 2, sender, [[1, 1, 1, 1]]])) == "wrong_type"
-    assert reason(msgpack.packb(["dr", 2, sender, [["h"]]])) == "wrong_type"
-    assert reason(msgpack.packb(["dr", 2, sender, "h"])) == "wrong_type"
-    assert reason(msgpack.packb(["dr", 2, sender, [], []])) == "wrong_length"
+    assert isinstance(wire.decode(msgpack.packb(["dd", 3, sender, 0, sixteen])).body, wire.DatabaseDigest)
+    assert reason(msgpack.packb(["dd", 3, sender, 0, sixteen[:15]])) == "wrong_type"  # exactly 16 buckets
+    assert reason(msgpack.packb(["dd", 3, sender, 0, sixteen[:15] + [-1]])) == "out_of_range"
+    assert reason(msgpack.packb(["dd", 3, sender, -1, sixteen])) == "out_of_range"
+    assert reason(msgpack.packb(["dd", 3, sender, wire.MAX_COUNT + 1, sixteen])) == "out_of_range"
+    assert reason(msgpack.packb(["dd", 3, sender, 0])) == "wrong_length"
+    assert reason(msgpack.packb(["ds", 3, sender, [["h", 1, 1]]])) == "wrong_type"
+    assert reason(msgpack.packb(["ds", 3, sender, [["h", 70000, 1, 1]]])) == "out_of_range"
+    assert reason(msgpack.packb(["ds", 3, sender, [[1, 1, 1, 1]]])) == "wrong_type"
+    assert reason(msgpack.packb(["dr", 3, sender, [["h"]]])) == "wrong_type"
+    assert reason(msgpack.packb(["dr", 3, sender, "h"])) == "wrong_type"
+    assert reason(msgpack.packb(["dr", 3, sender, [], []])) == "wrong_length"
 
 
 def test_record_fast_path_accepts_exactly_what_the_checked_path_accepts() -> None:
@@ -183,7 +184,7 @@ def test_record_fast_path_accepts_exactly_what_the_checked_path_accepts() -> Non
 
 def test_topic_ack_is_strict() -> None:
     """`ta` = [filter, origin addr, epoch, seq] (docs/protocol.md); anything else is dropped with a reason."""
-    header = ["ta", 2, [1, "h", 1, 1]]
+    header = ["ta", 3, [1, "h", 1, 1]]
     good = wire.decode(msgpack.packb(header + ["a/#", ["10.0.0.1", 10500], 7, 9]))
     assert good.body == wire.TopicAck("a/#", Address("10.0.0.1", 10500), 7, 9)
     assert good.body.publication == (Address("10.0.0.1", 10500), 7, 9)
@@ -197,7 +198,7 @@ def test_topic_ack_is_strict() -> None:
 
 def test_receiver_busy_is_strict() -> None:
     """`rb` = [hold seconds], 0 to 3600 (docs/protocol.md); anything else is dropped with a reason."""
-    header = ["rb", 2, [1, "h", 1, 1]]
+    header = ["rb", 3, [1, "h", 1, 1]]
     assert wire.decode(msgpack.packb(header + [1])).body == wire.ReceiverBusy(1.0)
     for fields, reason in [([], "wrong_length"), ([0.2, 1], "wrong_length"), ([-0.1], "out_of_range"),
                            ([3601.0], "out_of_range"), ([float("nan")], "wrong_type"), ([float("inf")], "out_of_range"),
@@ -236,8 +237,8 @@ def test_shared_group_packets_are_strict() -> None:
     assert reason(wire.encode(wire.TOPIC_ACK, SENDER, wire.TopicAck("$share/g", origin, 7, 9))) == "bad_filter"
 
     def sg(*groups: list[object]) -> bytes:
-        return msgpack.packb([wire.SHARED_GROUPS, 2, [3, "10.0.0.1", 10500, 7], ["h", 1], 7, 3, list(groups)],
-                             use_bin_type=True)
+        return msgpack.packb([wire.SHARED_GROUPS, wire.PROTOCOL_VERSION, [3, "10.0.0.1", 10500, 7], ["h", 1], 7, 3,
+                              list(groups)], use_bin_type=True)
 
     assert wire.decode(sg(["g", "a/#"])).body == wire.SharedGroups(origin, 7, 3, (("g", "a/#"),))
     assert reason(sg(["g/x", "a"])) == "bad_filter"
