@@ -35,6 +35,7 @@ from federation.daemon.keys import KeyFileError, read_key_file
 from federation.envelope.datagrams import ENCRYPTION_NONE, ENCRYPTIONS
 from federation.protocol import events
 from federation.protocol.placement import capability
+from federation.protocol.publication_events import PER_PUBLICATION_NAMES
 from federation.protocol.settings import Settings, SettingsError
 from federation.protocol.types import Address
 
@@ -103,7 +104,8 @@ FIELDS: tuple[Field, ...] = (
           "directory for the boot epoch and the local subscription table (null: no persistence)"),
     Field("event_log", "--event-log", None, "JSON-lines event trace file, appended to (null: none)"),
     Field("event_types", None, None,
-          "event types written to event_log (null: all); one of: " + ", ".join(events.ALL + wrapper_events.ALL)),
+          "event types written to event_log (null: all); one of: " + ", ".join(events.ALL + wrapper_events.ALL)
+          + " (the version 1 names " + ", ".join(sorted(PER_PUBLICATION_NAMES.values())) + " name their runs)"),
     Field("metrics_port", "--metrics-port", None, "Prometheus metrics TCP port (null: no metrics server)"),
     Field("metrics_bind", None, None,
           "address of the metrics server (null: the bind host, or 0.0.0.0 when bound to 0.0.0.0)"),
@@ -169,8 +171,8 @@ class DaemonConfig:
 
     @property
     def publication_events(self) -> bool:
-        """Whether the node should make the per-publication events (`Node.publication_events`): only for an
-        event log that keeps at least one of them, as they are 25-30% of the data path's CPU."""
+        """Whether the node should make the events of what happens to publications (`Node.publication_events`):
+        only for an event log that keeps at least one of them."""
         return self.event_log is not None and (
             self.event_types is None or bool(self.event_types & events.PER_PUBLICATION))
 
@@ -455,10 +457,14 @@ def _event_types(value: Any, where: str) -> frozenset[str] | None:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ConfigError(f"{where}: expected a list of event types, got {value!r}")
     known = events.ALL + wrapper_events.ALL
+    renamed = {single: run for run, single in PER_PUBLICATION_NAMES.items()}
+    chosen = []
     for item in value:
+        item = renamed.get(item, item)  # a version 1 name: the same events, one per run since version 2
         if item not in known:
             raise ConfigError(f"{where}: unknown event type {item!r}; known types are: {', '.join(known)}")
-    return frozenset(value)
+        chosen.append(item)
+    return frozenset(chosen)
 
 
 def _encryption(value: Any, where: str) -> str:

@@ -1,9 +1,9 @@
 """The event log: one JSON line per event (docs/protocol.md "Events"), appended to a file.
 
-Theory of operation: a wrapper writes three lines per federated publication
-(`publication_originated` and `publication_forwarded` where it is published,
-`publication_delivered` where it arrives), so encoding is on the data path
-(about a fifth of a flooded wrapper's CPU in a profile). The schema is a
+Theory of operation: a wrapper writes a line per run of publications at each
+stage (`publications_originated` and `publications_forwarded` where they are
+published, `publications_delivered` where they arrive: schema version 2), and
+other events as they happen, so encoding is on the data path. The schema is a
 contract (the Spark job, federation/spark/, replays these files), so the fast path must give exactly
 the bytes of `json.JSONEncoder(separators=(",", ":"), default=str)
 .encode(event.to_json_dict())`; tests/protocol/test_hotpath_node.py compares them.

@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 from federation.protocol.linkstate import LinkStateDatabase, Routes, StoredRecord
 from federation.protocol.neighbours import Neighbour
+from federation.protocol.publication_events import PublicationRuns
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, BrokerId, Event, Injection
 from federation.protocol.wire import (
@@ -165,7 +166,7 @@ class Outbox:
 
     __slots__ = ("packets", "events", "injections", "counters", "drops", "sent_by_type", "sent_bytes_by_type",
                  "publication_events", "closed", "version", "_identity", "_neighbours", "_address_text",
-                 "_sender", "_acks")
+                 "_sender", "_acks", "runs")
 
     def __init__(self, identity: IdentityView, neighbours: NeighboursView, publication_events: bool) -> None:
         self._identity = identity
@@ -186,8 +187,11 @@ class Outbox:
         self.sent_by_type: Counter[str] = Counter()
         self.sent_bytes_by_type: Counter[str] = Counter()
         self.publication_events = publication_events
-        """make the events made per publication and hop (`events.PER_PUBLICATION`); off when the embedder's
-        event log would not keep them, as they cost 25-30% of the data path's CPU"""
+        """make the events of what happens to each publication at each hop (`events.PER_PUBLICATION`, one per
+        run: `runs`); off when the embedder's event log would not keep them"""
+        self.runs = PublicationRuns(self._address_text)
+        """the publication events of this input, gathered into runs (checked `publication_events` first); they
+        become events before any other event is emitted, and when the events are taken"""
         self.closed = False
         """the node has stopped: nothing more is sent"""
         self.version = 0
@@ -281,6 +285,8 @@ class Outbox:
     # ------------------------------------------------------------ events, drops, the view
 
     def emit(self, kind: str, now: float, **fields: Any) -> None:
+        if self.runs:
+            self.events += self.runs.take()  # what happened before this event, first
         self.events.append(Event(now, self._address_text, kind, fields))
 
     def drop(self, reason: str, /, count: int = 1, *, event: str | None = None, now: float = 0.0,
@@ -289,6 +295,8 @@ class Outbox:
         their order: a `packet_dropped` repeats the reason among them, a `publication_dropped` gives its own)."""
         self.drops[reason] += count
         if event is not None:
+            if self.runs:
+                self.events += self.runs.take()
             self.events.append(Event(now, self._address_text, event, fields))
 
     def view_changed(self) -> None:
@@ -307,5 +315,7 @@ class Outbox:
         return out
 
     def take_events(self) -> list[Event]:
+        if self.runs:
+            self.events += self.runs.take()
         out, self.events = self.events, []
         return out

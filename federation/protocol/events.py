@@ -1,7 +1,9 @@
 """Names of the structured events the node emits (one JSON object per line).
 
-The full schema, with every field, is in docs/protocol.md ("Events"); the
-simulator, the daemon and the Spark job all read and write this one format.
+The full schema, with every field, is in docs/events.md; the simulator, the
+daemon and the Spark job all read and write this one format. Version 2 of the
+schema writes what happens to publications one event per run of them
+(federation.protocol.publication_events).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ ID_CHANGED = "id_changed"
 EPOCH_CHANGED = "epoch_changed"
 SUBSCRIPTION_ADDED = "subscription_added"
 SUBSCRIPTION_REMOVED = "subscription_removed"
-PUBLICATION_ORIGINATED = "publication_originated"
-PUBLICATION_FORWARDED = "publication_forwarded"
-PUBLICATION_DELIVERED = "publication_delivered"
+PUBLICATIONS_ORIGINATED = "publications_originated"
+PUBLICATIONS_FORWARDED = "publications_forwarded"
+PUBLICATIONS_DELIVERED = "publications_delivered"
 PUBLICATION_DROPPED = "publication_dropped"
-DUPLICATE_DROPPED = "duplicate_dropped"
+DUPLICATES_DROPPED = "duplicates_dropped"
 PUBLICATION_RETRANSMITTED = "publication_retransmitted"
 ORDER_GAP_SKIPPED = "order_gap_skipped"
 PACKET_DROPPED = "packet_dropped"
@@ -34,14 +36,16 @@ COUNTERS = "counters"
 
 ALL = (NODE_STARTED, NODE_STOPPED, NEIGHBOUR_UP, NEIGHBOUR_DOWN, TABLE_CHANGED, MANAGEMENT_CORE_CHANGED,
        TOPIC_CORE_CHANGED, MESH_JOINED, MESH_LEFT, ID_CHANGED, EPOCH_CHANGED, SUBSCRIPTION_ADDED,
-       SUBSCRIPTION_REMOVED, PUBLICATION_ORIGINATED, PUBLICATION_FORWARDED, PUBLICATION_DELIVERED,
-       PUBLICATION_DROPPED, DUPLICATE_DROPPED, PUBLICATION_RETRANSMITTED, ORDER_GAP_SKIPPED, PACKET_DROPPED,
+       SUBSCRIPTION_REMOVED, PUBLICATIONS_ORIGINATED, PUBLICATIONS_FORWARDED, PUBLICATIONS_DELIVERED,
+       PUBLICATION_DROPPED, DUPLICATES_DROPPED, PUBLICATION_RETRANSMITTED, ORDER_GAP_SKIPPED, PACKET_DROPPED,
        OWNERSHIP_CONFLICT, COUNTERS)
 
-PER_PUBLICATION = frozenset({PUBLICATION_ORIGINATED, PUBLICATION_FORWARDED, PUBLICATION_DELIVERED, DUPLICATE_DROPPED})
-"""the events made for every publication at every hop (`Node.publication_events`); drops and retransmissions,
-which are rare, are always made, except the QoS 0 drops of overload shedding, which follow the same switch
-(federation.daemon.flow_control)"""
+PER_PUBLICATION = frozenset({PUBLICATIONS_ORIGINATED, PUBLICATIONS_FORWARDED, PUBLICATIONS_DELIVERED,
+                             DUPLICATES_DROPPED})
+"""the events that say what happened to every publication at every hop, one per run of publications handled
+together (schema version 2: federation.protocol.publication_events), made only when an event log keeps them
+(`Node.publication_events`); drops and retransmissions, which are rare, are always made, one per publication,
+except the QoS 0 drops of overload shedding, which follow the same switch (federation.daemon.flow_control)"""
 
 
 def id_text(broker_id: BrokerId | None) -> str | None:

@@ -171,10 +171,10 @@ class PublicationRouting(TopicTable):
             return False
         return self.is_own_core(state) or state.member or bool(state.parents) or bool(self.parents_for(state))
 
-    def route(self, state: TopicState, message: TopicMessage, from_announced: Address | None, now: float,
-              pub_text: str | None = None) -> Routed:
+    def route(self, state: TopicState, message: TopicMessage, from_announced: Address | None,
+              now: float) -> Routed:
         """Send a publication on (`from_announced`: where it came from, None for a local one or one routed again)
-        and say where it went. `pub_text` is its `publication_text`, when the caller has made it already."""
+        and say where it went."""
         if state.core is None:
             if message.qos and state.withdrawn_at > state.lost_at:
                 return NOT_SENT  # its core withdrew (nobody subscribes): nothing to wait for
@@ -184,7 +184,7 @@ class PublicationRouting(TopicTable):
             if decision is HOLD or (decision is NO_ROUTE and message.qos):
                 return self._hold(state, message, from_announced, now)
             if decision is NO_ROUTE:
-                self._report_no_route(state, message, now, pub_text)
+                self._report_no_route(state, message, now)
             return NOT_SENT  # LEAF: the publication ends here
         mode = decision.mode
         transports, texts = decision.transports, decision.texts
@@ -207,13 +207,12 @@ class PublicationRouting(TopicTable):
             if decision.lost:  # QoS 0 copies for mesh neighbours that went down before the routes were recomputed
                 outbox.drop("mesh_copy_neighbour_down", decision.lost)
             if not transports:
-                self._report_no_route(state, message, now, pub_text)
+                self._report_no_route(state, message, now)
                 return NOT_SENT
         outbox.send(TOPIC_MESSAGE, outgoing, transports)
         outbox.counters["publications_forwarded"] += 1
         if outbox.publication_events:
-            outbox.emit(events.PUBLICATION_FORWARDED, now, pub=pub_text or publication_text(message.publication),
-                        filter=state.filter, to=texts, mode="mesh" if mode == MODE_IN_MESH else "toward_core")
+            outbox.runs.forwarded(now, message.origin, message.epoch, message.seq, state.filter, texts, mode)
         paced_by = self._paced_by
         if paced_by and not paced_by.keys().isdisjoint(transports):
             return SENT_TO_PACED
@@ -244,11 +243,7 @@ class PublicationRouting(TopicTable):
         outbox.send(TOPIC_BATCH, batch, transports)
         outbox.counters["publications_forwarded"] += count
         if outbox.publication_events:
-            origin, epoch = batch.origin, batch.epoch
-            mode_text = "mesh" if mode == MODE_IN_MESH else "toward_core"
-            for seq in batch.items[::3]:
-                outbox.emit(events.PUBLICATION_FORWARDED, now, pub=publication_text((origin, epoch, seq)),
-                            filter=state.filter, to=texts, mode=mode_text)
+            outbox.runs.forwarded_run(now, batch.origin, batch.epoch, batch.items[::3], state.filter, texts, mode)
         paced_by = self._paced_by
         if paced_by and not paced_by.keys().isdisjoint(transports):
             return SENT_TO_PACED
@@ -284,10 +279,8 @@ class PublicationRouting(TopicTable):
         outbox.send_run(messages, transports)
         outbox.counters["publications_forwarded"] += len(messages)
         if outbox.publication_events:
-            mode_text = "mesh" if mode == MODE_IN_MESH else "toward_core"
-            for message in messages:
-                outbox.emit(events.PUBLICATION_FORWARDED, now, pub=publication_text(message.publication),
-                            filter=state.filter, to=decision.texts, mode=mode_text)
+            outbox.runs.forwarded_run(now, first.origin, first.epoch, [message.seq for message in messages],
+                                      state.filter, decision.texts, mode)
         paced_by = self._paced_by
         if paced_by and not paced_by.keys().isdisjoint(transports):
             return SENT_TO_PACED
@@ -312,9 +305,9 @@ class PublicationRouting(TopicTable):
         state = self.topics.get(filter_)
         return state is not None and state.member
 
-    def _report_no_route(self, state: TopicState, message: TopicMessage, now: float, pub_text: str | None) -> None:
+    def _report_no_route(self, state: TopicState, message: TopicMessage, now: float) -> None:
         self._outbox.drop("publication_no_route", event=events.PUBLICATION_DROPPED, now=now,
-                          pub=pub_text or publication_text(message.publication), filter=state.filter,
+                          pub=publication_text(message.publication), filter=state.filter,
                           reason="no_route")
 
     # ------------------------------------------------------------ held publications

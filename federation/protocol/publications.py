@@ -58,7 +58,6 @@ from federation.protocol import events
 from federation.protocol.context import Identity, Outbox
 from federation.protocol.custody import Custody, Entry
 from federation.protocol.dedup import SeenCache, StreamNumbers, injected_key, seen_key
-from federation.protocol.events import publication_text
 from federation.protocol.forwarding import NOT_SENT, PublicationRouting, Routed
 from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.ordering import Ordering, Position
@@ -149,16 +148,14 @@ class Publications:
         if retain:
             filters = self._with_retained_tree(filters, now)
         outbox.counters["publications_originated"] += 1
-        pub_text = None
         if outbox.publication_events:
-            pub_text = publication_text(publication)
-            outbox.emit(events.PUBLICATION_ORIGINATED, now, pub=pub_text, topic=topic, qos=qos,
-                        retain=retain, size=len(payload), filters=filters)
+            outbox.runs.originated(now, publication[0], publication[1], publication[2], topic, qos, retain,
+                                   len(payload), filters)
         if ((qos or retain) and self.parked) or (qos and not filters and router.learning(now)) or \
                 (retain and now < self.retained_ready_at):
             self.parked.append((publication, topic, payload, qos, retain, properties))
             return publication
-        self._send_own(publication, topic, payload, qos, retain, properties, filters, now, pub_text, replayed)
+        self._send_own(publication, topic, payload, qos, retain, properties, filters, now, replayed)
         return publication
 
     def _with_retained_tree(self, filters: list[str], now: float) -> list[str]:
@@ -184,11 +181,10 @@ class Publications:
         for publication, topic, payload, qos, retain, properties in parked:
             filters = self._router.matching(topic)
             self._send_own(publication, topic, payload, qos, retain, properties,
-                           self._with_retained_tree(filters, now) if retain else filters, now, None, True)
+                           self._with_retained_tree(filters, now) if retain else filters, now, True)
 
     def _send_own(self, publication: PublicationId, topic: str, payload: bytes, qos: int, retain: bool,
-                  properties: dict[str, Any] | None, filters: list[str], now: float, pub_text: str | None,
-                  replayed: bool) -> None:
+                  properties: dict[str, Any] | None, filters: list[str], now: float, replayed: bool) -> None:
         """Our publication onto every filter that carries it; QoS 1/2 into custody. `replayed`: it may be in
         custody already (an id given again, a parked one)."""
         router, custody, last_sent = self._router, self._custody, self.last_sent
@@ -217,7 +213,7 @@ class Publications:
             and not (replayed and qos and custody.get(publication, filter_))]
         if not qos:
             for message in messages:
-                router.route(router.topics[message.filter], message, None, now, pub_text)
+                router.route(router.topics[message.filter], message, None, now)
             for message in to_members:
                 shared.route(message, None, now)
             return
@@ -228,7 +224,7 @@ class Publications:
             if entry.message.mode == MODE_TO_MEMBER:
                 shared.route(entry.message, None, now)
             else:
-                router.route(router.topics[entry.message.filter], entry.message, None, now, pub_text)
+                router.route(router.topics[entry.message.filter], entry.message, None, now)
         for entry in entries:
             custody.settle(entry)
         if not entries:
@@ -251,6 +247,10 @@ class Publications:
         first = seq = identity.publication_seq
         runs: dict[str, list[tuple[int, str, bytes]]] = {}
         made: list[PublicationId | None] = []
+        seqs: list[int] = []
+        topics: list[str] = []
+        size = 0
+        all_filters: set[str] = set()
         for topic, payload in run:
             if is_system(topic):
                 made.append(None)
@@ -261,8 +261,10 @@ class Publications:
             injected_add(injected_base | seq)  # the local broker has it already
             filters = matching(topic)
             if events_on:
-                outbox.emit(events.PUBLICATION_ORIGINATED, now, pub=publication_text(publication), topic=topic,
-                            qos=0, retain=False, size=len(payload), filters=filters)
+                seqs.append(seq)
+                topics.append(topic)
+                size += len(payload)
+                all_filters.update(filters)
             if to_groups:
                 self._send_to_members(publication, topic, payload, now)
             for filter_ in publication_filters(filters):
@@ -276,6 +278,8 @@ class Publications:
                 items.append((seq, topic, payload))
         outbox.counters["publications_originated"] += seq - first
         identity.publication_seq = seq
+        if seqs:
+            outbox.runs.originated_run(now, address, epoch, seqs, topics, 0, False, size, all_filters)
         for filter_, items in runs.items():
             state = router.topics[filter_]
             if len(items) == 1:  # alone on its filter: a plain `tm`
@@ -308,6 +312,10 @@ class Publications:
         runs: dict[str, list[TopicMessage]] = {}
         entries: list[Entry] = []
         made: list[PublicationId | None] = []
+        seqs: list[int] = []
+        topics: list[str] = []
+        size = 0
+        all_filters: set[str] = set()
         for topic, payload in run:
             if is_system(topic):
                 made.append(None)
@@ -318,8 +326,10 @@ class Publications:
             injected_add(injected_base | seq)  # the local broker has it already
             filters = matching(topic)
             if events_on:
-                outbox.emit(events.PUBLICATION_ORIGINATED, now, pub=publication_text(publication), topic=topic,
-                            qos=qos, retain=False, size=len(payload), filters=filters)
+                seqs.append(seq)
+                topics.append(topic)
+                size += len(payload)
+                all_filters.update(filters)
             position = (epoch, seq)
             sent = False
             for filter_ in publication_filters(filters):
@@ -346,15 +356,17 @@ class Publications:
                 custody.release_now(publication)  # no filter carries it: nothing to wait for
         outbox.counters["publications_originated"] += seq - first
         identity.publication_seq = seq
+        if seqs:
+            outbox.runs.originated_run(now, address, epoch, seqs, topics, qos, False, size, all_filters)
         # Every entry is open before any is routed: a publication is released only when all its filters are done.
-        route_run, topics = router.route_run, router.topics
+        route_run, states = router.route_run, router.topics
         for filter_, messages in runs.items():
-            route_run(topics[filter_], messages, None, now)
+            route_run(states[filter_], messages, None, now)
         settle = custody.settle
         for entry in entries:
             settle(entry)
-        if len(last_sent) > 2 * len(topics) + 64:  # filters long gone
-            self.last_sent = {f: p for f, p in last_sent.items() if f in topics}
+        if len(last_sent) > 2 * len(states) + 64:  # filters long gone
+            self.last_sent = {f: p for f, p in last_sent.items() if f in states}
         return made
 
     def _send_to_members(self, publication: PublicationId, topic: str, payload: bytes, now: float) -> None:
@@ -387,21 +399,18 @@ class Publications:
             return NOT_SENT
         if message.mode == MODE_TO_MEMBER:
             return self.to_member(message, from_announced, now)
-        pub_text = None
         if message.qos:
             key = injected_key(self.streams, message.origin, message.epoch, message.seq)
             want = key not in self.injected and (message.retain or bool(self._local_matching(message.topic)))
             if want:
                 self._custody.expect_injection(message.publication, message.filter)
             for released in self.ordering.offer(message, want, now):  # this one and what waited for it
-                text = self.inject(released, now, key if released is message else None)
-                if released is message:
-                    pub_text = text
+                self.inject(released, now, key if released is message else None)
         elif message.retain or self._local_matching(message.topic):
             key = injected_key(self.streams, message.origin, message.epoch, message.seq)
             if key not in self.injected and not self.ordering.qos0_late(message.origin, message.filter,
                                                                         message.epoch, message.seq):
-                pub_text = self.inject(message, now, key)
+                self.inject(message, now, key)
         if message.hops + 1 >= self._max_hops:
             outbox.drop("max_hops")
             return NOT_SENT
@@ -410,7 +419,7 @@ class Publications:
         if state is None:
             outbox.drop("topics_full")
             return NOT_SENT
-        return router.route(state, message, from_announced, now, pub_text)
+        return router.route(state, message, from_announced, now)
 
     def take_run(self, messages: list[TopicMessage], from_announced: Address, now: float) -> Routed:
         """QoS 1/2 publications of one `tq` the node found new and took into custody (their entries are open): each
@@ -463,29 +472,25 @@ class Publications:
         outbox = self._outbox
         outbox.counters["duplicates_dropped"] += 1
         if outbox.publication_events:
-            outbox.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(message.publication),
-                        filter=message.filter, source=str(from_announced))
+            outbox.runs.duplicate(now, message.origin, message.epoch, message.seq, message.filter, str(from_announced))
 
-    def inject(self, message: TopicMessage, now: float, key: int | None = None) -> str | None:
-        """Hand a publication to the local broker unless it was already (through another filter); returns its
-        `publication_text` when the event was made. `key`: its `injected_key`, when the caller has it."""
+    def inject(self, message: TopicMessage, now: float, key: int | None = None) -> None:
+        """Hand a publication to the local broker unless it was already (through another filter). `key`: its
+        `injected_key`, when the caller has it."""
         publication = message.publication
         if key is None:
             key = injected_key(self.streams, *publication)
         if not self.injected.add(key):
-            return None
+            return
         if self._shared.local:
             self._shared.note_injected(message)
         outbox = self._outbox
         outbox.injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
                                            message.properties, publication, message.filter))
         outbox.counters["publications_delivered"] += 1
-        if not outbox.publication_events:
-            return None
-        pub_text = publication_text(publication)
-        outbox.emit(events.PUBLICATION_DELIVERED, now, pub=pub_text, topic=message.topic, filter=message.filter,
-                    hops=message.hops + 1)
-        return pub_text
+        if outbox.publication_events:
+            outbox.runs.delivered(now, message.origin, message.epoch, message.seq, message.topic, message.filter,
+                                  message.hops + 1)
 
     def forget(self, message: TopicMessage) -> None:
         """A (publication, filter) given back unacknowledged: its next arrival is a first one again."""
@@ -523,14 +528,15 @@ class Publications:
         late = 0
         delivered = duplicates = 0
         kept: list[Any] = []
+        duplicate_seqs: list[int] = []
+        delivered_seqs: list[int] = []
+        delivered_topics: list[str] = []
         items = iter(batch.items)
         for seq, topic, payload in zip(items, items, items, strict=True):
             if not seen_add(seen_base | seq):
                 duplicates += 1
                 if events_on:
-                    publication: PublicationId = (origin, epoch, seq)
-                    outbox.emit(events.DUPLICATE_DROPPED, now, pub=publication_text(publication), filter=filter_,
-                                source=str(from_announced))
+                    duplicate_seqs.append(seq)
                 continue
             if is_system(topic):
                 self._drop_system_topic(topic, from_announced, now)
@@ -540,16 +546,19 @@ class Publications:
                     late += injected_base | seq not in injected
                 elif injected_add(injected_base | seq):
                     newest = seq
-                    publication = (origin, epoch, seq)
-                    injections.append(Injection(topic, payload, 0, False, None, publication, filter_))
+                    injections.append(Injection(topic, payload, 0, False, None, (origin, epoch, seq), filter_))
                     delivered += 1
                     if events_on:
-                        outbox.emit(events.PUBLICATION_DELIVERED, now, pub=publication_text(publication),
-                                    topic=topic, filter=filter_, hops=batch.hops + 1)
+                        delivered_seqs.append(seq)
+                        delivered_topics.append(topic)
             kept.append(seq)
             kept.append(topic)
             kept.append(payload)
         counters = outbox.counters
+        if duplicate_seqs:
+            outbox.runs.duplicates(now, origin, epoch, duplicate_seqs, filter_, str(from_announced))
+        if delivered_seqs:
+            outbox.runs.delivered_run(now, origin, epoch, delivered_seqs, delivered_topics, filter_, batch.hops + 1)
         if newest >= 0:
             self.ordering.qos0_set(stream, (epoch, newest))
         if late:

@@ -309,8 +309,8 @@ class SharedGroups:
         outbox.send(TOPIC_MESSAGE, outgoing, [transport])
         outbox.counters["shared_copies_forwarded"] += 1
         if outbox.publication_events:
-            outbox.emit(events.PUBLICATION_FORWARDED, now, pub=publication_text(message.publication),
-                        filter=message.filter, to=[str(transport)], mode="to_member")
+            outbox.runs.forwarded(now, message.origin, message.epoch, message.seq, message.filter, [str(transport)],
+                                  MODE_TO_MEMBER)
         return SENT
 
     def _next_hop(self, target: Address, from_announced: Address | None) -> Address | None:

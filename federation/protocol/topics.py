@@ -79,7 +79,7 @@ class Forward:
     """in-mesh: the up mesh neighbours' transports, sorted by announced address; toward the core: the first up
     parent in id order (not the neighbour it came from)"""
     texts: list[str]
-    """`str` of each transport, for the `publication_forwarded` event"""
+    """`str` of each transport, for the `publications_forwarded` event"""
     lost: int = 0
     """in-mesh: mesh neighbours already down (their copies are counted as lost)"""
     down: list[Address] | None = None

@@ -89,4 +89,5 @@ class Event:
         return record
 
 
-EVENT_SCHEMA_VERSION = 1
+EVENT_SCHEMA_VERSION = 2
+"""2: the per-publication events are one per run of publications (docs/events.md, "Version 1")"""

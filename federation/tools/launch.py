@@ -81,6 +81,7 @@ from federation.harness.processes import (
     spawn,
     tail,
 )
+from federation.protocol.publication_events import expand
 
 __all__ = [
     "BROKER_PORT", "FALLBACK_CONF_LINES", "FIRST_ADDRESS", "MOSQUITTO_CONF_TEMPLATE", "POLL_INTERVAL", "REPO_ROOT",
@@ -512,7 +513,9 @@ class LocalFederation:
     def events(self, name: str, types: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """The node's event log so far (the wrapper flushes it about every second and when it stops).
 
-        A last line still being written is skipped. `types` keeps only those event types.
+        A last line still being written is skipped. A run of publications (schema version 2) comes as one record
+        per publication with the version 1 type and `pub` (`publication_events.expand`), so callers count by
+        publication. `types` keeps only those event types (of either kind).
         """
         wanted = set(types) if types is not None else None
         found: list[dict[str, Any]] = []
@@ -525,8 +528,12 @@ class LocalFederation:
                 event = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(event, dict) and (wanted is None or event.get("type") in wanted):
+            if not isinstance(event, dict):
+                continue
+            if wanted is not None and event.get("type") in wanted:
                 found.append(event)
+                continue
+            found.extend(item for item in expand(event) if wanted is None or item.get("type") in wanted)
         return found
 
     def wait_event_logs(self, after: float, timeout: float = 15.0, names: Iterable[str] | None = None) -> None:

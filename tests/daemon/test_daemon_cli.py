@@ -210,8 +210,8 @@ def test_two_wrappers_federate_two_brokers(tmp_path: Path, wrappers: list[Wrappe
     for name, delivered in (("a.jsonl", False), ("b.jsonl", True)):
         kinds = [event["type"] for event in events_of(tmp_path / name)]
         assert kinds[0] == "node_started" and kinds[-1] == "node_stopped", kinds
-        assert ("publication_delivered" in kinds) == delivered
-    assert "publication_originated" in [event["type"] for event in events_of(tmp_path / "a.jsonl")]
+        assert ("publications_delivered" in kinds) == delivered
+    assert "publications_originated" in [event["type"] for event in events_of(tmp_path / "a.jsonl")]
     assert json.loads((tmp_path / "state-a" / "wrapper-state.json").read_text())["epoch"] > 0
 
 

@@ -11,6 +11,7 @@ from collections import Counter
 
 from federation.protocol import wire
 from federation.protocol.events import publication_text
+from federation.protocol.publication_events import expand_all
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address
 
@@ -109,7 +110,7 @@ def test_publications_while_the_core_is_lost_are_reported_not_silent() -> None:
         h.cut_link(1, 2)
         published = publish_for(h, 1, qos=qos, until=20.0)
         h.run(40.0)
-        mine = [e for e in h.events if e["node"] == str(address(1))]
+        mine = [e for e in expand_all(h.events) if e["node"] == str(address(1))]
         forwarded = {e["pub"] for e in mine if e["type"] == "publication_forwarded"}
         dropped = {e["pub"] for e in mine if e["type"] == "publication_dropped"}
         reasons = Counter(e["reason"] for e in mine if e["type"] == "publication_dropped")
@@ -139,8 +140,8 @@ def test_a_parent_gone_before_routes_are_recomputed_is_a_counted_drop() -> None:
         h.run(h.now + 0.01)
     publication = h.do(1, "local_publish", "t/x", b"p", 0, False, None)
     text = publication_text(publication)  # type: ignore[arg-type]
-    reported = [e for e in h.events if e.get("pub") == text and e["type"] in ("publication_dropped",
-                                                                               "publication_forwarded")]
+    reported = [e for e in expand_all(h.events) if e.get("pub") == text
+                and e["type"] in ("publication_dropped", "publication_forwarded")]
     assert reported, "the publication was neither forwarded nor reported"
     assert reported[0]["type"] == "publication_dropped"
     assert node.drops["publication_no_route"] + node.drops["publication_no_core"] >= 1

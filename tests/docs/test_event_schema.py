@@ -118,7 +118,7 @@ def test_every_field_has_one_documented_type() -> None:
         f"fields without a row in 'Fields': {sorted(fields - set(field_types()))}; "
         f"rows for no field: {sorted(set(field_types()) - fields)}")
     vocabulary = {"string", "integer", "number", "boolean", "null", "object", "list of strings",
-                  "list of string pairs"}
+                  "list of string pairs", "list of integer pairs"}
     odd = {field: types - vocabulary for field, types in field_types().items() if types - vocabulary}
     assert not odd, f"JSON types outside {sorted(vocabulary)}: {odd}"
 
@@ -146,6 +146,7 @@ def _spark_accepts(spark_type: object, json_type: str) -> bool:
         "object": (T.MapType, T.StructType),
         "list of strings": (T.ArrayType,),
         "list of string pairs": (T.ArrayType,),
+        "list of integer pairs": (T.ArrayType,),
     }.get(json_type, ())
     if not isinstance(spark_type, accepted):
         return False
@@ -153,6 +154,8 @@ def _spark_accepts(spark_type: object, json_type: str) -> bool:
         element = spark_type.elementType
         if json_type == "list of strings":
             return isinstance(element, T.StringType)
+        if json_type == "list of integer pairs":
+            return isinstance(element, T.ArrayType) and isinstance(element.elementType, T.LongType)
         return isinstance(element, T.ArrayType) and isinstance(element.elementType, T.StringType)
     return True
 

@@ -47,18 +47,23 @@ class Text(str):
 
 
 HOT_EVENTS: list[tuple[str, dict[str, Any]]] = [
-    (events.PUBLICATION_ORIGINATED, {"pub": PUB, "topic": "bench/t0", "qos": 0, "retain": False, "size": 64,
-                                     "filters": ["bench/#"]}),
-    (events.PUBLICATION_ORIGINATED, {"pub": PUB, "topic": "a/b", "qos": 2, "retain": True, "size": 0, "filters": []}),
-    (events.PUBLICATION_FORWARDED, {"pub": PUB, "filter": "bench/#", "to": ["127.0.0.11:10500", "[::1]:10500"],
-                                    "mode": "toward_core"}),
-    (events.PUBLICATION_FORWARDED, {"pub": PUB, "filter": "bench/#", "to": ["127.0.0.11:10500"], "mode": "mesh"}),
-    (events.PUBLICATION_DELIVERED, {"pub": PUB, "topic": "bench/t3", "filter": "bench/#", "hops": 1}),
+    (events.PUBLICATIONS_ORIGINATED, {"origin": NODE, "epoch": 3, "seqs": [[17, 80]], "topics": ["bench/t0"], "qos": 0,
+                                      "retain": False, "bytes": 4096, "filters": ["bench/#"]}),
+    (events.PUBLICATIONS_ORIGINATED, {"origin": NODE, "epoch": 3, "seqs": [[17, 17], [19, 20]],
+                                      "topics": ["a/b", "a/\u00e9", "a/b"], "qos": 2, "retain": True, "bytes": 0,
+                                      "filters": []}),
+    (events.PUBLICATIONS_FORWARDED, {"origin": NODE, "epoch": 3, "seqs": [[17, 17]], "filter": "bench/#",
+                                     "to": ["127.0.0.11:10500", "[::1]:10500"], "mode": "toward_core"}),
+    (events.PUBLICATIONS_FORWARDED, {"origin": NODE, "epoch": 3, "seqs": [[1, 2**63 - 1]], "filter": "bench/#",
+                                     "to": ["127.0.0.11:10500"], "mode": "mesh"}),
+    (events.PUBLICATIONS_DELIVERED, {"origin": NODE, "epoch": 3, "seqs": [[17, 17]], "topics": ["bench/t3"],
+                                     "filter": "bench/#", "hops": 1}),
     (events.PUBLICATION_DROPPED, {"pub": PUB, "filter": "bench/#", "reason": "no_route"}),
     (events.PUBLICATION_DROPPED, {"pub": PUB, "filter": "bench/#", "reason": "send_backlog",
                                   "to": ["127.0.0.11:10500"]}),
     (events.PUBLICATION_DROPPED, {"pub": None, "filter": None, "reason": "too_large", "topic": "big", "size": 70000}),
-    (events.DUPLICATE_DROPPED, {"pub": PUB, "filter": "bench/#", "source": "127.0.0.11:10500"}),
+    (events.DUPLICATES_DROPPED, {"origin": NODE, "epoch": 3, "seqs": [[5, 9], [11, 11]], "filter": "bench/#",
+                                 "source": "127.0.0.11:10500"}),
     (events.PUBLICATION_RETRANSMITTED, {"pub": PUB, "filter": "bench/#", "to": "127.0.0.11:10500", "attempt": 1}),
     (events.PACKET_DROPPED, {"reason": "wrong_type", "detail": "tm.qos: expected an integer in [0, 2]",
                              "source": "127.0.0.11:10500", "size": 120, "suppressed": 3}),
@@ -114,10 +119,10 @@ def test_cached_templates_and_texts_follow_every_value() -> None:
     for first in values:
         for second in values:
             for time in (shared_time, shared_time, 1763768723.25, -0.0, 0.0, 5):
-                event = Event(time, NODE, events.PUBLICATION_FORWARDED, {"pub": PUB, "to": first, "mode": second})
+                event = Event(time, NODE, events.PUBLICATIONS_FORWARDED, {"origin": NODE, "to": first, "mode": second})
                 assert encoder.encode(event) == old_line(event)
-    mine = Event(1.0, NODE, events.PUBLICATION_FORWARDED, {"to": ["a"], "pub": PUB, "mode": "m"})  # names reordered
-    other = Event(1.0, "127.0.0.11:10500", events.PUBLICATION_FORWARDED, {"pub": PUB, "to": ["a"], "mode": "m"})
+    mine = Event(1.0, NODE, events.PUBLICATIONS_FORWARDED, {"to": ["a"], "origin": NODE, "mode": "m"})  # reordered
+    other = Event(1.0, "127.0.0.11:10500", events.PUBLICATIONS_FORWARDED, {"origin": NODE, "to": ["a"], "mode": "m"})
     assert encoder.encode(mine) == old_line(mine) and encoder.encode(other) == old_line(other)
 
 
@@ -142,15 +147,18 @@ def test_unencodable_events_raise_what_the_json_encoder_raises() -> None:
             encode_event(Event(time, NODE, "odd_event", {}))  # type: ignore[arg-type]
     unhashable = Event(1.0, ["n"], "odd_event", {"a": 1})  # type: ignore[arg-type]
     assert encode_event(unhashable) == old_line(unhashable)
-    after = Event(1.0, NODE, events.PUBLICATION_DELIVERED, {"pub": PUB, "topic": "t", "filter": "#", "hops": 1})
+    after = Event(1.0, NODE, events.PUBLICATIONS_DELIVERED, {"origin": NODE, "epoch": 3, "seqs": [[1, 1]],
+                                                             "topics": ["t"], "filter": "#", "hops": 1})
     assert encode_event(after) == old_line(after)  # nothing stale left behind
 
 
 def test_event_log_keeps_the_chosen_types_and_counts_lines(tmp_path: Path) -> None:
-    kept = [Event(1.0, NODE, events.PUBLICATION_DELIVERED, {"pub": PUB, "topic": "t\u00e9", "filter": "#", "hops": 1}),
+    kept = [Event(1.0, NODE, events.PUBLICATIONS_DELIVERED, {"origin": NODE, "epoch": 3, "seqs": [[1, 1]],
+                                                             "topics": ["t\u00e9"], "filter": "#", "hops": 1}),
             Event(2.0, NODE, events.NODE_STARTED, {})]
-    dropped = Event(1.5, NODE, events.PUBLICATION_FORWARDED, {"pub": PUB, "filter": "#", "to": [], "mode": "mesh"})
-    log = EventLog(tmp_path / "sub" / "events.jsonl", frozenset((events.PUBLICATION_DELIVERED, events.NODE_STARTED)))
+    dropped = Event(1.5, NODE, events.PUBLICATIONS_FORWARDED, {"origin": NODE, "epoch": 3, "seqs": [[1, 1]],
+                                                               "filter": "#", "to": [], "mode": "mesh"})
+    log = EventLog(tmp_path / "sub" / "events.jsonl", frozenset((events.PUBLICATIONS_DELIVERED, events.NODE_STARTED)))
     log.write([kept[0], dropped])
     log.write([])
     log.write([dropped])
@@ -188,8 +196,8 @@ def test_pipeline_events_and_event_log_file_match_the_old_encoding(qos: int, tmp
             pipeline.run_burst(8, {stage: 0.0 for stage in STAGES})
     finally:
         pipeline.close()
-    assert {e.type for e in emitted} >= {events.PUBLICATION_ORIGINATED, events.PUBLICATION_FORWARDED,
-                                         events.PUBLICATION_DELIVERED}
+    assert {e.type for e in emitted} >= {events.PUBLICATIONS_ORIGINATED, events.PUBLICATIONS_FORWARDED,
+                                         events.PUBLICATIONS_DELIVERED}
     log = EventLog(tmp_path / "events.jsonl", None)
     log.write(emitted)
     log.close()
@@ -218,7 +226,7 @@ def test_without_publication_events_every_publication_still_arrives_once(qos: in
         kinds.append({e.type for e in emitted})
         assert pipeline.b.counters["publications_delivered"] - before == 4 * 8
     assert counters[0] == counters[1]
-    assert kinds[0] | {events.DUPLICATE_DROPPED} >= events.PER_PUBLICATION
+    assert kinds[0] | {events.DUPLICATES_DROPPED} >= events.PER_PUBLICATION
     assert not kinds[1] & events.PER_PUBLICATION
 
 
@@ -375,6 +383,10 @@ def test_originated_and_forwarded_tm_carry_mode_and_hops() -> None:
     assert (body.filter, body.mode, body.hops, body.topic, body.payload) == \
         ("bench/#", wire.MODE_TOWARD_CORE, 0, "bench/one", b"payload")
     assert packet.sender == Sender(pipeline.a.broker_id, pipeline.a.epoch)
-    assert [e.type for e in emitted] == [events.PUBLICATION_ORIGINATED, events.PUBLICATION_FORWARDED]
-    assert emitted[1].fields == {"pub": emitted[0].fields["pub"], "filter": "bench/#", "to": [str(sent[0][1])],
-                                 "mode": "toward_core"}
+    assert [e.type for e in emitted] == [events.PUBLICATIONS_ORIGINATED, events.PUBLICATIONS_FORWARDED]
+    seq = body.seq
+    assert emitted[0].fields == {"origin": str(pipeline.a.address), "epoch": pipeline.a.epoch, "seqs": [[seq, seq]],
+                                 "topics": ["bench/one"], "qos": 0, "retain": False, "bytes": 7,
+                                 "filters": ["bench/#"]}
+    assert emitted[1].fields == {"origin": str(pipeline.a.address), "epoch": pipeline.a.epoch, "seqs": [[seq, seq]],
+                                 "filter": "bench/#", "to": [str(sent[0][1])], "mode": "toward_core"}

@@ -21,6 +21,7 @@ import pytest
 
 from federation.protocol.node import Node
 from federation.protocol.placement import rendezvous_winner
+from federation.protocol.publication_events import expand_all
 from federation.protocol.settings import Settings
 from federation.protocol.types import BrokerId
 from federation.scenario.loader import load_scenario, parse_scenario
@@ -69,7 +70,7 @@ def finish(sim: Simulation, tmp_path: Path) -> list[dict[str, Any]]:
     publications = report["publications"]
     assert report["invariants"]["ok"], report["invariants"]["violations"]
     assert (publications["lost"], publications["duplicates"], publications["unexpected"]) == (0, 0, 0)
-    return [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    return expand_all(json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines())
 
 
 def copies_by_publication(events: list[dict[str, Any]]) -> dict[str, tuple[float, str, int, set[str]]]:

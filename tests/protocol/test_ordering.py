@@ -14,6 +14,7 @@ from federation.protocol import events
 from federation.protocol.context import Identity, Outbox
 from federation.protocol.neighbours import NeighbourTable
 from federation.protocol.ordering import Ordering
+from federation.protocol.publication_events import expand_all
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address
 from federation.protocol.wire import MODE_IN_MESH, TOPIC_MESSAGE, TopicMessage, packet_type
@@ -205,7 +206,7 @@ def test_a_stream_toward_the_core_keeps_to_one_parent() -> None:
     for _ in range(20):
         harness.do(2, "local_publish", "a/b", b"x", 0, False, None)
         harness.run(harness.now + 0.01)
-    paths = Counter(e["to"][0] for e in harness.events if e["type"] == "publication_forwarded"  # type: ignore[index]
+    paths = Counter(e["to"][0] for e in expand_all(harness.events) if e["type"] == "publication_forwarded"
                     and e["node"] == str(address(2)))
     assert paths == {str(address(1)): 20}  # the lowest id of the two parents
     assert len(harness.delivered) == 20

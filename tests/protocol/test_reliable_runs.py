@@ -17,6 +17,7 @@ import pytest
 from federation.daemon.backpressure import is_qos0_publication, qos0_publications
 from federation.protocol import events, wire
 from federation.protocol.node import Node
+from federation.protocol.publication_events import expand_all
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import DecodeError, Sender, TopicAcks, TopicReliableBatch
 
@@ -176,7 +177,7 @@ def line_after(how: str, qos: int = 1) -> tuple[Harness, dict[int, Counter[str]]
 
 def outcome(harness: Harness) -> tuple[Any, ...]:
     delivered = [(i, inj.topic, inj.payload, inj.qos, inj.publication) for i, inj in harness.delivered]
-    emitted = Counter((e["node"], e["type"], e.get("pub")) for e in harness.events)
+    emitted = Counter((e["node"], e["type"], e.get("pub")) for e in expand_all(harness.events))
     counters = {i: ({k: v for k, v in node.counters.items() if k != "acks"}, dict(node.drops))
                 for i, node in harness.nodes.items()}
     return delivered, emitted, sorted(harness.released), counters

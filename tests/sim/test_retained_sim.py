@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from federation.protocol.modes import RETAINED_FILTER
+from federation.protocol.publication_events import expand_all
 from federation.scenario.loader import parse_scenario
 from federation.sim.runner import Simulation
 
@@ -26,7 +27,8 @@ def line_scenario(events: list[dict[str, Any]], duration: float = 20.0) -> dict[
 def run(data: dict[str, Any], tmp_path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], Simulation]:
     sim = Simulation(parse_scenario(data, "retained.yaml"), seed=1, events_path=str(tmp_path / "events.jsonl"))
     report = sim.run()
-    return report, [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()], sim
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    return report, expand_all(json.loads(line) for line in lines), sim  # runs as one record per publication
 
 
 def test_a_retained_publication_reaches_every_broker_even_without_subscribers(tmp_path: Path) -> None:

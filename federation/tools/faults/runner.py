@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from federation.harness.processes import LaunchError, poll
+from federation.protocol.publication_events import expand
 from federation.tools.faults.catalogue import Fault
 from federation.tools.faults.clients import PacedPublisher, StreamSubscriber
 from federation.tools.faults.counting import StreamCount, count_stream
@@ -136,7 +137,8 @@ class CaseResult:
 
 
 class EventTail:
-    """The events a wrapper appended to its log since this object was made (whole lines only)."""
+    """The events a wrapper appended to its log since this object was made (whole lines only), runs of
+    publications as one record per publication (`publication_events.expand`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -149,14 +151,14 @@ class EventTail:
                 data = handle.read()
         except FileNotFoundError:
             return []
-        found = []
+        found: list[dict[str, Any]] = []
         for raw in data[:data.rfind(b"\n") + 1].splitlines():
             try:
                 event = json.loads(raw)
             except ValueError:
                 continue
             if isinstance(event, dict):
-                found.append(event)
+                found.extend(expand(event))
         return found
 
 

@@ -153,7 +153,7 @@ def test_a_publication_crosses_the_containers(cluster: LxdCluster) -> None:
     # The only path is n0 -> n1 -> n2: n1's wrapper forwarded it.
     relay = cluster.status("n1")
     assert relay is not None
-    assert relay["daemon"]["events"].get("publication_forwarded", 0) >= 1, relay["daemon"]["events"]
+    assert relay["daemon"]["events"].get("publications_forwarded", 0) >= 1, relay["daemon"]["events"]
 
 
 def test_cut_and_heal_a_link(cluster: LxdCluster) -> None:
