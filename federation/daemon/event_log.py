@@ -93,7 +93,7 @@ class EventEncoder:
             elif value is None:
                 append("null")
             elif kind is list:
-                append(self._list_text(value))
+                append(self._pairs_text(value) if value and type(value[0]) is list else self._list_text(value))
             else:
                 append(_EVENT_ENCODER.encode(value))
         return template % tuple(values)
@@ -115,6 +115,17 @@ class EventEncoder:
             self._templates.clear()
         self._templates[(node, kind, *fields)] = template
         return template
+
+    @staticmethod
+    def _pairs_text(items: list[Any]) -> str:
+        """A list of [int, int] pairs (a run's `seqs`, written for every run event), as the json encoder writes it."""
+        try:
+            if all(type(pair) is list and len(pair) == 2 and type(pair[0]) is int and type(pair[1]) is int
+                   for pair in items):
+                return "[" + ",".join([f"[{first},{last}]" for first, last in items]) + "]"
+        except TypeError:
+            pass
+        return _EVENT_ENCODER.encode(items)
 
     def _list_text(self, items: list[Any]) -> str:
         key = tuple(items)

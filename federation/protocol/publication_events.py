@@ -31,9 +31,12 @@ Ranges = list[list[int]]
 """ascending, non-overlapping `[first, last]` pairs of sequence numbers"""
 
 
-def ranges(seqs: Iterable[int]) -> Ranges:
-    """The sequence numbers as `[first, last]` ranges (sorted; duplicates merged)."""
-    ordered = sorted(seqs)
+def ranges(seqs: Iterable[int], ascending: bool = False) -> Ranges:
+    """The sequence numbers as `[first, last]` ranges (sorted first unless `ascending`; duplicates merged)."""
+    ordered = seqs if ascending and isinstance(seqs, list) else sorted(seqs)
+    if ordered and ordered[-1] - ordered[0] + 1 == len(ordered) \
+            and ordered == list(range(ordered[0], ordered[-1] + 1)):  # the common case, at C speed
+        return [[ordered[0], ordered[-1]]]
     out: Ranges = []
     for seq in ordered:
         if out and seq <= out[-1][1] + 1:
@@ -52,28 +55,49 @@ def mode_text(mode: int) -> str:
 class _Run:
     """One run being gathered: its sequence numbers and topics in the order they came, and the rest it needs."""
 
-    __slots__ = ("seqs", "topics", "mixed", "size", "filters")
+    __slots__ = ("seqs", "topics", "mixed", "ascending", "size", "filters")
 
     def __init__(self) -> None:
         self.seqs: list[int] = []
         self.topics: list[str] = []
         self.mixed = False
         """the topics differ (else `topics` holds one per publication, all equal)"""
+        self.ascending = True
+        """every seq came after the one before it (the usual case: no sorting needed)"""
         self.size = 0
         self.filters: set[str] = set()
 
     def add(self, seq: int, topic: str | None) -> None:
-        self.seqs.append(seq)
+        seqs = self.seqs
+        if seqs and seq <= seqs[-1]:
+            self.ascending = False
+        seqs.append(seq)
         if topic is not None:
             topics = self.topics
             if topics and topic != topics[0]:
                 self.mixed = True
             topics.append(topic)
 
+    def extend(self, seqs: list[int] | range, topics: list[str] | None) -> None:
+        """`add` for several at once, ascending (one topic each, or None)."""
+        mine = self.seqs
+        if mine and seqs and seqs[0] <= mine[-1]:
+            self.ascending = False
+        mine += seqs
+        if not topics:
+            return
+        known = self.topics
+        first = known[0] if known else topics[0]
+        if not self.mixed and topics.count(first) != len(topics):
+            self.mixed = True
+        known += topics
+
     def topic_list(self) -> list[str]:
         """`topics` as written: one for all, or one per publication in the order of the expanded ranges."""
         if not self.mixed:
             return self.topics[:1]
+        if self.ascending:
+            return self.topics
         by_seq = dict(zip(self.seqs, self.topics, strict=True))
         return [by_seq[seq] for seq in sorted(by_seq)]
 
@@ -82,12 +106,15 @@ class PublicationRuns:
     """The runs of one input, by what their publications share (kind, time, origin, epoch, and the stage's own
     fields), in the order they began."""
 
-    __slots__ = ("_node", "_runs", "_origin_texts")
+    __slots__ = ("_node", "_runs", "_origin_texts", "_delivered_key", "_delivered")
 
     def __init__(self, node: str) -> None:
         self._node = node
         self._runs: dict[tuple[Any, ...], _Run] = {}
         self._origin_texts: dict[Address, str] = {}
+        self._delivered_key: tuple[Any, ...] = ()
+        self._delivered: _Run | None = None
+        """the run `delivered` added to last (publications delivered one by one mostly follow each other)"""
 
     def __bool__(self) -> bool:
         return bool(self._runs)
@@ -114,40 +141,46 @@ class PublicationRuns:
 
     def delivered(self, now: float, origin: Address, epoch: int, seq: int, topic: str, filter_: str | None,
                   hops: int) -> None:
-        self._run((events.PUBLICATIONS_DELIVERED, now, origin, epoch, filter_, hops)).add(seq, topic)
+        key = self._delivered_key
+        run = self._delivered
+        if run is None or key[1] != now or key[3] != epoch or key[5] != hops or key[4] != filter_ \
+                or key[2] != origin:
+            key = self._delivered_key = (events.PUBLICATIONS_DELIVERED, now, origin, epoch, filter_, hops)
+            run = self._delivered = self._run(key)
+        run.add(seq, topic)
 
     def duplicate(self, now: float, origin: Address, epoch: int, seq: int, filter_: str, source: str) -> None:
         self._run((events.DUPLICATES_DROPPED, now, origin, epoch, filter_, source)).add(seq, None)
 
     # ------------------------------------------------------------ a run at once
 
-    def originated_run(self, now: float, origin: Address, epoch: int, seqs: list[int], topics: list[str], qos: int,
-                       retain: bool, size: int, filters: Iterable[str]) -> None:
+    def originated_run(self, now: float, origin: Address, epoch: int, seqs: list[int] | range, topics: list[str],
+                       qos: int, retain: bool, size: int, filters: Iterable[str]) -> None:
+        """Our publications of one pass, their seqs ascending."""
         run = self._run((events.PUBLICATIONS_ORIGINATED, now, origin, epoch, qos, retain))
-        for seq, topic in zip(seqs, topics, strict=True):
-            run.add(seq, topic)
+        run.extend(seqs, topics)
         run.size += size
         run.filters.update(filters)
 
     def forwarded_run(self, now: float, origin: Address, epoch: int, seqs: Iterable[int], filter_: str,
                       to: list[str], mode: int) -> None:
-        self._run((events.PUBLICATIONS_FORWARDED, now, origin, epoch, filter_, tuple(to), mode)).seqs.extend(seqs)
+        self._run((events.PUBLICATIONS_FORWARDED, now, origin, epoch, filter_, tuple(to), mode)).extend(list(seqs),
+                                                                                                  None)
 
     def delivered_run(self, now: float, origin: Address, epoch: int, seqs: list[int], topics: list[str],
                       filter_: str, hops: int) -> None:
-        run = self._run((events.PUBLICATIONS_DELIVERED, now, origin, epoch, filter_, hops))
-        for seq, topic in zip(seqs, topics, strict=True):
-            run.add(seq, topic)
+        self._run((events.PUBLICATIONS_DELIVERED, now, origin, epoch, filter_, hops)).extend(seqs, topics)
 
     def duplicates(self, now: float, origin: Address, epoch: int, seqs: Iterable[int], filter_: str,
                    source: str) -> None:
-        self._run((events.DUPLICATES_DROPPED, now, origin, epoch, filter_, source)).seqs.extend(seqs)
+        self._run((events.DUPLICATES_DROPPED, now, origin, epoch, filter_, source)).extend(list(seqs), None)
 
     # ------------------------------------------------------------ the events
 
     def take(self) -> list[Event]:
         """The runs gathered as events, in the order they began; none are left."""
         runs, self._runs = self._runs, {}
+        self._delivered = None
         node, texts = self._node, self._origin_texts
         out = []
         for key, run in runs.items():
@@ -157,7 +190,7 @@ class PublicationRuns:
                 if len(texts) >= 4096:
                     texts.clear()
                 origin_text = texts[origin] = str(origin)
-            seqs = ranges(run.seqs)
+            seqs = ranges(run.seqs, run.ascending)
             if kind == events.PUBLICATIONS_DELIVERED:
                 out.append(Event(now, node, events.PUBLICATIONS_DELIVERED, {
                     "origin": origin_text, "epoch": epoch, "seqs": seqs, "topics": run.topic_list(),

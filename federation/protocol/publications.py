@@ -247,10 +247,7 @@ class Publications:
         first = seq = identity.publication_seq
         runs: dict[str, list[tuple[int, str, bytes]]] = {}
         made: list[PublicationId | None] = []
-        seqs: list[int] = []
         topics: list[str] = []
-        size = 0
-        all_filters: set[str] = set()
         for topic, payload in run:
             if is_system(topic):
                 made.append(None)
@@ -261,10 +258,7 @@ class Publications:
             injected_add(injected_base | seq)  # the local broker has it already
             filters = matching(topic)
             if events_on:
-                seqs.append(seq)
                 topics.append(topic)
-                size += len(payload)
-                all_filters.update(filters)
             if to_groups:
                 self._send_to_members(publication, topic, payload, now)
             for filter_ in publication_filters(filters):
@@ -278,8 +272,10 @@ class Publications:
                 items.append((seq, topic, payload))
         outbox.counters["publications_originated"] += seq - first
         identity.publication_seq = seq
-        if seqs:
-            outbox.runs.originated_run(now, address, epoch, seqs, topics, 0, False, size, all_filters)
+        if topics:  # the seqs of a pass are contiguous: `$` topics are not numbered
+            outbox.runs.originated_run(now, address, epoch, range(first + 1, seq + 1), topics, 0, False,
+                                       sum(len(payload) for topic, payload in run if not is_system(topic)),
+                                       {f for topic in set(topics) for f in matching(topic)})
         for filter_, items in runs.items():
             state = router.topics[filter_]
             if len(items) == 1:  # alone on its filter: a plain `tm`
@@ -312,10 +308,7 @@ class Publications:
         runs: dict[str, list[TopicMessage]] = {}
         entries: list[Entry] = []
         made: list[PublicationId | None] = []
-        seqs: list[int] = []
         topics: list[str] = []
-        size = 0
-        all_filters: set[str] = set()
         for topic, payload in run:
             if is_system(topic):
                 made.append(None)
@@ -326,10 +319,7 @@ class Publications:
             injected_add(injected_base | seq)  # the local broker has it already
             filters = matching(topic)
             if events_on:
-                seqs.append(seq)
                 topics.append(topic)
-                size += len(payload)
-                all_filters.update(filters)
             position = (epoch, seq)
             sent = False
             for filter_ in publication_filters(filters):
@@ -356,8 +346,10 @@ class Publications:
                 custody.release_now(publication)  # no filter carries it: nothing to wait for
         outbox.counters["publications_originated"] += seq - first
         identity.publication_seq = seq
-        if seqs:
-            outbox.runs.originated_run(now, address, epoch, seqs, topics, qos, False, size, all_filters)
+        if topics:  # the seqs of a pass are contiguous: `$` topics are not numbered
+            outbox.runs.originated_run(now, address, epoch, range(first + 1, seq + 1), topics, qos, False,
+                                       sum(len(payload) for topic, payload in run if not is_system(topic)),
+                                       {f for topic in set(topics) for f in matching(topic)})
         # Every entry is open before any is routed: a publication is released only when all its filters are done.
         route_run, states = router.route_run, router.topics
         for filter_, messages in runs.items():

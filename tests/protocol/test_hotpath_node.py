@@ -90,6 +90,8 @@ ODD_FIELDS: list[dict[str, Any]] = [
     {"to": [Text("x"), "y"], "filters": ["x", Text("y")], "mixed": ["a", 1], "bools": [True, 1, 1.0]},
     {"to": ["a", "b"], "filters": ["a,b"], "pair": ["a", "b"], "lists": [["a"], ["a"]], "set": {"a"}},
     {"qos": True, "size": 1.5, "retain": 0, "hops": Level.HIGH, "flag": False, "none": None, "neg": -0.0},
+    {"seqs": [[1, 2], [3, True]], "pairs": [[1, 2, 3]], "floats": [[1, 2.0]], "big": [[-5, 2**70]], "x": [[]]},
+    {"seqs": [[1, Level.HIGH]], "mixed": [[1, 2], "a"], "nested": [[[1], 2]], "text": [["a", "b"]]},
 ]
 
 

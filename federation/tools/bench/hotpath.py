@@ -296,6 +296,32 @@ def profile(stage: str, qos: int, size: int, burst: int, messages: int, lines: i
     return out.getvalue()
 
 
+def compare_events(qos: int, size: int, burst: int, messages: int, repeat: int) -> tuple[list[float], list[float]]:
+    """Total µs per message without and with the publication events, each repetition running both pipelines one
+    after the other (so a machine whose speed drifts, as a shared one does, affects both alike): the totals per
+    repetition, off and on."""
+    pipelines = {wanted: Pipeline(qos, b"x" * size, wanted) for wanted in (False, True)}
+    sinks = {wanted: _event_log_sink(Path(os.devnull)) for wanted in pipelines}
+    for wanted, pipeline in pipelines.items():
+        pipeline.event_sink = sinks[wanted][0]  # type: ignore[assignment]
+    totals: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        for pipeline in pipelines.values():
+            for _ in range(max(1, 2000 // burst)):
+                pipeline.run_burst(burst, {stage: 0.0 for stage in STAGES})
+        for index in range(repeat):
+            for wanted in ((False, True) if index % 2 == 0 else (True, False)):
+                timed = {stage: 0.0 for stage in STAGES}
+                for _ in range(max(1, messages // burst)):
+                    pipelines[wanted].run_burst(burst, timed)
+                totals[wanted].append(sum(timed.values()) / (max(1, messages // burst) * burst) * 1e6)
+    finally:
+        for wanted, pipeline in pipelines.items():
+            sinks[wanted][1]()
+            pipeline.close()
+    return totals[False], totals[True]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m federation.tools.bench.hotpath",
                                      description=__doc__.split("\n\n")[0])
@@ -310,7 +336,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", choices=STAGES + ("all",), help="run under cProfile and print the top functions")
     parser.add_argument("--publication-events", nargs="+", choices=("on", "off"), default=["on"],
                         help="the per-publication events (off: as a wrapper whose event log does not keep them)")
+    parser.add_argument("--compare-events", action="store_true",
+                        help="alternate the same runs without and with the publication events and print the totals "
+                             "and their ratio (medians over --repeat)")
     args = parser.parse_args(argv)
+    if args.compare_events:
+        print(f"{'qos':>5} {'size':>5} {'burst':>5} {'off µs':>10} {'on µs':>10} {'on / off':>10}")
+        for qos in args.qos:
+            for size in args.size:
+                for burst in args.burst:
+                    off, on = compare_events(qos, size, burst, args.messages, args.repeat)
+                    ratio = statistics.median(b / a for a, b in zip(off, on, strict=True))
+                    print(f"{qos:>5} {size:>5} {burst:>5} {statistics.median(off):>10.1f} "
+                          f"{statistics.median(on):>10.1f} {ratio:>10.3f}", flush=True)
+        print(f"µs of process CPU per message, both wrappers, every stage; medians of {args.repeat} alternated "
+              f"repetitions of {args.messages} messages; load average {os.getloadavg()[0]:.1f} on "
+              f"{os.cpu_count()} CPUs", file=sys.stderr)
+        return 0
     if args.profile:
         print(profile(args.profile, args.qos[0], args.size[0], args.burst[0], args.messages, 40,
                       args.publication_events[0] == "on"))
