@@ -103,12 +103,14 @@ class ReliableDelivery:
         routed on together (one decision, `tq` runs) once each has its entry open (rule 7e)."""
         reliable, _mesh, publications = self._parts
         custody = self.custody
-        get, seen, seen_key = custody.get, publications.seen, publications.seen_key
+        entries, seen = custody.entries, publications.seen
+        origin = batch.origin
+        seen_base = publications.streams.base(origin.host, origin.port, batch.epoch, batch.filter)  # once a run
         taken: list[Entry] = []
         furthest = NOT_SENT
         for message in batch.messages():
-            key = seen_key(message)
-            if key not in seen and get(message.publication, message.filter) is None:
+            key = seen_base | message.seq
+            if key not in seen and (message.publication, message.filter) not in entries:
                 refusal = reliable.pressure()
                 if refusal is not None:
                     self._outbox.drop(refusal)  # a new copy, unacknowledged: its sender sends it again

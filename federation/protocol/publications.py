@@ -417,13 +417,15 @@ class Publications:
         """QoS 1/2 publications of one `tq` the node found new and took into custody (their entries are open): each
         delivered once and in order as `take` would, then routed on together (one decision for the run)."""
         ordering, custody, injected = self.ordering, self._custody, self.injected
-        local_matching, streams = self._local_matching, self.streams
+        local_matching = self._local_matching
+        first = messages[0]  # one origin and epoch: the injection keys' base once for the run
+        injected_base = self.streams.base(first.origin.host, first.origin.port, first.epoch, None)
         routed: list[TopicMessage] = []
         for message in messages:
             if is_system(message.topic):
                 self._drop_system_topic(message.topic, from_announced, now)
                 continue
-            key = injected_key(streams, message.origin, message.epoch, message.seq)
+            key = injected_base | message.seq
             want = key not in injected and bool(local_matching(message.topic))
             if want:
                 custody.expect_injection(message.publication, message.filter)

@@ -5,7 +5,8 @@ subscriptions and publications, and a fault phase of random cuts (one- and two-w
 restarts and loss. At `Timeline.fault_end` every link heals, loss stops and dead nodes restart; a burst
 of publications follows after `settle` quiet seconds. About half the publications are QoS 1; their QoS
 is drawn from a generator of its own, so the rest of a seed's schedule is what it was before QoS 1 came
-in. `tests/sim/test_sim_random_faults.py` judges the runs; the golden traces (`tests/golden_traces.py`)
+in; so are up to two bursts during the faults (5-30 publications at one instant, mostly QoS 1: the node
+takes each as one run, `tb` or `tq`). `tests/sim/test_sim_random_faults.py` judges the runs; the golden traces (`tests/golden_traces.py`)
 replay some of them.
 """
 
@@ -83,6 +84,11 @@ def random_scenario(seed: int, min_nodes: int = 4, max_nodes: int = 10, timeline
     for _ in range(rng.randint(0, 4)):
         events.append(Publish(round(rng.uniform(1.0, timeline.fault_end), 3), rng.choice(names),
                               rng.choice(TOPICS), count=rng.randint(1, 3), interval=0.1, qos=qos_rng.choice((0, 1))))
+    burst_rng = random.Random(f"random-faults-bursts:{seed}")  # its own stream: the rest of the seed unchanged
+    for _ in range(burst_rng.randint(0, 2)):  # read from a broker together: `tb` and `tq` runs (rules 7c, 7e)
+        events.append(Publish(round(burst_rng.uniform(1.0, timeline.fault_end), 3), burst_rng.choice(names),
+                              burst_rng.choice(TOPICS), count=burst_rng.randint(5, 30), interval=0.0,
+                              qos=burst_rng.choice((0, 1, 1))))
     faults: list[ScenarioEvent] = []
     for _ in range(rng.randint(1, 8)):
         at = round(rng.uniform(timeline.fault_start, timeline.fault_end - 0.5), 3)

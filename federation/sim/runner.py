@@ -177,9 +177,9 @@ class Simulation(Observer[Node]):
             self.network.start(name)
         for event in self.scenario.events:
             if isinstance(event, Publish):
-                if event.count > 1 and not event.interval and not event.qos and not event.retain:
+                if event.count > 1 and not event.interval and not event.retain:
                     # All at one instant: read from the broker together, as the daemon hands such a burst
-                    # to the node (federation.protocol.publications: `tb` runs).
+                    # to the node (federation.protocol.publications: `tb` runs, `tq` for QoS 1/2).
                     self.network.schedule(event.at, functools.partial(self.publish_burst, event))
                     continue
                 for number in range(event.count):
@@ -283,7 +283,8 @@ class Simulation(Observer[Node]):
         self.network.after_input(host)
 
     def publish_burst(self, event: Publish) -> None:
-        """`event.count` QoS 0 publications at one instant, handed to the node as one run."""
+        """`event.count` publications of one QoS at one instant, handed to the node as one run (QoS 1/2 ones kept
+        in the node's spool, as `publish` keeps them)."""
         host = self.network.host(event.node)
         node = host.node
         if node is None:
@@ -291,8 +292,11 @@ class Simulation(Observer[Node]):
                 self._sim_event("sim_publish_skipped", event.node, topic=event.topic, reason="node down")
             return
         made = [self._payload(event) for _ in range(event.count)]
-        publications = node.local_publish_run([(event.topic, payload) for _, payload in made], self.now)
+        publications = node.local_publish_run([(event.topic, payload) for _, payload in made], self.now,
+                                              qos=event.qos)
         for (payload_id, payload), publication in zip(made, publications, strict=True):
+            if publication is not None and event.qos:
+                self.spools.setdefault(event.node, {})[publication] = (event.topic, payload, event.qos, False)
             self._record_publication(event, node, publication, payload_id, payload)
         self.network.after_input(host)
 
