@@ -10,7 +10,7 @@ the bytes of `json.JSONEncoder(separators=(",", ":"), default=str)
 
 It writes lines from a template instead of walking a dict. Every event of a
 kind comes from a few call sites with the same node and the same field names
-in the same order, so the constant text (`{"v":1,"t":`, node, type, the
+in the same order, so the constant text (`{"v":2,"t":`, node, type, the
 quoted field names) is made once per (node, type, field names) into a
 `%`-template and only the values are encoded per line: strings with the
 json module's C quoting, integers and booleans directly, lists of strings

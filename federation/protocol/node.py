@@ -481,10 +481,11 @@ class Node:
         them; such a run goes one `tm` each."""
         if self.stopped:
             return [None] * len(run)
-        if publication_ids is not None or len(run) == 1 or (qos and not self._reliable_run_ready(now)):
-            ids = publication_ids if publication_ids is not None else [None] * len(run)
+        if publication_ids is not None:
             return [self.local_publish(topic, payload, qos, False, None, now, publication_id=publication_id)
-                    for (topic, payload), publication_id in zip(run, ids, strict=True)]
+                    for (topic, payload), publication_id in zip(run, publication_ids, strict=True)]
+        if len(run) == 1 or (qos and not self._reliable_run_ready(now)):
+            return [self.local_publish(topic, payload, qos, False, None, now) for topic, payload in run]
         publications = self.publications
         made = publications.originate_reliable_run(run, qos, now) if qos else publications.originate_run(run, now)
         self._settle(now)

@@ -175,4 +175,4 @@ def test_logrotate_copytruncate_alternative_keeps_the_live_event_log_whole(tmp_p
     live = log_path.read_bytes()
     assert rotated.count(b"\n") == 100 and b'"number":99}' in rotated
     assert b"\0" not in live, "the writer kept its old offset: the event log must be opened with O_APPEND"
-    assert live.count(b"\n") == 10 and live.startswith(b'{"v":1,"t":100.0,')
+    assert live.count(b"\n") == 10 and live.startswith(b'{"v":2,"t":100.0,')
