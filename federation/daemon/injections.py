@@ -30,8 +30,9 @@ restart, and the daemon does not inject what the journal says is done (`is_compl
 
 Records (msgpack arrays): `["i", mid, host, port, epoch, seq, topic, payload, qos, retain, properties]`,
 `["r", mid]`, `["c", mid]` (finished; `["C", [mid, ...]]` for a pass's completions in one record), `["a", mid]`
-(abandoned: forgotten, not completed), and, written only
-by compaction, `["k", host, port, epoch, seq]` (a completed id). Packet ids are reused (16 bits), so a record
+(abandoned: forgotten, not completed), and, written only by compaction, `["K", host, port, epoch, [seq, ...],
+filter]` (consecutive completed ids of one stream; an older journal's `["k", host, port, epoch, seq, filter]` holds
+one). Packet ids are reused (16 bits), so a record
 refers to the latest `i` of its packet id before it. The file is rewritten with the live records
 (`RecordLog.rewrite`: atomic) when it is over `COMPACT_MIN_BYTES` and `COMPACT_RATIO` times their size.
 No fsync per record: a power loss is not covered (the spool's `spool_fsync` will say how for both).
@@ -148,6 +149,12 @@ class InjectionJournal:
             elif kind == "k":
                 filter_ = fields[5] if len(fields) > 5 and isinstance(fields[5], str) else None
                 self._complete(_publication(fields[1:5]), filter_)
+            elif kind == "K":
+                origin = Address(str(fields[1]), int(fields[2]))
+                epoch = int(fields[3])
+                filter_ = fields[5] if isinstance(fields[5], str) else None
+                for seq in fields[4]:
+                    self._complete((origin, epoch, int(seq)), filter_)
             else:
                 self.undecodable += 1
         except (ValueError, TypeError, IndexError, msgpack.UnpackException):
@@ -285,7 +292,17 @@ class InjectionJournal:
 
     def compact(self) -> None:
         """Rewrite the file with the live records only (atomically)."""
-        records = [_encode("k", *_id_fields(publication), filter_) for publication, filter_ in self._completed.items()]
+        records = []
+        group: list[int] = []
+        shared: tuple[Address, int, str | None] | None = None
+        for (origin, epoch, seq), filter_ in self._completed.items():  # consecutive ids of one stream: one record
+            if (origin, epoch, filter_) != shared:
+                if group and shared is not None:
+                    records.append(_encode("K", shared[0].host, shared[0].port, shared[1], group, shared[2]))
+                shared, group = (origin, epoch, filter_), []
+            group.append(seq)
+        if group and shared is not None:
+            records.append(_encode("K", shared[0].host, shared[0].port, shared[1], group, shared[2]))
         for entry in self._in_flight.values():
             records.append(_started(entry.mid, entry.injection))
             if entry.released:

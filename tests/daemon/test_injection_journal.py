@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from federation.daemon import injections as injections_module
@@ -135,3 +136,14 @@ def test_a_pass_of_completions_is_one_record_and_reads_back(tmp_path: Path) -> N
     assert len(records) == 20 + 2  # the `i` records, one `C` for 19 completions, one `c`
     again = reopen(path)
     assert not again.in_flight() and all(again.is_completed(injection(mid).publication) for mid in range(1, 21))
+
+
+def test_a_compacted_journal_of_an_older_release_still_reads(tmp_path: Path) -> None:
+    """Completed ids one per record (`k`), as compaction wrote them before runs, read as they were."""
+    path = tmp_path / "injections.log"
+    log = RecordLog(path)
+    log.append([msgpack.packb(["k", ORIGIN.host, ORIGIN.port, 7, seq, "t/#"]) for seq in (3, 4, 9)])
+    log.close()
+    journal = reopen(path)
+    assert [seq for seq in range(1, 12) if journal.is_completed(injection(seq).publication)] == [3, 4, 9]
+    assert journal.stream_positions() == {(ORIGIN, "t/#"): (7, 9)}
