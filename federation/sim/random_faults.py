@@ -6,8 +6,8 @@ restarts and loss. At `Timeline.fault_end` every link heals, loss stops and dead
 of publications follows after `settle` quiet seconds. About half the publications are QoS 1; their QoS
 is drawn from a generator of its own, so the rest of a seed's schedule is what it was before QoS 1 came
 in; so are up to two bursts during the faults (5-30 publications at one instant, mostly QoS 1: the node
-takes each as one run, `tb` or `tq`). `tests/sim/test_sim_random_faults.py` judges the runs; the golden traces (`tests/golden_traces.py`)
-replay some of them.
+takes each as one run, `tb` or `tq`). `tests/sim/test_sim_random_faults.py` judges the runs; the golden
+traces (`tests/golden_traces.py`) replay some of them.
 """
 
 from __future__ import annotations
