@@ -17,7 +17,9 @@ originating them a second time.
 
 Records (msgpack arrays): `["p", epoch, seq, topic, payload, qos, retain, properties, received_at, mid]`
 for a publication taken into custody (`mid`, the broker's packet id, came later: a record without it reads
-as 0), `["d", epoch, seq]` for one released or dropped, `["D", epoch, [seq, ...]]` for several of one epoch
+as 0), `["P", epoch, qos, received_at, [[seq, topic, payload, mid], ...]]` for plain publications (not
+retained, no properties) taken together (a run read in one pass: one record), `["d", epoch, seq]` for one
+released or dropped, `["D", epoch, [seq, ...]]` for several of one epoch
 released together (one record for what one acknowledgement released). `received_at` is wall-clock seconds:
 a publication's MQTT message expiry counts from it, and so does `max_age`. The file is compacted
 (`RecordLog.rewrite`) when dead records outweigh live ones by `COMPACT_RATIO` and it is over
@@ -84,6 +86,13 @@ class SpooledPublication:
         return data
 
 
+def _run_record(first: SpooledPublication | None, run: list[list[Any]]) -> bytes:
+    """`["P", epoch, qos, received_at, [[seq, topic, payload, mid], ...]]`: plain publications taken together."""
+    assert first is not None
+    data: bytes = msgpack.packb(["P", first.epoch, first.qos, first.received_at, run], use_bin_type=True)
+    return data
+
+
 @dataclass(frozen=True)
 class SpoolLimits:
     max_bytes: int = 256 * 1024 * 1024
@@ -121,6 +130,11 @@ class Spool:
                                            int(fields[5]), bool(fields[6]), fields[7], float(fields[8]),
                                            int(fields[9]) if len(fields) > 9 else 0)
                 self._keep(entry)
+            elif kind == "P":
+                epoch, qos, received_at = int(fields[1]), int(fields[2]), float(fields[3])
+                for seq, topic, payload, mid in fields[4]:
+                    self._keep(SpooledPublication(epoch, int(seq), str(topic), bytes(payload), qos, False, None,
+                                                  received_at, int(mid)))
             elif kind == "d":
                 self._forget((int(fields[1]), int(fields[2])))
             elif kind == "D":
@@ -165,7 +179,26 @@ class Spool:
         """Take publications into custody: durable when this returns (then acknowledge them to the broker)."""
         if not publications:
             return
-        self.log.append([publication.encode() for publication in publications])
+        records = []
+        run: list[list[Any]] = []
+        first: SpooledPublication | None = None
+        for publication in publications:  # plain ones of one epoch, QoS and time (a run read together): one record
+            if publication.retain or publication.properties is not None:
+                if run:
+                    records.append(_run_record(first, run))
+                    run, first = [], None
+                records.append(publication.encode())
+                continue
+            if first is not None and (publication.epoch, publication.qos, publication.received_at) != \
+                    (first.epoch, first.qos, first.received_at):
+                records.append(_run_record(first, run))
+                run = []
+            if not run:
+                first = publication
+            run.append([publication.seq, publication.topic, publication.payload, publication.mid])
+        if run:
+            records.append(_run_record(first, run))
+        self.log.append(records)
         for publication in publications:
             self._keep(publication)
         self._update_pause()
