@@ -115,6 +115,11 @@ DATA_SLICE_BYTES = 64 * 1024
 """and at most about this many bytes of them: a `tb` carries up to a datagram of publications, so 256 of them
 would be some 4,000 publications in one pass (the hello waiting that long, and more injections made per pass
 than the broker is handed)"""
+DATA_SLICE_BYTES_WAITING = 8 * 1024
+"""the byte bound while injections wait for the broker's room: the loop then gets back to the broker's
+acknowledgements after about a hundred small publications, so the next injections go out at once (the broker's
+Receive Maximum, 20 by default for Mosquitto, makes injecting a window: a broker left waiting behind a long pass
+idles)"""
 RECEIVE_BACKLOG = 20000
 """received `tm` waiting to be handled; beyond it (or RECEIVE_BACKLOG_BYTES) the oldest QoS 0 one is dropped"""
 RECEIVE_BACKLOG_BYTES = 32 * 1024 * 1024
@@ -372,7 +377,8 @@ class Running:
     def _data_pass(self, now: float) -> None:
         """Handle one slice of queued `tm`; the rest in later loop passes, each reading the socket first."""
         node = self.node
-        for packet, source in self.receive_backlog.take(DATA_SLICE, DATA_SLICE_BYTES):
+        budget = DATA_SLICE_BYTES_WAITING if len(self.flow.injection_queue) else DATA_SLICE_BYTES
+        for packet, source in self.receive_backlog.take(DATA_SLICE, budget):
             node.receive_packet(packet, source, now)
         if node.receive_busy:
             node.on_receive_backlog(self._backlog_level(), (), now)
@@ -724,6 +730,10 @@ class Running:
             return
         node = self.node
         now = self.clock.now()
+        if len(self.flow.injection_queue):
+            # What waits for room goes first: the broker works on it while the node settles the completions (its
+            # Receive Maximum, 20 by default, makes this loop a window the broker must never wait on).
+            self.flow.inject(node, self.broker, now)
         for publication, done in outcomes:
             if done:
                 node.injection_done(publication, now)
