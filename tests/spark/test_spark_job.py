@@ -286,6 +286,21 @@ def bench_events(directory: Path) -> tuple[Path, dict[str, Any]]:
     return events, json.loads(report.read_text())
 
 
+def _time_job(spark: Any, events: Path, out: Path, truth: dict[str, Any]) -> None:
+    with events.open("rb") as handle:
+        lines = sum(1 for _ in handle)
+    started = time.perf_counter()
+    assert job(["--events", str(events), "--out", str(out)], spark=spark) == 0
+    wall = time.perf_counter() - started
+    mine = json.loads((out / "report.json").read_text())
+    for key in ("sent", "expected_deliveries", "delivered", "lost", "duplicates"):
+        assert mine["publications"][key] == truth["publications"][key], key
+    sent = mine["publications"]["sent"]
+    print(f"\nspark job on {spark.sparkContext.master}: {events.name}, {lines:,} events, "
+          f"{events.stat().st_size / 1e9:.2f} GB, {wall:.0f} s wall, {lines / wall:,.0f} events/s, "
+          f"{sent / wall:,.0f} publications/s; steps {mine['job']['steps']}")
+
+
 @pytest.mark.bench
 def test_benchmark_ten_million_events(spark: Any, tmp_path: Path) -> None:
     """Time the job on local[2] over >= 10 million simulator events; prints the figures for docs/benchmarks.md.
@@ -296,17 +311,24 @@ def test_benchmark_ten_million_events(spark: Any, tmp_path: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     events, truth = bench_events(directory)
     with events.open("rb") as handle:
-        lines = sum(1 for _ in handle)
-    assert lines >= 10_000_000, f"the benchmark log has only {lines} events"
-    out = directory / "out"
-    started = time.perf_counter()
-    assert job(["--events", str(events), "--out", str(out)], spark=spark) == 0
-    wall = time.perf_counter() - started
-    mine = json.loads((out / "report.json").read_text())
-    for key in ("sent", "expected_deliveries", "delivered", "lost", "duplicates"):
-        assert mine["publications"][key] == truth["publications"][key], key
-    print(f"\nspark job on {spark.sparkContext.master}: {lines:,} events, {events.stat().st_size / 1e9:.2f} GB, "
-          f"{wall:.0f} s wall, {lines / wall:,.0f} events/s; steps {mine['job']['steps']}")
+        assert sum(1 for _ in handle) >= 10_000_000, "the benchmark log has fewer than 10 million events"
+    _time_job(spark, events, directory / "out", truth)
+
+
+@pytest.mark.bench
+def test_benchmark_the_same_publications_as_v2(spark: Any, tmp_path: Path) -> None:
+    """The benchmark log converted to schema version 2 (federation/spark/convert.py, kept beside it)."""
+    from federation.spark.convert import main as convert
+
+    directory = Path(os.environ.get("SPARK_BENCH_DIR", tmp_path))
+    directory.mkdir(parents=True, exist_ok=True)
+    events, truth = bench_events(directory)
+    v2 = directory / "bench-events-v2.jsonl"
+    if not v2.exists():
+        partial = directory / "bench-events-v2.jsonl.part"
+        assert convert([str(events), str(partial)]) == 0
+        partial.rename(v2)
+    _time_job(spark, v2, directory / "out-v2", truth)
 
 
 def test_latency_percentiles_are_percentile_disc(spark: Any) -> None:
