@@ -4,13 +4,16 @@ Theory of operation
 -------------------
 Publications, deliveries, forwards and counters are nearly all of a log,
 so they never leave Spark: joins and aggregations in the JVM, no Python
-UDF. What the driver computed from the small share of the log (phases and
-their components, subscription intervals, filter regexes; federation/spark/replay.py)
-comes back as small broadcast tables.
+UDF, and no Python worker either (the small tables from the driver are
+literals, `_table`). What the driver computed from the small share of the
+log (phases and their components, subscription intervals, filter regexes;
+federation/spark/replay.py) comes back as small broadcast tables or as
+CASE expressions over the phases.
 
 Deliveries follow `federation.scenario.report.classify` and the
 expected-delivery rule of docs/simulator.md, computed independently from
-the node events:
+the node events (v1 per-publication lines and v2 runs alike,
+federation/spark/publications.py):
 
 - a publication is `publication_originated` (its time, origin, topic); it
   is *in bound* when its phase has no loss and the phase's last disruption
@@ -24,11 +27,15 @@ the node events:
   publication, or no matching subscription); the others are duplicates;
   an expected pair never delivered is lost.
 
-Latency percentiles are nearest-rank (`percentile_disc`), as in the
-simulator's report. Control overhead comes from the cumulative `counters`
-snapshots (and `node_stopped`): per node incarnation the increase since
-the previous snapshot, over the seconds between them, summed per time
-bucket and divided by the node-seconds observed in the bucket.
+The bulk is shuffled once: originated and delivered rows together, by
+publication id; a window hands each delivery its publication's phase and
+expected nodes, so lost = expected - delivered per phase without listing
+the expected pairs. Latency percentiles are nearest-rank (the value
+`percentile_disc` gives), read off a histogram of the distinct latencies.
+Control overhead comes from the cumulative `counters` snapshots (and
+`node_stopped`): per node incarnation the increase since the previous
+snapshot, over the seconds between them, summed per time bucket and
+divided by the node-seconds observed in the bucket.
 """
 
 from __future__ import annotations
@@ -36,11 +43,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from federation.spark import DATA_TYPES
+from federation.spark import DATA_TYPES, publications
 from federation.spark.clocks import Sample
 from federation.spark.reader import SNAPSHOT_SCHEMA
 from federation.spark.replay import VIEW_EVENT_TYPES, SubscriptionInterval
@@ -130,29 +137,62 @@ def node_names(rows: Sequence[Any]) -> dict[str, str]:
 
 # ---------------------------------------------------------------- small tables from the driver
 
-def _phase_tables(spark: SparkSession, phases: Sequence[Phase],
-                  names: Mapping[str, str]) -> tuple[DataFrame, DataFrame]:
+def _phase_of(phases: Sequence[Phase], at: Column, file: Column, seq: Column) -> Column:
+    """The index of the phase an event at `at` (written at `file`, `seq`) belongs to, else null.
+
+    A publication at the very instant of a disruption belongs to the phase before it if it was written before
+    the disruption's record in the same file (the simulator's execution order). One CASE over the (few)
+    phases: no join."""
     def order(position: int) -> tuple[str | None, int | None]:
         announced = phases[position].order if position < len(phases) else None
         return announced if announced is not None else (None, None)
 
-    phase_rows = [(p.index, float(p.at), float(p.end), float(max(d.at for d in p.disruptions)), p.loss_active,
-                   *order(position), *order(position + 1)) for position, p in enumerate(phases)]
-    phase_df = spark.createDataFrame(phase_rows, "phase INT, start DOUBLE, end DOUBLE, last DOUBLE, loss BOOLEAN, "
-                                                 "start_file STRING, start_seq LONG, end_file STRING, end_seq LONG")
+    result: Column = F.lit(None).cast("int")
+    for position in range(len(phases) - 1, -1, -1):
+        phase = phases[position]
+        start_file, start_seq = order(position)
+        end_file, end_seq = order(position + 1)
+        start, end = F.lit(float(phase.at)), F.lit(float(phase.end))
+        same_start = at == start
+        if start_file is not None:
+            same_start = same_start & ((file != F.lit(start_file)) | (seq > F.lit(start_seq)))
+        before_end = at < end
+        if end_file is not None:
+            before_end = before_end | ((at == end) & (file == F.lit(end_file)) & (seq < F.lit(end_seq)))
+        result = F.when(((at > start) | same_start) & before_end, F.lit(phase.index)).otherwise(result)
+    return result
+
+
+def _table(spark: SparkSession, rows: Sequence[tuple[Any, ...]], schema: str) -> DataFrame:
+    """A small table from the driver (`schema`: "name TYPE, ..." of STRING, INT, DOUBLE), as literals: no
+    Python worker evaluates it (createDataFrame needs one)."""
+    types = {"STRING": T.StringType(), "INT": T.IntegerType(), "DOUBLE": T.DoubleType()}
+    struct = T.StructType([T.StructField(name, types[kind])
+                           for name, kind in (column.split() for column in schema.split(","))])
+    if not rows:
+        return spark.range(1).select(F.inline(F.array().cast(T.ArrayType(struct))))
+    return spark.range(1).select(F.inline(F.array(*[
+        F.struct(*[F.lit(value).cast(field.dataType).alias(field.name)
+                   for value, field in zip(row, struct.fields, strict=True)])
+        for row in rows])))
+
+
+def _phase_tables(spark: SparkSession, phases: Sequence[Phase], names: Mapping[str, str]) -> tuple[DataFrame, Column]:
+    """(phase, node, component) rows; an expression: whether the phase of a column `phase` has loss."""
     component_rows = [(p.index, names[name], index) for p in phases
                       for index, component in enumerate(p.components) for name in component if name in names]
-    component_df = spark.createDataFrame(component_rows, "phase INT, node STRING, component INT")
-    return phase_df, component_df
+    component_df = _table(spark, component_rows, "phase INT, node STRING, component INT")
+    lossy = [p.index for p in phases if p.loss_active]
+    return component_df, F.col("phase").isin(*lossy) if lossy else F.lit(False)
 
 
 def _subscription_tables(spark: SparkSession,
                          subscriptions: Sequence[SubscriptionInterval]) -> tuple[DataFrame, DataFrame]:
     rows = [(s.node, s.federated, float(s.since), INFINITY if s.until is None else float(s.until))
             for s in subscriptions]
-    subs = spark.createDataFrame(rows, "node STRING, federated STRING, since DOUBLE, until DOUBLE")
+    subs = _table(spark, rows, "node STRING, federated STRING, since DOUBLE, until DOUBLE")
     filters = sorted({s.federated for s in subscriptions})
-    regex = spark.createDataFrame([(f, filter_regex(f)) for f in filters], "federated STRING, regex STRING")
+    regex = _table(spark, [(f, filter_regex(f)) for f in filters], "federated STRING, regex STRING")
     return subs, regex
 
 
@@ -160,99 +200,162 @@ def _subscription_tables(spark: SparkSession,
 
 def deliveries(spark: SparkSession, events: DataFrame, phases: Sequence[Phase], names: Mapping[str, str],
                subscriptions: Sequence[SubscriptionInterval], settle: float) -> dict[str, Any]:
-    """Totals, per-phase rows and latency figures (see the module docstring)."""
-    phase_df, component_df = _phase_tables(spark, phases, names)
+    """Totals, per-phase rows and latency figures (see the module docstring).
+
+    One shuffle of the bulk: the originated and delivered rows together, by publication id, sorted so that
+    a publication's first originated row (with its phase and the array of nodes expected to deliver it)
+    comes first and every delivery row reads it from there (a window, not a join). Expected pairs are
+    never exploded: a delivery is `delivered` when its node is in the array, and per phase
+    lost = expected - delivered. Everything is then counted per (phase, latency): latency percentiles
+    come from that histogram."""
+    component_df, phase_lossy = _phase_tables(spark, phases, names)
     subs, regex = _subscription_tables(spark, subscriptions)
-    pubs = (events.filter(F.col("type") == "publication_originated")
-            .select("pub", F.col("node").alias("origin"), F.col("t").alias("sent_at"), "topic", "file", "seq")
-            .dropDuplicates(["pub"]))
-    # A publication at the very instant of a disruption belongs to the phase before it if it was written
-    # before the disruption's record in the same file (the simulator's execution order).
-    after_start = (F.col("sent_at") > F.col("start")) | (
-        (F.col("sent_at") == F.col("start"))
-        & (F.col("start_file").isNull() | (F.col("file") != F.col("start_file")) | (F.col("seq") > F.col("start_seq"))))
-    before_end = (F.col("sent_at") < F.col("end")) | (
-        (F.col("sent_at") == F.col("end")) & (F.col("file") == F.col("end_file")) & (F.col("seq") < F.col("end_seq")))
-    pubs = (pubs.join(F.broadcast(phase_df), after_start & before_end, "left")
-            .withColumn("in_bound", F.coalesce(~F.col("loss") & (F.col("last") <= F.col("sent_at") - F.lit(settle)),
-                                               F.lit(False)))
-            .select("pub", "origin", "sent_at", "topic", "phase", "in_bound")
-            .cache())
-    matches = (pubs.select("topic").distinct().crossJoin(F.broadcast(regex))
-               .where(F.expr("topic RLIKE regex")).select("topic", "federated").cache())
+    sent = publications.originated(events)
+    # Which federated filters match each topic: a regex per filter, against the distinct topics only.
+    matches = (sent.select("topic").distinct().crossJoin(F.broadcast(regex))
+               .where(F.expr("topic RLIKE regex")).select("topic", "federated"))
+    subscribed = matches.join(F.broadcast(subs), "federated")
+    candidates = (subscribed.join(F.broadcast(component_df), "node")
+                  .groupBy("topic", "phase")
+                  .agg(F.collect_list(F.struct("node", "component", "since", "until")).alias("candidates")))
+    watchers = subscribed.groupBy("topic").agg(F.collect_list(F.struct("node", "since", "until")).alias("watchers"))
     origin_components = component_df.select("phase", F.col("node").alias("origin"),
                                             F.col("component").alias("origin_component"))
-    expected = (pubs.filter("in_bound").join(matches, "topic")
-                .join(F.broadcast(subs), "federated")
-                .where((F.col("node") != F.col("origin")) & (F.col("since") <= F.col("sent_at") - F.lit(settle))
-                       & (F.col("until") > F.col("sent_at")))
-                .join(F.broadcast(origin_components), ["phase", "origin"])
-                .join(F.broadcast(component_df), ["phase", "node"])
-                .where(F.col("component") == F.col("origin_component"))
-                .select("pub", "node", F.col("phase").alias("expected_phase")).distinct()
-                .withColumn("expected", F.lit(True)))
-    delivered = (events.filter(F.col("type") == "publication_delivered")
-                 .groupBy("pub", "node").agg(F.min("t").alias("first_at"), F.count(F.lit(1)).alias("copies"))
-                 .join(pubs, "pub", "left"))
-    # Was a matching subscription active at the first delivery? (decides outside bound vs unexpected)
-    active = (delivered.join(F.broadcast(matches), "topic", "left")
-              .join(F.broadcast(subs.withColumnRenamed("node", "subscriber")),
-                    (F.col("subscriber") == F.col("node")) & (subs.federated == matches.federated)
-                    & (F.col("since") <= F.col("first_at")) & (F.col("until") > F.col("first_at")), "left")
-              .groupBy("pub", "node", "first_at", "copies", "origin", "sent_at", "phase")
-              .agg(F.max(F.col("subscriber").isNotNull()).alias("subscribed")))
-    pairs = (expected.join(active, ["pub", "node"], "full_outer")
-             .withColumn("phase", F.coalesce("expected_phase", "phase"))
-             .withColumn("expected", F.coalesce("expected", F.lit(False)))
-             .withColumn("kind", F.when(F.col("copies").isNull(), "lost")
-                         .when(F.col("origin").isNull() | (F.col("node") == F.col("origin")), "unexpected")
-                         .when(F.col("expected"), "delivered")
-                         .when(F.coalesce("subscribed", F.lit(False)), "outside_bound")
-                         .otherwise("unexpected"))
-             .withColumn("latency", F.when(F.col("kind") == "delivered", F.col("first_at") - F.col("sent_at")))
-             .select("pub", "node", "phase", "expected", "kind", "copies", "latency")
-             .cache())
+    expected_nodes = F.array_distinct(F.transform(
+        F.filter(F.coalesce(F.col("candidates"), F.array().cast("array<struct<node:string,component:int,"
+                                                                  "since:double,until:double>>")),
+                 lambda c: (c["node"] != F.col("origin")) & (c["component"] == F.col("origin_component"))
+                 & (c["since"] <= F.col("sent_at") - F.lit(settle)) & (c["until"] > F.col("sent_at"))),
+        lambda c: c["node"]))
+    in_bound = F.coalesce(~phase_lossy & (_last_disruption(phases) <= F.col("sent_at") - F.lit(settle)), F.lit(False))
+    originated = (sent.withColumn("phase", _phase_of(phases, F.col("sent_at"), F.col("file"), F.col("seq")))
+                  .join(F.broadcast(candidates), ["topic", "phase"], "left")
+                  .join(F.broadcast(origin_components), ["phase", "origin"], "left")
+                  .select("pub", F.col("origin").alias("node"), F.col("sent_at").alias("t"), "seq",
+                          F.lit(0).alias("kind"), "origin", "sent_at", "topic", "phase", in_bound.alias("bounded"),
+                          F.when(in_bound, expected_nodes).otherwise(F.array().cast("array<string>"))
+                          .alias("expected_nodes")))
+    about = ("origin", "sent_at", "topic", "phase", "bounded", "expected_nodes")
+    copies = (publications.delivered(events)
+              .select("pub", "node", "t", F.lit(None).cast("long").alias("seq"), F.lit(1).alias("kind"),
+                      *[F.lit(None).cast(originated.schema[name].dataType).alias(name) for name in about]))
+    # kind 0 (originated) before kind 1 (delivered); of several originated rows (a repeated line), the first.
+    # The ids' hash leads the sort: ids share their first bytes (the origin), which the sort compares first.
+    order = Window.partitionBy("hash", "pub").orderBy("kind", "seq")
+    whole = order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    rows = (originated.unionByName(copies)
+            .withColumn("hash", F.xxhash64("pub"))
+            .select("hash", "pub", "node", "t", "kind", F.row_number().over(order).alias("position"),
+                    *[F.first(name).over(whole).alias(name) for name in about]))
+    # Per (publication, node): kind 0 is the publication itself (tag: in bound), kind 1 its copies delivered at
+    # the node (tag: 0 not expected by rule (origin unknown, or the origin itself), 1 an expected node, 2 neither).
+    tag = (F.when(F.col("kind") == 0, F.col("bounded").cast("int"))
+           .when(F.col("origin").isNull() | (F.col("node") == F.col("origin")), F.lit(0))
+           .when(F.array_contains("expected_nodes", F.col("node")), F.lit(1))
+           .otherwise(F.lit(2)))
+    pairs = (rows.filter((F.col("kind") == 1) | (F.col("position") == 1))
+             .groupBy("hash", "pub", "node", "kind", "phase", "sent_at", "topic",  # "hash", "pub": as partitioned
+                      tag.alias("tag"), F.size("expected_nodes").alias("expecting"))
+             .agg(F.min("t").alias("first_at"), F.count(F.lit(1)).alias("copies")))
+    was_subscribed = F.exists(F.coalesce(F.col("watchers"), F.array().cast(
+        "array<struct<node:string,since:double,until:double>>")),
+        lambda w: (w["node"] == F.col("node")) & (w["since"] <= F.col("first_at")) & (w["until"] > F.col("first_at")))
+    delivery = F.col("kind") == 1
+    label = (F.when(~delivery, F.lit(None))
+             .when(F.col("tag") == 1, F.lit("delivered"))
+             .when((F.col("tag") == 2) & was_subscribed, F.lit("outside_bound"))
+             .otherwise(F.lit("unexpected")))
+    pairs = (pairs.join(F.broadcast(watchers), "topic", "left")
+             .select("phase", "kind", "tag", "expecting", "copies", label.alias("label"),
+                     F.when(delivery & (F.col("tag") == 1), F.col("first_at") - F.col("sent_at")).alias("latency")))
 
-    def count(kind: str) -> Any:
-        return F.sum((F.col("kind") == kind).cast("long")).alias(kind)
+    def count(name: str) -> Any:
+        return F.sum((F.col("label") == name).cast("long")).alias(name)
 
-    figures = [F.sum(F.col("expected").cast("long")).alias("expected_deliveries"), count("delivered"), count("lost"),
-               count("outside_bound"), count("unexpected"),
-               F.sum(F.coalesce(F.col("copies") - 1, F.lit(0))).alias("duplicates"), F.max("latency").alias("max"),
-               *[F.expr(f"percentile_disc({p}) WITHIN GROUP (ORDER BY latency)").alias(name)
-                 for name, p in PERCENTILES]]
-    quantiles = [i / CDF_POINTS for i in range(1, CDF_POINTS + 1)]
-    overall = pairs.agg(*figures, F.percentile_approx("latency", quantiles, 10000).alias("cdf")).collect()[0]
-    pair_rows = {row.phase: row for row in pairs.groupBy("phase").agg(*figures).collect()}
-    sent = {row.phase: row for row in pubs.groupBy("phase").agg(
-        F.count(F.lit(1)).alias("n"), F.sum(F.col("in_bound").cast("int")).alias("in_bound")).collect()}
+    # One aggregation per (phase, latency): the counts, and the latency histogram the percentiles come from.
+    publication = ~delivery
+    histogram = (pairs.groupBy("phase", "latency")
+                 .agg(F.sum(publication.cast("long")).alias("n"),
+                      F.sum((publication & (F.col("tag") == 1)).cast("long")).alias("bounded"),
+                      F.sum(F.when(publication, F.col("expecting")).otherwise(0)).alias("expecting"),
+                      count("delivered"), count("outside_bound"), count("unexpected"),
+                      F.sum(F.when(delivery, F.col("copies") - 1).otherwise(0)).alias("duplicates"))
+                 .cache())
+    by_phase = {row.phase: row for row in histogram.groupBy("phase").agg(
+        *[F.sum(name).alias(name) for name in ("n", "bounded", "expecting", "delivered", "outside_bound",
+                                               "unexpected", "duplicates")]).collect()}
+    latencies = _latency_figures(histogram.filter(F.col("latency").isNotNull())
+                                 .select("phase", "latency", F.col("delivered").alias("n")))
+    histogram.unpersist()
+    published = {phase: row for phase, row in by_phase.items() if row.n}
+    pair_rows = {phase: row for phase, row in by_phase.items()
+                 if row.delivered or row.outside_bound or row.unexpected or row.duplicates}
 
-    def row_for(counts: Any, published: Any) -> dict[str, Any]:
+    def row_for(counts: Sequence[Any], sent_rows: Sequence[Any], latency: Mapping[str, Any]) -> dict[str, Any]:
         def number(name: str) -> int:
-            return int(getattr(counts, name) or 0) if counts is not None else 0
+            return sum(int(getattr(row, name) or 0) for row in counts)
+        expected = sum(int(r.expecting or 0) for r in sent_rows)
         return {
-            "sent": int(published.n) if published is not None else 0,
-            "in_bound": int(published.in_bound or 0) if published is not None else 0,
-            "expected_deliveries": number("expected_deliveries"), "delivered": number("delivered"),
-            "lost": number("lost"), "duplicates": number("duplicates"), "unexpected": number("unexpected"),
-            "delivered_outside_bound": number("outside_bound"),
-            "latency": {name: None if counts is None else getattr(counts, name)
-                        for name in ("p50", "p90", "p99", "max")},
+            "sent": sum(int(r.n) for r in sent_rows),
+            "in_bound": sum(int(r.bounded or 0) for r in sent_rows),
+            "expected_deliveries": expected, "delivered": number("delivered"),
+            "lost": expected - number("delivered"), "duplicates": number("duplicates"),
+            "unexpected": number("unexpected"), "delivered_outside_bound": number("outside_bound"),
+            "latency": {name: latency.get(name) for name in ("p50", "p90", "p99", "max")},
         }
 
-    keys = sorted({*sent, *pair_rows}, key=lambda k: (k is None, k or 0))
-    per_phase = {key: row_for(pair_rows.get(key), sent.get(key)) for key in keys}
-    totals = row_for(overall, None)
-    totals["sent"] = sum(row["sent"] for row in per_phase.values())
-    totals["in_bound"] = sum(row["in_bound"] for row in per_phase.values())
+    keys = sorted({*published, *pair_rows}, key=lambda k: (k is None, k or 0))
+    per_phase = {key: row_for([pair_rows[key]] if key in pair_rows else [],
+                              [published[key]] if key in published else [], latencies.get(key, {}))
+                 for key in keys}
+    totals = row_for(list(pair_rows.values()), list(published.values()), latencies.get(_ALL, {}))
     lost_examples = []
     if totals["lost"]:
+        expected_pairs = (rows.filter((F.col("kind") == 0) & (F.col("position") == 1))
+                          .select("pub", F.explode("expected_nodes").alias("node")))
+        delivered_pairs = rows.filter(F.col("kind") == 1).select("pub", "node")
         lost_examples = [f"{row.pub} -> {row.node}" for row in
-                         pairs.filter(F.col("kind") == "lost").orderBy("pub", "node").limit(10).collect()]
-    cdf = list(overall.cdf or []) if overall.max is not None else []
-    result = {"totals": totals, "per_phase": per_phase, "cdf": cdf, "lost_examples": lost_examples}
-    for frame in (pubs, matches, pairs):
-        frame.unpersist()
+                         expected_pairs.join(delivered_pairs, ["pub", "node"], "left_anti").orderBy("pub", "node")
+                         .limit(10).collect()]
+    cdf = list(latencies.get(_ALL, {}).get("cdf") or [])
+    return {"totals": totals, "per_phase": per_phase, "cdf": cdf, "lost_examples": lost_examples}
+
+
+_ALL = -1
+"""the phase key of the figures over every phase"""
+
+
+def _latency_figures(histogram: DataFrame) -> dict[int, dict[str, Any]]:
+    """phase (and _ALL) -> p50, p90, p99, max and (_ALL only) the CDF, from (phase, latency, n) rows.
+
+    Nearest rank, as `percentile_disc` (the value at 1-based position ceil(p * n) of the sorted latencies),
+    computed on the histogram of distinct latencies with a running count: no sort of the deliveries
+    themselves."""
+    overall = histogram.groupBy("latency").agg(F.sum("n").alias("n")).select(F.lit(_ALL).alias("phase"), "latency",
+                                                                           "n")
+    both = histogram.unionByName(overall)
+    running = Window.partitionBy("phase").orderBy("latency").rowsBetween(Window.unboundedPreceding, 0)
+    both = (both.withColumn("through", F.sum("n").over(running))
+            .withColumn("total", F.sum("n").over(Window.partitionBy("phase"))))
+
+    def at(fraction: float) -> Column:
+        rank = F.greatest(F.ceil(F.col("total") * F.lit(fraction)), F.lit(1))
+        return F.min(F.when(F.col("through") >= rank, F.col("latency")))
+
+    quantiles = [i / CDF_POINTS for i in range(1, CDF_POINTS + 1)]
+    rows = both.groupBy("phase").agg(
+        *[at(fraction).alias(name) for name, fraction in PERCENTILES], F.max("latency").alias("max"),
+        F.array(*[at(q) for q in quantiles]).alias("cdf")).collect()
+    return {row.phase: {"p50": row.p50, "p90": row.p90, "p99": row.p99, "max": row.max,
+                        "cdf": row.cdf if row.phase == _ALL else None} for row in rows}
+
+
+def _last_disruption(phases: Sequence[Phase]) -> Column:
+    """The time of the last disruption of the phase in column `phase` (null outside every phase)."""
+    result: Column = F.lit(None).cast("double")
+    for phase in phases:
+        result = F.when(F.col("phase") == F.lit(phase.index),
+                        F.lit(float(max(d.at for d in phase.disruptions)))).otherwise(result)
     return result
 
 
@@ -317,20 +420,20 @@ def overhead(events: DataFrame, bucket: float) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- mesh edges for the pictures
 
-def mesh_edges(spark: SparkSession, events: DataFrame,
-               phases: Sequence[Phase]) -> dict[int, list[tuple[str, str, str, str]]]:
+def mesh_edges(events: DataFrame, phases: Sequence[Phase]) -> dict[int, list[tuple[str, str, str, str]]]:
     """Per phase: the (from, to, filter, mode) links publications used (`publication_forwarded`; mode
     `mesh` inside the mesh, `toward_core` on the way to it)."""
     if not phases:
         return {}
-    phase_df = spark.createDataFrame([(p.index, float(p.at), float(p.end)) for p in phases],
-                                     T.StructType([T.StructField("phase", T.IntegerType()),
-                                                   T.StructField("start", T.DoubleType()),
-                                                   T.StructField("end", T.DoubleType())]))
-    rows = (events.filter(F.col("type") == "publication_forwarded")
-            .select("t", "node", "filter", "mode", F.explode("to").alias("to"))
-            .join(F.broadcast(phase_df), (F.col("t") >= F.col("start")) & (F.col("t") < F.col("end")))
-            .select("phase", "node", "to", "filter", "mode").distinct().collect())
+    at = F.col("t")
+    phase: Column = F.lit(None).cast("int")
+    for item in reversed(phases):
+        inside = (at >= F.lit(float(item.at))) & (at < F.lit(float(item.end)))
+        phase = F.when(inside, F.lit(item.index)).otherwise(phase)
+    rows = (publications.forwarded(events)
+            .select(phase.alias("phase"), "node", "to", "filter", "mode")
+            .filter(F.col("phase").isNotNull()).distinct()
+            .select("phase", "node", F.explode("to").alias("to"), "filter", "mode").distinct().collect())
     edges: dict[int, list[tuple[str, str, str, str]]] = {}
     for row in sorted(rows, key=lambda r: (r.phase, r.node, r.to, r.filter, r.mode or "")):
         edges.setdefault(row.phase, []).append((row.node, row.to, row.filter, row.mode or "mesh"))

@@ -9,8 +9,9 @@ file, which spark-submit runs as a script.
 
 Theory of operation
 -------------------
-1. Read the JSON-lines logs with an explicit schema; count corrupt lines
-   and other schema versions (federation/spark/reader.py).
+1. Read the JSON-lines logs (schema versions 1 and 2) once, with explicit
+   schemas, into a columnar copy that every later step reads; count
+   corrupt lines and other schema versions (federation/spark/reader.py).
 2. Estimate clock offsets from the hello exchange samples in the events and
    move every event to one reference clock where the offset is significant
    (federation/spark/clocks.py).
@@ -97,6 +98,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, metavar="N",
                         help="spark.sql.shuffle.partitions (default: 2 per 256 MB of local input, 2 to 64)")
     parser.add_argument("--driver-memory", default="3g", help="driver memory for a local run (default 3g)")
+    parser.add_argument("--scratch", metavar="DIR",
+                        help="where the parsed events are stored while the job runs (removed at its end; default: "
+                             "a temporary directory on a local master, Spark's cache otherwise); on a cluster, "
+                             "a directory every executor reaches, e.g. hdfs:///tmp/federation-analyze")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     args = parser.parse_args(argv)
     for name in ("settle", "phase_gap", "bucket"):
@@ -165,25 +170,35 @@ class Steps:
 
 
 def analyse(spark: Any, files: list[str], args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    from federation.spark import analysis
     from federation.spark.reader import read_events
 
     steps = Steps()
-    events, summary = read_events(spark, files)
+    log = read_events(spark, files, args.scratch)
+    try:
+        return _analyse(spark, log, steps, args)
+    finally:
+        log.close()
+
+
+def _analyse(spark: Any, log: Any, steps: Steps, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    from federation.spark import analysis
+
+    summary = log.summary
     steps.done("read")
     warnings = summary.warnings()
     for note in warnings:
         print(f"warning: {note}", file=sys.stderr)
     # Clocks.
     try:
-        estimate = clock_estimation.estimate(analysis.clock_samples(events), summary.nodes, args.clock_correction,
+        estimate = clock_estimation.estimate(analysis.clock_samples(log.details), summary.nodes, args.clock_correction,
                                              args.clock_reference)
     except ValueError as error:
         raise timelines.TimelineError(str(error)) from None
-    events = analysis.corrected(events, estimate.correction())
+    details = analysis.corrected(log.details, estimate.correction())
+    bulk = analysis.corrected(log.bulk, estimate.correction())
     steps.done("clocks")
     # Ground truth.
-    control = analysis.control_rows(events)
+    control = analysis.control_rows(details)
     names = analysis.node_names(control)
     settle = args.settle if args.settle is not None else DEFAULT_SETTLE
     if args.timeline:
@@ -207,17 +222,17 @@ def analyse(spark: Any, files: list[str], args: argparse.Namespace) -> tuple[dic
     phases = timeline.phases(gap, end=last)
     steps.done("timeline")
     # Convergence and the other sequential measures, on the driver.
-    result = Replay(phases, timeline.names).run(analysis.view_rows(events))
+    result = Replay(phases, timeline.names).run(analysis.view_rows(details))
     if result.unknown_nodes:
         warnings.append(f"events from nodes the timeline does not name (ignored for convergence): "
                         f"{', '.join(result.unknown_nodes[:10])}")
     steps.done("replay")
     # Deliveries, overhead, mesh links: in Spark.
-    delivery = analysis.deliveries(spark, events, phases, timeline.names, result.subscriptions, settle)
+    delivery = analysis.deliveries(spark, bulk, phases, timeline.names, result.subscriptions, settle)
     steps.done("deliveries")
-    traffic = analysis.overhead(events, args.bucket)
+    traffic = analysis.overhead(details, args.bucket)
     steps.done("overhead")
-    edges = analysis.mesh_edges(spark, events, phases)
+    edges = analysis.mesh_edges(bulk, phases)
     steps.done("mesh_edges")
     labels = {p.index: p.label for p in phases}
     address_name = {address: name for name, address in timeline.names.items()}
@@ -247,7 +262,7 @@ def analyse(spark: Any, files: list[str], args: argparse.Namespace) -> tuple[dic
         "publications": delivery["totals"],
         "publications_by_phase": by_phase,
         "publications_dropped": summary.by_type.get("publication_dropped", 0),
-        "duplicates_dropped": summary.by_type.get("duplicate_dropped", 0),
+        "duplicates_dropped": summary.per_publication.get("duplicate_dropped", 0),
         "lost_examples": delivery["lost_examples"],
         "control": {**traffic["control"],
                     "by_type": {k: v for k, v in traffic["by_type"].items() if k not in DATA_TYPES}},
@@ -268,7 +283,6 @@ def analyse(spark: Any, files: list[str], args: argparse.Namespace) -> tuple[dic
     extras = {"series": result.series, "cdf": delivery["cdf"], "overhead_series": traffic["series"],
               "core_changes": result.core_changes, "mesh_sizes": result.mesh_sizes, "edges": edges,
               "phases": result.phases, "timeline": timeline, "span": (summary.first or 0.0, last)}
-    events.unpersist()
     return report, extras
 
 

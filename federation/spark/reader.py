@@ -1,18 +1,38 @@
-"""Read event logs with an explicit schema, and say plainly what was wrong with them.
+"""Read event logs with an explicit schema, once, and say plainly what was wrong with them.
 
 Theory of operation
 -------------------
-The events are JSON lines (docs/protocol.md, "Events"; plus the simulator's
-`sim_*` records, docs/simulator.md). Schema inference would read every file
+The events are JSON lines (docs/events.md; plus the simulator's `sim_*`
+and the harness's `run_*` records). Schema inference would read every file
 twice and guess types from whatever lines it saw, so the schema is written
 out here: only the fields the job uses, typed. `previous` and `counters`
 change type with the event type (an id or a vid; a map or a whole
 snapshot), so they are read as raw JSON text. A line that is not JSON, or
 whose fields have the wrong type, lands in `_corrupt` (Spark's PERMISSIVE
 mode) and is counted, never fatal, unless every line is corrupt. Lines
-without `t`, `node` or `type` count as corrupt too. Lines of another schema
-version (`v` other than 1) are counted and left out, with a message that
-says which versions were seen.
+without `t`, `node` or `type` count as corrupt too, and so do version 2 run
+events whose `seqs` or `topics` cannot be read (below). Lines of another
+schema version (`v` other than 1 or 2) are counted and left out, with a
+message that says which versions were seen.
+
+Parsing JSON is most of what reading costs, so it happens once: the
+parsed rows are written to a columnar copy (Parquet in a temporary
+directory on a local master; the cache elsewhere, or Parquet in
+`--scratch`), and every later step reads only the columns and rows it
+needs from it. Keeping the rows in Spark's cache instead costs more to
+build and, for a big log, does not fit a local driver's memory.
+
+Version 2 (notes/events-v2.md; docs/events.md once written) replaces the
+four per-publication types by one *run event* per run of publications
+handled together (`RUN_TYPES`): `origin`, `epoch` and `seqs`, a list of
+inclusive `[first, last]` ranges, name the publications
+(`"<origin>/<epoch>/<seq>"`, the v1 `pub`); `topics` has one topic per
+publication or a single one for all. Such a line is corrupt when `origin`,
+`epoch` or `seqs` is missing, a range is not two numbers with first <=
+last, it holds more than `MAX_RUN_PUBLICATIONS`, or (originated) `topics`
+is missing or of another length. federation/spark/publications.py turns
+both versions into per-publication rows. Every other type keeps its v1
+fields in v2.
 
 Every row keeps its file and its position in the file (`seq`), so events
 of one instant replay in the order they were written.
@@ -22,14 +42,30 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-SUPPORTED_VERSIONS = ("1",)
+from federation.spark.publications import ORIGINATED
+
+SUPPORTED_VERSIONS = ("1", "2")
+MAX_RUN_PUBLICATIONS = 1_000_000
+"""a v2 run event naming more publications than this is counted as corrupt (no writer batches that many)"""
+PER_PUBLICATION_TYPES = ("publication_originated", "publication_forwarded", "publication_delivered",
+                         "duplicate_dropped")
+RUN_TYPES = {
+    "publications_originated": "publication_originated",
+    "publications_forwarded": "publication_forwarded",
+    "publications_delivered": "publication_delivered",
+    "duplicates_dropped": "duplicate_dropped",
+}
+"""v2 run event -> the v1 per-publication type it replaces"""
 CORRUPT = "_corrupt"
 
 _STR = T.StringType()
@@ -67,6 +103,7 @@ EVENT_SCHEMA = T.StructType([
     T.StructField("federated", _STR),
     # publications
     T.StructField("pub", _STR),
+    T.StructField("epoch", _LONG),  # the origin's epoch in a v2 run event (RUN_FIELDS); node_started's too
     T.StructField("topic", _STR),
     T.StructField("to", _STRS),
     T.StructField("mode", _STR),
@@ -86,6 +123,52 @@ EVENT_SCHEMA = T.StructType([
     T.StructField("t0_unix", _DBL),  # run_start (netns/lxd harness)
     T.StructField(CORRUPT, _STR),
 ])
+
+RUN_FIELDS = [
+    T.StructField("origin", _STR),
+    T.StructField("seqs", T.ArrayType(T.ArrayType(_LONG))),
+    T.StructField("topics", _STRS),
+]
+"""The fields of the version 2 run events (RUN_TYPES) the job reads that v1 does not have (`epoch`, `filter`,
+`to` and `mode` are in EVENT_SCHEMA: v1 types have them too). docs/events.md does not describe them yet, so
+tests/docs/test_event_schema.py does not check them."""
+
+READ_SCHEMA = T.StructType([f for f in EVENT_SCHEMA.fields if f.name != CORRUPT] + RUN_FIELDS
+                           + [T.StructField(CORRUPT, _STR)])
+"""What the reader parses: EVENT_SCHEMA (the v1 fields, checked against docs/events.md by
+tests/docs/test_event_schema.py) and the v2 run fields."""
+
+BULK_TYPES = (*PER_PUBLICATION_TYPES, *RUN_TYPES, "sim_publish", "sim_inject")
+"""Nearly all of a log's lines, and the job reads few of their fields: these are parsed with BULK_SCHEMA
+only; every other line is parsed again in full from its text (READ_SCHEMA)."""
+
+COUNTED_TYPES = ("sim_publish", "sim_inject", "duplicate_dropped", "duplicates_dropped")
+"""Bulk lines the job only counts (per type; their nodes are not listed): counted while the rest is stored"""
+
+TALLIED_LINE = (r'^\{"v":[12],"t":-?[0-9][-+.eE0-9]*,"node":"[^"\\]*",'
+                r'"type":"(sim_publish|sim_inject|duplicate_dropped)"[,}]')
+"""A line of a type the job only counts, as the writers write it (header first, no spaces), ending in "}":
+counted by its type without being parsed, which is most of what reading a simulator's log costs. Any
+other form of such a line is parsed."""
+
+BULK_SCHEMA = T.StructType([f for f in READ_SCHEMA.fields if f.name in (
+    "v", "t", "node", "type", "pub", "topic", "filter", "mode", "to", "origin", "epoch", "seqs", "topics", CORRUPT)])
+BULK_COLUMNS = ("t", "node", "type", "pub", "topic", "filter", "mode", "to", "origin", "epoch", "seqs", "topics",
+                "file", "seq")
+"""what later steps read of a bulk line (`file` only on originated lines: the order of one instant)"""
+
+STORED_FIELDS = {
+    "pub": ("publication_originated", "publication_delivered"),
+    "topic": ("publication_originated",),
+    "filter": ("publication_forwarded", "publications_forwarded"),
+    "mode": ("publication_forwarded", "publications_forwarded"),
+    "to": ("publication_forwarded", "publications_forwarded"),
+    "origin": ("publications_originated", "publications_delivered"),
+    "epoch": ("publications_originated", "publications_delivered"),
+    "seqs": ("publications_originated", "publications_delivered", "publications_forwarded"),  # counted
+    "topics": ("publications_originated",),
+}
+"""the bulk types whose field is stored (the others' values are not read again: storing nothing is cheaper)"""
 
 SNAPSHOT_SCHEMA = T.StructType([T.StructField("sent", T.MapType(_STR, T.ArrayType(_LONG)))])
 """The part of `node_stopped.counters` the job reads."""
@@ -108,6 +191,8 @@ class InputSummary:
     corrupt_examples: list[str] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
     """addresses of the nodes that wrote valid events (the simulator's own records, node "sim", excluded)"""
+    per_publication: dict[str, int] = field(default_factory=dict)
+    """v1 per-publication type -> publications it covers, v1 lines and v2 runs together"""
 
     def warnings(self) -> list[str]:
         notes = []
@@ -125,7 +210,9 @@ class InputSummary:
     def as_dict(self) -> dict[str, Any]:
         return {"files": self.files, "lines": self.lines, "valid": self.valid, "corrupt": self.corrupt,
                 "unknown_version": dict(sorted(self.unknown_version.items())),
-                "by_type": dict(sorted(self.by_type.items())), "first_t": self.first, "last_t": self.last,
+                "by_type": dict(sorted(self.by_type.items())),
+                "per_publication": dict(sorted(self.per_publication.items())),
+                "first_t": self.first, "last_t": self.last,
                 "warnings": self.warnings()}
 
 
@@ -160,23 +247,142 @@ def resolve(patterns: list[str]) -> list[str]:
     return files
 
 
-def read_events(spark: SparkSession, files: list[str]) -> tuple[DataFrame, InputSummary]:
-    """(valid events with `file` and `seq`, cached; the input summary). Raises InputError when nothing is usable."""
-    raw = (spark.read.schema(EVENT_SCHEMA)
-           .option("mode", "PERMISSIVE")
-           .option("columnNameOfCorruptRecord", CORRUPT)
-           .json(files))
-    raw = raw.select("*", F.col("_metadata.file_path").alias("file"),
-                     F.monotonically_increasing_id().alias("seq"))
-    incomplete = F.col("t").isNull() | F.col("node").isNull() | F.col("type").isNull() | F.col("v").isNull()
-    raw = raw.withColumn("status", F.when(F.col(CORRUPT).isNotNull() | incomplete, F.lit("corrupt"))
-                         .when(~F.col("v").isin(*SUPPORTED_VERSIONS), F.concat(F.lit("v="), F.col("v")))
-                         .otherwise(F.lit("ok")))
-    raw = raw.cache()
-    summary = InputSummary(files)
+def _run_size() -> Any:
+    """Publications in a v2 run event: the sum of `last - first + 1` over `seqs`."""
+    return F.aggregate("seqs", F.lit(0).cast("long"), lambda total, pair: total + pair[1] - pair[0] + 1)
+
+
+def _run_problem() -> Any:
+    """True for a v2 run event the job cannot read (only evaluated on those rows)."""
+    bad_pair = F.exists("seqs", lambda pair: (F.size(pair) != 2) | pair[0].isNull() | pair[1].isNull()
+                        | (pair[0] > pair[1]))
+    size = _run_size()
+    topics_bad = (F.col("type") == "publications_originated") & (
+        F.col("topics").isNull() | ((F.size("topics") != 1) & (F.size("topics") != size)))
+    return (F.col("origin").isNull() | F.col("epoch").isNull() | F.col("seqs").isNull() | (F.size("seqs") == 0)
+            | F.coalesce(bad_pair, F.lit(True)) | (size > MAX_RUN_PUBLICATIONS) | topics_bad)
+
+
+def _incomplete() -> Any:
+    return (F.col(CORRUPT).isNotNull() | F.col("t").isNull() | F.col("node").isNull() | F.col("type").isNull()
+            | F.col("v").isNull())
+
+
+def _first_status() -> Any:
+    """blank (not a line: Spark's JSON reader skips those too), corrupt, v=N (another version), detail (parsed
+    again in full later), or ok (a bulk line: BULK_SCHEMA is all the job reads of it)."""
+    nothing = (F.col(CORRUPT).isNull() & F.col("t").isNull() & F.col("node").isNull() & F.col("type").isNull()
+               & F.col("v").isNull())
+    return (F.when(nothing & (F.trim(F.col("value"), F.lit(" \t\r")) == ""), F.lit("blank"))
+            .when(_incomplete(), F.lit("corrupt"))
+            .when(~F.col("v").isin(*SUPPORTED_VERSIONS), F.concat(F.lit("v="), F.col("v")))
+            .when(~F.col("type").isin(*BULK_TYPES), F.lit("detail"))
+            .when(F.col("type").isin(*RUN_TYPES) & _run_problem(), F.lit("corrupt"))
+            .otherwise(F.lit("ok")))
+
+
+class EventLog:
+    """The parsed events, stored once: every later step reads only the columns and rows it needs.
+
+    `bulk`: the valid per-publication lines (v1 and v2) with BULK_COLUMNS, read from the stored copy;
+    `details`: every other valid line with all of READ_SCHEMA's fields (cached: a few percent of a log);
+    both with `file` and `seq`. `summary`: what was read. `close()` removes the stored copy.
+    """
+
+    def __init__(self, bulk: DataFrame, details: DataFrame, summary: InputSummary, scratch: str | None,
+                 cached: list[DataFrame]) -> None:
+        self.bulk = bulk
+        self.details = details
+        self.summary = summary
+        self._scratch = scratch
+        self._cached = cached
+
+    def close(self) -> None:
+        for frame in self._cached:
+            frame.unpersist()
+        self._cached = []
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
+
+def _store(spark: SparkSession, parsed: DataFrame,
+           scratch: str | None) -> tuple[DataFrame, str | None, list[DataFrame]]:
+    """Write the parsed rows once: Parquet in `scratch` (a local temporary directory by default on a local
+    master), else the cache (a cluster without a shared scratch directory)."""
+    if scratch is None and str(spark.sparkContext.master).startswith("local"):
+        scratch = tempfile.mkdtemp(prefix="federation-spark-")
+    if scratch is None:
+        stored = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        stored.count()  # parse now (and count what is not stored)
+        return stored, None, [stored]
+    path = os.path.join(scratch, "events.parquet") if "://" not in scratch else scratch.rstrip("/") + "/events.parquet"
+    parsed.write.mode("overwrite").parquet(path)
+    return spark.read.parquet(path), (scratch if "://" not in scratch else None), []
+
+
+_JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+
+
+def read_events(spark: SparkSession, files: list[str], scratch: str | None = None) -> EventLog:
+    """Parse the logs once, store the rows, parse the few detail lines in full, summarise. Raises InputError
+    when nothing is usable (the stored copy is removed then)."""
+    value = F.col("value")
+    tallied = F.when(value.endswith("}"), F.regexp_extract(value, TALLIED_LINE, 1)).otherwise(F.lit(""))
+    lines = (spark.read.text(files)
+             .select("value", F.col("_metadata.file_path").alias("path"), F.monotonically_increasing_id().alias("seq"),
+                     tallied.alias("tallied")))
+    parse = F.when(F.col("tallied") == "", F.from_json("value", BULK_SCHEMA, _JSON_OPTIONS))
+    lines = (lines.select(parse.alias("line"), "value", "path", "seq", "tallied")
+             .select("line.*", "value", "path", "seq", "tallied")
+             .withColumn("type", F.when(F.col("tallied") != "", F.col("tallied")).otherwise(F.col("type")))
+             .withColumn("status", F.when(F.col("tallied") != "", F.lit("ok")).otherwise(_first_status())))
+    # Lines only counted (COUNTED_TYPES) are counted on the way and not stored.
+    counted = Observation("counted")
+    ok = F.col("status") == "ok"
+    lines = lines.observe(counted, *[metric for kind in COUNTED_TYPES for metric in (
+        F.count_if(ok & (F.col("type") == kind)).alias(f"{kind}:n"),
+        F.min(F.when(ok & (F.col("type") == kind), F.col("t"))).alias(f"{kind}:first"),
+        F.max(F.when(ok & (F.col("type") == kind), F.col("t"))).alias(f"{kind}:last"),
+        F.sum(F.when(ok & (F.col("type") == kind), _run_size() if kind in RUN_TYPES else F.lit(1)))
+        .alias(f"{kind}:publications"))])
+    needs_file = ~F.col("type").isin(*BULK_TYPES) | F.col("type").isin(*ORIGINATED)
+    kept = [F.when(F.col("type").isin(*STORED_FIELDS[name]), F.col(name)).alias(name) if name in STORED_FIELDS
+            else F.col(name) for name in BULK_COLUMNS if name not in ("file", "seq")]
+    parsed = (lines.filter(~(ok & F.col("type").isin(*COUNTED_TYPES)) & (F.col("status") != "blank"))
+              .select(*kept, F.when(needs_file, F.col("path")).alias("file"), "seq", "status",
+                      F.when(F.col("status") == "detail", F.col("value")).alias("raw"), CORRUPT))
+    stored, scratch, cached = _store(spark, parsed, scratch)
+    full = F.from_json("raw", READ_SCHEMA, _JSON_OPTIONS)
+    details = (stored.filter(F.col("status") == "detail")
+               .select(full.alias("line"), "file", "seq", "raw")
+               .select("line.*", "file", "seq", "raw")
+               .withColumn("status", F.when(_incomplete(), F.lit("corrupt")).otherwise(F.lit("ok")))
+               .cache())
+    cached.append(details)
+    log = EventLog(stored.filter(F.col("status") == "ok").select(*BULK_COLUMNS),
+                   details.filter(F.col("status") == "ok").drop(CORRUPT, "status", "raw", "v"),
+                   InputSummary(files), scratch, cached)
+    try:
+        _summarise(stored, details, counted.get, log.summary)
+    except InputError:
+        log.close()
+        raise
+    return log
+
+
+def _summarise(stored: DataFrame, details: DataFrame, counted: dict[str, Any], summary: InputSummary) -> None:
     nodes: set[str] = set()
-    for row in raw.groupBy("status", "type", "node").agg(F.count(F.lit(1)).alias("n"), F.min("t").alias("first"),
-                                                         F.max("t").alias("last")).collect():
+    publications = F.when(F.col("type").isin(*RUN_TYPES), _run_size()).otherwise(F.lit(1))
+    figures = [F.count(F.lit(1)).alias("n"), F.min("t").alias("first"), F.max("t").alias("last"),
+               F.sum(F.when(F.col("status") == "ok", publications)).alias("publications")]
+    rows = (stored.filter(F.col("status") != "detail").groupBy("status", "type", "node").agg(*figures).collect()
+            + details.groupBy("status", "type", "node").agg(*figures[:3], F.lit(None).alias("publications"))
+            .collect())
+    rows += [Row(status="ok", type=kind, node=None, n=counted[f"{kind}:n"], first=counted[f"{kind}:first"],
+                 last=counted[f"{kind}:last"], publications=counted[f"{kind}:publications"])
+             for kind in COUNTED_TYPES if counted[f"{kind}:n"]]
+    for row in rows:
         summary.lines += row.n
         if row.status == "corrupt":
             summary.corrupt += row.n
@@ -185,25 +391,28 @@ def read_events(spark: SparkSession, files: list[str]) -> tuple[DataFrame, Input
             summary.unknown_version[version] = summary.unknown_version.get(version, 0) + row.n
         else:
             summary.valid += row.n
-            if not row.type.startswith(("sim_", "run_")):
+            if row.node is not None and not row.type.startswith(("sim_", "run_")):
                 nodes.add(row.node)
             summary.by_type[row.type] = summary.by_type.get(row.type, 0) + row.n
+            kind = RUN_TYPES.get(row.type, row.type)
+            if kind in PER_PUBLICATION_TYPES:
+                summary.per_publication[kind] = summary.per_publication.get(kind, 0) + int(row.publications or 0)
             if row.type.startswith("run_"):
                 continue  # the harness's run clock (seconds from its start), not the nodes' clock
-            summary.first = row.first if summary.first is None else min(summary.first, row.first)
-            summary.last = row.last if summary.last is None else max(summary.last, row.last)
+            if row.first is not None:  # None: only tallied lines (TALLIED_LINE), whose time is not read
+                summary.first = row.first if summary.first is None else min(summary.first, row.first)
+                summary.last = row.last if summary.last is None else max(summary.last, row.last)
     summary.nodes = sorted(nodes)
     if summary.corrupt:
+        header = F.to_json(F.struct("t", "node", "type"))
         summary.corrupt_examples = [row[0] or "" for row in
-                                    raw.filter(F.col("status") == "corrupt")
-                                    .select(F.coalesce(F.col(CORRUPT), F.to_json(F.struct("v", "t", "node", "type"))))
-                                    .limit(3).collect()]
+                                    stored.filter(F.col("status") == "corrupt")
+                                    .select(F.coalesce(F.col(CORRUPT), header).alias(CORRUPT), "seq")
+                                    .unionByName(details.filter(F.col("status") == "corrupt")
+                                                 .select(F.coalesce(F.col(CORRUPT), F.col("raw")).alias(CORRUPT),
+                                                         "seq"), allowMissingColumns=True)
+                                    .orderBy("seq").limit(3).collect()]
     if summary.lines == 0:
-        raw.unpersist()
-        raise InputError(f"no events in {', '.join(files[:5])}: the files hold no lines")
+        raise InputError(f"no events in {', '.join(summary.files[:5])}: the files hold no lines")
     if summary.valid == 0:
-        raw.unpersist()
-        problems = summary.warnings()
-        raise InputError("no usable event in the input: " + " ".join(problems))
-    valid = raw.filter(F.col("status") == "ok").drop(CORRUPT, "status")
-    return valid, summary
+        raise InputError("no usable event in the input: " + " ".join(summary.warnings()))

@@ -1,6 +1,6 @@
 """The Spark job end to end: simulator logs against the simulator's report, damaged input, the netns harness.
 
-One local[2] Spark session serves every test of the run (`spark` fixture): starting one costs 6-10 s.
+One local[2] Spark session serves every test of the run (`spark` fixture, tests/spark/conftest.py).
 The simulator's report is an independent computation (ground truth kept by the simulator itself); the
 job sees only the event log.
 """
@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from federation.scenario.loader import load_scenario  # noqa: E402
 from federation.sim import run_scenario  # noqa: E402
 from federation.sim.runner import Simulation  # noqa: E402
 from federation.spark.convergence import main as job  # noqa: E402
-from federation.spark.session import build_session  # noqa: E402
 
 NETNS_UNAVAILABLE = netns_system.unavailable_reason()
 
@@ -35,13 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGIES = ROOT / "configs" / "topologies"
 TIME_TOLERANCE = 1e-5
 """seconds: event times are written rounded to the microsecond"""
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    session = build_session("local[2]")
-    yield session
-    session.stop()
 
 
 def simulate(tmp_path: Path, scenario: str, seed: int = 1) -> tuple[Path, dict[str, Any]]:
@@ -169,13 +160,13 @@ def test_corrupt_lines_other_versions_and_a_skewed_clock(spark: Any, tmp_path: P
             if number == 10:
                 sink.write('{"v":1,"t":3.0,"node":"10.0.0.1:10500","type":"counters","sent":"oops"}\n')
                 sink.write("this is not json\n")
-                sink.write('{"v":2,"t":4.0,"node":"10.0.0.1:10500","type":"future_event"}\n')
+                sink.write('{"v":3,"t":4.0,"node":"10.0.0.1:10500","type":"future_event"}\n')
         sink.write('{"v":1,"t":5.0,"node":"10.0.0.1:10500","type":"counters"')  # cut short, no newline
     mine = run_job(spark, tmp_path / "out", "--events", str(damaged))
     assert mine["input"]["corrupt"] == 3
-    assert mine["input"]["unknown_version"] == {"2": 1}
-    assert any("3 of" in w and "corrupt" in w for w in mine["warnings"])
-    assert any("v=2: 1" in w for w in mine["warnings"])
+    assert mine["input"]["unknown_version"] == {"3": 1}
+    assert any("3 of" in w and "corrupt" in w and "oops" in w for w in mine["warnings"])
+    assert any("v=3: 1" in w for w in mine["warnings"])
     clocks = mine["clocks"]["nodes"]
     assert clocks["n4"]["offset"] - clocks["n0"]["offset"] == \
         pytest.approx(0.25, abs=(clocks["n4"]["error"] or 0) + (clocks["n0"]["error"] or 0) + 1e-6)
@@ -295,6 +286,21 @@ def bench_events(directory: Path) -> tuple[Path, dict[str, Any]]:
     return events, json.loads(report.read_text())
 
 
+def _time_job(spark: Any, events: Path, out: Path, truth: dict[str, Any]) -> None:
+    with events.open("rb") as handle:
+        lines = sum(1 for _ in handle)
+    started = time.perf_counter()
+    assert job(["--events", str(events), "--out", str(out)], spark=spark) == 0
+    wall = time.perf_counter() - started
+    mine = json.loads((out / "report.json").read_text())
+    for key in ("sent", "expected_deliveries", "delivered", "lost", "duplicates"):
+        assert mine["publications"][key] == truth["publications"][key], key
+    sent = mine["publications"]["sent"]
+    print(f"\nspark job on {spark.sparkContext.master}: {events.name}, {lines:,} events, "
+          f"{events.stat().st_size / 1e9:.2f} GB, {wall:.0f} s wall, {lines / wall:,.0f} events/s, "
+          f"{sent / wall:,.0f} publications/s; steps {mine['job']['steps']}")
+
+
 @pytest.mark.bench
 def test_benchmark_ten_million_events(spark: Any, tmp_path: Path) -> None:
     """Time the job on local[2] over >= 10 million simulator events; prints the figures for docs/benchmarks.md.
@@ -305,14 +311,48 @@ def test_benchmark_ten_million_events(spark: Any, tmp_path: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     events, truth = bench_events(directory)
     with events.open("rb") as handle:
-        lines = sum(1 for _ in handle)
-    assert lines >= 10_000_000, f"the benchmark log has only {lines} events"
-    out = directory / "out"
-    started = time.perf_counter()
-    assert job(["--events", str(events), "--out", str(out)], spark=spark) == 0
-    wall = time.perf_counter() - started
-    mine = json.loads((out / "report.json").read_text())
-    for key in ("sent", "expected_deliveries", "delivered", "lost", "duplicates"):
-        assert mine["publications"][key] == truth["publications"][key], key
-    print(f"\nspark job on {spark.sparkContext.master}: {lines:,} events, {events.stat().st_size / 1e9:.2f} GB, "
-          f"{wall:.0f} s wall, {lines / wall:,.0f} events/s; steps {mine['job']['steps']}")
+        assert sum(1 for _ in handle) >= 10_000_000, "the benchmark log has fewer than 10 million events"
+    _time_job(spark, events, directory / "out", truth)
+
+
+@pytest.mark.bench
+def test_benchmark_the_same_publications_as_v2(spark: Any, tmp_path: Path) -> None:
+    """The benchmark log converted to schema version 2 (federation/spark/convert.py, kept beside it)."""
+    from federation.spark.convert import main as convert
+
+    directory = Path(os.environ.get("SPARK_BENCH_DIR", tmp_path))
+    directory.mkdir(parents=True, exist_ok=True)
+    events, truth = bench_events(directory)
+    v2 = directory / "bench-events-v2.jsonl"
+    if not v2.exists():
+        partial = directory / "bench-events-v2.jsonl.part"
+        assert convert([str(events), str(partial)]) == 0
+        partial.rename(v2)
+    _time_job(spark, v2, directory / "out-v2", truth)
+
+
+def test_latency_percentiles_are_percentile_disc(spark: Any) -> None:
+    """The percentiles come from a histogram of distinct latencies (nearest rank): the same values as Spark's
+    percentile_disc over the latencies themselves."""
+    import random
+
+    from pyspark.sql import functions as F
+
+    from federation.spark.analysis import _ALL, PERCENTILES, _latency_figures
+
+    generator = random.Random(7)
+    values = [(phase, round(generator.choice([0.001, 0.002, 0.0035, 0.01, 0.25]) * generator.randint(1, 3), 6))
+              for phase in range(3) for _ in range(generator.randint(1, 60))]
+    raw = spark.createDataFrame(values, "phase INT, latency DOUBLE")
+    figures = _latency_figures(raw.groupBy("phase", "latency").agg(F.count(F.lit(1)).alias("n")))
+    spark_says = {row.phase: row for row in raw.groupBy("phase").agg(
+        *[F.expr(f"percentile_disc({p}) WITHIN GROUP (ORDER BY latency)").alias(name) for name, p in PERCENTILES],
+        F.max("latency").alias("max")).collect()}
+    overall = raw.agg(*[F.expr(f"percentile_disc({p}) WITHIN GROUP (ORDER BY latency)").alias(name)
+                        for name, p in PERCENTILES]).collect()[0]
+    for phase, row in spark_says.items():
+        assert {name: figures[phase][name] for name in ("p50", "p90", "p99", "max")} == \
+            {name: row[name] for name in ("p50", "p90", "p99", "max")}, phase
+    assert {name: figures[_ALL][name] for name, _ in PERCENTILES} == overall.asDict()
+    ordered = sorted(latency for _, latency in values)
+    assert figures[_ALL]["cdf"][-1] == ordered[-1] and figures[_ALL]["cdf"][0] == ordered[(len(ordered) - 1) // 200]
