@@ -53,7 +53,7 @@ from federation.protocol.database_sync import DatabaseSync
 from federation.protocol.delivery import ReliableDelivery
 from federation.protocol.events import addresses_text, id_text
 from federation.protocol.forwarding import SENT_TO_PACED
-from federation.protocol.linkstate import Routes
+from federation.protocol.linkstate import MakeStored, Routes, StoredRecord
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.neighbours import Neighbour, NeighbourTable
@@ -110,7 +110,8 @@ class NodeView:
 class Node:
     def __init__(self, address: Address, neighbours: Iterable[Address], epoch: int, rng: random.Random,
                  settings: Settings | None = None, vid: int | None = None, name: str | None = None,
-                 decode: wire.DecodeFunction = wire.decode, publication_events: bool = True) -> None:
+                 decode: wire.DecodeFunction = wire.decode, publication_events: bool = True,
+                 make_stored: MakeStored = StoredRecord) -> None:
         if not 0 <= epoch <= wire.MAX_EPOCH:
             raise ValueError(f"epoch must be 0 to {wire.MAX_EPOCH} (docs/protocol.md, \"Ranges\"), got {epoch}")
         neighbours = [a for a in neighbours if a != address]
@@ -130,8 +131,9 @@ class Node:
         self.drop = self.outbox.drop
         """count a drop by reason, optionally with its event (`Outbox.drop`: the one way drops are counted)"""
         self.emit = self.outbox.emit
-        self.table = FederationTable(self.identity, self.neighbours, self.outbox, rng)
-        """origination and flooding of records, route computation, management core, id collisions"""
+        self.table = FederationTable(self.identity, self.neighbours, self.outbox, rng, make_stored)
+        """origination and flooding of records, route computation, management core, id collisions; `make_stored`:
+        what it stores a record as (the simulator passes a `linkstate.RecordPool` its nodes share)"""
         self.pacing = Pacing(self._send_receiver_busy)
         """QoS 0 pacing with the neighbours (`rb`): see `on_receive_backlog` and `paced_until`"""
         self.custody = Custody(self.outbox)

@@ -48,7 +48,7 @@ from federation.protocol import events, wire
 from federation.protocol.context import Identity, NeighboursView, Outbox
 from federation.protocol.dedup import SeenCache
 from federation.protocol.events import addresses_text, id_text
-from federation.protocol.linkstate import LinkStateDatabase, Routes, StoredRecord
+from federation.protocol.linkstate import LinkStateDatabase, MakeStored, Routes, StoredRecord
 from federation.protocol.neighbours import Neighbour
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire_types import CoreAnnouncement, Federate, LinkStateRecord, Reconsider
@@ -71,14 +71,15 @@ class RouteChange:
 class FederationTable:
     """Our copy of the federation table, the routes and the management core derived from it."""
 
-    def __init__(self, identity: Identity, neighbours: NeighboursView, outbox: Outbox, rng: random.Random) -> None:
+    def __init__(self, identity: Identity, neighbours: NeighboursView, outbox: Outbox, rng: random.Random,
+                 make_stored: MakeStored = StoredRecord) -> None:
         self._identity = identity
         self._settings = identity.settings
         self._neighbours = neighbours
         self._outbox = outbox
         self._rng = rng
         address = identity.address
-        self.lsdb = LinkStateDatabase(address, self._settings.max_nodes)
+        self.lsdb = LinkStateDatabase(address, self._settings.max_nodes, make_stored)
         self.routes = Routes(frozenset([address]), {address: 0}, {}, {})
         self.management_core = identity.broker_id
         self.own_seq = 0
@@ -289,7 +290,7 @@ class FederationTable:
         tells the others (`rc`); returns True when we took a new vid (our topic cores must announce it)."""
         identity = self._identity
         routes = self.routes
-        same = sorted(a for a in self.lsdb.by_vid.get(identity.vid, ())
+        same = sorted(a for a in self.lsdb.origins_with_vid(identity.vid)
                       if a != identity.address and a in routes.members
                       and routes.ids.get(a, identity.broker_id).vid == identity.vid)
         if not same:

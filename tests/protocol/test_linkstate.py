@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from federation.protocol.linkstate import LinkStateDatabase, Routes, bucket_of, entry_hash
+from federation.protocol.linkstate import LinkStateDatabase, RecordPool, Routes, bucket_of, entry_hash
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import DIGEST_BUCKETS, FLAG_LEAVING, LinkStateRecord
 
@@ -81,6 +81,8 @@ def test_routes_match_the_reference_and_skipped_computations_are_exact() -> None
             fresh = db.compute_routes(routes)  # partial when the changes only added links
             members, distance, hops = reference_routes(db)
             assert (fresh.members, fresh.distance, fresh.next_hops) == (members, distance, hops), (trial, step)
+            # The digest kept as records and routes change is the one computed from scratch.
+            assert db.digest(fresh.members) == db.digest(set(fresh.members)), (trial, step)
             if fresh_needed:
                 computed += 1
             else:
@@ -89,8 +91,8 @@ def test_routes_match_the_reference_and_skipped_computations_are_exact() -> None
             routes = fresh
         assert computed > 0
         assert db.ids == {a: s.record.origin for a, s in db.records.items()}
-        for vid, origins in db.by_vid.items():
-            assert origins == {a for a, s in db.records.items() if s.record.origin.vid == vid}
+        for vid in {s.record.origin.vid for s in db.records.values()} | {-1}:
+            assert db.origins_with_vid(vid) == {a for a, s in db.records.items() if s.record.origin.vid == vid}
 
 
 def test_partial_update_after_added_links_equals_a_full_search() -> None:
@@ -196,4 +198,27 @@ def test_reachable_records_do_not_expire_unreachable_ones_do() -> None:
     assert address(1) not in routes.members
     assert db.expire(15.0, routes.members, 110.0) == []
     assert db.expire(15.0, routes.members, 116.0) == [address(1)]
-    assert address(1) not in db.ids and address(1) not in db.links
+    assert address(1) not in db.ids and address(1) not in db.received_at and db.peers(address(1)) == []
+
+
+def test_a_pool_shares_equal_records_between_tables_and_changes_nothing_they_compute() -> None:
+    """Two tables given one `RecordPool` store the same object for equal records (canonical addresses inside);
+    their routes, digests and ids are those of tables that make their own."""
+    pool = RecordPool()
+    shared = [LinkStateDatabase(address(0), 100, pool), LinkStateDatabase(address(1), 100, pool)]
+    alone = [LinkStateDatabase(address(0), 100), LinkStateDatabase(address(1), 100)]
+    ring = {i: {(i - 1) % 8, (i + 1) % 8} for i in range(8)}
+    for db in shared + alone:
+        for i in range(8):
+            db.accept(record(i, ring[i], 1), 1, 0.0)
+        db.accept(record(3, ring[3] | {6}, 2), 2, 1.0)
+        db.accept(record(6, ring[6] | {3}, 2), 1, 1.0)
+    assert shared[0].records[address(5)] is shared[1].records[address(5)]  # same record, same distance
+    assert shared[0].records[address(5)].record.neighbours[0] is shared[1].records[address(4)].record.origin.address
+    for with_pool, without in zip(shared, alone, strict=True):
+        routes, reference = with_pool.compute_routes(), without.compute_routes()
+        assert (routes.members, routes.distance, routes.next_hops) == \
+            (reference.members, reference.distance, reference.next_hops)
+        assert with_pool.digest(routes.members) == without.digest(reference.members)
+        assert with_pool.ids == without.ids and with_pool.received_at == without.received_at
+    assert pool.made < pool.made + pool.shared and pool.shared >= 8
