@@ -460,6 +460,12 @@ def _record_of(value: Any, what: str, max_neighbours: int) -> LinkStateRecord:
     )
 
 
+def record_of(value: Any, max_neighbours: int) -> LinkStateRecord:
+    """One record as msgpack gave it (a list), checked as a packet's record is; DecodeError if not valid (the
+    simulator's decode cache decodes each distinct record's bytes once with it)."""
+    return _record_of(value, "record", max_neighbours)
+
+
 def _summary_entry_of(value: Any, what: str) -> SummaryEntry:
     host, port, epoch, seq = _list(value, what, 4)
     return SummaryEntry(Address(_text(host, f"{what}.host", 255), _int(port, f"{what}.port", 0, 65535)),
