@@ -635,6 +635,7 @@ class Node:
         self.retained_sync.neighbour_down(neighbour.transport)
         self.pacing.forget(neighbour.transport)
         self.table.trigger_origination(now)
+        self.mesh.mark_all_dirty()  # a data parent down: a standby one takes over now, not after the routes
 
     # ------------------------------------------------------------ composing the parts
 

@@ -97,6 +97,7 @@ FLAG_LEAVING = 1      # fd: the origin is shutting down cleanly
 FLAG_WITHDRAWN = 1    # tc/rt: the core withdraws (no subscribers left anywhere)
 FLAG_OWNER = 2        # tc: not a claim: `core` announces that it owns the subtree `filter` (docs/modes.md)
 FLAG_PRUNE = 1        # ts: the sender leaves the mesh
+FLAG_STANDBY = 2      # ts: a standby parent: keep the sender as a child, send it no publications (rule 6)
 
 MODE_TOWARD_CORE = 0  # tm: still climbing toward the topic core
 MODE_IN_MESH = 1      # tm: spreading through the mesh
