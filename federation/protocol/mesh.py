@@ -21,12 +21,15 @@ Publications cross only the links to the *data parents*: the first
 make a tree rooted at the core: a copy per member). The other parents are
 *standby*: their `ts` carries the standby flag, so they keep the child apart
 (`standby_children`), send it nothing and do not become members for it.
-When a data parent goes down, the first standby parent that is up becomes
-a data parent at once (a plain `ts`, so it joins the mesh if it was not a
-member, and both sides replay the recent QoS 1/2 publications to each
-other); a copy on its way through the lost parent is what that costs:
-QoS 0 published meanwhile is lost below it, QoS 1/2 arrives by the
-replay. `data_parents: redundancy` restores publications over every
+Failure is noticed before the neighbour is declared down: when the hello
+back of the last hello sent to a data parent is late (a quarter of the
+hello interval, or 4 round trips), the first standby parent that is up
+becomes a data parent beside it (a plain `ts`: it joins the mesh if it was
+not a member, and both sides replay the recent QoS 1/2 publications to each
+other), until the late one answers (back to standby) or goes down (it stays).
+What a failure costs is the time until the next hello goes unanswered:
+QoS 0 published meanwhile is lost below the lost parent, QoS 1/2 arrives
+by the replay. `data_parents: redundancy` restores publications over every
 parent link (no loss on a single parent's failure, a copy from each).
 Every node is a member of a replicated filter's mesh (docs/modes.md), which
 has one parent per member, so it is a tree rooted at the core and a
@@ -156,14 +159,17 @@ class MeshEngine(CoreElection, PublicationRouting):
                 if parent in state.parents and carries == (parent in state.data_parents):
                     continue  # nothing changed for it
                 self._send_subscribe(state, parent, prune=False, standby=not carries)
-                if carries:
-                    self._new_mesh_neighbour(state.filter, parent, now)  # QoS 1/2 repair
+                if carries and parent not in state.parents:
+                    # QoS 1/2 repair toward a parent we choose (a standby one taking over has them, or has them
+                    # from us by custody: what we sent the parent it replaces is routed again)
+                    self._new_mesh_neighbour(state.filter, parent, now)
             if member and not state.member:
                 self._outbox.emit(events.MESH_JOINED, now, filter=state.filter, core=id_text(state.core),
                                   parents=[str(p) for p in parents])
             elif state.member and not member:
                 self._outbox.emit(events.MESH_LEFT, now, filter=state.filter)
             state.parents, state.data_parents, state.member = parents, data, member
+            self._watch(state)
         if (state.held or state.held_reliable) and self._routable(state):
             self.release_held(state, now)
         elif state.held_reliable and state.core is None and state.withdrawn_at > state.lost_at:
@@ -173,15 +179,46 @@ class MeshEngine(CoreElection, PublicationRouting):
                 (state.withdrawn is None or now - state.heard_at > lifetime) and now - state.lost_at > lifetime:
             del self.topics[state.filter]
             self.index.discard(state.filter)
+            self._watching.pop(state.filter, None)
+            self._watched = None
+
+    def _watch(self, state: TopicState) -> None:
+        """Keep `watched_parents` current: the data parents that have a standby beside them."""
+        watching = self._watching
+        watched = state.data_parents if len(state.parents) > len(state.data_parents) else ()
+        if watching.get(state.filter, ()) != watched:
+            if watched:
+                watching[state.filter] = watched
+            else:
+                watching.pop(state.filter, None)
+            self._watched = None
+
+    def watched_parents(self) -> frozenset[Address]:
+        """The data parents (announced addresses) with a standby parent beside them, in any mesh: the node
+        watches their hello backs (`NeighbourTable.next_overdue`) so a standby one can take over early."""
+        watched = self._watched
+        if watched is None:
+            watched = self._watched = frozenset(a for parents in self._watching.values() for a in parents)
+        return watched
 
     def _data_parents(self, parents: tuple[Address, ...]) -> tuple[Address, ...]:
-        """The parents publications cross: the first `data_parents` of them that are up (lowest ids first), or,
-        while too few are up, the first ones (a copy for one that is down is kept or counted as lost)."""
+        """The parents publications cross: the first `data_parents` of them that are up and answer their
+        hellos (lowest ids first), and before them those that are up but late to answer (they may be alive:
+        kept until they answer or go down, the next one carrying beside them); while too few are up, the first
+        ones (a copy for one that is down is kept or counted as lost)."""
         wanted = self._settings.data_parents
         if len(parents) <= wanted:
             return parents
-        transport_for = self._neighbours.transport_for
-        chosen = [parent for parent in parents if transport_for(parent) is not None][:wanted]
+        neighbours = self._neighbours
+        chosen = []
+        healthy = 0
+        for parent in parents:
+            if healthy == wanted:
+                break
+            if neighbours.transport_for(parent) is not None:
+                chosen.append(parent)
+                if not neighbours.is_overdue(parent):
+                    healthy += 1
         if len(chosen) < wanted:
             chosen += [parent for parent in parents if parent not in chosen][: wanted - len(chosen)]
         return tuple(parent for parent in parents if parent in chosen)

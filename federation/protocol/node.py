@@ -368,6 +368,8 @@ class Node:
         if self.publications.parked:
             candidates.append(self.publications.unpark_at(self.mesh.claim_allowed_at))
         for deadline in (self.neighbours.next_deadline(self.settings.neighbour_dead_after),
+                         self.neighbours.next_overdue(self.settings.hello_interval, self.mesh.watched_parents(),
+                                                      self.last_input_at),
                          self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
                          self.sync.next_deadline(), self.publications.ordering.next_deadline()):
             if deadline is not None:
@@ -379,6 +381,12 @@ class Node:
             return
         for neighbour in self.neighbours.expire(self.settings.neighbour_dead_after, now):
             self._neighbour_down(neighbour, now)
+        probe, late = self.neighbours.check_late(self.settings.hello_interval, now, self.mesh.watched_parents(),
+                                                 self.settings.announcement_lifetime)
+        for neighbour in probe:
+            self._send_hello(neighbour, now)  # one hello back late: ask again before calling it late
+        if late:
+            self.mesh.mark_all_dirty()  # a data parent late twice: a standby one carries beside it (rule 6)
         self.sync.due_resyncs(now)
         if now >= self.next_hello:
             self._send_hellos(now)
@@ -600,6 +608,7 @@ class Node:
 
     def _send_hello(self, neighbour: Neighbour, now: float) -> None:
         self.hello_seq += 1
+        self.neighbours.hello_sent(neighbour, now)
         self.outbox.send(wire.HELLO, Hello(self.hello_seq, now), [neighbour.transport])
 
     def _on_hello_back(self, neighbour: Neighbour, body: HelloBack, now: float) -> None:
@@ -608,6 +617,8 @@ class Node:
             self.drop("stale_hello_back")
             return
         offset = body.replied_at - (body.echo_sent_at + rtt / 2)
+        if neighbour.overdue:
+            self.mesh.mark_all_dirty()  # answered after all: a standby parent beside it goes back to standby
         if self.neighbours.record_back(neighbour, rtt, offset, self.settings.rtt_smoothing, now):
             assert neighbour.announced is not None
             self.emit(events.NEIGHBOUR_UP, now, neighbour=str(neighbour.transport),

@@ -200,6 +200,10 @@ class TopicTable:
         self.index = FilterIndex()
         self.dirty: set[str] = set()
         """filters to reconcile (`MeshEngine.reconcile`) before the input is done"""
+        self._watching: dict[str, tuple[Address, ...]] = {}
+        """filter -> its data parents that have a standby beside them (`MeshEngine.watched_parents`)"""
+        self._watched: frozenset[Address] | None = None
+        """the union of `_watching` (None: to compute again)"""
         self.held_count = 0
         self.held_bytes = 0
         self.held_reliable_count = 0

@@ -219,7 +219,7 @@ def check_bounds(node: Node) -> None:
     assert len(node.mesh.topics) <= s.max_topics
     held = 0
     for state in node.mesh.topics.values():
-        assert len(state.children) <= s.max_neighbours
+        assert len(state.children) <= s.max_neighbours and len(state.standby_children) <= s.max_neighbours
         assert len(state.via) <= s.max_neighbours
         assert len(state.pending) <= 4
         held += len(state.held) + len(state.held_reliable)
