@@ -132,8 +132,14 @@ class StoredRecord:
         return value
 
 
-MakeStored = Callable[[LinkStateRecord], StoredRecord]
-"""what a table stores a record as: `StoredRecord` itself, or a `RecordPool` shared by the nodes of a process"""
+MakeStored = Callable[[LinkStateRecord, int], StoredRecord]
+"""what a table stores a record as, given the record received and the distance it travelled to this node:
+`stored_record`, or a `RecordPool` shared by the nodes of a process"""
+
+
+def stored_record(record: LinkStateRecord, distance: int) -> StoredRecord:
+    """A table's own `StoredRecord` of `record` with `distance` (the default `MakeStored`)."""
+    return StoredRecord(_with_distance(record, distance))
 
 
 class RecordPool:
@@ -149,11 +155,28 @@ class RecordPool:
         self.capacity = capacity
         self._current: dict[LinkStateRecord, StoredRecord] = {}
         self._previous: dict[LinkStateRecord, StoredRecord] = {}
+        self._received: dict[tuple[int, int], tuple[LinkStateRecord, StoredRecord]] = {}
+        """(id of a record object received, distance) -> (that object, kept alive here so its id stays its own,
+        and what it is stored as): the decode cache hands the nodes one object per distinct record, so most
+        lookups need no hash of the record"""
         self._addresses: dict[Address, Address] = {}
         self.made = 0
         self.shared = 0
 
-    def __call__(self, record: LinkStateRecord) -> StoredRecord:
+    def __call__(self, record: LinkStateRecord, distance: int) -> StoredRecord:
+        received = self._received
+        key = (id(record), distance)
+        known = received.get(key)
+        if known is not None and known[0] is record:
+            self.shared += 1
+            return known[1]
+        stored = self._by_value(_with_distance(record, distance))
+        if len(received) >= self.capacity:
+            received.clear()
+        received[key] = (record, stored)
+        return stored
+
+    def _by_value(self, record: LinkStateRecord) -> StoredRecord:
         current = self._current
         stored = current.get(record)
         if stored is not None:
@@ -198,7 +221,7 @@ Digest = tuple[int, tuple[int, ...]]
 
 
 class LinkStateDatabase:
-    def __init__(self, own: Address, capacity: int, make_stored: MakeStored = StoredRecord) -> None:
+    def __init__(self, own: Address, capacity: int, make_stored: MakeStored = stored_record) -> None:
         self.own = own
         self.capacity = capacity
         self._make_stored = make_stored
@@ -228,37 +251,40 @@ class LinkStateDatabase:
         self._digest_buckets = [0] * DIGEST_BUCKETS
         self._hop_sets: dict[frozenset[Address], frozenset[Address]] = {}
         """the distinct next-hop sets of the routes (`_hop_set`)"""
+        self.member_ids_changed = True
+        """the last `compute_routes` saw the record of a member it reaches appear, change its id or go"""
 
     def accept(self, record: LinkStateRecord, hops_travelled: int, now: float) -> str:
         """Store a received record. Returns "new" (newer: forward; routes may change), "refresh"
         (newer but the same links: forward, routes unchanged), "shorter" (same freshness, shorter
         distance: kept, not forwarded) or "old" (ignore)."""
         address = record.origin.address
-        distance = min(record.distance + hops_travelled, MAX_DISTANCE)
+        distance = record.distance + hops_travelled
+        if distance > MAX_DISTANCE:
+            distance = MAX_DISTANCE
         held = self.records.get(address)
         if held is None:
             if len(self.records) >= self.capacity and not self._evict_one():
                 self.refused += 1
                 return "old"
-        elif record.freshness < held.record.freshness:
-            return "old"
-        elif record.freshness == held.record.freshness:
-            self._touch(address, now)
-            if distance < held.record.distance:
-                self._replace(address, self._make_stored(_with_distance(held.record, distance)), held)
-                return "shorter"
-            return "old"
-        self._store(self._make_stored(_with_distance(record, distance)), held, now)
+        else:
+            current = held.record
+            if record.seq != current.seq or record.epoch != current.epoch:
+                if (record.epoch, record.seq) < (current.epoch, current.seq):
+                    return "old"
+            else:  # the version we hold
+                self._touch(address, now)
+                if distance < current.distance:
+                    self.records[address] = self._make_stored(current, distance)  # nothing else depends on it
+                    return "shorter"
+                return "old"
+        self._store(self._make_stored(record, distance), held, now)
         if held is not None and _same_links(held.record, record):
             return "refresh"  # a re-announcement with the same links: forward it, routes are unchanged
         return "new"
 
     def store_own(self, record: LinkStateRecord, now: float) -> None:
-        self._store(self._make_stored(record), self.records.get(record.origin.address), now)
-
-    def _replace(self, address: Address, stored: StoredRecord, held: StoredRecord) -> None:
-        """The same version with another distance: nothing the links, ids or digest depend on changes."""
-        self.records[address] = stored
+        self._store(self._make_stored(record, record.distance), self.records.get(record.origin.address), now)
 
     def _store(self, stored: StoredRecord, held: StoredRecord | None, now: float) -> None:
         address = stored.record.origin.address
@@ -485,13 +511,15 @@ class LinkStateDatabase:
         """Routes over confirmed (two-way) links from this node. From `previous` (the routes computed
         last, exact for the table as it was then) when the changes since only confirmed links: a
         partial update from the nodes they bring closer; otherwise a full breadth-first search."""
-        changes = self.changed_links
+        changes, changed_ids = self.changed_links, self.changed_ids
         self.changed_links, self.changed_ids = [], []
         if previous is not None and all(confirmed for _, _, confirmed in changes):
             routes = self._add_links(previous, changes)
         else:
             routes = self._search()
         self._reach(routes.members)
+        distance = routes.distance
+        self.member_ids_changed = any(address in distance for address in changed_ids)
         return routes
 
     def _routes_ids(self) -> dict[Address, BrokerId]:

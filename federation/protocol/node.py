@@ -53,7 +53,7 @@ from federation.protocol.database_sync import DatabaseSync
 from federation.protocol.delivery import ReliableDelivery
 from federation.protocol.events import addresses_text, id_text
 from federation.protocol.forwarding import SENT_TO_PACED
-from federation.protocol.linkstate import MakeStored, Routes, StoredRecord
+from federation.protocol.linkstate import MakeStored, Routes, stored_record
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.neighbours import Neighbour, NeighbourTable
@@ -111,7 +111,7 @@ class Node:
     def __init__(self, address: Address, neighbours: Iterable[Address], epoch: int, rng: random.Random,
                  settings: Settings | None = None, vid: int | None = None, name: str | None = None,
                  decode: wire.DecodeFunction = wire.decode, publication_events: bool = True,
-                 make_stored: MakeStored = StoredRecord) -> None:
+                 make_stored: MakeStored = stored_record) -> None:
         if not 0 <= epoch <= wire.MAX_EPOCH:
             raise ValueError(f"epoch must be 0 to {wire.MAX_EPOCH} (docs/protocol.md, \"Ranges\"), got {epoch}")
         neighbours = [a for a in neighbours if a != address]

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from federation.protocol.events import id_text, publication_text
-from federation.protocol.linkstate import MakeStored, RecordPool, StoredRecord
+from federation.protocol.linkstate import MakeStored, RecordPool, stored_record
 from federation.protocol.node import Node
 from federation.protocol.ordering import Position, StreamKey
 from federation.protocol.retained_sync import MemoryRetainedIndex
@@ -87,7 +87,7 @@ RETRIED_FACTOR = 8
 """the first retransmissions of a QoS 1/2 copy (the timeout doubles up to its cap), a reroute, a replay"""
 
 
-def build_node(setup: NodeSetup, decode: DecodeFunction = wire_decode, make_stored: MakeStored = StoredRecord) -> Node:
+def build_node(setup: NodeSetup, decode: DecodeFunction = wire_decode, make_stored: MakeStored = stored_record) -> Node:
     return Node(setup.address, setup.neighbours, setup.epoch, setup.rng, setup.settings, vid=setup.vid,
                 name=setup.name, decode=decode, make_stored=make_stored)
 

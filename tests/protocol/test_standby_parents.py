@@ -8,6 +8,7 @@ from collections import Counter
 from federation.protocol import wire
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address
+
 from node_harness import Harness, address
 
 # 0 - 1 - 3 and 0 - 2 - 3: 3 has two shortest paths to the core 0, through 1 (the lower id: its data parent)
