@@ -238,8 +238,10 @@ class LinkStateDatabase:
         """origin -> the BrokerId its record announces (replaced, not changed, once routes were given it)"""
         self._ids_given = False
         """`ids` was handed to a `Routes`: copy it before changing it"""
-        self._by_vid: dict[int, Address | frozenset[Address]] = {}
-        """vid -> the origin announcing it, or the origins when several do (`origins_with_vid`)"""
+        self._own_vid: int | None = None
+        """the vid our own stored record announces"""
+        self._same_vid: set[Address] = set()
+        """the other origins whose records announce our vid (the collision check asks for them)"""
         self._ages: list[tuple[float, Address]] | None = None
         """(received_at, origin) of the foreign records, a min-heap with lazy updates (see the module's text);
         None until the table first needs to evict"""
@@ -301,10 +303,8 @@ class LinkStateDatabase:
         if held is None or held.record.origin != stored.record.origin:
             self.changed_ids.append(address)
             ids = self._own_ids()
-            if held is not None:
-                self._forget_id(held.record.origin)
             ids[address] = stored.record.origin
-            self._add_id(stored.record.origin)
+            self._index_vid(address, held, stored)
         records = self.records
         before = held.listed if held is not None else frozenset()
         after = stored.listed
@@ -328,36 +328,27 @@ class LinkStateDatabase:
         return self.ids
 
     def origins_with_vid(self, vid: int) -> frozenset[Address]:
-        """The origins whose records announce `vid`."""
-        held = self._by_vid.get(vid)
-        if held is None:
-            return frozenset()
-        return held if isinstance(held, frozenset) else frozenset([held])
+        """The origins whose records announce `vid` (ours included): kept for our own vid, found by a scan for
+        another."""
+        if vid == self._own_vid:
+            return frozenset(self._same_vid | {self.own})
+        return frozenset(address for address, origin in self.ids.items() if origin.vid == vid)
 
     def vid_index_size(self) -> int:
-        """Origins in the index by vid (as many as records: a bound the fuzz tests check)."""
-        return sum(len(held) if isinstance(held, frozenset) else 1 for held in self._by_vid.values())
+        """Origins kept as announcing our vid (no more than the records: a bound the fuzz tests check)."""
+        return len(self._same_vid)
 
-    def _add_id(self, origin: BrokerId) -> None:
-        by_vid = self._by_vid
-        held = by_vid.get(origin.vid)
-        if held is None:
-            by_vid[origin.vid] = origin.address
-        elif isinstance(held, frozenset):
-            by_vid[origin.vid] = held | {origin.address}
-        elif held != origin.address:
-            by_vid[origin.vid] = frozenset([held, origin.address])
-
-    def _forget_id(self, origin: BrokerId) -> None:
-        by_vid = self._by_vid
-        held = by_vid.get(origin.vid)
-        if held is None:
+    def _index_vid(self, address: Address, held: StoredRecord | None, stored: StoredRecord) -> None:
+        vid = stored.record.origin.vid
+        if address == self.own:
+            if vid != self._own_vid:
+                self._own_vid = vid
+                self._same_vid = {a for a, origin in self.ids.items() if origin.vid == vid and a != address}
             return
-        if isinstance(held, frozenset):
-            rest = held - {origin.address}
-            by_vid[origin.vid] = next(iter(rest)) if len(rest) == 1 else rest
-        elif held == origin.address:
-            del by_vid[origin.vid]
+        if held is not None and held.record.origin.vid == self._own_vid:
+            self._same_vid.discard(address)
+        if vid == self._own_vid:
+            self._same_vid.add(address)
 
     def peers(self, address: Address) -> list[Address]:
         """The confirmed (two-way) links of a stored record: the peers it lists whose records list it."""
@@ -379,7 +370,7 @@ class LinkStateDatabase:
             self._digest_remove(stored)
         self.changed_ids.append(address)
         del self._own_ids()[address]
-        self._forget_id(stored.record.origin)
+        self._same_vid.discard(address)
         records = self.records
         for peer in sorted(stored.listed):
             other = records.get(peer)
