@@ -499,15 +499,19 @@ class LinkStateDatabase:
     # ------------------------------------------------------------ routes
 
     def compute_routes(self, previous: Routes | None = None) -> Routes:
-        """Routes over confirmed (two-way) links from this node. From `previous` (the routes computed
-        last, exact for the table as it was then) when the changes since only confirmed links: a
-        partial update from the nodes they bring closer; otherwise a full breadth-first search."""
+        """Routes over confirmed (two-way) links from this node, from `previous` (the routes computed last,
+        exact for the table as it was then) when given: when the changes since only confirmed links, a
+        partial update from the nodes they bring closer (`_add_links`); when links also went, first a partial
+        update without every link that changed (`_remove_links`), then with those there now; without
+        `previous`, a full breadth-first search."""
         changes, changed_ids = self.changed_links, self.changed_ids
         self.changed_links, self.changed_ids = [], []
-        if previous is not None and all(confirmed for _, _, confirmed in changes):
+        if previous is None:
+            routes = self._search()
+        elif all(confirmed for _, _, confirmed in changes):
             routes = self._add_links(previous, changes)
         else:
-            routes = self._search()
+            routes = self._change_links(previous, changes)
         self._reach(routes.members)
         distance = routes.distance
         self.member_ids_changed = any(address in distance for address in changed_ids)
@@ -586,6 +590,107 @@ class LinkStateDatabase:
                             levels.setdefault(below, set()).add(peer)
         members = previous.members if len(distance) == len(previous.distance) else frozenset(distance)
         assert own in distance
+        return Routes(members, distance, next_hops, self._routes_ids())
+
+    def _linked(self, a: Address, b: Address) -> bool:
+        """Is a - b a confirmed link now?"""
+        records = self.records
+        first, second = records.get(a), records.get(b)
+        return first is not None and second is not None and a != b and b in first.listed and a in second.listed
+
+    def _change_links(self, previous: Routes, changes: list[tuple[Address, Address, bool]]) -> Routes:
+        """Routes after links went (and maybe came): without every pair that changed (`_remove_links`), then
+        with the pairs linked now added back (`_add_links`), each exact for the links it is given."""
+        pairs = {(a, b) if a < b else (b, a) for a, b, _ in changes}
+        routes = self._remove_links(previous, pairs)
+        present = [(a, b, True) for a, b in sorted(pairs) if self._linked(a, b)]
+        return self._add_links(routes, present) if present else routes
+
+    def _remove_links(self, previous: Routes, pairs: set[tuple[Address, Address]]) -> Routes:
+        """Routes over the links now less `pairs` (and so over the links of `previous` less `pairs`: nothing
+        else changed). Distances only grow: a node whose every parent (neighbour one level nearer) is gone or
+        lost its own way is *affected*; only affected nodes are placed again, from their unaffected
+        neighbours outward, level by level; then the next hops of every node whose parents may have changed,
+        and of those below them whose parents' next hops changed."""
+        own = self.own
+
+        def linked(node: Address) -> list[Address]:
+            return [peer for peer in self.peers(node) if ((node, peer) if node < peer else (peer, node)) not in pairs]
+
+        old = previous.distance
+        suspects: dict[int, set[Address]] = {}
+        """level -> nodes that may have lost every parent"""
+        for a, b in pairs:
+            da, db = old.get(a), old.get(b)
+            if da is not None and db is not None and abs(da - db) == 1:
+                far = a if da > db else b
+                suspects.setdefault(old[far], set()).add(far)
+        affected: set[Address] = set()
+        examined: set[Address] = set()
+        while suspects:  # nearest first: a parent's fate is known before its children's
+            depth = min(suspects)
+            for node in suspects.pop(depth):
+                if node == own or node in affected:
+                    continue
+                examined.add(node)
+                neighbours = linked(node)
+                if any(old.get(peer) == depth - 1 and peer not in affected for peer in neighbours):
+                    continue  # still a parent on a shortest path that holds
+                affected.add(node)
+                for peer in neighbours:
+                    if old.get(peer) == depth + 1:
+                        suspects.setdefault(depth + 1, set()).add(peer)
+        if not affected and not examined:
+            return Routes(previous.members, previous.distance, previous.next_hops, self._routes_ids())
+        distance = dict(old)
+        next_hops = dict(previous.next_hops)
+        for node in affected:
+            del distance[node]
+            next_hops.pop(node, None)
+        reach: dict[int, set[Address]] = {}
+        """level -> affected nodes reachable at that distance (or more, when reached again)"""
+        for node in affected:
+            best = min((distance[peer] + 1 for peer in linked(node) if peer in distance), default=None)
+            if best is not None:
+                reach.setdefault(best, set()).add(node)
+        placed: list[Address] = []
+        while reach:
+            depth = min(reach)
+            for node in reach.pop(depth):
+                if node in distance:
+                    continue  # placed nearer already
+                distance[node] = depth
+                placed.append(node)
+                for peer in linked(node):
+                    if peer in affected and peer not in distance:
+                        reach.setdefault(depth + 1, set()).add(peer)
+        levels: dict[int, set[Address]] = {}
+        """level -> nodes whose next hops must be recomputed"""
+        for node in examined - affected:
+            levels.setdefault(distance[node], set()).add(node)
+        for node in placed:
+            here = distance[node]
+            levels.setdefault(here, set()).add(node)
+            for peer in linked(node):
+                if distance.get(peer) == here + 1:
+                    levels.setdefault(here + 1, set()).add(peer)  # it may have a new parent
+        hop_set = self._hop_set
+        while levels:
+            depth = min(levels)
+            for node in levels.pop(depth):
+                if depth == 0 or distance.get(node) != depth:
+                    continue
+                neighbours = linked(node)
+                if depth == 1:
+                    hops = frozenset([node])
+                else:
+                    hops = frozenset().union(*(next_hops[p] for p in neighbours if distance.get(p) == depth - 1))
+                if next_hops.get(node) != hops:
+                    next_hops[node] = hop_set(hops)
+                    for peer in neighbours:
+                        if distance.get(peer) == depth + 1:
+                            levels.setdefault(depth + 1, set()).add(peer)
+        members = previous.members if len(distance) == len(old) else frozenset(distance)
         return Routes(members, distance, next_hops, self._routes_ids())
 
     def _search(self) -> Routes:

@@ -127,6 +127,45 @@ def test_partial_update_after_added_links_equals_a_full_search() -> None:
             assert (routes.members, routes.distance, routes.next_hops) == (members, distance, hops), (trial, position)
 
 
+def test_updates_after_links_went_and_came_together_equal_a_full_search() -> None:
+    """Several records change between two computations (links made and broken, nodes leaving, coming back,
+    expiring): the routes updated from the previous ones equal the reference search each time."""
+    rng = random.Random(9)
+    for trial in range(60):
+        count = rng.randint(4, 40)
+        links = {(rng.randrange(i), i) for i in range(1, count)}
+        links |= {tuple(sorted(rng.sample(range(count), 2))) for _ in range(rng.randint(0, 2 * count))}
+        heard = {i: {b if a == i else a for a, b in links if i in (a, b)} for i in range(count)}
+        seqs = dict.fromkeys(range(count), 1)
+        db = LinkStateDatabase(address(0), capacity=1000)
+        for i in range(count):
+            db.accept(record(i, heard[i], 1), 1, 0.0)
+        routes = db.compute_routes()
+        for step in range(40):
+            for _ in range(rng.randint(1, 6)):
+                node = rng.randrange(count)
+                flags = 0
+                action = rng.random()
+                if action < 0.7:  # a link made or broken, seen by one end or both
+                    other = rng.choice([i for i in range(count) if i != node])
+                    heard[node] ^= {other}
+                    if rng.random() < 0.6:
+                        heard[other] ^= {node}
+                        seqs[other] += 1
+                        db.accept(record(other, heard[other], seqs[other]), 1, float(step))
+                elif action < 0.8:
+                    flags = FLAG_LEAVING
+                elif action < 0.85 and node != 0:
+                    db.expire(0.0, routes.members, float(step + 1))  # unreachable records go
+                    continue
+                seqs[node] += 1
+                db.accept(record(node, heard[node], seqs[node], flags=flags), 1, float(step))
+            routes = db.compute_routes(routes)
+            members, distance, hops = reference_routes(db)
+            assert (routes.members, routes.distance, routes.next_hops) == (members, distance, hops), (trial, step)
+            assert routes.ids == db.ids
+
+
 def test_links_between_unreachable_or_equidistant_nodes_need_no_computation() -> None:
     # 0 - 1 - 2 and 0 - 3 - 2: 1 and 3 are both at distance 1; 4 - 5 hang off nowhere.
     db = LinkStateDatabase(address(0), capacity=100)
