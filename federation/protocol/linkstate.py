@@ -603,19 +603,32 @@ class LinkStateDatabase:
         with the pairs linked now added back (`_add_links`), each exact for the links it is given."""
         pairs = {(a, b) if a < b else (b, a) for a, b, _ in changes}
         routes = self._remove_links(previous, pairs)
+        if routes is None:
+            return self._search()  # too much moved: a search from scratch costs less
         present = [(a, b, True) for a, b in sorted(pairs) if self._linked(a, b)]
         return self._add_links(routes, present) if present else routes
 
-    def _remove_links(self, previous: Routes, pairs: set[tuple[Address, Address]]) -> Routes:
+    def _remove_links(self, previous: Routes, pairs: set[tuple[Address, Address]]) -> Routes | None:
         """Routes over the links now less `pairs` (and so over the links of `previous` less `pairs`: nothing
         else changed). Distances only grow: a node whose every parent (neighbour one level nearer) is gone or
         lost its own way is *affected*; only affected nodes are placed again, from their unaffected
         neighbours outward, level by level; then the next hops of every node whose parents may have changed,
-        and of those below them whose parents' next hops changed."""
+        and of those below them whose parents' next hops changed. None when more than a tenth of the members
+        are affected (a partition): a full search is cheaper then."""
         own = self.own
+        excluded: dict[Address, set[Address]] = {}
+        for a, b in pairs:
+            excluded.setdefault(a, set()).add(b)
+            excluded.setdefault(b, set()).add(a)
+        known: dict[Address, list[Address]] = {}
 
         def linked(node: Address) -> list[Address]:
-            return [peer for peer in self.peers(node) if ((node, peer) if node < peer else (peer, node)) not in pairs]
+            found = known.get(node)
+            if found is None:
+                gone = excluded.get(node)
+                found = known[node] = self.peers(node) if gone is None else \
+                    [peer for peer in self.peers(node) if peer not in gone]
+            return found
 
         old = previous.distance
         suspects: dict[int, set[Address]] = {}
@@ -627,6 +640,7 @@ class LinkStateDatabase:
                 suspects.setdefault(old[far], set()).add(far)
         affected: set[Address] = set()
         examined: set[Address] = set()
+        limit = len(old) // 10
         while suspects:  # nearest first: a parent's fate is known before its children's
             depth = min(suspects)
             for node in suspects.pop(depth):
@@ -637,6 +651,8 @@ class LinkStateDatabase:
                 if any(old.get(peer) == depth - 1 and peer not in affected for peer in neighbours):
                     continue  # still a parent on a shortest path that holds
                 affected.add(node)
+                if len(affected) > limit:
+                    return None
                 for peer in neighbours:
                     if old.get(peer) == depth + 1:
                         suspects.setdefault(depth + 1, set()).add(peer)
