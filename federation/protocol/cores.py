@@ -235,7 +235,7 @@ class CoreElection(TopicTable):
         state.core_epoch, state.core_seq = message.freshness
         state.core_distance, state.via, state.heard_at = distance, {from_announced}, now
         state.adopted_at = now
-        state.children.clear()
+        state.forget_children()
         self._outbox.view_changed()
         self._outbox.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=id_text(core),
                           previous=id_text(previous), reason="stood_down" if was_own else "announced")
@@ -308,7 +308,7 @@ class CoreElection(TopicTable):
     def _lose_core(self, state: TopicState, now: float, reason: str) -> None:
         previous = state.core
         state.core = None
-        state.children.clear()
+        state.forget_children()
         state.via.clear()
         if reason == "lost":
             state.lost_at = now
@@ -321,7 +321,7 @@ class CoreElection(TopicTable):
     def _claim(self, state: TopicState, now: float) -> None:
         previous = state.core
         if previous is not None and previous != self._identity.broker_id:
-            state.children.clear()  # taking over: the children joined the previous core's mesh
+            state.forget_children()  # taking over: the children joined the previous core's mesh
         state.core = self._identity.broker_id
         state.core_epoch, state.core_distance, state.heard_at = self._identity.epoch, 0, now
         state.core_rank, state.provisional, state.claimed_at = self.policy.rank(state.filter), False, now
@@ -342,7 +342,7 @@ class CoreElection(TopicTable):
         state.core_distance = self._table.routes.distance.get(core.address, 0)
         state.heard_at, state.provisional = now, True
         state.via.clear()
-        state.children.clear()
+        state.forget_children()
         self._outbox.view_changed()
         self._outbox.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=id_text(core),
                           previous=id_text(previous), reason="placed")

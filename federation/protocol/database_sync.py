@@ -59,7 +59,6 @@ class DatabaseSync:
         self.left_out: dict[Address, tuple[float, set[Address]]] = {}
         """neighbour transport -> (when synced, origins of the records we held but left out of that
         database exchange as unreachable): sent to it when routes show them reachable"""
-        self._digest_cache: tuple[int, frozenset[Address], tuple[int, tuple[int, ...]]] | None = None
         self.deferred: dict[Address, tuple[Neighbour, float]] = {}
         """neighbour transport -> (that neighbour, when its deferred resync is due); kept here rather than
         on the neighbours so that `next_deadline`, asked after every input, need not walk them all"""
@@ -158,15 +157,8 @@ class DatabaseSync:
     # ------------------------------------------------------------ anti-entropy (`dd`, `ds`, `dr`)
 
     def _digest(self) -> tuple[int, tuple[int, ...]]:
-        """The digest of our reachable members' records, cached until the table or the routes change."""
-        cached = self._digest_cache
-        members = self._table.routes.members
-        changes = self._table.changes
-        if cached is not None and cached[0] == changes and cached[1] is members:
-            return cached[2]
-        digest = self._table.lsdb.digest(members)
-        self._digest_cache = (changes, members, digest)
-        return digest
+        """The digest of our reachable members' records (the table keeps it up to date)."""
+        return self._table.lsdb.digest(self._table.routes.members)
 
     def send_digests(self) -> None:
         count, buckets = self._digest()

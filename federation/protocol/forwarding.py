@@ -12,8 +12,9 @@ the mesh it climbs toward the core through one parent: the first up one in
 id order, so that one origin's publications on one filter take one path
 while the parents do not change (docs/protocol.md rule 7d: a path per
 stream keeps them in order; the other parents are the failover); the first
-member it reaches spreads it to all its mesh neighbours (parents and
-children) except the one it came from. Each node handles a (publication,
+member it reaches spreads it to all its mesh neighbours (its data parents
+and its children, not the standby parents: `federation.protocol.mesh`)
+except the one it came from. Each node handles a (publication,
 filter) pair once, so copies are bounded by the mesh's links.
 
 A publication for a filter whose core is being (re)elected, or whose
@@ -96,7 +97,7 @@ class PublicationRouting(TopicTable):
         """The decision for a publication on `state` (whose core is known) that came from `from_announced`."""
         transport_for = self._neighbours.transport_for
         if state.member:
-            targets = set(state.parents) | set(state.children)
+            targets = set(state.data_parents) | set(state.children)  # standby parents carry nothing
             targets.discard(from_announced)
             if not targets:
                 return LEAF
@@ -134,9 +135,10 @@ class PublicationRouting(TopicTable):
         # Identity, not equality: a new object means something was recomputed; compare cheaply and start over.
         if (not inputs or inputs[0] is not core or inputs[1] is not state.parents or inputs[2] is not routes
                 or inputs[3] is not self._neighbours.up_index or inputs[4] is not self._identity.broker_id
-                or inputs[5] is not state.member or state.children.keys() != cache.children):
+                or inputs[5] is not state.member or inputs[6] is not state.data_parents
+                or state.children.keys() != cache.children):
             cache.inputs = (core, state.parents, routes, self._neighbours.up_index, self._identity.broker_id,
-                            state.member)
+                            state.member, state.data_parents)
             cache.children = frozenset(state.children)
             cache.decisions = {}
         else:
@@ -297,9 +299,10 @@ class PublicationRouting(TopicTable):
         return self.route(state, message, exclude, now)
 
     def is_mesh_neighbour(self, filter_: str, announced: Address) -> bool:
-        """Are we in `filter_`'s mesh with `announced` as a parent or child?"""
+        """Are we in `filter_`'s mesh with `announced` as a parent or child publications cross (not a standby)?"""
         state = self.topics.get(filter_)
-        return state is not None and state.member and (announced in state.children or announced in state.parents)
+        return state is not None and state.member and (announced in state.children
+                                                       or announced in state.data_parents)
 
     def is_member(self, filter_: str) -> bool:
         state = self.topics.get(filter_)

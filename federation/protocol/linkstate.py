@@ -43,7 +43,25 @@ an entry found on top with an older time than its record's is pushed again
 with the current one, an entry of a record gone is dropped, and the first
 entry that matches its record is the oldest. Refreshing a record costs
 nothing then; each refresh costs at most one re-push later; the heap is
-rebuilt when its stale entries outnumber the records.
+rebuilt when its stale entries outnumber the records. The heap is built only
+when the table first fills up: a table below `capacity` never evicts, so it
+keeps no heap (and pays nothing for it).
+
+*Storage.* A table holds one record per member of the federation, so the
+whole federation holds N^2; in the simulator, where N nodes share one
+process, that is most of the memory. So what a node stores per record is
+split: a `StoredRecord` is the immutable part (the record with the distance
+it travelled, the neighbours it lists, its digest bucket and hash, its
+encoded size), and the node's own clock for it (`received_at`) lives in a
+dict beside it. A `StoredRecord` depends on the record only, so a
+`RecordPool` given to the table (the simulator gives one to every node)
+hands every node the same object for equal records, with canonical
+addresses inside; a node alone (the daemon) makes its own (`StoredRecord`).
+The confirmed links are not stored either: a record's peers are confirmed by
+looking up the peer's record (`peers`), which is what a stored copy of them
+would say, without a set per member. The digest of the reachable records is
+kept up to date as records and routes change, so a neighbour's `dd` costs
+nothing to compare.
 """
 
 from __future__ import annotations
@@ -52,8 +70,8 @@ import functools
 import hashlib
 import heapq
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import (
@@ -79,24 +97,24 @@ def bucket_of(address: Address) -> int:
     return hashlib.blake2b(text, digest_size=8).digest()[0] % DIGEST_BUCKETS
 
 
-@dataclass(slots=True)
 class StoredRecord:
-    record: LinkStateRecord
-    """distance is the hop count from the origin to this node"""
-    received_at: float
-    """when the record was last received or found reachable (its expiry clock)"""
-    listed: frozenset[Address] = field(init=False)
-    """the neighbours the record lists (none when leaving), for the two-way check"""
-    bucket: int = field(init=False)
-    digest_hash: int | None = field(init=False, default=None)
-    """`entry_hash` of this version, computed when a digest first needs it"""
-    encoded_size: int | None = field(init=False, default=None)
-    """`wire.record_size` of the record, computed when a bundle first needs it"""
+    """One version of a record as a table stores it: the record, with the distance it travelled to this node,
+    and what is derived from it. Immutable (the hash and the size are computed on first use and never change
+    after), so the nodes of one process may share it (`RecordPool`); the node's clock for the record is the
+    table's `received_at`."""
 
-    def __post_init__(self) -> None:
-        record = self.record
-        self.listed = frozenset() if record.flags & FLAG_LEAVING else frozenset(record.neighbours)
+    __slots__ = ("record", "listed", "bucket", "digest_hash", "encoded_size")
+
+    def __init__(self, record: LinkStateRecord) -> None:
+        self.record = record
+        """distance is the hop count from the origin to this node"""
+        self.listed: frozenset[Address] = frozenset() if record.flags & FLAG_LEAVING else frozenset(record.neighbours)
+        """the neighbours the record lists (none when leaving), for the two-way check"""
         self.bucket = bucket_of(record.origin.address)
+        self.digest_hash: int | None = None
+        """`entry_hash` of this version, computed when a digest first needs it"""
+        self.encoded_size: int | None = None
+        """`wire.record_size` of the record, computed when a bundle first needs it"""
 
     @property
     def size(self) -> int:
@@ -114,6 +132,78 @@ class StoredRecord:
         return value
 
 
+MakeStored = Callable[[LinkStateRecord, int], StoredRecord]
+"""what a table stores a record as, given the record received and the distance it travelled to this node:
+`stored_record`, or a `RecordPool` shared by the nodes of a process"""
+
+
+def stored_record(record: LinkStateRecord, distance: int) -> StoredRecord:
+    """A table's own `StoredRecord` of `record` with `distance` (the default `MakeStored`)."""
+    return StoredRecord(_with_distance(record, distance))
+
+
+class RecordPool:
+    """One `StoredRecord` per distinct record, shared by every table that is given the pool (the simulator's
+    nodes), with one `Address` object per address inside. Equal records (same origin, version, distance and
+    neighbours) are interchangeable, so sharing changes nothing a node computes; it saves a copy per node.
+    Bounded: two generations of `capacity` entries each; a record whose entry was forgotten is made again
+    (a second copy, nothing worse)."""
+
+    def __init__(self, capacity: int = 1 << 18) -> None:
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self.capacity = capacity
+        self._current: dict[LinkStateRecord, StoredRecord] = {}
+        self._previous: dict[LinkStateRecord, StoredRecord] = {}
+        self._received: dict[tuple[int, int], tuple[LinkStateRecord, StoredRecord]] = {}
+        """(id of a record object received, distance) -> (that object, kept alive here so its id stays its own,
+        and what it is stored as): the decode cache hands the nodes one object per distinct record, so most
+        lookups need no hash of the record"""
+        self._addresses: dict[Address, Address] = {}
+        self.made = 0
+        self.shared = 0
+
+    def __call__(self, record: LinkStateRecord, distance: int) -> StoredRecord:
+        received = self._received
+        key = (id(record), distance)
+        known = received.get(key)
+        if known is not None and known[0] is record:
+            self.shared += 1
+            return known[1]
+        stored = self._by_value(_with_distance(record, distance))
+        if len(received) >= self.capacity:
+            received.clear()
+        received[key] = (record, stored)
+        return stored
+
+    def _by_value(self, record: LinkStateRecord) -> StoredRecord:
+        current = self._current
+        stored = current.get(record)
+        if stored is not None:
+            self.shared += 1
+            return stored
+        stored = self._previous.pop(record, None)
+        if stored is None:
+            self.made += 1
+            stored = StoredRecord(self._canonical(record))
+        else:
+            self.shared += 1
+        current[record] = stored
+        if len(current) >= self.capacity:
+            self._previous, self._current = current, {}
+            if len(self._addresses) >= self.capacity:
+                self._addresses = {}
+        return stored
+
+    def _canonical(self, record: LinkStateRecord) -> LinkStateRecord:
+        addresses = self._addresses
+        origin = record.origin
+        address = addresses.setdefault(origin.address, origin.address)
+        neighbours = tuple([addresses.setdefault(a, a) for a in record.neighbours])
+        return LinkStateRecord(BrokerId(origin.vid, address), record.epoch, record.seq, record.distance,
+                               record.flags, neighbours)
+
+
 @dataclass(frozen=True)
 class Routes:
     members: frozenset[Address]
@@ -122,6 +212,8 @@ class Routes:
     next_hops: dict[Address, frozenset[Address]]
     """destination -> neighbours (announced addresses) on a shortest path to it"""
     ids: dict[Address, BrokerId]
+    """origin -> BrokerId of every record held when the routes were computed (never changed after: the table
+    makes a new dict when an id changes)"""
 
 
 Digest = tuple[int, tuple[int, ...]]
@@ -129,134 +221,201 @@ Digest = tuple[int, tuple[int, ...]]
 
 
 class LinkStateDatabase:
-    def __init__(self, own: Address, capacity: int) -> None:
+    def __init__(self, own: Address, capacity: int, make_stored: MakeStored = stored_record) -> None:
         self.own = own
         self.capacity = capacity
+        self._make_stored = make_stored
         self.records: dict[Address, StoredRecord] = {}
+        self.received_at: dict[Address, float] = {}
+        """origin -> when its record was last received or found reachable (its expiry clock)"""
         self.refused = 0
-        self.links: dict[Address, set[Address]] = {}
-        """confirmed two-way links: address -> the peers it and they both list"""
         self.changed_links: list[tuple[Address, Address, bool]] = []
         """(a, b, confirmed) for links confirmed (True) or broken (False) since routes were last computed,
         less those `routes_affected` found irrelevant"""
         self.changed_ids: list[Address] = []
         """origins whose BrokerId changed (or appeared, or went) since the last `routes_affected`"""
         self.ids: dict[Address, BrokerId] = {}
-        """origin -> the BrokerId its record announces"""
-        self.by_vid: dict[int, set[Address]] = {}
-        """vid -> origins announcing it (for collision checks without a scan)"""
-        self._ages: list[tuple[float, Address]] = []
-        """(received_at, origin) of the foreign records, a min-heap with lazy updates (see the module's text)"""
+        """origin -> the BrokerId its record announces (replaced, not changed, once routes were given it)"""
+        self._ids_given = False
+        """`ids` was handed to a `Routes`: copy it before changing it"""
+        self._own_vid: int | None = None
+        """the vid our own stored record announces"""
+        self._same_vid: set[Address] = set()
+        """the other origins whose records announce our vid (the collision check asks for them)"""
+        self._ages: list[tuple[float, Address]] | None = None
+        """(received_at, origin) of the foreign records, a min-heap with lazy updates (see the module's text);
+        None until the table first needs to evict"""
         self.eviction_steps = 0
         """heap entries looked at to find whom to evict (a count of work, for tests)"""
+        self._reachable: frozenset[Address] = frozenset()
+        """the members of the routes computed last, whose records the kept digest covers"""
+        self._digest_count = 0
+        self._digest_buckets = [0] * DIGEST_BUCKETS
+        self._hop_sets: dict[frozenset[Address], frozenset[Address]] = {}
+        """the distinct next-hop sets of the routes (`_hop_set`)"""
+        self.member_ids_changed = True
+        """the last `compute_routes` saw the record of a member it reaches appear, change its id or go"""
 
     def accept(self, record: LinkStateRecord, hops_travelled: int, now: float) -> str:
         """Store a received record. Returns "new" (newer: forward; routes may change), "refresh"
         (newer but the same links: forward, routes unchanged), "shorter" (same freshness, shorter
         distance: kept, not forwarded) or "old" (ignore)."""
         address = record.origin.address
-        distance = min(record.distance + hops_travelled, MAX_DISTANCE)
+        distance = record.distance + hops_travelled
+        if distance > MAX_DISTANCE:
+            distance = MAX_DISTANCE
         held = self.records.get(address)
         if held is None:
             if len(self.records) >= self.capacity and not self._evict_one():
                 self.refused += 1
                 return "old"
-        elif record.freshness < held.record.freshness:
-            return "old"
-        elif record.freshness == held.record.freshness:
-            self._touch(held, now)
-            if distance < held.record.distance:
-                held.record = _with_distance(held.record, distance)
-                held.encoded_size = None
-                return "shorter"
-            return "old"
-        self._store(StoredRecord(_with_distance(record, distance), now), held)
+        else:
+            current = held.record
+            if record.seq != current.seq or record.epoch != current.epoch:
+                if (record.epoch, record.seq) < (current.epoch, current.seq):
+                    return "old"
+            else:  # the version we hold
+                self._touch(address, now)
+                if distance < current.distance:
+                    self.records[address] = self._make_stored(current, distance)  # nothing else depends on it
+                    return "shorter"
+                return "old"
+        self._store(self._make_stored(record, distance), held, now)
         if held is not None and _same_links(held.record, record):
             return "refresh"  # a re-announcement with the same links: forward it, routes are unchanged
         return "new"
 
     def store_own(self, record: LinkStateRecord, now: float) -> None:
-        self._store(StoredRecord(record, now), self.records.get(record.origin.address))
+        self._store(self._make_stored(record, record.distance), self.records.get(record.origin.address), now)
 
-    def _store(self, stored: StoredRecord, held: StoredRecord | None) -> None:
+    def _store(self, stored: StoredRecord, held: StoredRecord | None, now: float) -> None:
         address = stored.record.origin.address
         self.records[address] = stored
-        if address != self.own and (held is None or stored.received_at < held.received_at):
-            self._push_age(stored.received_at, address)
+        if address in self._reachable:
+            if held is not None:
+                self._digest_remove(held)
+            self._digest_add(stored)
+        received_at = self.received_at
+        previous_time = received_at.get(address)
+        received_at[address] = now
+        if address != self.own and self._ages is not None and (previous_time is None or now < previous_time):
+            self._push_age(now, address)
         if held is None or held.record.origin != stored.record.origin:
             self.changed_ids.append(address)
-            if held is not None:
-                self._forget_id(held.record.origin)
-            self.ids[address] = stored.record.origin
-            self.by_vid.setdefault(stored.record.origin.vid, set()).add(address)
+            ids = self._own_ids()
+            ids[address] = stored.record.origin
+            self._index_vid(address, held, stored)
+        records = self.records
         before = held.listed if held is not None else frozenset()
-        for peer in before - stored.listed:
-            self._unlink(address, peer)
-        for peer in stored.listed - before:
-            other = self.records.get(peer)
-            if other is not None and address in other.listed and peer != address:  # never a link to itself
-                self.links.setdefault(address, set()).add(peer)
-                self.links.setdefault(peer, set()).add(address)
-                self.changed_links.append((address, peer, True))
-
-    def _unlink(self, address: Address, peer: Address) -> None:
-        peers = self.links.get(address)
-        if peers is None or peer not in peers:
+        after = stored.listed
+        if before == after:
             return
-        peers.discard(peer)
-        self.links[peer].discard(address)
-        self.changed_links.append((address, peer, False))
+        changed = self.changed_links
+        for peer in before - after:
+            other = records.get(peer)
+            if other is not None and address in other.listed and peer != address:
+                changed.append((address, peer, False))
+        for peer in after - before:
+            other = records.get(peer)
+            if other is not None and address in other.listed and peer != address:  # never a link to itself
+                changed.append((address, peer, True))
 
-    def _forget_id(self, origin: BrokerId) -> None:
-        same = self.by_vid.get(origin.vid)
-        if same is not None:
-            same.discard(origin.address)
-            if not same:
-                del self.by_vid[origin.vid]
+    def _own_ids(self) -> dict[Address, BrokerId]:
+        """`ids`, ready to change (a copy if routes hold it)."""
+        if self._ids_given:
+            self.ids = dict(self.ids)
+            self._ids_given = False
+        return self.ids
+
+    def origins_with_vid(self, vid: int) -> frozenset[Address]:
+        """The origins whose records announce `vid` (ours included): kept for our own vid, found by a scan for
+        another."""
+        if vid == self._own_vid:
+            return frozenset(self._same_vid | {self.own})
+        return frozenset(address for address, origin in self.ids.items() if origin.vid == vid)
+
+    def vid_index_size(self) -> int:
+        """Origins kept as announcing our vid (no more than the records: a bound the fuzz tests check)."""
+        return len(self._same_vid)
+
+    def _index_vid(self, address: Address, held: StoredRecord | None, stored: StoredRecord) -> None:
+        vid = stored.record.origin.vid
+        if address == self.own:
+            if vid != self._own_vid:
+                self._own_vid = vid
+                self._same_vid = {a for a, origin in self.ids.items() if origin.vid == vid and a != address}
+            return
+        if held is not None and held.record.origin.vid == self._own_vid:
+            self._same_vid.discard(address)
+        if vid == self._own_vid:
+            self._same_vid.add(address)
+
+    def peers(self, address: Address) -> list[Address]:
+        """The confirmed (two-way) links of a stored record: the peers it lists whose records list it."""
+        records = self.records
+        stored = records.get(address)
+        if stored is None:
+            return []
+        found = []
+        for peer in stored.listed:
+            other = records.get(peer)
+            if other is not None and address in other.listed and peer != address:
+                found.append(peer)
+        return found
 
     def _delete(self, address: Address) -> None:
         stored = self.records.pop(address)
+        del self.received_at[address]
+        if address in self._reachable:
+            self._digest_remove(stored)
         self.changed_ids.append(address)
-        del self.ids[address]
-        self._forget_id(stored.record.origin)
-        for peer in sorted(self.links.pop(address, ())):
-            self.links[peer].discard(address)
-            self.changed_links.append((address, peer, False))
+        del self._own_ids()[address]
+        self._same_vid.discard(address)
+        records = self.records
+        for peer in sorted(stored.listed):
+            other = records.get(peer)
+            if other is not None and address in other.listed and peer != address:
+                self.changed_links.append((address, peer, False))
 
     def _evict_one(self) -> bool:
         """Make room by dropping the oldest record that is not our own (lowest (received_at, address))."""
-        ages, records = self._ages, self.records
+        ages, received_at = self._ages, self.received_at
+        if ages is None:  # the first time the table is full: the heap, from the clocks
+            ages = self._ages = [(when, origin) for origin, when in received_at.items() if origin != self.own]
+            heapq.heapify(ages)
         while ages:
             self.eviction_steps += 1
-            received_at, address = ages[0]
-            stored = records.get(address)
-            if stored is None or address == self.own:
+            when, address = ages[0]
+            current = received_at.get(address)
+            if current is None or address == self.own:
                 heapq.heappop(ages)  # a record gone (or ours, never evicted)
-            elif stored.received_at != received_at:
-                heapq.heapreplace(ages, (stored.received_at, address))  # refreshed since: its current time
+            elif current != when:
+                heapq.heapreplace(ages, (current, address))  # refreshed since: its current time
             else:
                 heapq.heappop(ages)
                 self._delete(address)
                 return True
         return False
 
-    def _touch(self, stored: StoredRecord, now: float) -> None:
+    def _touch(self, address: Address, now: float) -> None:
         """Restart a record's expiry clock (a new heap entry only when the clock went back: the heap's times
         are lower bounds)."""
-        back = now < stored.received_at
-        stored.received_at = now
-        if back:
-            self._push_age(now, stored.record.origin.address)
+        received_at = self.received_at
+        back = now < received_at[address]
+        received_at[address] = now
+        if back and self._ages is not None and address != self.own:
+            self._push_age(now, address)
 
-    def _push_age(self, received_at: float, address: Address) -> None:
+    def _push_age(self, when: float, address: Address) -> None:
         """An entry for a record stored with this time; or, when stale entries outnumber the records, the heap
-        rebuilt from the records (this one included)."""
+        rebuilt from the clocks (this one included)."""
         ages = self._ages
+        assert ages is not None
         if len(ages) > 2 * len(self.records) + 64:
-            ages[:] = [(stored.received_at, origin) for origin, stored in self.records.items() if origin != self.own]
+            ages[:] = [(received, origin) for origin, received in self.received_at.items() if origin != self.own]
             heapq.heapify(ages)
         else:
-            heapq.heappush(ages, (received_at, address))
+            heapq.heappush(ages, (when, address))
 
     def routes_affected(self, routes: Routes) -> bool:
         """Do the changes since `routes` were computed move anything they say? Exact: False means a new
@@ -273,23 +432,51 @@ class LinkStateDatabase:
     def expire(self, lifetime: float, reachable: frozenset[Address], now: float) -> list[Address]:
         """Drop unreachable records not received for `lifetime`; reachable ones are kept alive by
         the links their neighbours announce (their clock restarts here)."""
-        stale = []
-        for address, stored in self.records.items():
-            if address in reachable:
-                if address != self.own:
-                    self._touch(stored, now)
-                else:
-                    stored.received_at = now
-            elif address != self.own and now - stored.received_at > lifetime:
-                stale.append(address)
+        received_at = self.received_at
+        touched = reachable & received_at.keys()
+        if self._ages is None:
+            received_at.update(dict.fromkeys(touched, now))
+        else:  # one by one: a clock that goes back needs a heap entry (the heap's times are lower bounds)
+            for address in touched:
+                self._touch(address, now)
+        own = self.own
+        stale = sorted(address for address in received_at.keys() - reachable
+                       if address != own and now - received_at[address] > lifetime)
         for address in stale:
             self._delete(address)
         return stale
 
     # ------------------------------------------------------------ anti-entropy
 
+    def _digest_add(self, stored: StoredRecord) -> None:
+        self._digest_buckets[stored.bucket] ^= stored.hash
+        self._digest_count += 1
+
+    def _digest_remove(self, stored: StoredRecord) -> None:
+        self._digest_buckets[stored.bucket] ^= stored.hash
+        self._digest_count -= 1
+
+    def _reach(self, members: frozenset[Address]) -> None:
+        """The routes now reach `members`: the kept digest covers their records."""
+        before = self._reachable
+        if members is before:
+            return
+        records = self.records
+        for address in before - members:
+            stored = records.get(address)
+            if stored is not None:
+                self._digest_remove(stored)
+        for address in members - before:
+            stored = records.get(address)
+            if stored is not None:
+                self._digest_add(stored)
+        self._reachable = members
+
     def digest(self, members: Iterable[Address]) -> Digest:
-        """The digest of the records of `members` (the reachable nodes, this one included)."""
+        """The digest of the records of `members` (the reachable nodes, this one included); kept up to date for
+        the members of the routes computed last."""
+        if members is self._reachable:
+            return self._digest_count, tuple(self._digest_buckets)
         buckets = [0] * DIGEST_BUCKETS
         count = 0
         records = self.records
@@ -312,20 +499,41 @@ class LinkStateDatabase:
     # ------------------------------------------------------------ routes
 
     def compute_routes(self, previous: Routes | None = None) -> Routes:
-        """Routes over confirmed (two-way) links from this node. From `previous` (the routes computed
-        last, exact for the table as it was then) when the changes since only confirmed links: a
-        partial update from the nodes they bring closer; otherwise a full breadth-first search."""
-        changes = self.changed_links
+        """Routes over confirmed (two-way) links from this node, from `previous` (the routes computed last,
+        exact for the table as it was then) when given: when the changes since only confirmed links, a
+        partial update from the nodes they bring closer (`_add_links`); when links also went, first a partial
+        update without every link that changed (`_remove_links`), then with those there now; without
+        `previous`, a full breadth-first search."""
+        changes, changed_ids = self.changed_links, self.changed_ids
         self.changed_links, self.changed_ids = [], []
-        if previous is not None and all(confirmed for _, _, confirmed in changes):
-            return self._add_links(previous, changes)
-        return self._search()
+        if previous is None:
+            routes = self._search()
+        elif all(confirmed for _, _, confirmed in changes):
+            routes = self._add_links(previous, changes)
+        else:
+            routes = self._change_links(previous, changes)
+        self._reach(routes.members)
+        distance = routes.distance
+        self.member_ids_changed = any(address in distance for address in changed_ids)
+        return routes
+
+    def _routes_ids(self) -> dict[Address, BrokerId]:
+        """`ids` for a new `Routes`: the dict itself, copied before the next change (`_own_ids`)."""
+        self._ids_given = True
+        return self.ids
+
+    def _hop_set(self, hops: frozenset[Address]) -> frozenset[Address]:
+        """One object per distinct set of next hops (a node has few: subsets of its neighbours)."""
+        shared = self._hop_sets.setdefault(hops, hops)
+        if len(self._hop_sets) > 4096:
+            self._hop_sets = {hops: hops}
+        return shared
 
     def _add_links(self, previous: Routes, changes: list[tuple[Address, Address, bool]]) -> Routes:
         """Routes after links were only added. Distances only shrink: relax outward from the nearer end
         of each new link, level by level; then recompute the next hops of every node whose distance or
         parents changed, and of those below it whose parents' next hops changed, in order of distance."""
-        links = self.links
+        peers = self.peers
         own = self.own
         distance = dict(previous.distance)
         next_hops = dict(previous.next_hops)
@@ -355,7 +563,7 @@ class LinkStateDatabase:
             for node in closer.pop(depth):
                 if distance[node] != depth:
                     continue  # brought closer still, later in this loop
-                for peer in links[node]:
+                for peer in peers(node):
                     reached = distance.get(peer)
                     if reached is None or reached > here:
                         distance[peer] = here
@@ -363,48 +571,173 @@ class LinkStateDatabase:
                         touch(peer)
                     elif reached == here:
                         touch(peer)  # a new parent
+        hop_set = self._hop_set
         while levels:  # next hops, level by level
             depth = min(levels)
             below = depth + 1
             for node in levels.pop(depth):
                 if distance[node] != depth:
                     continue  # touched before its distance shrank; handled at its final level
+                linked = peers(node)
                 if depth == 1:
                     hops = frozenset([node])
                 else:
-                    hops = frozenset().union(*(next_hops[p] for p in links[node] if distance.get(p) == depth - 1))
+                    hops = frozenset().union(*(next_hops[p] for p in linked if distance.get(p) == depth - 1))
                 if next_hops.get(node) != hops:
-                    next_hops[node] = hops
-                    for peer in links[node]:
+                    next_hops[node] = hop_set(hops)
+                    for peer in linked:
                         if distance.get(peer) == below:
                             levels.setdefault(below, set()).add(peer)
         members = previous.members if len(distance) == len(previous.distance) else frozenset(distance)
         assert own in distance
-        return Routes(members, distance, next_hops, dict(self.ids))
+        return Routes(members, distance, next_hops, self._routes_ids())
+
+    def _linked(self, a: Address, b: Address) -> bool:
+        """Is a - b a confirmed link now?"""
+        records = self.records
+        first, second = records.get(a), records.get(b)
+        return first is not None and second is not None and a != b and b in first.listed and a in second.listed
+
+    def _change_links(self, previous: Routes, changes: list[tuple[Address, Address, bool]]) -> Routes:
+        """Routes after links went (and maybe came): without every pair that changed (`_remove_links`), then
+        with the pairs linked now added back (`_add_links`), each exact for the links it is given."""
+        pairs = {(a, b) if a < b else (b, a) for a, b, _ in changes}
+        routes = self._remove_links(previous, pairs)
+        if routes is None:
+            return self._search()  # too much moved: a search from scratch costs less
+        present = [(a, b, True) for a, b in sorted(pairs) if self._linked(a, b)]
+        return self._add_links(routes, present) if present else routes
+
+    def _remove_links(self, previous: Routes, pairs: set[tuple[Address, Address]]) -> Routes | None:
+        """Routes over the links now less `pairs` (and so over the links of `previous` less `pairs`: nothing
+        else changed). Distances only grow: a node whose every parent (neighbour one level nearer) is gone or
+        lost its own way is *affected*; only affected nodes are placed again, from their unaffected
+        neighbours outward, level by level; then the next hops of every node whose parents may have changed,
+        and of those below them whose parents' next hops changed. None when more than a tenth of the members
+        are affected (a partition): a full search is cheaper then."""
+        own = self.own
+        excluded: dict[Address, set[Address]] = {}
+        for a, b in pairs:
+            excluded.setdefault(a, set()).add(b)
+            excluded.setdefault(b, set()).add(a)
+        known: dict[Address, list[Address]] = {}
+
+        def linked(node: Address) -> list[Address]:
+            found = known.get(node)
+            if found is None:
+                gone = excluded.get(node)
+                found = known[node] = self.peers(node) if gone is None else \
+                    [peer for peer in self.peers(node) if peer not in gone]
+            return found
+
+        old = previous.distance
+        suspects: dict[int, set[Address]] = {}
+        """level -> nodes that may have lost every parent"""
+        for a, b in pairs:
+            da, db = old.get(a), old.get(b)
+            if da is not None and db is not None and abs(da - db) == 1:
+                far = a if da > db else b
+                suspects.setdefault(old[far], set()).add(far)
+        affected: set[Address] = set()
+        examined: set[Address] = set()
+        limit = len(old) // 10
+        while suspects:  # nearest first: a parent's fate is known before its children's
+            depth = min(suspects)
+            for node in suspects.pop(depth):
+                if node == own or node in affected:
+                    continue
+                examined.add(node)
+                neighbours = linked(node)
+                if any(old.get(peer) == depth - 1 and peer not in affected for peer in neighbours):
+                    continue  # still a parent on a shortest path that holds
+                affected.add(node)
+                if len(affected) > limit:
+                    return None
+                for peer in neighbours:
+                    if old.get(peer) == depth + 1:
+                        suspects.setdefault(depth + 1, set()).add(peer)
+        if not affected and not examined:
+            return Routes(previous.members, previous.distance, previous.next_hops, self._routes_ids())
+        distance = dict(old)
+        next_hops = dict(previous.next_hops)
+        for node in affected:
+            del distance[node]
+            next_hops.pop(node, None)
+        reach: dict[int, set[Address]] = {}
+        """level -> affected nodes reachable at that distance (or more, when reached again)"""
+        for node in affected:
+            best = min((distance[peer] + 1 for peer in linked(node) if peer in distance), default=None)
+            if best is not None:
+                reach.setdefault(best, set()).add(node)
+        placed: list[Address] = []
+        while reach:
+            depth = min(reach)
+            for node in reach.pop(depth):
+                if node in distance:
+                    continue  # placed nearer already
+                distance[node] = depth
+                placed.append(node)
+                for peer in linked(node):
+                    if peer in affected and peer not in distance:
+                        reach.setdefault(depth + 1, set()).add(peer)
+        levels: dict[int, set[Address]] = {}
+        """level -> nodes whose next hops must be recomputed"""
+        for node in examined - affected:
+            levels.setdefault(distance[node], set()).add(node)
+        for node in placed:
+            here = distance[node]
+            levels.setdefault(here, set()).add(node)
+            for peer in linked(node):
+                if distance.get(peer) == here + 1:
+                    levels.setdefault(here + 1, set()).add(peer)  # it may have a new parent
+        hop_set = self._hop_set
+        while levels:
+            depth = min(levels)
+            for node in levels.pop(depth):
+                if depth == 0 or distance.get(node) != depth:
+                    continue
+                neighbours = linked(node)
+                if depth == 1:
+                    hops = frozenset([node])
+                else:
+                    hops = frozenset().union(*(next_hops[p] for p in neighbours if distance.get(p) == depth - 1))
+                if next_hops.get(node) != hops:
+                    next_hops[node] = hop_set(hops)
+                    for peer in neighbours:
+                        if distance.get(peer) == depth + 1:
+                            levels.setdefault(depth + 1, set()).add(peer)
+        members = previous.members if len(distance) == len(old) else frozenset(distance)
+        return Routes(members, distance, next_hops, self._routes_ids())
 
     def _search(self) -> Routes:
         """Breadth-first search over confirmed (two-way) links from this node."""
-        ids = dict(self.ids)
-        links = self.links
-        distance = {self.own: 0}
+        records = self.records
+        own = self.own
+        distance = {own: 0}
         next_hops: dict[Address, frozenset[Address]] = {}
-        for peer in links.get(self.own, ()):
+        hop_set = self._hop_set
+        for peer in self.peers(own):
             distance[peer] = 1
-            next_hops[peer] = frozenset([peer])
+            next_hops[peer] = hop_set(frozenset([peer]))
         frontier = deque(next_hops)
         while frontier:
             node = frontier.popleft()
             here = distance[node] + 1
             hops = next_hops[node]
-            for peer in links[node]:
+            for peer in records[node].listed:
                 reached = distance.get(peer)
+                if reached is not None and (reached != here or hops <= next_hops[peer]):
+                    continue  # nearer, or reached from here already: the link changes nothing
+                other = records.get(peer)
+                if other is None or node not in other.listed or peer == node:
+                    continue  # one-way: no link
                 if reached is None:
                     distance[peer] = here
                     next_hops[peer] = hops
                     frontier.append(peer)
-                elif reached == here and not hops <= next_hops[peer]:
-                    next_hops[peer] = next_hops[peer] | hops
-        return Routes(frozenset(distance), distance, next_hops, ids)
+                else:
+                    next_hops[peer] = hop_set(next_hops[peer] | hops)
+        return Routes(frozenset(distance), distance, next_hops, self._routes_ids())
 
 
 def _same_links(held: LinkStateRecord, record: LinkStateRecord) -> bool:

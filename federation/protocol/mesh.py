@@ -15,6 +15,22 @@ to up to `redundancy` parents: neighbours on shortest paths to the core
 (lowest ids first); a node that receives `ts` records a child and becomes a
 member itself. Soft state: children expire after the announcement lifetime;
 a member whose last subscriber and child leave prunes itself at once.
+
+Publications cross only the links to the *data parents*: the first
+`data_parents` parents that are up (one by default, so the links they cross
+make a tree rooted at the core: a copy per member). The other parents are
+*standby*: their `ts` carries the standby flag, so they keep the child apart
+(`standby_children`), send it nothing and do not become members for it.
+Failure is noticed before the neighbour is declared down: when the hello
+back of the last hello sent to a data parent is late (a quarter of the
+hello interval, or 4 round trips), the first standby parent that is up
+becomes a data parent beside it (a plain `ts`: it joins the mesh if it was
+not a member, and both sides replay the recent QoS 1/2 publications to each
+other), until the late one answers (back to standby) or goes down (it stays).
+What a failure costs is the time until the next hello goes unanswered:
+QoS 0 published meanwhile is lost below the lost parent, QoS 1/2 arrives
+by the replay. `data_parents: redundancy` restores publications over every
+parent link (no loss on a single parent's failure, a copy from each).
 Every node is a member of a replicated filter's mesh (docs/modes.md), which
 has one parent per member, so it is a tree rooted at the core and a
 publication matching it reaches every broker once; the origin then sends it
@@ -36,7 +52,7 @@ from federation.protocol.events import id_text
 from federation.protocol.forwarding import PublicationRouting
 from federation.protocol.topics import TopicState
 from federation.protocol.types import Address
-from federation.protocol.wire import FLAG_PRUNE, TOPIC_CORE, TOPIC_SUBSCRIBE
+from federation.protocol.wire import FLAG_PRUNE, FLAG_STANDBY, TOPIC_CORE, TOPIC_SUBSCRIBE
 from federation.protocol.wire_types import TopicSubscribe
 
 
@@ -53,19 +69,28 @@ class MeshEngine(CoreElection, PublicationRouting):
             if state is None:
                 self._outbox.drop("ts_core_mismatch")
                 return
-        if message.flags & FLAG_PRUNE:
+        expires = now + self._settings.announcement_lifetime
+        if message.flags & (FLAG_PRUNE | FLAG_STANDBY):
             if state.children.pop(from_announced, None) is not None:
-                self.dirty.add(state.filter)
+                self.dirty.add(state.filter)  # a data child no more: it left, or keeps us as a standby parent
+            if message.flags & FLAG_PRUNE:
+                state.standby_children.pop(from_announced, None)
+            else:
+                self._add_child(state.standby_children, from_announced, expires)
             return
+        state.standby_children.pop(from_announced, None)
         is_new = from_announced not in state.children
-        if is_new and len(state.children) >= self._settings.max_neighbours:
-            # Children are neighbours: more means ids that changed (or were faked); the stalest goes.
-            del state.children[min(state.children, key=state.children.__getitem__)]
-            self._outbox.drop("children_evicted")
-        state.children[from_announced] = now + self._settings.announcement_lifetime
+        self._add_child(state.children, from_announced, expires)
         if is_new:
             self.dirty.add(state.filter)
             self._new_mesh_neighbour(state.filter, from_announced, now)  # QoS 1/2 repair
+
+    def _add_child(self, children: dict[Address, float], child: Address, expires: float) -> None:
+        if child not in children and len(children) >= self._settings.max_neighbours:
+            # Children are neighbours: more means ids that changed (or were faked); the stalest goes.
+            del children[min(children, key=children.__getitem__)]
+            self._outbox.drop("children_evicted")
+        children[child] = expires
 
     def _placed_subscribe(self, message: TopicSubscribe, now: float) -> TopicState | None:
         """A `ts` naming a core we do not hold: under placement, the core it names may be the one we would
@@ -125,34 +150,85 @@ class MeshEngine(CoreElection, PublicationRouting):
         own_core = self.is_own_core(state)
         member = state.core is not None and (own_core or wants or bool(state.children))
         parents = self.parents_for(state) if member and not own_core else ()
-        if parents != state.parents or member != state.member:
+        data = self._data_parents(parents)
+        if parents != state.parents or data != state.data_parents or member != state.member:
             for parent in sorted(set(state.parents) - set(parents)):
                 self._send_subscribe(state, parent, prune=True)
-            for parent in sorted(set(parents) - set(state.parents)):
-                self._send_subscribe(state, parent, prune=False)
-                self._new_mesh_neighbour(state.filter, parent, now)  # QoS 1/2 repair
+            for parent in sorted(parents):
+                carries = parent in data
+                if parent in state.parents and carries == (parent in state.data_parents):
+                    continue  # nothing changed for it
+                self._send_subscribe(state, parent, prune=False, standby=not carries)
+                if carries and parent not in state.parents:
+                    # QoS 1/2 repair toward a parent we choose (a standby one taking over has them, or has them
+                    # from us by custody: what we sent the parent it replaces is routed again)
+                    self._new_mesh_neighbour(state.filter, parent, now)
             if member and not state.member:
                 self._outbox.emit(events.MESH_JOINED, now, filter=state.filter, core=id_text(state.core),
                                   parents=[str(p) for p in parents])
             elif state.member and not member:
                 self._outbox.emit(events.MESH_LEFT, now, filter=state.filter)
-            state.parents, state.member = parents, member
+            state.parents, state.data_parents, state.member = parents, data, member
+            self._watch(state)
         if (state.held or state.held_reliable) and self._routable(state):
             self.release_held(state, now)
         elif state.held_reliable and state.core is None and state.withdrawn_at > state.lost_at:
             self.end_withdrawn(state, now)
-        if state.core is None and not wants and not state.children and not state.held and not state.held_reliable \
-                and not state.pending and \
+        if state.core is None and not wants and not state.children and not state.standby_children \
+                and not state.held and not state.held_reliable and not state.pending and \
                 (state.withdrawn is None or now - state.heard_at > lifetime) and now - state.lost_at > lifetime:
             del self.topics[state.filter]
             self.index.discard(state.filter)
+            self._watching.pop(state.filter, None)
+            self._watched = None
 
-    def _send_subscribe(self, state: TopicState, parent: Address, prune: bool) -> None:
+    def _watch(self, state: TopicState) -> None:
+        """Keep `watched_parents` current: the data parents that have a standby beside them."""
+        watching = self._watching
+        watched = state.data_parents if len(state.parents) > len(state.data_parents) else ()
+        if watching.get(state.filter, ()) != watched:
+            if watched:
+                watching[state.filter] = watched
+            else:
+                watching.pop(state.filter, None)
+            self._watched = None
+
+    def watched_parents(self) -> frozenset[Address]:
+        """The data parents (announced addresses) with a standby parent beside them, in any mesh: the node
+        watches their hello backs (`NeighbourTable.next_overdue`) so a standby one can take over early."""
+        watched = self._watched
+        if watched is None:
+            watched = self._watched = frozenset(a for parents in self._watching.values() for a in parents)
+        return watched
+
+    def _data_parents(self, parents: tuple[Address, ...]) -> tuple[Address, ...]:
+        """The parents publications cross: the first `data_parents` of them that are up and answer their
+        hellos (lowest ids first), and before them those that are up but late to answer (they may be alive:
+        kept until they answer or go down, the next one carrying beside them); while too few are up, the first
+        ones (a copy for one that is down is kept or counted as lost)."""
+        wanted = self._settings.data_parents
+        if len(parents) <= wanted:
+            return parents
+        neighbours = self._neighbours
+        chosen = []
+        healthy = 0
+        for parent in parents:
+            if healthy == wanted:
+                break
+            if neighbours.transport_for(parent) is not None:
+                chosen.append(parent)
+                if not neighbours.is_overdue(parent):
+                    healthy += 1
+        if len(chosen) < wanted:
+            chosen += [parent for parent in parents if parent not in chosen][: wanted - len(chosen)]
+        return tuple(parent for parent in parents if parent in chosen)
+
+    def _send_subscribe(self, state: TopicState, parent: Address, prune: bool, standby: bool = False) -> None:
         transport = self._neighbours.transport_for(parent)
         if transport is None or state.core is None:
             return
-        self._outbox.send(TOPIC_SUBSCRIBE, TopicSubscribe(state.filter, state.core, FLAG_PRUNE if prune else 0),
-                          [transport])
+        flags = FLAG_PRUNE if prune else FLAG_STANDBY if standby else 0
+        self._outbox.send(TOPIC_SUBSCRIBE, TopicSubscribe(state.filter, state.core, flags), [transport])
 
     def periodic(self, now: float) -> None:
         """Every announce interval: refresh own claims, ownerships and memberships, expire children."""
@@ -160,15 +236,15 @@ class MeshEngine(CoreElection, PublicationRouting):
         if self.ownership.expire(self._settings.announcement_lifetime, now):
             self.mark_all_dirty()
         for filter_, state in sorted(self.topics.items()):
-            expired = [child for child, until in state.children.items() if until < now]
-            for child in expired:
-                del state.children[child]
+            for children in (state.children, state.standby_children):
+                for child in [child for child, until in children.items() if until < now]:
+                    del children[child]
             if self.is_own_core(state):
                 self.announce(state, now)
                 state.core_seq, state.heard_at = state.own_seq, now
             elif state.member:
                 for parent in state.parents:
-                    self._send_subscribe(state, parent, prune=False)
+                    self._send_subscribe(state, parent, prune=False, standby=parent not in state.data_parents)
             self.dirty.add(filter_)
 
     def prune_all(self) -> None:
@@ -222,6 +298,8 @@ class MeshEngine(CoreElection, PublicationRouting):
                 "filter": filter_, "core": id_text(state.core), "own_core": self.is_own_core(state),
                 "distance": state.core_distance if state.core else None, "member": state.member,
                 "parents": [str(p) for p in state.parents], "children": [str(c) for c in sorted(state.children)],
+                "standby_parents": [str(p) for p in state.parents if p not in state.data_parents],
+                "standby_children": [str(c) for c in sorted(state.standby_children)],
                 "local_subscribers": self._local_interest.get(filter_, 0),
                 "held": len(state.held) + len(state.held_reliable),
                 "mode": self.policy.mode_name(filter_), "placed": state.provisional,

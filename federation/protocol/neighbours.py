@@ -29,6 +29,7 @@ estimates from `neighbour_up` and `counters` events.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,15 @@ class Neighbour:
     extra: dict[str, float] = field(default_factory=dict)
     rtt_histogram: Histogram = field(default_factory=Histogram)
     """every round trip measured by the hello exchange (the daemon exports it: the per-hop latency)"""
+    last_hello: float = float("-inf")
+    """when we last sent it a hello"""
+    probed: bool = False
+    """the hello back of a hello was late, and we sent another (`NeighbourTable.check_late`)"""
+    overdue: bool = False
+    """up, but the hello backs of two hellos in a row are late (`NeighbourTable.check_late`): the mesh lets a
+    standby parent carry publications beside it until it answers or goes down"""
+    quiet_until: float = float("-inf")
+    """not watched for late hello backs before this (it gave a false alarm lately)"""
 
 
 class NeighbourTable:
@@ -103,6 +113,7 @@ class NeighbourTable:
                     now: float) -> bool:
         """Account for a valid hello back; return True when the neighbour just came up."""
         neighbour.last_back = now
+        neighbour.probed = neighbour.overdue = False
         neighbour.rtt = rtt if neighbour.rtt is None else (1 - alpha) * neighbour.rtt + alpha * rtt
         neighbour.rtt_histogram.observe(rtt)
         neighbour.clock_samples.append((rtt, peer_clock_offset))
@@ -119,6 +130,60 @@ class NeighbourTable:
         """Another echo of our traffic (a matching `ta`): an up neighbour stays up, as after a hello back."""
         if neighbour.up:
             neighbour.last_back = max(neighbour.last_back, now)
+
+    # ------------------------------------------------------------ late hello backs (a hint, not liveness)
+
+    def hello_sent(self, neighbour: Neighbour, now: float) -> None:
+        neighbour.last_hello = now
+
+    @staticmethod
+    def overdue_after(neighbour: Neighbour, hello_interval: float) -> float:
+        """How long after a hello its hello back is late: a quarter of the hello interval, or 4 round trips if
+        more (a hello back waits behind nothing: hellos are handled ahead of the data)."""
+        return max(hello_interval / 4, 4 * (neighbour.rtt or 0.0))
+
+    def _awaited(self, watched: Collection[Address], now: float) -> list[Neighbour]:
+        """The up neighbours among `watched` (announced addresses) whose answer to our last hello is awaited,
+        not marked late already, and not given a false alarm lately."""
+        by_transport = self._by_transport
+        found = []
+        for announced in sorted(watched):
+            transport = self._up_by_announced.get(announced)
+            neighbour = by_transport.get(transport) if transport is not None else None
+            if neighbour is not None and not neighbour.overdue and neighbour.last_hello > neighbour.last_back \
+                    and now >= neighbour.quiet_until:
+                found.append(neighbour)
+        return found
+
+    def next_overdue(self, hello_interval: float, watched: Collection[Address], now: float) -> float | None:
+        """When the hello back of the next of the `watched` neighbours becomes late (None: none is awaited)."""
+        if not watched:
+            return None
+        deadlines = [n.last_hello + self.overdue_after(n, hello_interval) for n in self._awaited(watched, now)]
+        return min(deadlines) if deadlines else None
+
+    def check_late(self, hello_interval: float, now: float, watched: Collection[Address],
+                   quiet: float) -> tuple[list[Neighbour], bool]:
+        """The `watched` up neighbours whose hello back is late: those not probed yet are returned, to be sent a
+        hello at once (a lost datagram is not a failure); those whose probe is late too are marked `overdue`
+        (True when one was). One that then answers after all gave a false alarm: it is not watched for `quiet`
+        seconds (a lossy link)."""
+        probe, marked = [], False
+        for neighbour in self._awaited(watched, now):
+            if now >= neighbour.last_hello + self.overdue_after(neighbour, hello_interval):
+                if neighbour.probed:
+                    neighbour.overdue = marked = True
+                    neighbour.quiet_until = now + quiet  # in effect once it answers (`record_back`)
+                else:
+                    neighbour.probed = True
+                    probe.append(neighbour)
+        return probe, marked
+
+    def is_overdue(self, announced: Address) -> bool:
+        """Is the up neighbour announcing `announced` late with its hello back?"""
+        transport = self._up_by_announced.get(announced)
+        neighbour = self._by_transport.get(transport) if transport is not None else None
+        return neighbour is not None and neighbour.overdue
 
     def clock_report(self) -> dict[str, dict[str, Any]]:
         """Per up neighbour (transport address): smoothed `rtt`, clock `offset` and its `error` bound, seconds."""
@@ -144,6 +209,8 @@ class NeighbourTable:
                 continue
             if neighbour.up and now >= neighbour.last_back + dead_after:
                 neighbour.up = False
+                neighbour.overdue = neighbour.probed = False
+                neighbour.quiet_until = float("-inf")  # the alarm was right
                 neighbour.up_since = None
                 neighbour.flaps += 1
                 gone.append(neighbour)

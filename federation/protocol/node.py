@@ -53,7 +53,7 @@ from federation.protocol.database_sync import DatabaseSync
 from federation.protocol.delivery import ReliableDelivery
 from federation.protocol.events import addresses_text, id_text
 from federation.protocol.forwarding import SENT_TO_PACED
-from federation.protocol.linkstate import Routes
+from federation.protocol.linkstate import MakeStored, Routes, stored_record
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.neighbours import Neighbour, NeighbourTable
@@ -112,7 +112,8 @@ class NodeView:
 class Node:
     def __init__(self, address: Address, neighbours: Iterable[Address], epoch: int, rng: random.Random,
                  settings: Settings | None = None, vid: int | None = None, name: str | None = None,
-                 decode: wire.DecodeFunction = wire.decode, publication_events: bool = True) -> None:
+                 decode: wire.DecodeFunction = wire.decode, publication_events: bool = True,
+                 make_stored: MakeStored = stored_record) -> None:
         if not 0 <= epoch <= wire.MAX_EPOCH:
             raise ValueError(f"epoch must be 0 to {wire.MAX_EPOCH} (docs/protocol.md, \"Ranges\"), got {epoch}")
         neighbours = [a for a in neighbours if a != address]
@@ -132,8 +133,9 @@ class Node:
         self.drop = self.outbox.drop
         """count a drop by reason, optionally with its event (`Outbox.drop`: the one way drops are counted)"""
         self.emit = self.outbox.emit
-        self.table = FederationTable(self.identity, self.neighbours, self.outbox, rng)
-        """origination and flooding of records, route computation, management core, id collisions"""
+        self.table = FederationTable(self.identity, self.neighbours, self.outbox, rng, make_stored)
+        """origination and flooding of records, route computation, management core, id collisions; `make_stored`:
+        what it stores a record as (the simulator passes a `linkstate.RecordPool` its nodes share)"""
         self.pacing = Pacing(self._send_receiver_busy)
         """QoS 0 pacing with the neighbours (`rb`): see `on_receive_backlog` and `paced_until`"""
         self.custody = Custody(self.outbox)
@@ -368,6 +370,8 @@ class Node:
         if self.publications.parked:
             candidates.append(self.publications.unpark_at(self.mesh.claim_allowed_at))
         for deadline in (self.neighbours.next_deadline(self.settings.neighbour_dead_after),
+                         self.neighbours.next_overdue(self.settings.hello_interval, self.mesh.watched_parents(),
+                                                      self.last_input_at),
                          self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
                          self.sync.next_deadline(), self.publications.ordering.next_deadline()):
             if deadline is not None:
@@ -379,6 +383,12 @@ class Node:
             return
         for neighbour in self.neighbours.expire(self.settings.neighbour_dead_after, now):
             self._neighbour_down(neighbour, now)
+        probe, late = self.neighbours.check_late(self.settings.hello_interval, now, self.mesh.watched_parents(),
+                                                 self.settings.announcement_lifetime)
+        for neighbour in probe:
+            self._send_hello(neighbour, now)  # one hello back late: ask again before calling it late
+        if late:
+            self.mesh.mark_all_dirty()  # a data parent late twice: a standby one carries beside it (rule 6)
         self.sync.due_resyncs(now)
         if now >= self.next_hello:
             self._send_hellos(now)
@@ -613,6 +623,7 @@ class Node:
 
     def _send_hello(self, neighbour: Neighbour, now: float) -> None:
         self.hello_seq += 1
+        self.neighbours.hello_sent(neighbour, now)
         self.outbox.send(wire.HELLO, Hello(self.hello_seq, now), [neighbour.transport])
 
     def _on_hello_back(self, neighbour: Neighbour, body: HelloBack, now: float) -> None:
@@ -621,6 +632,8 @@ class Node:
             self.drop("stale_hello_back")
             return
         offset = body.replied_at - (body.echo_sent_at + rtt / 2)
+        if neighbour.overdue:
+            self.mesh.mark_all_dirty()  # answered after all: a standby parent beside it goes back to standby
         if self.neighbours.record_back(neighbour, rtt, offset, self.settings.rtt_smoothing, now):
             assert neighbour.announced is not None
             self.emit(events.NEIGHBOUR_UP, now, neighbour=str(neighbour.transport),
@@ -648,6 +661,7 @@ class Node:
         self.retained_sync.neighbour_down(neighbour.transport)
         self.pacing.forget(neighbour.transport)
         self.table.trigger_origination(now)
+        self.mesh.mark_all_dirty()  # a data parent down: a standby one takes over now, not after the routes
 
     # ------------------------------------------------------------ composing the parts
 

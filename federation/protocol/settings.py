@@ -59,6 +59,10 @@ class Settings:
     # Topic meshes.
     redundancy: int = 2
     """parents per mesh member toward the topic core (neighbours on shortest paths)"""
+    data_parents: int = 1
+    """of a member's parents, how many carry publications (the first that are up, lowest ids first); the others
+    are standby, kept with `ts` and promoted at once when a data parent goes down. 1: publications cross a tree;
+    `redundancy` or more: every mesh link, a copy from each parent"""
     publication_hold: float = 2.0
     """seconds a QoS 0 publication waits for a topic core (or a route) before it is dropped; QoS 1/2 ones wait
     until they can go on (`reliable_hold`)"""
@@ -195,7 +199,7 @@ class Settings:
     def validate(self, where: str = "settings") -> None:
         positive = [
             "hello_interval", "announce_interval", "dead_intervals", "expire_intervals",
-            "redundancy", "max_hops", "duplicate_cache_size", "max_neighbours", "max_nodes",
+            "redundancy", "data_parents", "max_hops", "duplicate_cache_size", "max_neighbours", "max_nodes",
             "max_topics", "stats_interval", "max_held_publications", "retransmit_timeout", "retransmit_timeout_max",
             "max_unacked", "max_held_bytes", "reliable_hold", "reorder_timeout", "reorder_max", "reorder_max_stream",
             "reorder_max_bytes", "max_streams", "transfer_timeout",

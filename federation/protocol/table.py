@@ -48,7 +48,7 @@ from federation.protocol import events, wire
 from federation.protocol.context import Identity, NeighboursView, Outbox
 from federation.protocol.dedup import SeenCache
 from federation.protocol.events import addresses_text, id_text
-from federation.protocol.linkstate import LinkStateDatabase, Routes, StoredRecord
+from federation.protocol.linkstate import LinkStateDatabase, MakeStored, Routes, StoredRecord, stored_record
 from federation.protocol.neighbours import Neighbour
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire_types import CoreAnnouncement, Federate, LinkStateRecord, Reconsider
@@ -66,21 +66,27 @@ class RouteChange:
     """members no longer reachable"""
     moved: bool
     """next hops, members or ids changed: any topic's parents may have moved"""
+    member_ids: bool = True
+    """the id of a member that stays a member may have changed (the management core must be found again among
+    all members; otherwise only the members added can be lower than it)"""
 
 
 class FederationTable:
     """Our copy of the federation table, the routes and the management core derived from it."""
 
-    def __init__(self, identity: Identity, neighbours: NeighboursView, outbox: Outbox, rng: random.Random) -> None:
+    def __init__(self, identity: Identity, neighbours: NeighboursView, outbox: Outbox, rng: random.Random,
+                 make_stored: MakeStored = stored_record) -> None:
         self._identity = identity
         self._settings = identity.settings
         self._neighbours = neighbours
         self._outbox = outbox
         self._rng = rng
         address = identity.address
-        self.lsdb = LinkStateDatabase(address, self._settings.max_nodes)
+        self.lsdb = LinkStateDatabase(address, self._settings.max_nodes, make_stored)
         self.routes = Routes(frozenset([address]), {address: 0}, {}, {})
         self.management_core = identity.broker_id
+        self._elected_as = identity.broker_id
+        """our id when the management core was last elected (a new one of ours means electing from scratch)"""
         self.own_seq = 0
         self.core_seq = 0
         self.changes = 0
@@ -243,23 +249,34 @@ class FederationTable:
         self.last_spf = now
         previous = self.routes
         routes = self.routes = self.lsdb.compute_routes(previous)
-        added = routes.members - previous.members
-        removed = previous.members - routes.members
+        added: frozenset[Address]
+        removed: frozenset[Address]
+        if routes.members is previous.members:
+            added = removed = frozenset()
+        else:
+            added = routes.members - previous.members
+            removed = previous.members - routes.members
         if added or removed:
             self._outbox.view_changed()
             self._outbox.emit(events.TABLE_CHANGED, now, added=addresses_text(added), removed=addresses_text(removed),
                               size=len(routes.members))
-        moved = bool(previous.next_hops != routes.next_hops or added or removed or previous.ids != routes.ids)
-        return RouteChange(added, removed, moved)
+        ids_changed = previous.ids is not routes.ids and previous.ids != routes.ids
+        moved = bool(previous.next_hops != routes.next_hops or added or removed or ids_changed)
+        return RouteChange(added, removed, moved, ids_changed and self.lsdb.member_ids_changed)
 
     def elect_management_core(self, change: RouteChange, now: float) -> None:
         """After a route computation: the lowest id among the reachable members is the management core; as
         management core, announce it, and flood the records that changed membership."""
         identity = self._identity
         routes = self.routes
-        # Every member has a record (links exist only between stored records), hence an id.
-        core = min(identity.broker_id, min(map(routes.ids.__getitem__, routes.members - {identity.address}),
-                                           default=identity.broker_id))
+        if change.removed or change.member_ids or self._elected_as != identity.broker_id:
+            # Every member has a record (links exist only between stored records), hence an id.
+            core = min(identity.broker_id, min(map(routes.ids.__getitem__, routes.members - {identity.address}),
+                                               default=identity.broker_id))
+        else:  # members only joined, ids unchanged: the lowest is the one we had or a newcomer
+            core = min(self.management_core, min(map(routes.ids.__getitem__, change.added),
+                                                 default=self.management_core))
+        self._elected_as = identity.broker_id
         if core != self.management_core:
             previous_core = self.management_core
             self.management_core = core
@@ -289,7 +306,7 @@ class FederationTable:
         tells the others (`rc`); returns True when we took a new vid (our topic cores must announce it)."""
         identity = self._identity
         routes = self.routes
-        same = sorted(a for a in self.lsdb.by_vid.get(identity.vid, ())
+        same = sorted(a for a in self.lsdb.origins_with_vid(identity.vid)
                       if a != identity.address and a in routes.members
                       and routes.ids.get(a, identity.broker_id).vid == identity.vid)
         if not same:

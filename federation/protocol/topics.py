@@ -123,8 +123,14 @@ class TopicState:
     """announced addresses of the neighbours that delivered the freshest `tc` at the shortest distance"""
     own_seq: int = 0
     children: dict[Address, float] = field(default_factory=dict)
-    """child (announced address) -> time its membership expires"""
+    """child (announced address) -> time its membership expires: the children we send publications to"""
+    standby_children: dict[Address, float] = field(default_factory=dict)
+    """children that keep us as a standby parent (`ts` with the standby flag) -> expiry: sent no publications
+    until one subscribes without the flag (its data parent went down); they do not make us a member"""
     parents: tuple[Address, ...] = ()
+    data_parents: tuple[Address, ...] = ()
+    """the parents publications cross (the first `data_parents` of `parents` that are up); the others are
+    standby"""
     member: bool = False
     withdrawn: tuple[BrokerId, int, int] | None = None
     """the last withdrawal heard (core, epoch, seq): older claims of that core are ignored"""
@@ -154,6 +160,11 @@ class TopicState:
     @property
     def freshness(self) -> tuple[int, int]:
         return (self.core_epoch, self.core_seq)
+
+    def forget_children(self) -> None:
+        """The core changed or went: the children, data and standby, joined another mesh."""
+        self.children.clear()
+        self.standby_children.clear()
 
 
 # ---------------------------------------------------------------- the topics and the mesh engine's context
@@ -189,6 +200,10 @@ class TopicTable:
         self.index = FilterIndex()
         self.dirty: set[str] = set()
         """filters to reconcile (`MeshEngine.reconcile`) before the input is done"""
+        self._watching: dict[str, tuple[Address, ...]] = {}
+        """filter -> its data parents that have a standby beside them (`MeshEngine.watched_parents`)"""
+        self._watched: frozenset[Address] | None = None
+        """the union of `_watching` (None: to compute again)"""
         self.held_count = 0
         self.held_bytes = 0
         self.held_reliable_count = 0

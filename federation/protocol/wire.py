@@ -103,6 +103,7 @@ FLAG_LEAVING = 1      # fd: the origin is shutting down cleanly
 FLAG_WITHDRAWN = 1    # tc/rt: the core withdraws (no subscribers left anywhere)
 FLAG_OWNER = 2        # tc: not a claim: `core` announces that it owns the subtree `filter` (docs/modes.md)
 FLAG_PRUNE = 1        # ts: the sender leaves the mesh
+FLAG_STANDBY = 2      # ts: a standby parent: keep the sender as a child, send it no publications (rule 6)
 
 MODE_TOWARD_CORE = 0  # tm: still climbing toward the topic core
 MODE_IN_MESH = 1      # tm: spreading through the mesh
@@ -498,6 +499,12 @@ def _record_of(value: Any, what: str, max_neighbours: int) -> LinkStateRecord:
         flags=_int(fields[6], f"{what}.flags", 0, 255),
         neighbours=tuple(_address(n, f"{what}.neighbours[{i}]") for i, n in enumerate(neighbours)),
     )
+
+
+def record_of(value: Any, max_neighbours: int) -> LinkStateRecord:
+    """One record as msgpack gave it (a list), checked as a packet's record is; DecodeError if not valid (the
+    simulator's decode cache decodes each distinct record's bytes once with it)."""
+    return _record_of(value, "record", max_neighbours)
 
 
 def _summary_entry_of(value: Any, what: str) -> SummaryEntry:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from federation.protocol.events import id_text, publication_text
+from federation.protocol.linkstate import MakeStored, RecordPool, stored_record
 from federation.protocol.node import Node
 from federation.protocol.ordering import Position, StreamKey
 from federation.protocol.retained_sync import MemoryRetainedIndex
@@ -86,9 +87,9 @@ RETRIED_FACTOR = 8
 """the first retransmissions of a QoS 1/2 copy (the timeout doubles up to its cap), a reroute, a replay"""
 
 
-def build_node(setup: NodeSetup, decode: DecodeFunction = wire_decode) -> Node:
+def build_node(setup: NodeSetup, decode: DecodeFunction = wire_decode, make_stored: MakeStored = stored_record) -> Node:
     return Node(setup.address, setup.neighbours, setup.epoch, setup.rng, setup.settings, vid=setup.vid,
-                name=setup.name, decode=decode)
+                name=setup.name, decode=decode, make_stored=make_stored)
 
 
 def _json_default(value: Any) -> Any:
@@ -112,8 +113,10 @@ class Simulation(Observer[Node]):
         )
         names = scenario.node_names()
         self.decode_cache = DecodeCache()
+        self.record_pool = RecordPool()
+        """one stored copy of each distinct link-state record for all the nodes (docs/simulator.md, "Speed")"""
         if node_factory is None:
-            node_factory = functools.partial(build_node, decode=self.decode_cache)
+            node_factory = functools.partial(build_node, decode=self.decode_cache, make_stored=self.record_pool)
         self.durable = durable
         """a restarted node gets back its journal and its spool (see the module docstring)"""
         self.journals: dict[str, dict[PublicationId, None]] = {}

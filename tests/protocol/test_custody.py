@@ -145,8 +145,8 @@ def test_fan_out_waits_for_every_mesh_neighbour() -> None:
 
 def test_a_mesh_with_redundant_parents_and_copies_from_every_side_never_deadlocks() -> None:
     # A ring of six, everyone subscribed: each member has two parents and gets every publication from
-    # two sides; every node publishes at once.
-    harness = LossyHarness([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0)])
+    # two sides (both parents carry publications); every node publishes at once.
+    harness = LossyHarness([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0)], settings=Settings(data_parents=2))
     for index in range(6):
         harness.do(index, "local_subscribe", "sub", "a/#", 1)
     harness.run(8.0)

@@ -29,7 +29,7 @@ def fake(index: int, seq: int = 1, neighbours: tuple[Address, ...] = ()) -> Link
 
 def scan_choice(db: LinkStateDatabase) -> Address:
     """What the linear scan this replaced evicted."""
-    return min((stored.received_at, origin) for origin, stored in db.records.items() if origin != db.own)[1]
+    return min((received_at, origin) for origin, received_at in db.received_at.items() if origin != db.own)[1]
 
 
 def test_eviction_picks_what_a_scan_would_through_refreshes_expiry_and_clocks_going_back() -> None:

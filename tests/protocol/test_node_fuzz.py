@@ -213,13 +213,13 @@ def check_bounds(node: Node) -> None:
     assert len(node.neighbours.all()) <= s.max_neighbours
     assert len(node.pacing.paced_until) <= s.max_neighbours and len(node.pacing.told) <= s.max_neighbours
     assert len(node.table.lsdb.records) <= s.max_nodes
-    assert sum(len(a) for a in node.table.lsdb.by_vid.values()) <= len(node.table.lsdb.records)
+    assert node.table.lsdb.vid_index_size() <= len(node.table.lsdb.records) == len(node.table.lsdb.received_at)
     assert len(node.table.flood_queue) <= s.max_nodes
     assert len(node.table.core_announcements) <= s.max_nodes
     assert len(node.mesh.topics) <= s.max_topics
     held = 0
     for state in node.mesh.topics.values():
-        assert len(state.children) <= s.max_neighbours
+        assert len(state.children) <= s.max_neighbours and len(state.standby_children) <= s.max_neighbours
         assert len(state.via) <= s.max_neighbours
         assert len(state.pending) <= 4
         held += len(state.held) + len(state.held_reliable)
