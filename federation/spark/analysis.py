@@ -382,21 +382,21 @@ def overhead(events: DataFrame, bucket: float) -> dict[str, Any]:
                     snapshots.filter(F.col("interval") > 0).groupBy("bucket")
                     .agg(F.sum("interval").alias("seconds"), F.countDistinct("node").alias("nodes")).collect()}
     by_type = (snapshots.select("node", "life", "t", "file", "seq", "bucket", F.explode("sent").alias("kind", "value"))
-               .withColumn("packets", F.col("value")[0]).withColumn("bytes", F.col("value")[1]))
+               .withColumn("packets", F.col("value")[0]).withColumn("octets", F.col("value")[1]))
     kind_order = Window.partitionBy("node", "life", "kind").orderBy("t", "file", "seq")
     by_type = (by_type
                .withColumn("d_packets", F.col("packets") - F.coalesce(F.lag("packets").over(kind_order), F.lit(0)))
-               .withColumn("d_bytes", F.col("bytes") - F.coalesce(F.lag("bytes").over(kind_order), F.lit(0)))
+               .withColumn("d_octets", F.col("octets") - F.coalesce(F.lag("octets").over(kind_order), F.lit(0)))
                .cache())
     series = []
     for row in (by_type.groupBy("bucket", "kind").agg(F.sum("d_packets").alias("packets"),
-                                                      F.sum("d_bytes").alias("bytes"))
+                                                      F.sum("d_octets").alias("octets"))
                 .orderBy("bucket", "kind").collect()):
         seconds, nodes = node_seconds.get(row.bucket, (0.0, 0))
-        series.append({"t": row.bucket, "type": row.kind, "packets": int(row.packets), "bytes": int(row.bytes),
+        series.append({"t": row.bucket, "type": row.kind, "packets": int(row.packets), "bytes": int(row.octets),
                        "nodes": nodes, "node_seconds": round(seconds, 6),
                        "packets_per_node_s": round(row.packets / seconds, 3) if seconds > 0 else None,
-                       "bytes_per_node_s": round(row.bytes / seconds, 3) if seconds > 0 else None})
+                       "bytes_per_node_s": round(row.octets / seconds, 3) if seconds > 0 else None})
     totals: dict[str, dict[str, int]] = {}
     for item in series:
         total = totals.setdefault(item["type"], {"packets": 0, "bytes": 0})

@@ -4,8 +4,7 @@
 
 Theory of operation
 -------------------
-Schema version 2 (the lead's draft, notes/events-v2.md; docs/events.md once
-it is written down) replaces the four per-publication types by one *run
+Schema version 2 (docs/events.md) replaces the four per-publication types by one *run
 event* per run of publications handled together at one node and one stage:
 
 | v1 (one line per publication) | v2 (one line per run) |

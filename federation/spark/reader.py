@@ -22,7 +22,7 @@ directory on a local master; the cache elsewhere, or Parquet in
 needs from it. Keeping the rows in Spark's cache instead costs more to
 build and, for a big log, does not fit a local driver's memory.
 
-Version 2 (notes/events-v2.md; docs/events.md once written) replaces the
+Version 2 (docs/events.md) replaces the
 four per-publication types by one *run event* per run of publications
 handled together (`RUN_TYPES`): `origin`, `epoch` and `seqs`, a list of
 inclusive `[first, last]` ranges, name the publications
@@ -103,10 +103,14 @@ EVENT_SCHEMA = T.StructType([
     T.StructField("federated", _STR),
     # publications
     T.StructField("pub", _STR),
-    T.StructField("epoch", _LONG),  # the origin's epoch in a v2 run event (RUN_FIELDS); node_started's too
+    T.StructField("epoch", _LONG),  # the origin's epoch in a v2 run event; node_started's too
     T.StructField("topic", _STR),
     T.StructField("to", _STRS),
     T.StructField("mode", _STR),
+    # v2 run events (RUN_TYPES): `epoch`, `filter`, `to` and `mode` are shared with v1
+    T.StructField("origin", _STR),
+    T.StructField("seqs", T.ArrayType(T.ArrayType(_LONG))),
+    T.StructField("topics", _STRS),
     # counters / node_stopped
     T.StructField("sent", T.MapType(_STR, T.ArrayType(_LONG))),
     T.StructField("clocks", T.MapType(_STR, T.StructType([
@@ -124,19 +128,9 @@ EVENT_SCHEMA = T.StructType([
     T.StructField(CORRUPT, _STR),
 ])
 
-RUN_FIELDS = [
-    T.StructField("origin", _STR),
-    T.StructField("seqs", T.ArrayType(T.ArrayType(_LONG))),
-    T.StructField("topics", _STRS),
-]
-"""The fields of the version 2 run events (RUN_TYPES) the job reads that v1 does not have (`epoch`, `filter`,
-`to` and `mode` are in EVENT_SCHEMA: v1 types have them too). docs/events.md does not describe them yet, so
-tests/docs/test_event_schema.py does not check them."""
-
-READ_SCHEMA = T.StructType([f for f in EVENT_SCHEMA.fields if f.name != CORRUPT] + RUN_FIELDS
-                           + [T.StructField(CORRUPT, _STR)])
-"""What the reader parses: EVENT_SCHEMA (the v1 fields, checked against docs/events.md by
-tests/docs/test_event_schema.py) and the v2 run fields."""
+READ_SCHEMA = EVENT_SCHEMA
+"""What the reader parses: every field of schema versions 1 and 2 the job reads (checked against
+docs/events.md by tests/docs/test_event_schema.py)."""
 
 BULK_TYPES = (*PER_PUBLICATION_TYPES, *RUN_TYPES, "sim_publish", "sim_inject")
 """Nearly all of a log's lines, and the job reads few of their fields: these are parsed with BULK_SCHEMA

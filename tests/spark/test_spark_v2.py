@@ -1,8 +1,9 @@
 """Event schema version 2 (run events): the converter, and the job's report for v1, v2 and mixed logs.
 
 The converter (federation/spark/convert.py) is checked line by line without Spark; the job then reads a
-simulator log, the same log converted to v2, and a log whose nodes wrote both versions, and must give the
-same report for the same publications.
+simulator log as the simulator writes it (v2), the same log as a v1 writer wrote it, that v1 log converted
+back to v2, and a log whose nodes wrote both versions, and must give the same report for the same
+publications.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from federation.protocol.publication_events import expand
 from federation.spark.convert import to_v2
 
 # ---------------------------------------------------------------- the converter
@@ -118,6 +120,15 @@ DAMAGED_V2 = [
 ]
 
 
+def _compact(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"))
+
+
+def _as_v1(lines: list[str]) -> list[dict[str, Any]]:
+    """A version 2 log as a version 1 writer wrote it: one line per publication, `"v": 1` throughout."""
+    return [{**item, "v": 1} for line in lines for item in expand(json.loads(line))]
+
+
 def _same_report(mine: dict[str, Any], other: dict[str, Any]) -> None:
     for key in sorted(set(mine) | set(other)):
         if key not in ("job", "input", "tables"):
@@ -133,21 +144,26 @@ def test_a_v2_log_and_a_mixed_log_give_the_report_of_the_v1_log(spark: Any, tmp_
 
     scenario = tmp_path / "bursts.yaml"
     scenario.write_text(BURSTS)
+    native = tmp_path / "native.jsonl"  # what the simulator writes: version 2, its own runs
+    truth = run_scenario(load_scenario(str(scenario)), seed=1, events_path=str(native))
+    native_lines = native.read_text().splitlines()
+    lines = [_compact(record) for record in _as_v1(native_lines)]  # what a release before version 2 wrote
     v1 = tmp_path / "v1.jsonl"
-    truth = run_scenario(load_scenario(str(scenario)), seed=1, events_path=str(v1))
-    lines = v1.read_text().splitlines()
-    v2 = tmp_path / "v2.jsonl"
+    v1.write_text("".join(line + "\n" for line in lines))
+    assert len(native_lines) < len(lines) * 0.6  # bursts are runs
+    v2 = tmp_path / "v2.jsonl"  # the converter's runs (one per instant, not the simulator's)
     v2.write_text("".join(line + "\n" for line in to_v2(lines)))
-    assert len(v2.read_text().splitlines()) < len(lines) * 0.6  # bursts became runs
+    assert len(v2.read_text().splitlines()) < len(lines) * 0.6
 
     first = run_job(spark, tmp_path / "out-v1", "--events", str(v1))
     assert_matches_simulator(first, truth)
-    second = run_job(spark, tmp_path / "out-v2", "--events", str(v2))
-    assert second["input"]["by_type"]["publications_originated"] < truth["publications"]["sent"]
-    assert second["input"]["per_publication"] == first["input"]["per_publication"]
-    assert second["input"]["first_t"] == first["input"]["first_t"]
-    assert second["input"]["last_t"] == first["input"]["last_t"]
-    _same_report(second, first)
+    for name, log in (("v2", v2), ("native", native)):
+        second = run_job(spark, tmp_path / f"out-{name}", "--events", str(log))
+        assert second["input"]["by_type"]["publications_originated"] < truth["publications"]["sent"], name
+        assert second["input"]["per_publication"] == first["input"]["per_publication"], name
+        assert second["input"]["first_t"] == first["input"]["first_t"], name
+        assert second["input"]["last_t"] == first["input"]["last_t"], name
+        _same_report(second, first)
 
     # Mixed: n1 (a publisher) and n2 (a subscriber) upgraded, n0 and n3 not; two deliveries written twice (at
     # a v1 node and at a v2 node: duplicates); and damaged or odd lines.
