@@ -315,20 +315,54 @@ def test_benchmark_ten_million_events(spark: Any, tmp_path: Path) -> None:
     _time_job(spark, events, directory / "out", truth)
 
 
+BURST = 32
+"""publications a wrapper reads from its broker in one pass, in the burst benchmark: one run event per stage"""
+
+
+def burst_events(directory: Path) -> tuple[Path, dict[str, Any]]:
+    """The benchmark's 1,000,000 publications sent in bursts of BURST (one instant each, every 64 ms per
+    publisher): the simulator writes them as runs (schema version 2), about a third of the lines."""
+    events = directory / "bench-bursts-events.jsonl"
+    report = directory / "bench-bursts-report.json"
+    if not report.exists():
+        bursts, gap = 500_000 // BURST, 0.064
+        duration = 6 + bursts * gap + 10
+        head = BENCH_SCENARIO.split("  - {{at: 6,")[0].format(duration=duration)
+        lines = [head.replace("name: spark-bench", "name: spark-bench-bursts").rstrip("\n")]
+        for index in range(bursts):
+            at = round(6 + index * gap, 6)
+            for node, topic in (("n5", "bench/a/x"), ("n2", "bench/b/x")):
+                publish = f"node: {node}, topic: {topic}, count: {BURST}, interval: 0"
+                lines.append(f"  - {{at: {at}, publish: {{{publish}}}}}")
+        lines.append(f"  - {{at: {round(duration / 2)}, cut: [n1, n4]}}")
+        lines.append(f"  - {{at: {round(duration / 2) + 20}, heal: [n1, n4]}}")
+        scenario = directory / "spark-bench-bursts.yaml"
+        scenario.write_text("\n".join(lines) + "\n")
+        truth = Simulation(load_scenario(str(scenario)), seed=1, events_path=str(events),
+                           max_in_flight=4_000_000).run()
+        report.write_text(json.dumps(truth))
+    return events, json.loads(report.read_text())
+
+
 @pytest.mark.bench
-def test_benchmark_the_same_publications_as_v2(spark: Any, tmp_path: Path) -> None:
-    """The benchmark log converted to schema version 2 (federation/spark/convert.py, kept beside it)."""
-    from federation.spark.convert import main as convert
+def test_benchmark_the_same_publications_in_bursts(spark: Any, tmp_path: Path) -> None:
+    """The benchmark's publications in bursts, as the simulator writes them (v2 runs), then the same log as a
+    version 1 writer wrote it (one line per publication, federation.protocol.publication_events.expand)."""
+    from federation.protocol.publication_events import expand
 
     directory = Path(os.environ.get("SPARK_BENCH_DIR", tmp_path))
     directory.mkdir(parents=True, exist_ok=True)
-    events, truth = bench_events(directory)
-    v2 = directory / "bench-events-v2.jsonl"
-    if not v2.exists():
-        partial = directory / "bench-events-v2.jsonl.part"
-        assert convert([str(events), str(partial)]) == 0
-        partial.rename(v2)
-    _time_job(spark, v2, directory / "out-v2", truth)
+    events, truth = burst_events(directory)
+    _time_job(spark, events, directory / "out-bursts", truth)
+    v1 = directory / "bench-bursts-events-v1.jsonl"
+    if not v1.exists():
+        partial = directory / "bench-bursts-events-v1.jsonl.part"
+        with events.open() as source, partial.open("w") as target:
+            for line in source:
+                for record in expand(json.loads(line)):
+                    target.write(json.dumps({**record, "v": 1}, separators=(",", ":")) + "\n")
+        partial.rename(v1)
+    _time_job(spark, v1, directory / "out-bursts-v1", truth)
 
 
 def test_latency_percentiles_are_percentile_disc(spark: Any) -> None:
