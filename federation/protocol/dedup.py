@@ -60,6 +60,19 @@ class StreamNumbers:
         return len(self._newer) + len(self._older.keys() - self._newer.keys())
 
 
+class StreamBases(dict[str, int]):
+    """filter -> `StreamNumbers.base` of one origin epoch's stream on that filter, looked up once per filter: for
+    the publications of a run, whose seen-cache keys are then `bases[filter_] | seq`."""
+
+    def __init__(self, streams: StreamNumbers, origin: Address, epoch: int) -> None:
+        super().__init__()
+        self._streams, self._origin, self._epoch = streams, origin, epoch
+
+    def __missing__(self, filter_: str) -> int:
+        base = self[filter_] = self._streams.base(self._origin.host, self._origin.port, self._epoch, filter_)
+        return base
+
+
 def seen_key(streams: StreamNumbers, origin: Address, epoch: int, seq: int, filter_: str) -> int:
     """The duplicate cache's key for a publication on one filter's mesh."""
     return streams.base(origin.host, origin.port, epoch, filter_) | seq

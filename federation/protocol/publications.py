@@ -57,7 +57,7 @@ from typing import Any
 from federation.protocol import events
 from federation.protocol.context import Identity, Outbox
 from federation.protocol.custody import Custody, Entry
-from federation.protocol.dedup import SeenCache, StreamNumbers, injected_key, seen_key
+from federation.protocol.dedup import SeenCache, StreamBases, StreamNumbers, injected_key, seen_key
 from federation.protocol.forwarding import NOT_SENT, PublicationRouting, Routed
 from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.ordering import Ordering, Position
@@ -68,6 +68,9 @@ from federation.protocol.wire import MODE_TO_MEMBER, MODE_TOWARD_CORE, TOPIC_BAT
 from federation.protocol.wire_types import Sender, TopicBatch, TopicMessage
 
 MAX_SEQ = 2**64
+
+Numbered = tuple[int, str, bytes, list[str]]
+"""a local publication of a run, numbered: (seq, topic, payload, the filters it is sent on)"""
 """above every seq: the floor when a stream has passed a later epoch (everything of an earlier one is late)"""
 ITEM_OVERHEAD = 17
 """bytes msgpack adds to a run entry at most beyond its topic and payload: seq (9), topic and payload headers"""
@@ -232,50 +235,61 @@ class Publications:
         if len(self.last_sent) > 2 * len(router.topics) + 64:  # filters long gone
             self.last_sent = {f: p for f, p in self.last_sent.items() if f in router.topics}
 
-    def originate_run(self, run: list[tuple[str, bytes]], now: float) -> list[PublicationId | None]:
-        """QoS 0 publications made on the local broker, neither retained nor with properties, in the order read,
-        sent as `tb` runs per filter; returns their ids (None for a `$` topic), as `local_publish` does."""
-        identity, outbox, router = self._identity, self._outbox, self._router
+    def _number_run(self, run: list[tuple[str, bytes]]) -> tuple[list[PublicationId | None], list[Numbered]]:
+        """What originating a run of plain local publications starts with, at any QoS: each but a `$` topic
+        numbered (the seqs of a pass are contiguous), marked as already at the local broker, with the filters it
+        is sent on. Returns the ids in the order read (None for a `$` topic) and the numbered ones."""
+        identity, router = self._identity, self._router
         address, epoch = identity.address, identity.epoch
-        streams = self.streams  # the cache keys are `dedup.seen_key` and `injected_key`, made a run at a time
-        injected_base = streams.base(address.host, address.port, epoch, None)
-        seen_bases: dict[str, int] = {}
-        injected_add, seen_add = self.injected.add, self.seen.add
+        injected_base = self.streams.base(address.host, address.port, epoch, None)
+        injected_add = self.injected.add
         matching, publication_filters = router.matching, router.publication_filters
-        events_on = outbox.publication_events
-        to_groups = self._shared.active  # shared subscription groups known (rule 9)
-        first = seq = identity.publication_seq
-        runs: dict[str, list[tuple[int, str, bytes]]] = {}
+        seq = identity.publication_seq
         made: list[PublicationId | None] = []
-        topics: list[str] = []
+        numbered: list[Numbered] = []
         for topic, payload in run:
             if is_system(topic):
                 made.append(None)
                 continue
             seq += 1
-            publication: PublicationId = (address, epoch, seq)
-            made.append(publication)
+            made.append((address, epoch, seq))
             injected_add(injected_base | seq)  # the local broker has it already
-            filters = matching(topic)
-            if events_on:
-                topics.append(topic)
+            numbered.append((seq, topic, payload, publication_filters(matching(topic))))
+        self._outbox.counters["publications_originated"] += len(numbered)
+        identity.publication_seq = seq
+        return made, numbered
+
+    def _originated_event(self, numbered: list[Numbered], qos: int, now: float) -> None:
+        """The run event of the publications `_number_run` numbered (when publication events are on)."""
+        outbox = self._outbox
+        if not numbered or not outbox.publication_events:
+            return
+        identity, matching = self._identity, self._router.matching
+        topics = [topic for _, topic, _, _ in numbered]
+        outbox.runs.originated_run(now, identity.address, identity.epoch, range(numbered[0][0], numbered[-1][0] + 1),
+                                   topics, qos, False, sum(len(payload) for _, _, payload, _ in numbered),
+                                   {f for topic in set(topics) for f in matching(topic)})
+
+    def originate_run(self, run: list[tuple[str, bytes]], now: float) -> list[PublicationId | None]:
+        """QoS 0 publications made on the local broker, neither retained nor with properties, in the order read,
+        sent as `tb` runs per filter; returns their ids (None for a `$` topic), as `local_publish` does."""
+        identity, outbox, router = self._identity, self._outbox, self._router
+        address, epoch = identity.address, identity.epoch
+        made, numbered = self._number_run(run)
+        seen_bases = StreamBases(self.streams, address, epoch)  # the cache keys are made a run at a time
+        seen_add = self.seen.add
+        to_groups = self._shared.active  # shared subscription groups known (rule 9)
+        runs: dict[str, list[tuple[int, str, bytes]]] = {}
+        for seq, topic, payload, filters in numbered:
             if to_groups:
-                self._send_to_members(publication, topic, payload, now)
-            for filter_ in publication_filters(filters):
-                base = seen_bases.get(filter_)
-                if base is None:
-                    base = seen_bases[filter_] = streams.base(address.host, address.port, epoch, filter_)
-                seen_add(base | seq)
+                self._send_to_members((address, epoch, seq), topic, payload, now)
+            for filter_ in filters:
+                seen_add(seen_bases[filter_] | seq)
                 items = runs.get(filter_)
                 if items is None:
                     items = runs[filter_] = []
                 items.append((seq, topic, payload))
-        outbox.counters["publications_originated"] += seq - first
-        identity.publication_seq = seq
-        if topics:  # the seqs of a pass are contiguous: `$` topics are not numbered
-            outbox.runs.originated_run(now, address, epoch, range(first + 1, seq + 1), topics, 0, False,
-                                       sum(len(payload) for topic, payload in run if not is_system(topic)),
-                                       {f for topic in set(topics) for f in matching(topic)})
+        self._originated_event(numbered, 0, now)
         for filter_, items in runs.items():
             state = router.topics[filter_]
             if len(items) == 1:  # alone on its filter: a plain `tm`
@@ -295,38 +309,21 @@ class Publications:
         """QoS 1/2 publications made on the local broker, neither retained nor with properties, in the order read:
         each into custody as `local_publish` takes it, sent as `tq` runs per filter (rule 7e); returns their ids
         (None for a `$` topic). The caller has checked that none would be parked and no shared group is known."""
-        identity, outbox, router, custody = self._identity, self._outbox, self._router, self._custody
+        identity, router, custody = self._identity, self._router, self._custody
         address, epoch = identity.address, identity.epoch
-        streams = self.streams
-        injected_base = streams.base(address.host, address.port, epoch, None)
-        seen_bases: dict[str, int] = {}
-        injected_add, seen_add = self.injected.add, self.seen.add
-        matching, publication_filters = router.matching, router.publication_filters
+        made, numbered = self._number_run(run)
+        seen_bases = StreamBases(self.streams, address, epoch)
+        seen_add = self.seen.add
         last_sent, own_open, open_entry = self.last_sent, custody.own_open, custody.open
-        events_on = outbox.publication_events
-        first = seq = identity.publication_seq
         runs: dict[str, list[TopicMessage]] = {}
         entries: list[Entry] = []
-        made: list[PublicationId | None] = []
-        topics: list[str] = []
-        for topic, payload in run:
-            if is_system(topic):
-                made.append(None)
+        for seq, topic, payload, filters in numbered:
+            if not filters:
+                custody.release_now((address, epoch, seq))  # no filter carries it: nothing to wait for
                 continue
-            seq += 1
-            publication: PublicationId = (address, epoch, seq)
-            made.append(publication)
-            injected_add(injected_base | seq)  # the local broker has it already
-            filters = matching(topic)
-            if events_on:
-                topics.append(topic)
             position = (epoch, seq)
-            sent = False
-            for filter_ in publication_filters(filters):
-                base = seen_bases.get(filter_)
-                if base is None:
-                    base = seen_bases[filter_] = streams.base(address.host, address.port, epoch, filter_)
-                seen_add(base | seq)
+            for filter_ in filters:
+                seen_add(seen_bases[filter_] | seq)
                 prev = None
                 last = last_sent.get(filter_)
                 if last is None or last < position:
@@ -341,15 +338,7 @@ class Publications:
                     runs[filter_] = [message]
                 else:
                     messages.append(message)
-                sent = True
-            if not sent:
-                custody.release_now(publication)  # no filter carries it: nothing to wait for
-        outbox.counters["publications_originated"] += seq - first
-        identity.publication_seq = seq
-        if topics:  # the seqs of a pass are contiguous: `$` topics are not numbered
-            outbox.runs.originated_run(now, address, epoch, range(first + 1, seq + 1), topics, qos, False,
-                                       sum(len(payload) for topic, payload in run if not is_system(topic)),
-                                       {f for topic in set(topics) for f in matching(topic)})
+        self._originated_event(numbered, qos, now)
         # Every entry is open before any is routed: a publication is released only when all its filters are done.
         route_run, states = router.route_run, router.topics
         for filter_, messages in runs.items():
