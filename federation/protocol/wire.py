@@ -820,6 +820,15 @@ def _fast_topic_acks(value: list[Any]) -> Packet | None:
     return Packet(TOPIC_ACKS, checked[0], TopicAcks(filter_, checked[1], epoch, seqs))
 
 
+_FAST_PATHS: dict[str, tuple[int, Callable[[list[Any]], Packet | None]]] = {
+    TOPIC_MESSAGE: (15, _fast_topic_message),
+    TOPIC_BATCH: (9, _fast_topic_batch),
+    TOPIC_RELIABLE_BATCH: (10, _fast_reliable_batch),
+    TOPIC_ACKS: (7, _fast_topic_acks),
+}
+"""the data packets' fast decoders, by type, with the array length they take; None from one: the full path"""
+
+
 def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> Packet:
     """Decode one datagram or raise DecodeError; never raises anything else."""
     if len(data) > max_packet:
@@ -833,20 +842,9 @@ def decode(data: bytes, max_packet: int = 65507, max_neighbours: int = 1024) -> 
     if type(value) is not list or len(value) < 3:
         raise DecodeError("malformed", "not an array of at least 3 elements")
     kind = value[0]
-    if len(value) == 15 and type(kind) is str and kind == TOPIC_MESSAGE:
-        packet = _fast_topic_message(value)
-        if packet is not None:
-            return packet
-    elif len(value) == 9 and type(kind) is str and kind == TOPIC_BATCH:
-        packet = _fast_topic_batch(value)
-        if packet is not None:
-            return packet
-    elif len(value) == 10 and type(kind) is str and kind == TOPIC_RELIABLE_BATCH:
-        packet = _fast_reliable_batch(value)
-        if packet is not None:
-            return packet
-    elif len(value) == 7 and type(kind) is str and kind == TOPIC_ACKS:
-        packet = _fast_topic_acks(value)
+    fast = _FAST_PATHS.get(kind) if type(kind) is str else None
+    if fast is not None and len(value) == fast[0]:
+        packet = fast[1](value)
         if packet is not None:
             return packet
     if type(kind) is not str or kind not in MESSAGE_TYPES:
