@@ -119,3 +119,19 @@ class Harness:
     def heal(self, a: int, b: int) -> None:
         self.cut.discard((a, b))
         self.cut.discard((b, a))
+
+
+def converged_line(count: int, qos: int) -> Harness:
+    """Nodes 1..count in a line, subscribers at `qos` on node 2 (f/a) and the last (f/#), converged: a probe
+    from node 1 arrived; what it left behind (deliveries, events, releases) is cleared."""
+    harness = Harness([(i, i + 1) for i in range(1, count)])
+    harness.do(2, "local_subscribe", "mid", "f/a", qos)
+    harness.do(count, "local_subscribe", "end", "f/#", qos)
+    harness.run(10.0)
+    harness.do(1, "local_publish", "f/probe", b"probe", qos, False, None)
+    harness.run(11.0)
+    assert any(injection.topic == "f/probe" for _, injection in harness.delivered), "the line did not converge"
+    harness.delivered.clear()
+    harness.events.clear()
+    harness.released.clear()
+    return harness

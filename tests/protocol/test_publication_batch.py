@@ -27,7 +27,7 @@ from federation.protocol.publications import batch_item_size
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import DecodeError, Sender, TopicBatch
 
-from node_harness import Harness
+from node_harness import Harness, converged_line
 from runtime_util import started_wrapper
 
 ORIGIN = Address("127.0.0.10", 10500)
@@ -143,23 +143,9 @@ RUN = [(f"f/{'ab'[i % 2]}", f"payload {i}".encode()) for i in range(40)]
 RUN.insert(7, ("$SYS/broker/x", b"never federated"))
 
 
-def converged_line(count: int) -> Harness:
-    """Nodes 1..count in a line, subscribers on node 2 (f/a) and the last (f/#), converged."""
-    harness = Harness([(i, i + 1) for i in range(1, count)])
-    harness.do(2, "local_subscribe", "mid", "f/a", 0)
-    harness.do(count, "local_subscribe", "end", "f/#", 0)
-    harness.run(10.0)
-    harness.do(1, "local_publish", "f/probe", b"probe", 0, False, None)
-    harness.run(11.0)
-    assert any(injection.topic == "f/probe" for _, injection in harness.delivered), "the line did not converge"
-    harness.delivered.clear()
-    harness.events.clear()
-    return harness
-
-
 def line_after(publish: str) -> tuple[Harness, list[tuple[bytes, Address, int]]]:
     """RUN published on node 1 of a line of three, as one run or one publication at a time."""
-    harness = converged_line(3)
+    harness = converged_line(3, 0)
     before = {i: Counter(node.sent_by_type) for i, node in harness.nodes.items()}
     if publish == "run":
         ids = harness.do(1, "local_publish_run", list(RUN))
@@ -220,7 +206,7 @@ def test_a_repeated_tb_is_all_duplicates() -> None:
 
 
 def test_runs_are_cut_to_fit_a_datagram_and_a_single_publication_goes_as_tm() -> None:
-    harness = converged_line(2)
+    harness = converged_line(2, 0)
     first = harness.nodes[1]
     run = [("f/big", bytes([i]) * 200) for i in range(50)] + [("f/huge", b"h" * 5000)]
     first.local_publish_run(run, harness.now)

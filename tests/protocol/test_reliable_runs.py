@@ -21,7 +21,7 @@ from federation.protocol.publication_events import expand_all
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import DecodeError, Sender, TopicAcks, TopicReliableBatch
 
-from node_harness import Harness, address
+from node_harness import Harness, address, converged_line
 
 ORIGIN = Address("127.0.0.10", 10500)
 SENDER = Sender(BrokerId(12345, Address("127.0.0.11", 10501)), 4)
@@ -140,21 +140,6 @@ def test_a_tq_is_never_shed_as_qos0() -> None:
 PLAIN = [(f"f/{'ab'[i % 2]}", f"payload {i}".encode()) for i in range(40)]
 
 
-def converged_line(count: int) -> Harness:
-    """Nodes 1..count in a line, subscribers on node 2 (f/a) and the last (f/#), converged."""
-    harness = Harness([(i, i + 1) for i in range(1, count)])
-    harness.do(2, "local_subscribe", "mid", "f/a", 1)
-    harness.do(count, "local_subscribe", "end", "f/#", 1)
-    harness.run(10.0)
-    harness.do(1, "local_publish", "f/probe", b"probe", 1, False, None)
-    harness.run(11.0)
-    assert any(injection.topic == "f/probe" for _, injection in harness.delivered), "the line did not converge"
-    harness.delivered.clear()
-    harness.events.clear()
-    harness.released.clear()
-    return harness
-
-
 def publish(harness: Harness, how: str, qos: int = 1) -> list[Any]:
     node = harness.nodes[1]
     if how == "run":
@@ -166,7 +151,7 @@ def publish(harness: Harness, how: str, qos: int = 1) -> list[Any]:
 
 
 def line_after(how: str, qos: int = 1) -> tuple[Harness, dict[int, Counter[str]]]:
-    harness = converged_line(3)
+    harness = converged_line(3, 1)
     before = {i: Counter(node.sent_by_type) for i, node in harness.nodes.items()}
     ids = publish(harness, how, qos)
     assert all(ids) and len(ids) == len(PLAIN)
@@ -204,7 +189,7 @@ def test_a_reliable_run_gives_what_the_same_publications_one_at_a_time_give(qos:
 
 
 def test_the_run_is_chained_so_each_receiver_injects_it_in_order() -> None:
-    harness = converged_line(2)
+    harness = converged_line(2, 1)
     node = harness.nodes[1]
     node.local_publish_run(list(PLAIN), harness.now, qos=1)
     packets = [wire.decode(data).body for data, _ in node.packets_to_send()]
@@ -256,7 +241,7 @@ def test_a_lost_run_is_sent_again_as_a_run_and_delivered_once() -> None:
 
 
 def test_a_repeated_tq_is_acknowledged_and_nothing_is_injected_twice() -> None:
-    harness = converged_line(2)
+    harness = converged_line(2, 1)
     origin, end = harness.nodes[1], harness.nodes[2]
     origin.local_publish_run(list(PLAIN), harness.now, qos=1)
     packets = [(data, target) for data, target in origin.packets_to_send()]
