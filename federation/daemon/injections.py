@@ -45,6 +45,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 import msgpack
@@ -83,6 +84,12 @@ def _publication(fields: Sequence[Any]) -> PublicationId:
 def _id_fields(publication: PublicationId) -> list[Any]:
     origin, epoch, seq = publication
     return [origin.host, origin.port, epoch, seq]
+
+
+def _stream_of(item: tuple[PublicationId, str | None]) -> tuple[Address, int, str | None]:
+    """(origin, epoch, filter) of a completed id: what a compacted `K` record shares."""
+    (origin, epoch, _seq), filter_ = item
+    return origin, epoch, filter_
 
 
 def _encode(kind: str, *fields: Any) -> bytes:
@@ -293,16 +300,10 @@ class InjectionJournal:
     def compact(self) -> None:
         """Rewrite the file with the live records only (atomically)."""
         records = []
-        group: list[int] = []
-        shared: tuple[Address, int, str | None] | None = None
-        for (origin, epoch, seq), filter_ in self._completed.items():  # consecutive ids of one stream: one record
-            if (origin, epoch, filter_) != shared:
-                if group and shared is not None:
-                    records.append(_encode("K", shared[0].host, shared[0].port, shared[1], group, shared[2]))
-                shared, group = (origin, epoch, filter_), []
-            group.append(seq)
-        if group and shared is not None:
-            records.append(_encode("K", shared[0].host, shared[0].port, shared[1], group, shared[2]))
+        for (origin, epoch, filter_), completed in groupby(self._completed.items(), _stream_of):
+            # consecutive completed ids of one stream: one record
+            seqs = [seq for (_, _, seq), _ in completed]
+            records.append(_encode("K", origin.host, origin.port, epoch, seqs, filter_))
         for entry in self._in_flight.values():
             records.append(_started(entry.mid, entry.injection))
             if entry.released:

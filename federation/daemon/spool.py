@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 import msgpack
@@ -86,11 +87,11 @@ class SpooledPublication:
         return data
 
 
-def _run_record(first: SpooledPublication | None, run: list[list[Any]]) -> bytes:
-    """`["P", epoch, qos, received_at, [[seq, topic, payload, mid], ...]]`: plain publications taken together."""
-    assert first is not None
-    data: bytes = msgpack.packb(["P", first.epoch, first.qos, first.received_at, run], use_bin_type=True)
-    return data
+def _run_key(publication: SpooledPublication) -> tuple[int, int, float] | None:
+    """What plain publications taken together share (one `P` record); None for one with its own record."""
+    if publication.retain or publication.properties is not None:
+        return None
+    return publication.epoch, publication.qos, publication.received_at
 
 
 @dataclass(frozen=True)
@@ -179,25 +180,15 @@ class Spool:
         """Take publications into custody: durable when this returns (then acknowledge them to the broker)."""
         if not publications:
             return
-        records = []
-        run: list[list[Any]] = []
-        first: SpooledPublication | None = None
-        for publication in publications:  # plain ones of one epoch, QoS and time (a run read together): one record
-            if publication.retain or publication.properties is not None:
-                if run:
-                    records.append(_run_record(first, run))
-                    run, first = [], None
-                records.append(publication.encode())
-                continue
-            if first is not None and (publication.epoch, publication.qos, publication.received_at) != \
-                    (first.epoch, first.qos, first.received_at):
-                records.append(_run_record(first, run))
-                run = []
-            if not run:
-                first = publication
-            run.append([publication.seq, publication.topic, publication.payload, publication.mid])
-        if run:
-            records.append(_run_record(first, run))
+        records: list[bytes] = []
+        for key, group in groupby(publications, _run_key):  # a run read together: one record
+            if key is None:
+                records.extend(publication.encode() for publication in group)
+            else:
+                epoch, qos, received_at = key
+                items = [[publication.seq, publication.topic, publication.payload, publication.mid]
+                         for publication in group]
+                records.append(msgpack.packb(["P", epoch, qos, received_at, items], use_bin_type=True))
         self.log.append(records)
         for publication in publications:
             self._keep(publication)
