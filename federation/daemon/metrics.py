@@ -46,7 +46,8 @@ Snapshot = dict[str, Any]
 
 NODE_DROP_REASONS = (
     "oversized", "malformed", "unknown_type", "version", "wrong_length", "wrong_type", "out_of_range", "bad_filter",
-    "bad_topic", "too_many_neighbours", "own_epoch_exhausted", "unknown_neighbour", "own_address", "system_topic",
+    "bad_topic", "too_many_neighbours", "own_epoch_exhausted", "unknown_neighbour", "own_address", "forged_own",
+    "system_topic",
     "stale_hello_back", "digest_not_up", "core_announcements_full", "topics_full", "children_evicted",
     "tc_core_unreachable", "ownership_stale", "ts_core_mismatch", "max_hops", "mesh_copy_neighbour_down",
     "shared_no_member", "publication_no_route", "publication_no_core", "publication_hold_overflow", "held_overflow",

@@ -97,6 +97,9 @@ from federation.protocol.wire_types import (
     SharedGroups as SharedGroupsAnnouncement,
 )
 
+HELLO_WINDOW = 64
+"""hellos remembered for their answers: a hello back to an older one is stale"""
+
 
 @dataclass(frozen=True)
 class NodeView:
@@ -174,6 +177,9 @@ class Node:
         self.received_by_type: Counter[str] = Counter()
         self.received_bytes_by_type: Counter[str] = Counter()
         self.hello_seq = 0
+        self.hellos_sent: dict[int, tuple[Address, float]] = {}
+        """our last HELLO_WINDOW hellos: seq -> (neighbour, when sent); a hello back is timed from here, not from
+        the time it echoes (a forged echo would poison the round trip, and with it timeouts and claims)"""
         self.last_input_at = 0.0
         self.started_at: float | None = None
         self.stopped = False
@@ -552,6 +558,8 @@ class Node:
         sender = neighbour.transport
         announced = packet.sender.broker_id.address
         if isinstance(body, TopicMessage):  # first: one per publication, the most frequent packet
+            if body.epoch == self.identity.epoch and self._forged_own(body, [body], body.seq, sender, now):
+                return
             if body.qos:
                 routed = self.delivery.receive(body, sender, announced, now)
             else:
@@ -559,9 +567,14 @@ class Node:
             if routed is SENT_TO_PACED:
                 self.pacing.relay(sender, now)  # the pace reaches back to where the copy came from
         elif isinstance(body, TopicBatch):
+            if body.epoch == self.identity.epoch and self._forged_own(body, [], max(body.items[0::3]), sender, now):
+                return
             if self.publications.on_batch(body, announced, now) is SENT_TO_PACED:
                 self.pacing.relay(sender, now)
         elif isinstance(body, TopicReliableBatch):
+            if body.epoch == self.identity.epoch and \
+                    self._forged_own(body, body.messages(), max(body.items[0::4]), sender, now):
+                return
             if self.delivery.receive_run(body, sender, announced, now) is SENT_TO_PACED:
                 self.pacing.relay(sender, now)
         elif isinstance(body, TopicAcks):
@@ -613,6 +626,21 @@ class Node:
     def _send_receiver_busy(self, neighbour: Address, hold: float) -> None:
         self.outbox.send(wire.RECEIVER_BUSY, ReceiverBusy(hold), [neighbour])
 
+    def _forged_own(self, body: TopicMessage | TopicBatch | TopicReliableBatch, reliable: list[TopicMessage],
+                    last_seq: int, sender: Address, now: float) -> bool:
+        """Is this publication packet (of our epoch) one claiming to be ours, numbered past the last we made? Then
+        someone else made it: anyone in open mode, a key holder, or a bit flip in an origin address. It is dropped
+        before the duplicate cache takes it, where it would hide our real publication of that number from every
+        node it reached. Its QoS 1/2 copies (`reliable`) are acknowledged, so a neighbour that relayed one stops
+        sending it again. An echo of one we did make (a seq we used) goes on, to be dropped as a duplicate."""
+        if body.origin != self.identity.address or last_seq <= self.identity.publication_seq:
+            return False
+        for message in reliable:
+            if message.qos:
+                self.reliable.acknowledge(message, sender)
+        self._drop_packet("forged_own", f"{body.origin}/{body.epoch}/{last_seq}", sender, 0, now)
+        return True
+
     # ------------------------------------------------------------ hello
 
     def _send_hellos(self, now: float) -> None:
@@ -623,15 +651,21 @@ class Node:
 
     def _send_hello(self, neighbour: Neighbour, now: float) -> None:
         self.hello_seq += 1
+        sent = self.hellos_sent
+        sent[self.hello_seq] = (neighbour.transport, now)
+        sent.pop(self.hello_seq - HELLO_WINDOW, None)
         self.neighbours.hello_sent(neighbour, now)
         self.outbox.send(wire.HELLO, Hello(self.hello_seq, now), [neighbour.transport])
 
     def _on_hello_back(self, neighbour: Neighbour, body: HelloBack, now: float) -> None:
-        rtt = now - body.echo_sent_at
-        if not self.hello_seq - 64 < body.echo_seq <= self.hello_seq or rtt < 0:
-            self.drop("stale_hello_back")
+        sent = self.hellos_sent.get(body.echo_seq)
+        if sent is None or sent[0] != neighbour.transport or sent[1] != body.echo_sent_at:
+            self.drop("stale_hello_back")  # answers none of our last hellos to this neighbour
             return
-        offset = body.replied_at - (body.echo_sent_at + rtt / 2)
+        del self.hellos_sent[body.echo_seq]  # one answer each: a replayed or forged second one is stale
+        sent_at = sent[1]
+        rtt = now - sent_at
+        offset = body.replied_at - (sent_at + rtt / 2)
         if neighbour.overdue:
             self.mesh.mark_all_dirty()  # answered after all: a standby parent beside it goes back to standby
         if self.neighbours.record_back(neighbour, rtt, offset, self.settings.rtt_smoothing, now):

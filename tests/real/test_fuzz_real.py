@@ -163,7 +163,10 @@ def run_fuzz(federation: LocalFederation, clients: Clients, count: int, seed: in
     for name in ("n0", "n1"):
         assert "Traceback" not in federation.node(name).wrapper_log.read_text(), f"{name} logged a traceback"
     clients.publish(federation, "n1", f"{prefix}/after", b"still federating", qos=1)
-    subscriber.wait_for_message(f"{prefix}/after", b"still federating")
+    try:
+        subscriber.wait_for_message(f"{prefix}/after", b"still federating")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{summary}\n{path_report(federation, subscriber.topic_filter)}") from None
     return summary
 
 
