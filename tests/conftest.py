@@ -8,10 +8,13 @@ marked by its folder (see `FOLDER_MARKERS`), so a test file never has to repeat 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from summary_tables import PENDING, SECTION_PREFIX
 
 TESTS = Path(__file__).resolve().parent
 
@@ -54,3 +57,25 @@ def find_free_port(kind: socket.SocketKind = socket.SOCK_STREAM, host: str = "12
 def free_port() -> Callable[..., int]:
     """Call it for a free loopback port: `free_port()` for TCP, `free_port(socket.SOCK_DGRAM)` for UDP."""
     return find_free_port
+
+
+# ------------------------------------------------------------------ tables for the terminal summary (summary_tables)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    pending = item.config.stash.get(PENDING, [])
+    if pending:
+        report = outcome.get_result()
+        report.sections.extend((SECTION_PREFIX + title, text) for title, text in pending)
+        pending.clear()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for reports in list(terminalreporter.stats.values()):
+        for report in reports:
+            for title, text in getattr(report, "sections", ()):
+                if title.startswith(SECTION_PREFIX):
+                    terminalreporter.write_sep("-", title.removeprefix(SECTION_PREFIX))
+                    terminalreporter.write_line(text)

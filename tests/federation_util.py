@@ -12,7 +12,8 @@
 Every federation gets its own range of loopback addresses (127.0.<k>.10,
 .11, ...; k counts up from 40, or from $FEDERATION_TEST_SUBNET), so federations
 of different fixtures never collide with each other or with a running `make demo`
-(127.0.0.10...). Two test sessions at once need different $FEDERATION_TEST_SUBNET.
+(127.0.0.10...); the workers of one session (pytest-xdist) take turns. Two test sessions at once need
+different $FEDERATION_TEST_SUBNET.
 Finalizers stop every process, also when a test fails. Nothing here sleeps
 blindly: waits poll a condition until a deadline.
 """
@@ -49,12 +50,25 @@ FAST_SETTINGS: dict[str, Any] = {
 SUBSCRIBER_FORMAT = "%q %r %l %x %t"
 """mosquitto_sub -F: qos, retain flag, payload length, payload in hex, topic (last: it may hold spaces)"""
 
-_subnets = itertools.count(int(os.environ.get("FEDERATION_TEST_SUBNET", "40")))
+def _subnet_numbers() -> Iterator[int]:
+    """k for 127.0.<k>.0/24: counting up from $FEDERATION_TEST_SUBNET (40). Under pytest-xdist (`make test` runs
+    two workers) worker i of n takes every n-th number from the i-th, so the workers never share a /24."""
+    first = int(os.environ.get("FEDERATION_TEST_SUBNET", "40"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return itertools.count(first + worker, workers)
+
+
+_subnets = _subnet_numbers()
 
 
 def next_first_address() -> str:
     """127.0.<k>.10 with k unused so far in this test session."""
-    return f"127.0.{next(_subnets)}.10"
+    k = next(_subnets)
+    if k > 254:
+        raise RuntimeError(f"the test session ran out of loopback /24s (127.0.{k}.0 does not exist): start it "
+                           f"lower with FEDERATION_TEST_SUBNET (now {os.environ.get('FEDERATION_TEST_SUBNET', '40')})")
+    return f"127.0.{k}.10"
 
 
 def topology_links(kind: str, names: Sequence[str]) -> list[tuple[str, str]]:

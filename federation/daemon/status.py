@@ -12,7 +12,9 @@ is one datagram: a flag byte, then the JSON document:
 
 If even the compressed form does not fit a datagram, the bulky lists (topics,
 local subscriptions, federation table) are emptied and `"truncated": true`
-is set, so a reply always comes. The document is `Node.status(now)` plus a
+is set, so a reply always comes. An unanswered request is sent again every
+`QUERY_RESEND` seconds until the timeout: a datagram can be lost, on loopback
+too when a flood fills the wrapper's receive buffer. The document is `Node.status(now)` plus a
 `daemon` section (broker connection, files, uptime). `render` turns it into
 aligned tables for people; `--json` prints it as is.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +37,8 @@ MAX_REPLY = 65000
 """bytes: a reply must fit one UDP datagram (65507 at most over IPv4)"""
 QUERY_TIMEOUT = 2.0
 """seconds `status` waits for the reply"""
+QUERY_RESEND = 0.5
+"""seconds after which an unanswered request is sent again (the wrapper answers each request it reads)"""
 BULKY_SECTIONS = ("topics", "local_subscriptions", "federation")
 
 
@@ -84,12 +89,19 @@ def query(host: str, port: int, timeout: float = QUERY_TIMEOUT) -> dict[str, Any
     except OSError as error:
         raise StatusError(f"cannot resolve {host!r}: {error.strerror or error}") from None
     family, kind, proto, _name, target = infos[0]
+    deadline = time.monotonic() + timeout
     with socket.socket(family, kind, proto) as probe:
-        probe.settimeout(timeout)
         try:
             probe.connect(target)
-            probe.send(STATUS_MAGIC)
-            data = probe.recv(65536)
+            while True:
+                probe.send(STATUS_MAGIC)
+                probe.settimeout(max(0.001, min(QUERY_RESEND, deadline - time.monotonic())))
+                try:
+                    data = probe.recv(65536)
+                    break
+                except TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise
         except (TimeoutError, ConnectionRefusedError, OSError) as error:
             reason = "no reply" if isinstance(error, TimeoutError) else (
                 "connection refused" if isinstance(error, ConnectionRefusedError) else str(error))

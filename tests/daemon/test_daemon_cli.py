@@ -299,6 +299,27 @@ def test_status_reply_encoding() -> None:
         decode_reply(b"\x07{}")
 
 
+def test_a_lost_status_request_is_sent_again() -> None:
+    """A wrapper whose receive buffer a flood filled loses requests: the query repeats until answered."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.settimeout(5)
+        requests: list[bytes] = []
+
+        def answer_the_second() -> None:
+            with contextlib.suppress(OSError):
+                while len(requests) < 2:
+                    data, source = server.recvfrom(100)
+                    requests.append(data)
+                server.sendto(encode_reply({"node": "a"}), source)
+
+        answering = threading.Thread(target=answer_the_second, daemon=True)
+        answering.start()
+        assert query("127.0.0.1", server.getsockname()[1], timeout=3) == {"node": "a"}
+        answering.join(5)
+    assert len(requests) == 2 and requests[0] == requests[1]
+
+
 def test_status_is_answered_only_on_this_host() -> None:
     local = LocalAddresses({"10.1.2.3"})
     assert "127.0.0.1" in local and "127.9.8.7" in local and "10.1.2.3" in local and "::1" in local

@@ -5,7 +5,7 @@ from a paho publisher that records its acknowledgements, on broker a, to a persi
 broker c, through a federated line a-b-c and ring a-b-c-d, while one fault happens and heals; what the
 subscribers printed is judged (federation/tools/faults, docs/guarantees.md). The same faults run on a
 Mosquitto bridge chain a->b->c (`cleansession false`), the reference, printed beside the federation
-(`pytest -s` is not needed: the fixture prints the table).
+(`pytest -s` is not needed: the table is printed in the terminal summary, tests/summary_tables.py).
 
 Every case asserts the issue's target, with no mark left: 0 lost (acknowledged to the publisher, never
 received), 0 out of order, and for QoS 2 0 duplicated (QoS 1 may repeat, as MQTT allows). The bridge chain is
@@ -39,6 +39,7 @@ from federation.tools.faults.suite import Job, merge, run_jobs, suite_jobs, suit
 
 from broker_util import requires_mosquitto
 from federation_util import next_first_address
+from summary_tables import print_summary_table
 
 pytestmark = [requires_mosquitto,
               pytest.mark.skipif(os.geteuid() != 0 or find_tool("nft") is None,
@@ -77,15 +78,10 @@ def suite_fixture(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixt
     titles = {fault.name: fault.title for fault in SUITE} | {burst_case(BURST_COUNT):
                                                               BURST_TITLE.format(count=BURST_COUNT)}
     write_results(out, results, titles, timing, 0.0, ["(tests/real/test_faults_real.py)"])
-    reporter: Any = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture: Any = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():  # the reference is reported, whatever the verdicts
-            reporter.write_line("")
-            reporter.write_sep("-", "fault suite (issue 19): federation beside the Mosquitto bridge chain")
-            reporter.write_line(report.text_table(results, titles))
-            reporter.write_line(report.LEGEND)
-            reporter.write_line(f"results, logs and client outputs: {out}")
+    # The reference is reported, whatever the verdicts.
+    print_summary_table(request.config, "fault suite (issue 19): federation beside the Mosquitto bridge chain",
+                        f"{report.text_table(results, titles)}\n{report.LEGEND}\n"
+                        f"results, logs and client outputs: {out}")
     return Suite(results, burst, out)
 
 

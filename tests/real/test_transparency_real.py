@@ -5,7 +5,7 @@ Every case of `federation.tools.transparency.catalogue` runs once with every cli
 chain a<->b<->c (`topic # both 2` over MQTT v5, what users compare with). Each client records what it
 received (topic, payload, QoS, retain flag, MQTT 5 properties, order) and what the broker answered; the
 federation's recording must equal the reference's (docs/transparency.md). The bridge chain is reported beside
-it (the fixture prints the matrix), not asserted.
+it (the matrix is printed in the terminal summary, tests/summary_tables.py), not asserted.
 
 The cases today's code fails are marked xfail(strict=True) one by one, with the cause the wrappers' events and
 status showed; a case that starts passing fails as XPASS until its mark is removed. Each setup is started once
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,6 +28,7 @@ from federation.tools.transparency.suite import REFERENCE, SuiteResult, run_suit
 
 from broker_util import requires_mosquitto
 from federation_util import next_first_address
+from summary_tables import print_summary_table
 
 pytestmark = requires_mosquitto
 
@@ -65,16 +65,10 @@ def suite_fixture(out: Path, request: pytest.FixtureRequest) -> SuiteResult:
     subnets = [int(next_first_address().split(".")[2]) for _ in SETUP_KINDS]
     result = run_suite(default_cases(), out, subnets)
     write_results(out, result, ["(tests/real/test_transparency_real.py)"])
-    reporter: Any = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture: Any = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():  # the bridge chain is reported, whatever the verdicts
-            reporter.write_line("")
-            reporter.write_sep("-", "transparency suite (issue 20): one broker, federation, bridge chain")
-            reporter.write_line(report.setups_text(result))
-            reporter.write_line(report.text_table(result))
-            reporter.write_line(f"differences, explanations and every recording: {out}/matrix.txt, "
-                                f"{out}/transparency.json")
+    # The bridge chain is reported, whatever the verdicts.
+    print_summary_table(request.config, "transparency suite (issue 20): one broker, federation, bridge chain",
+                        f"{report.setups_text(result)}\n{report.text_table(result)}\n"
+                        f"differences, explanations and every recording: {out}/matrix.txt, {out}/transparency.json")
     return result
 
 
