@@ -312,6 +312,7 @@ class CoreElection(TopicTable):
         state.via.clear()
         if reason == "lost":
             state.lost_at = now
+            state.lost_core = previous.address if previous is not None else None
         elif reason == "withdrawn":
             state.withdrawn_at = now
         self._outbox.view_changed()

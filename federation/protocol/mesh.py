@@ -174,9 +174,16 @@ class MeshEngine(CoreElection, PublicationRouting):
             self.release_held(state, now)
         elif state.held_reliable and state.core is None and state.withdrawn_at > state.lost_at:
             self.end_withdrawn(state, now)
+        if state.core is None and state.lost_core is not None and state.lost_at > state.withdrawn_at \
+                and now - state.lost_at <= self._settings.reliable_hold \
+                and state.lost_core not in self._table.routes.members:
+            # Its core is out of reach (a partition: its subscribers may be behind it): kept, so that a publication
+            # read meanwhile is held (QoS 1/2 up to `reliable_hold`), never matched by nothing and released.
+            state.out_of_reach_at = now
         if state.core is None and not wants and not state.children and not state.standby_children \
                 and not state.held and not state.held_reliable and not state.pending and \
-                (state.withdrawn is None or now - state.heard_at > lifetime) and now - state.lost_at > lifetime:
+                (state.withdrawn is None or now - state.heard_at > lifetime) and \
+                now - max(state.lost_at, state.out_of_reach_at) > lifetime:
             del self.topics[state.filter]
             self.index.discard(state.filter)
             self._watching.pop(state.filter, None)

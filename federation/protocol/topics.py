@@ -154,6 +154,11 @@ class TopicState:
     lost_at: float = float("-inf")
     """when its core was last lost (unreachable or silent): the filter is kept an announcement lifetime,
     so publications matching it are held and reported (`no_core`), not silently unmatched"""
+    lost_core: Address | None = None
+    """the address of the core last lost (None: not known, as for a filter an earlier life knew)"""
+    out_of_reach_at: float = float("-inf")
+    """when the lost core was last seen out of the table's reach: the filter is kept an announcement lifetime
+    after that too, so a partition longer than the lifetime does not make the origin forget it"""
     forwarding: ForwardingCache = field(default_factory=ForwardingCache, repr=False, compare=False)
     """where publications go next, kept while nothing it depends on changes (`federation.protocol.forwarding`)"""
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from federation.protocol import wire
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, BrokerId, PublicationId
@@ -368,4 +370,41 @@ def test_a_restored_receiver_does_not_inject_again_what_its_journal_has() -> Non
     assert delivered(harness, 0) == made  # the relay sent them again; the journal knew them
     assert sorted(publication for _, publication in harness.released) == sorted(made)
     assert core.stream_positions()[(made[0][0], "a/#")] == (made[-1][1], made[-1][2])
+    quiet(harness)
+
+
+# ---------------------------------------------------------------- partitions longer than an announcement lifetime
+
+@pytest.mark.parametrize("quiet_for", [0.0, 30.0])
+def test_a_publication_made_deep_into_a_partition_waits_for_the_heal(quiet_for: float) -> None:
+    """0 - 1 - 2, the subscriber and core at 0; the link 0 - 1 is cut. The origin 2 loses the core, and once an
+    announcement lifetime had passed with nothing held it forgot the filter: a QoS 1 publication read after that
+    matched nothing and was released, acknowledged and never delivered (the fault suite's ring partition, when
+    backpressure delayed the read). The filter is kept while its core is out of reach: held, then delivered."""
+    harness = line()
+    harness.cut_link(0, 1)
+    lifetime = harness.settings.announcement_lifetime
+    harness.run(harness.now + harness.settings.neighbour_dead_after + 2 * lifetime + quiet_for)
+    assert harness.nodes[2].mesh.topics["a/#"].core is None
+    (publication,) = publish(harness, 2)
+    harness.run(harness.now + 2 * lifetime)
+    assert harness.released == [] and delivered(harness, 0) == []  # held at the origin, in custody
+    harness.heal(0, 1)
+    harness.run(harness.now + 10)
+    assert delivered(harness, 0) == [publication] and harness.released == [(2, publication)]
+    quiet(harness)
+
+
+def test_a_filter_whose_core_is_reachable_but_silent_is_forgotten_after_a_lifetime() -> None:
+    """The other side of the rule: the core's node is back in reach (here: it restarted without its subscriber)
+    and claims nothing: the filter has no subscriber left, and a publication on it is released at once."""
+    harness = line()
+    harness.kill(0)
+    harness.run(harness.now + harness.settings.neighbour_dead_after + 1)
+    harness.start(0)  # a new life, without the subscription
+    lifetime = harness.settings.announcement_lifetime
+    harness.run(harness.now + 3 * lifetime)
+    assert "a/#" not in harness.nodes[2].mesh.topics
+    (publication,) = publish(harness, 2)
+    assert harness.released == [(2, publication)]
     quiet(harness)
