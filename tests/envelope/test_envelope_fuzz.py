@@ -35,6 +35,7 @@ from federation.envelope.datagrams import (
     EnvelopeConfig,
 )
 from federation.envelope.replay import SenderTable
+from federation.envelope.transfer import TRANSFER_INVALID, TRANSFER_TIMEOUT
 from federation.protocol import wire
 from federation.protocol.node import Node
 from federation.protocol.settings import Settings
@@ -112,8 +113,10 @@ class Rig:
             counters, drops = envelope.counters, envelope.drops
             refused = sum(drops[reason] for reason in DATAGRAM_REASONS)
             assert counters["datagrams_received"] == counters["datagrams_accepted"] + refused, (counters, drops)
+            # Besides whole datagrams refused: items refused inside an accepted one (a fragment, or a bulk
+            # transfer item that contradicts its transfer or comes to a receiver that takes none).
             assert set(drops) <= set(DATAGRAM_REASONS) | {"fragment_invalid", "reassembly_timeout",
-                                                          "reassembly_evicted"}
+                                                          "reassembly_evicted", TRANSFER_INVALID, TRANSFER_TIMEOUT}
             assert 0 <= envelope.reassembler.used <= envelope.config.reassembly_memory
             assert len(envelope.senders) <= envelope.config.max_senders
 
@@ -136,7 +139,7 @@ def mutate(rng: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
         elif action < 0.65:
             del out[position:position + rng.randint(1, 16)]
         elif action < 0.75:
-            out[position:position] = os.urandom(rng.randint(1, 16))
+            out[position:position] = rng.randbytes(rng.randint(1, 16))
         elif action < 0.85:
             del out[rng.randrange(len(out) + 1):]
         else:
@@ -156,7 +159,7 @@ def item_bodies(rng: random.Random, packets: list[bytes]) -> bytes:
         else:
             total = rng.choice((rng.randint(1, 3000), rng.randint(1, 200_000), 2**32 - 1))
             count = rng.choice((0, 1, 2, 3, rng.randint(2, 80), 65535))
-            piece = os.urandom(rng.randint(0, 1300))
+            piece = rng.randbytes(rng.randint(0, 1300))
             items.append(FRAGMENT_ITEM.pack(ITEM_FRAGMENT, rng.randrange(8), rng.randrange(max(count, 1) + 1),
                                             count, total, len(piece)) + piece)
     body = b"".join(items)
@@ -180,7 +183,7 @@ def run_mutations(count: int, seed: int) -> dict[str, Counter[str]]:
         elif kind < 0.75:  # a key holder signing garbage (open mode: anyone)
             data = rig.senders[mode].seal_body(item_bodies(rng, packets), RECEIVER)
         elif kind < 0.85:
-            data = os.urandom(rng.randint(0, 200))
+            data = rng.randbytes(rng.randint(0, 200))
         elif kind < 0.95:  # fresh valid traffic, sometimes replayed
             fresh = rig.valid_datagrams(mode, [rng.choice(packets)])
             corpus[mode] = (corpus[mode] + fresh)[-200:]
