@@ -107,6 +107,9 @@ class RetainedCounts:
     """values and tombstones that replaced an older one or were new"""
     stale: int = 0
     """retained publications older than the stored value: not injected"""
+    repeated: int = 0
+    """retained publications that are the stored value itself (a copy replayed to a restarted wrapper, whose
+    duplicate cache started empty): not injected again, and no drop: the broker holds it"""
     expired: int = 0
     """publications whose Message Expiry Interval ran out in the federation: not injected"""
     evicted: int = 0
@@ -154,6 +157,14 @@ class RetainedStore:
         self.values[topic] = value
         self.bytes += len(value.payload)
         self.retained_versions.put(topic, value.version)
+        return True
+
+    def holds(self, topic: str, publication: PublicationId, properties: dict[str, Any] | None) -> bool:
+        """Is this retained publication the very value stored for `topic` (the same version)? Counted `repeated`."""
+        old = self.values.get(topic)
+        if old is None or old.version != version_of(publication, properties):
+            return False
+        self.counts.repeated += 1
         return True
 
     def offer(self, topic: str, publication: PublicationId, qos: int, payload: bytes,
@@ -217,7 +228,8 @@ class RetainedStore:
     def describe(self) -> dict[str, Any]:
         counts = self.counts
         return {"topics": len(self.values), "tombstones": sum(1 for v in self.values.values() if not v.payload),
-                "bytes": self.bytes, "stored": counts.stored, "stale": counts.stale, "expired": counts.expired,
+                "bytes": self.bytes, "stored": counts.stored, "stale": counts.stale, "repeated": counts.repeated,
+                "expired": counts.expired,
                 "evicted": counts.evicted, "reinjected": counts.reinjected}
 
     def close(self) -> None:
@@ -239,22 +251,25 @@ def carried(properties: dict[str, Any] | None, wall: float) -> tuple[bool, dict[
 
 
 def prepare(injections: Sequence[Injection], store: RetainedStore, wall: float
-            ) -> tuple[list[Injection], list[tuple[PublicationId, bool]]]:
+            ) -> tuple[list[Injection], list[tuple[PublicationId, bool | None]]]:
     """The node's injections as the broker gets them: expiry counted down and the stamp taken out, retained ones
     checked against the store. Returns them and the publications not injected, each with True if it expired
-    (`message_expired`), False if it is stale (`retained_stale`): the caller counts them and tells the node they
-    are done."""
+    (`message_expired`), False if it is stale (`retained_stale`), None if it is the stored value itself (the
+    broker holds it: no drop): the caller counts the drops and tells the node they are all done."""
     kept: list[Injection] = []
-    dropped: list[tuple[PublicationId, bool]] = []
+    dropped: list[tuple[PublicationId, bool | None]] = []
     for injection in injections:
         properties = injection.properties
         if not injection.retain and (not properties or ORIGIN_TIME not in properties):
             kept.append(injection)  # the common case: nothing to do
             continue
-        if injection.retain and not store.offer(injection.topic, injection.publication, injection.qos,
-                                                injection.payload, properties):
-            dropped.append((injection.publication, False))
-            continue
+        if injection.retain:
+            if store.holds(injection.topic, injection.publication, properties):
+                dropped.append((injection.publication, None))
+                continue
+            if not store.offer(injection.topic, injection.publication, injection.qos, injection.payload, properties):
+                dropped.append((injection.publication, False))
+                continue
         expired, adjusted = carried(properties, wall)
         if expired:
             store.counts.expired += 1

@@ -689,9 +689,10 @@ class Running:
         kept, dropped = prepare(injections, self.retained, time.time())
         node = self.node
         for publication, expired in dropped:
-            reason = "message_expired" if expired else "retained_stale"
-            node.drop(reason, event=events.PUBLICATION_DROPPED, now=now, pub=events.publication_text(publication),
-                      filter=None, reason=reason)
+            if expired is not None:  # None: the stored value itself, which the broker holds: no drop
+                reason = "message_expired" if expired else "retained_stale"
+                node.drop(reason, event=events.PUBLICATION_DROPPED, now=now,
+                          pub=events.publication_text(publication), filter=None, reason=reason)
             node.injection_done(publication, now)
         return kept
 

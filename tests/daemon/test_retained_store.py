@@ -43,6 +43,17 @@ def test_the_newest_version_wins_whatever_the_order_of_arrival() -> None:
     assert store.counts.stale == 2
 
 
+def test_the_stored_value_again_is_held_already_not_stale() -> None:
+    """A restarted wrapper's duplicate cache starts empty, so a neighbour's replay can bring it the very value its
+    store (and its broker) holds: not injected again, counted `repeated`, and no drop."""
+    store = RetainedStore()
+    value = injection("t", b"v", (A, 1, 1), WALL)
+    prepare([value], store, WALL)
+    kept, dropped = prepare([value], store, WALL + 1)
+    assert kept == [] and dropped == [((A, 1, 1), None)]
+    assert (store.counts.repeated, store.counts.stale, store.counts.stored) == (1, 0, 1)
+
+
 def test_a_deletion_is_a_tombstone_that_refuses_the_value_it_deleted() -> None:
     store = RetainedStore()
     prepare([injection("t", b"", (A, 1, 2), WALL + 1)], store, WALL + 1)
