@@ -72,6 +72,10 @@ class Neighbour:
     """not watched for late hello backs before this (it gave a false alarm lately)"""
 
 
+HELLO_WINDOW = 64
+"""hellos remembered for their answers: a hello back to an older one is stale"""
+
+
 class NeighbourTable:
     def __init__(self, configured: list[Address], max_neighbours: int) -> None:
         self.max_neighbours = max_neighbours
@@ -83,6 +87,11 @@ class NeighbourTable:
         self.forgotten = 0
         """dynamic neighbours forgotten because they never came up"""
         self._up_by_announced: dict[Address, Address] = {}
+        self.hello_seq = 0
+        """the seq of our latest hello (one sequence for all neighbours)"""
+        self.hellos_sent: dict[int, tuple[Address, float]] = {}
+        """our last HELLO_WINDOW hellos: seq -> (neighbour, when sent). A hello back is timed from here, not from
+        the time it echoes: a forged echo would poison the round trip, and with it timeouts and claims"""
 
     def get(self, transport: Address) -> Neighbour | None:
         return self._by_transport.get(transport)
@@ -133,8 +142,22 @@ class NeighbourTable:
 
     # ------------------------------------------------------------ late hello backs (a hint, not liveness)
 
-    def hello_sent(self, neighbour: Neighbour, now: float) -> None:
+    def hello_sent(self, neighbour: Neighbour, now: float) -> int:
+        """A hello to `neighbour` goes out now: its seq."""
+        self.hello_seq += 1
+        sent = self.hellos_sent
+        sent[self.hello_seq] = (neighbour.transport, now)
+        sent.pop(self.hello_seq - HELLO_WINDOW, None)
         neighbour.last_hello = now
+        return self.hello_seq
+
+    def hello_answered(self, neighbour: Neighbour, seq: int, echoed_sent_at: float) -> float | None:
+        """When we sent the hello a hello back from `neighbour` answers (it must echo the seq and send time of
+        one of our last HELLO_WINDOW hellos to it, and only its first answer counts); None for a stale one."""
+        if self.hellos_sent.get(seq) != (neighbour.transport, echoed_sent_at):
+            return None
+        del self.hellos_sent[seq]  # one answer each: a replayed or forged second one is stale
+        return echoed_sent_at
 
     @staticmethod
     def overdue_after(neighbour: Neighbour, hello_interval: float) -> float:

@@ -97,9 +97,6 @@ from federation.protocol.wire_types import (
     SharedGroups as SharedGroupsAnnouncement,
 )
 
-HELLO_WINDOW = 64
-"""hellos remembered for their answers: a hello back to an older one is stale"""
-
 
 @dataclass(frozen=True)
 class NodeView:
@@ -176,10 +173,6 @@ class Node:
         self._restored = False
         self.received_by_type: Counter[str] = Counter()
         self.received_bytes_by_type: Counter[str] = Counter()
-        self.hello_seq = 0
-        self.hellos_sent: dict[int, tuple[Address, float]] = {}
-        """our last HELLO_WINDOW hellos: seq -> (neighbour, when sent); a hello back is timed from here, not from
-        the time it echoes (a forged echo would poison the round trip, and with it timeouts and claims)"""
         self.last_input_at = 0.0
         self.started_at: float | None = None
         self.stopped = False
@@ -650,20 +643,14 @@ class Node:
         self.next_hello = now + self.settings.hello_interval * (0.9 + 0.1 * self.rng.random())
 
     def _send_hello(self, neighbour: Neighbour, now: float) -> None:
-        self.hello_seq += 1
-        sent = self.hellos_sent
-        sent[self.hello_seq] = (neighbour.transport, now)
-        sent.pop(self.hello_seq - HELLO_WINDOW, None)
-        self.neighbours.hello_sent(neighbour, now)
-        self.outbox.send(wire.HELLO, Hello(self.hello_seq, now), [neighbour.transport])
+        seq = self.neighbours.hello_sent(neighbour, now)
+        self.outbox.send(wire.HELLO, Hello(seq, now), [neighbour.transport])
 
     def _on_hello_back(self, neighbour: Neighbour, body: HelloBack, now: float) -> None:
-        sent = self.hellos_sent.get(body.echo_seq)
-        if sent is None or sent[0] != neighbour.transport or sent[1] != body.echo_sent_at:
-            self.drop("stale_hello_back")  # answers none of our last hellos to this neighbour
+        sent_at = self.neighbours.hello_answered(neighbour, body.echo_seq, body.echo_sent_at)
+        if sent_at is None:
+            self.drop("stale_hello_back")
             return
-        del self.hellos_sent[body.echo_seq]  # one answer each: a replayed or forged second one is stale
-        sent_at = sent[1]
         rtt = now - sent_at
         offset = body.replied_at - (sent_at + rtt / 2)
         if neighbour.overdue:
