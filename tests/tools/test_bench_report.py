@@ -39,10 +39,23 @@ def test_tables_quote_medians_ratios_and_added_latency_per_hop() -> None:
     assert "| 100,000 | 0 / 0 | 1,000 | 0.10 / 0.10 / 0.50 |" in rows["single"]  # median of 50k, 100k, 150k
     assert "(1 failed)" in rows["federation-2"]
     assert "0.500 \\| 0.500" in rows["federation-2"]  # wrapper CPU s per 1000 messages, paced | max
-    ratio_row = next(line for line in text.splitlines() if line.startswith("| 0 | 64 B | 2 |"))
+    ratio_row = next(line for line in text.splitlines() if line.startswith("| 0 | 64 B | 2 | federation-2 |"))
     cells = [cell.strip() for cell in ratio_row.strip("|").split(" | ")]
-    assert cells[3:7] == ["0.50", "0.30", "2.00", "1.88"]  # ours/bridge, ours/single, p50 and p99 ours/bridge
-    assert cells[7] == "0.30 \\| 0.10"  # p50 added per hop: (0.40 - 0.10) / 1 and (0.20 - 0.10) / 1
+    assert cells[4:8] == ["0.50", "0.30", "2.00", "1.88"]  # ours/bridge, ours/single, p50 and p99 ours/bridge
+    assert cells[8] == "0.30 \\| 0.10"  # p50 added per hop: (0.40 - 0.10) / 1 and (0.20 - 0.10) / 1
+
+
+def test_a_relay_floor_gets_its_own_ratio_row_and_its_clients_cpu() -> None:
+    results = sample_results()
+    for round_ in (1, 2, 3):
+        results.add("relay-2", 0, 64, None, round_, summary(54_000.0, 50.0, 90.0, wrapper_cpu=0.2))
+        results.add("relay-2", 0, 64, 1000.0, round_, summary(1000.0, 0.25, 0.9, wrapper_cpu=0.2))
+    text = tables(results)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "0.200 \\| 0.200" in rows["relay-2"]  # the relay clients' CPU, as a federation's wrappers'
+    relay_row = next(line for line in text.splitlines() if line.startswith("| 0 | 64 B | 2 | relay-2 |"))
+    cells = [cell.strip() for cell in relay_row.strip("|").split(" | ")]
+    assert cells[4] == "0.90"  # 54,000 / 60,000
 
 
 def test_saturated_paced_runs_are_marked() -> None:
@@ -58,15 +71,16 @@ def test_results_round_trip_through_json() -> None:
 
 
 def test_setup_order_puts_each_bridge_chain_before_its_federation() -> None:
-    assert setup_order(["federation-3", "bridge-2", "single", "federation-2", "bridge-3"]) == \
-        ["single", "bridge-2", "federation-2", "bridge-3", "federation-3"]
+    assert setup_order(["federation-3", "bridge-2", "single", "federation-2", "bridge-3", "relay-2"]) == \
+        ["single", "bridge-2", "relay-2", "federation-2", "bridge-3", "federation-3"]
 
 
 def test_setup_names_parse() -> None:
     assert SetupSpec.parse("single") == SetupSpec("single", 1)
     assert SetupSpec.parse("bridge-3").name == "bridge-3"
-    for bad in ("bridge-1", "federation", "chain-2", "bridge-x"):
-        with pytest.raises(ValueError, match="single, bridge-N or federation-N"):
+    assert SetupSpec.parse("relay-2") == SetupSpec("relay", 2)
+    for bad in ("bridge-1", "federation", "chain-2", "bridge-x", "relay-1"):
+        with pytest.raises(ValueError, match="single, bridge-N, federation-N or relay-N"):
             SetupSpec.parse(bad)
 
 
@@ -111,7 +125,7 @@ def test_report_command_redraws_tables_from_saved_results(tmp_path: Path, capsys
 def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--setups", "chain-2"])
-    assert "single, bridge-N or federation-N" in capsys.readouterr().err
+    assert "single, bridge-N, federation-N or relay-N" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--sizes", "8"])
     assert "--sizes: at least 31 bytes" in capsys.readouterr().err

@@ -3,7 +3,7 @@
 It starts every setup for real (one broker, bridge chains, federations on
 127.0.<subnet>.x; $FEDERATION_BENCH_SUBNET, default 150) and checks what the
 benchmark is for: every setup delivers every message of a slow paced run
-exactly once, the tables, results and chart are written, and the figures
+exactly once (the relay floor's clients too), the tables, results and chart are written, and the figures
 are printed. The full benchmark is `python -m federation.tools.bench`
 (docs/benchmarks.md).
 """
@@ -28,20 +28,20 @@ SUBNET = os.environ.get("FEDERATION_BENCH_SUBNET", "150")
 def test_short_benchmark_delivers_everything_once_and_reports(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
-    status = main(["--rounds", "1", "--setups", "single", "bridge-2", "federation-2", "--qos", "0", "1",
+    status = main(["--rounds", "1", "--setups", "single", "bridge-2", "relay-2", "federation-2", "--qos", "0", "1",
                    "--sizes", "64", "--rates", "200", "--seconds", "2", "--out", str(out), "--workdir", str(tmp_path),
                    "--subnet", SUBNET])
     printed = capsys.readouterr().out
     assert status == 0, printed
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert len(runs) == 6
+    assert len(runs) == 8
     for run in runs:
         summary = run["summary"]
         assert summary is not None, run
         assert (summary["lost"], summary["duplicates"], summary["unexpected"]) == (0, 0, 0), run
         assert summary["p50_ms"] > 0
-    federated = [run["summary"] for run in runs if run["setup"] == "federation-2"]
-    assert all(summary["cpu_wrappers_s"] > 0 for summary in federated)
+    added = [run["summary"] for run in runs if run["setup"] in ("federation-2", "relay-2")]
+    assert len(added) == 4 and all(summary["cpu_wrappers_s"] > 0 for summary in added)
     assert "Ratios" in printed and (out / "tables.md").exists()
     if (out / "chart.png").exists():
         assert (out / "chart.png").read_bytes().startswith(b"\x89PNG")

@@ -96,7 +96,8 @@ def setup_order(names: Iterable[str]) -> list[str]:
     """single first, then bridges and federations by length, each bridge chain before the federation."""
     def key(name: str) -> tuple[int, int]:
         kind, _, count = name.partition("-")
-        return (int(count) if count.isdigit() else 1, {"single": 0, "bridge": 1, "federation": 2}.get(kind, 3))
+        return (int(count) if count.isdigit() else 1,
+                {"single": 0, "bridge": 1, "relay": 2, "federation": 3}.get(kind, 4))
 
     return sorted(set(names), key=key)
 
@@ -140,7 +141,7 @@ def tables(results: Results) -> str:
                 row += [delivered, latency, _counts(paced)]
             paced_row = (combined.get((setup, qos, size, rates[0])) if rates else None) or {}
             for name in ("wrapper_cpu_per_1000", "broker_cpu_per_1000"):
-                if name.startswith("wrapper") and not setup.startswith("federation"):
+                if name.startswith("wrapper") and not setup.startswith(("federation", "relay")):
                     row.append("-")
                     continue
                 row.append(f"{_num(paced_row.get(name, math.nan), 3)} \\| {_num((top or {}).get(name, math.nan), 3)}")
@@ -152,16 +153,18 @@ def tables(results: Results) -> str:
 
 def ratio_table(combined: dict[Key, dict[str, float]], setups: Sequence[str], variants: Sequence[tuple[int, int]],
                 rates: Sequence[float]) -> str:
-    """Federation against the bridge chain of the same length and against the single broker."""
-    lines = ["### Ratios (federation / bridge chain, federation / single broker) and latency added per hop\n"]
+    """Federation (and the relay floor) against the bridge chain of the same length and the single broker."""
+    lines = ["### Ratios (federation / bridge chain, federation / single broker) and latency added per hop\n",
+             "A `relay-N` row is the floor of two extra C processes per hop (docs/benchmarks.md), in place of "
+             "the federation.\n"]
     rate = rates[0] if rates else None
     at = f" at {rate:,.0f}/s" if rate is not None else ""
-    header = ["QoS", "size", "brokers", "max msg/s: ours / bridge", "max msg/s: ours / single",
+    header = ["QoS", "size", "brokers", "setup", "max msg/s: ours / bridge", "max msg/s: ours / single",
               f"p50{at}: ours / bridge", f"p99{at}: ours / bridge",
               f"p50 added per hop{at}, ms: ours \\| bridge", f"p99 added per hop{at}, ms: ours \\| bridge"]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
-    federations = [s for s in setups if s.startswith("federation-")]
+    federations = [s for s in setups if s.startswith(("federation-", "relay-"))]
     for qos, size in variants:
         single_top = combined.get(("single", qos, size, None), {})
         single_paced = combined.get(("single", qos, size, rate), {})
@@ -174,7 +177,7 @@ def ratio_table(combined: dict[Key, dict[str, float]], setups: Sequence[str], va
             theirs = combined.get((bridge, qos, size, rate), {})
             nan = math.nan
             lines.append("| " + " | ".join([
-                str(qos), f"{size} B", str(brokers),
+                str(qos), f"{size} B", str(brokers), federation,
                 _ratio(ratio(ours_top.get("rate", nan), theirs_top.get("rate", nan))),
                 _ratio(ratio(ours_top.get("rate", nan), single_top.get("rate", nan))),
                 _ratio(ratio(ours.get("p50_ms", nan), theirs.get("p50_ms", nan))),

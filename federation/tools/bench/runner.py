@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from federation.tools.bench.setups import Setup, cpu_seconds
+from federation.tools.bench.setups import Setup, cpu_seconds, find_client
 from federation.tools.bench.stats import RunSummary, output_line_size, parse_output, payload_line, probe_line, summarize
 from federation.tools.launch import BROKER_PORT, LaunchError, die_with_parent, poll
 
@@ -70,13 +69,6 @@ class Case:
         return f"q{self.qos}-{self.size}B-{rate}"
 
 
-def find_client(name: str) -> str:
-    found = shutil.which(name) or next((p for p in (f"/usr/bin/{name}",) if os.access(p, os.X_OK)), None)
-    if found is None:
-        raise LaunchError(f"{name} is not installed: `apt-get install -y mosquitto-clients` (or `make install`)")
-    return found
-
-
 class FileLines:
     """Counts complete lines of a growing file of fixed-size lines by its size (no reading)."""
 
@@ -102,6 +94,7 @@ def run_case(setup: Setup, case: Case, topic: str, workdir: Path, keep_output: b
                    "-i", f"{tag}-sub"]
     pub_command = [find_client("mosquitto_pub"), "-h", setup.publish_host, *common, "-l", "-i", f"{tag}-pub"]
     errors = workdir / f"{tag}.clients.log"
+    setup.begin_case(topic, case.qos)
     with open(output, "wb") as sink, open(errors, "wb") as error_sink:
         subscriber = subprocess.Popen(sub_command, stdin=subprocess.DEVNULL, stdout=sink, stderr=error_sink,
                                       process_group=0, preexec_fn=die_with_parent)
@@ -134,6 +127,7 @@ def run_case(setup: Setup, case: Case, topic: str, workdir: Path, keep_output: b
                 process.wait()
         if publisher.stdin is not None and not publisher.stdin.closed:
             publisher.stdin.close()
+        setup.end_case()
     received, bad = parse_output(output.read_bytes().splitlines())
     if not keep_output:
         output.unlink(missing_ok=True)

@@ -11,6 +11,13 @@ started and stopped by the same code, and differ only in what joins them:
   No wrappers run.
 * `federation-N`: the same N brokers in a line joined by our wrappers
   (default protocol settings), nothing else.
+* `relay-N`: the same N brokers, each hop a relay of two C processes
+  joined by a pipe: `mosquitto_sub` on broker i printing each payload,
+  piped into `mosquitto_pub -l` on broker i+1 (same topic and QoS,
+  started for each case, since `mosquitto_pub -l` publishes on one topic).
+  Not a federation: the floor of any design that, as ours does, puts two
+  extra processes on each hop, with no work in them but the MQTT clients'
+  own. Loopback and a pipe instead of UDP; payloads are the bench's lines.
 
 Publisher on the first broker, subscriber on the last. Two changes to the
 rendered configs apply to every setup alike:
@@ -31,7 +38,11 @@ away from the tests' 127.0.40+ and the demo's 127.0.0.10.
 
 from __future__ import annotations
 
+import itertools
 import os
+import shutil
+import signal
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,14 +51,32 @@ import yaml
 
 from federation.harness.nodeconfig import WRAPPER_LOG_TYPES
 from federation.protocol import events
-from federation.tools.launch import BROKER_PORT, FederationNode, LaunchError, LocalFederation, line, node_names
+from federation.tools.launch import (
+    BROKER_PORT,
+    FederationNode,
+    LaunchError,
+    LocalFederation,
+    die_with_parent,
+    line,
+    node_names,
+)
 
 BRIDGE_TOPIC = "bench/#"
 BRIDGE_RESTART_TIMEOUT = 1
 """seconds a bridge waits before retrying its connection (the next broker may start after it)"""
 CONVERGE_TIMEOUT = 30.0
 """seconds a federation gets to converge after its wrappers start"""
-SETUP_KINDS = ("single", "bridge", "federation")
+SETUP_KINDS = ("single", "bridge", "federation", "relay")
+RELAY_STOP_TIMEOUT = 5.0
+"""seconds a relay's clients get to exit after SIGTERM before they are killed"""
+
+
+def find_client(name: str) -> str:
+    """The path of one of Mosquitto's C clients; LaunchError saying how to install them."""
+    found = shutil.which(name) or next((p for p in (f"/usr/bin/{name}",) if os.access(p, os.X_OK)), None)
+    if found is None:
+        raise LaunchError(f"{name} is not installed: `apt-get install -y mosquitto-clients` (or `make install`)")
+    return found
 
 
 @dataclass(frozen=True)
@@ -67,9 +96,9 @@ class SetupSpec:
         if text == "single":
             return SetupSpec("single", 1)
         kind, _, count = text.partition("-")
-        if kind in ("bridge", "federation") and count.isdigit() and int(count) >= 2:
+        if kind in ("bridge", "federation", "relay") and count.isdigit() and int(count) >= 2:
             return SetupSpec(kind, int(count))
-        raise ValueError(f"setup {text!r}: expected single, bridge-N or federation-N with N >= 2")
+        raise ValueError(f"setup {text!r}: expected single, bridge-N, federation-N or relay-N with N >= 2")
 
 
 def bridge_lines(index: int, target_host: str, port: int = BROKER_PORT, *, topic: str = BRIDGE_TOPIC, qos: int = 1,
@@ -146,6 +175,8 @@ class Setup:
         links = line(names) if spec.kind == "federation" else []
         self.brokers = BenchBrokers(names, links, workdir / spec.name, f"127.0.{subnet}.10",
                                     bridges=spec.kind == "bridge", publication_events=publication_events)
+        self.relays: list[subprocess.Popen[bytes]] = []
+        """a relay setup's clients for the case under way (`begin_case`)"""
 
     def start(self) -> None:
         """Start the brokers (and the wrappers, for a federation, until they converge); LaunchError on failure."""
@@ -160,7 +191,46 @@ class Setup:
             self.brokers.start_brokers()
 
     def stop(self) -> None:
+        self.end_case()
         self.brokers.stop()
+
+    def begin_case(self, topic: str, qos: int) -> None:
+        """Before a case's clients start: a relay setup starts its relays for `topic` at `qos` (the case's
+        probes wait for them to connect); the other setups have nothing to do."""
+        if self.spec.kind != "relay":
+            return
+        self.end_case()
+        nodes = list(self.brokers.nodes.values())
+        common = ["-p", str(BROKER_PORT), "-t", topic, "-q", str(qos), "--nodelay"]
+        log = open(self.brokers.workdir / "relays.log", "ab")  # noqa: SIM115 - the children hold it
+        try:
+            for index, (source, target) in enumerate(itertools.pairwise(nodes)):
+                reader = subprocess.Popen(
+                    [find_client("mosquitto_sub"), "-h", source.host, *common, "-F", "%p", "-i", f"relay{index}-sub"],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, process_group=0,
+                    preexec_fn=die_with_parent)
+                self.relays.append(reader)
+                assert reader.stdout is not None
+                writer = subprocess.Popen(
+                    [find_client("mosquitto_pub"), "-h", target.host, *common, "-l", "-i", f"relay{index}-pub"],
+                    stdin=reader.stdout, stdout=log, stderr=log, process_group=0, preexec_fn=die_with_parent)
+                reader.stdout.close()  # the writer holds the pipe's read end now
+                self.relays.append(writer)
+        finally:
+            log.close()
+
+    def end_case(self) -> None:
+        """Stop the relays of the case that ended (nothing for the other setups)."""
+        relays, self.relays = self.relays, []
+        for process in relays:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in relays:
+            try:
+                process.wait(RELAY_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
     @property
     def publish_host(self) -> str:
@@ -174,6 +244,9 @@ class Setup:
         return [node.broker_process.pid for node in self.brokers.nodes.values() if node.broker_process is not None]
 
     def wrapper_pids(self) -> list[int]:
+        """The processes a hop adds beside the brokers: a federation's wrappers, a relay setup's clients."""
+        if self.spec.kind == "relay":
+            return [process.pid for process in self.relays]
         return [node.wrapper_process.pid for node in self.brokers.nodes.values()
                 if node.wrapper_process is not None]
 
@@ -194,10 +267,16 @@ class Setup:
         return totals
 
     def check_running(self) -> None:
-        """LaunchError if a broker or wrapper of this setup has exited."""
+        """LaunchError if a broker, wrapper or relay client of this setup has exited."""
         for node in self.brokers.nodes.values():
             if not node.broker_running or (self.spec.kind == "federation" and not node.wrapper_running):
                 raise LaunchError(f"{self.spec.name}: a process of {node.name} exited:\n{node.diagnostics()}")
+        for process in self.relays:
+            if process.poll() is not None:
+                log = self.brokers.workdir / "relays.log"
+                said = log.read_text(errors="replace")[-500:] if log.exists() else ""
+                raise LaunchError(f"{self.spec.name}: a relay client (pid {process.pid}) exited with status "
+                                  f"{process.returncode}: {said}")
 
     def diagnostics(self) -> str:
         return self.brokers.diagnostics()
