@@ -31,18 +31,22 @@ FORWARDED = ("publication_forwarded", "publications_forwarded")
 
 
 def _sequence_numbers() -> Column:
-    return F.flatten(F.transform("seqs", lambda pair: F.sequence(pair[0], pair[1])))
+    """The run's sequence numbers: a run of one range is stored as `first_seq` and `last_seq` (no lambda
+    function, which Spark evaluates row by row without generated code), the others as `seqs`."""
+    return (F.when(F.col("seqs").isNull(), F.sequence("first_seq", "last_seq"))
+            .otherwise(F.flatten(F.transform("seqs", lambda pair: F.sequence(pair[0], pair[1])))))
 
 
 def _expanded(runs: DataFrame, *columns: str, topic: bool = False) -> DataFrame:
     """One row per publication of each run: `pub` (the v1 id) and `columns` (plus `topic` if asked)."""
-    exploded = runs.select(*columns, "origin", "epoch", "topics",
+    exploded = runs.select(*columns, "origin", "epoch", "topic", "topics",
                            F.posexplode(_sequence_numbers()).alias("position", "number"))
     pub = F.concat(F.col("origin"), F.lit("/"), F.col("epoch").cast("string"), F.lit("/"),
                    F.col("number").cast("string")).alias("pub")
     selected: list[Column | str] = [pub, *columns]
     if topic:
-        selected.append(F.when(F.size("topics") == 1, F.col("topics")[0])
+        selected.append(F.when(F.col("topics").isNull(), F.col("topic"))  # one topic for the run
+                        .when(F.size("topics") == 1, F.col("topics")[0])
                         .otherwise(F.element_at("topics", F.col("position") + 1)).alias("topic"))
     return exploded.select(*selected)
 
@@ -53,7 +57,7 @@ def originated(events: DataFrame) -> DataFrame:
           .select("pub", F.col("node").alias("origin"), F.col("t").alias("sent_at"), "topic", "file", "seq"))
     runs = (events.filter(F.col("type") == ORIGINATED[1])
             .select(F.col("node").alias("writer"), F.col("t").alias("sent_at"), "file", "seq", "origin", "epoch",
-                    "seqs", "topics"))
+                    "seqs", "first_seq", "last_seq", "topic", "topics"))
     v2 = _expanded(runs, "writer", "sent_at", "file", "seq", topic=True)
     return v1.unionByName(v2.select("pub", F.col("writer").alias("origin"), "sent_at", "topic", "file", "seq"))
 
@@ -61,7 +65,8 @@ def originated(events: DataFrame) -> DataFrame:
 def delivered(events: DataFrame) -> DataFrame:
     """pub, node, t: one row per `publication_delivered` or publication of a delivered run."""
     v1 = events.filter(F.col("type") == DELIVERED[0]).select("pub", "node", "t")
-    runs = events.filter(F.col("type") == DELIVERED[1]).select("node", "t", "origin", "epoch", "seqs", "topics")
+    runs = (events.filter(F.col("type") == DELIVERED[1])
+            .select("node", "t", "origin", "epoch", "seqs", "first_seq", "last_seq", "topic", "topics"))
     return v1.unionByName(_expanded(runs, "node", "t"))
 
 

@@ -147,9 +147,12 @@ other form of such a line is parsed."""
 
 BULK_SCHEMA = T.StructType([f for f in READ_SCHEMA.fields if f.name in (
     "v", "t", "node", "type", "pub", "topic", "filter", "mode", "to", "origin", "epoch", "seqs", "topics", CORRUPT)])
-BULK_COLUMNS = ("t", "node", "type", "pub", "topic", "filter", "mode", "to", "origin", "epoch", "seqs", "topics",
-                "file", "seq")
-"""what later steps read of a bulk line (`file` only on originated lines: the order of one instant)"""
+BULK_COLUMNS = ("t", "node", "type", "pub", "topic", "filter", "mode", "to", "origin", "epoch", "seqs", "first_seq",
+                "last_seq", "topics", "publications", "file", "seq")
+"""what later steps read of a bulk line (`file` only on originated lines: the order of one instant). A v2 run
+of one range of sequence numbers (nearly every run) keeps it as `first_seq` and `last_seq`, one of one
+topic as `topic`: nested columns cost more to write and to read than flat ones, so `seqs` and `topics` are
+only kept for the other runs; `publications` is the number of publications of a run."""
 
 STORED_FIELDS = {
     "pub": ("publication_originated", "publication_delivered"),
@@ -159,7 +162,7 @@ STORED_FIELDS = {
     "to": ("publication_forwarded", "publications_forwarded"),
     "origin": ("publications_originated", "publications_delivered"),
     "epoch": ("publications_originated", "publications_delivered"),
-    "seqs": ("publications_originated", "publications_delivered", "publications_forwarded"),  # counted
+    "seqs": ("publications_originated", "publications_delivered"),  # with first_seq and last_seq
     "topics": ("publications_originated",),
 }
 """the bulk types whose field is stored (the others' values are not read again: storing nothing is cheaper)"""
@@ -241,15 +244,26 @@ def resolve(patterns: list[str]) -> list[str]:
     return files
 
 
+def _single_range() -> Any:
+    """True for a run of one range: Spark evaluates lambda functions row by row without generated code, so
+    the expressions below spell out a single range's case (nearly every run) and use them for the others."""
+    return F.size("seqs") == 1
+
+
 def _run_size() -> Any:
-    """Publications in a v2 run event: the sum of `last - first + 1` over `seqs`."""
-    return F.aggregate("seqs", F.lit(0).cast("long"), lambda total, pair: total + pair[1] - pair[0] + 1)
+    """Publications in a v2 run event: the sum of `last - first + 1` over `seqs` (of a valid run)."""
+    single = F.col("seqs")[0]
+    return (F.when(_single_range(), F.lit(0).cast("long") + single[1] - single[0] + 1)
+            .otherwise(F.aggregate("seqs", F.lit(0).cast("long"), lambda total, pair: total + pair[1] - pair[0] + 1)))
+
+
+def _bad_range(pair: Any) -> Any:
+    return (F.size(pair) != 2) | pair[0].isNull() | pair[1].isNull() | (pair[0] > pair[1])
 
 
 def _run_problem() -> Any:
     """True for a v2 run event the job cannot read (only evaluated on those rows)."""
-    bad_pair = F.exists("seqs", lambda pair: (F.size(pair) != 2) | pair[0].isNull() | pair[1].isNull()
-                        | (pair[0] > pair[1]))
+    bad_pair = F.when(_single_range(), _bad_range(F.col("seqs")[0])).otherwise(F.exists("seqs", _bad_range))
     size = _run_size()
     topics_bad = (F.col("type") == "publications_originated") & (
         F.col("topics").isNull() | ((F.size("topics") != 1) & (F.size("topics") != size)))
@@ -331,21 +345,38 @@ def read_events(spark: SparkSession, files: list[str], scratch: str | None = Non
              .select("line.*", "value", "path", "seq", "tallied")
              .withColumn("type", F.when(F.col("tallied") != "", F.col("tallied")).otherwise(F.col("type")))
              .withColumn("status", F.when(F.col("tallied") != "", F.lit("ok")).otherwise(_first_status())))
-    # Lines only counted (COUNTED_TYPES) are counted on the way and not stored.
-    counted = Observation("counted")
-    ok = F.col("status") == "ok"
-    lines = lines.observe(counted, *[metric for kind in COUNTED_TYPES for metric in (
-        F.count_if(ok & (F.col("type") == kind)).alias(f"{kind}:n"),
-        F.min(F.when(ok & (F.col("type") == kind), F.col("t"))).alias(f"{kind}:first"),
-        F.max(F.when(ok & (F.col("type") == kind), F.col("t"))).alias(f"{kind}:last"),
-        F.sum(F.when(ok & (F.col("type") == kind), _run_size() if kind in RUN_TYPES else F.lit(1)))
-        .alias(f"{kind}:publications"))])
     needs_file = ~F.col("type").isin(*BULK_TYPES) | F.col("type").isin(*ORIGINATED)
-    kept = [F.when(F.col("type").isin(*STORED_FIELDS[name]), F.col(name)).alias(name) if name in STORED_FIELDS
+    ok = F.col("status") == "ok"
+    stored_field = {name: F.col("type").isin(*STORED_FIELDS[name]) for name in STORED_FIELDS}
+    single = ok & _single_range()
+    one_topic = ok & (F.size("topics") == 1)
+    derived = {
+        "topic": F.when(F.col("type") == "publications_originated", F.when(one_topic, F.col("topics")[0]))
+        .when(stored_field["topic"], F.col("topic")),
+        "seqs": F.when(stored_field["seqs"] & ~single, F.col("seqs")),
+        "first_seq": F.when(stored_field["seqs"] & single, F.col("seqs")[0][0]),
+        "last_seq": F.when(stored_field["seqs"] & single, F.col("seqs")[0][1]),
+        "topics": F.when(stored_field["topics"] & ~one_topic, F.col("topics")),
+        "publications": F.when(ok & F.col("type").isin(*RUN_TYPES), _run_size()),
+    }
+    kept = [derived[name].alias(name) if name in derived
+            else F.when(stored_field[name], F.col(name)).alias(name) if name in STORED_FIELDS
             else F.col(name) for name in BULK_COLUMNS if name not in ("file", "seq")]
-    parsed = (lines.filter(~(ok & F.col("type").isin(*COUNTED_TYPES)) & (F.col("status") != "blank"))
-              .select(*kept, F.when(needs_file, F.col("path")).alias("file"), "seq", "status",
-                      F.when(F.col("status") == "detail", F.col("value")).alias("raw"), CORRUPT))
+    # Lines only counted (COUNTED_TYPES) are counted on the way and not stored: `counted` numbers their type
+    # (1, 2, ...; 0 for every other line), and the counts are taken once the row holds only what is stored
+    # (counting on the wide row, text included, made Spark copy every line once more).
+    counted_kind = F.when(F.col("status") == "ok", F.array_position(F.array(*map(F.lit, COUNTED_TYPES)), F.col("type")))
+    narrow = lines.select(*kept, F.when(needs_file, F.col("path")).alias("file"), "seq", "status",
+                          F.when(F.col("status") == "detail", F.col("value")).alias("raw"), CORRUPT,
+                          F.coalesce(counted_kind, F.lit(0)).alias("counted"))
+    counted = Observation("counted")
+    narrow = narrow.observe(counted, *[metric for number, kind in enumerate(COUNTED_TYPES, 1) for metric in (
+        F.count_if(F.col("counted") == number).alias(f"{kind}:n"),
+        F.min(F.when(F.col("counted") == number, F.col("t"))).alias(f"{kind}:first"),
+        F.max(F.when(F.col("counted") == number, F.col("t"))).alias(f"{kind}:last"),
+        F.sum(F.when(F.col("counted") == number, F.col("publications") if kind in RUN_TYPES else F.lit(1)))
+        .alias(f"{kind}:publications"))])
+    parsed = narrow.filter((F.col("counted") == 0) & (F.col("status") != "blank")).drop("counted")
     stored, scratch, cached = _store(spark, parsed, scratch)
     full = F.from_json("raw", READ_SCHEMA, _JSON_OPTIONS)
     details = (stored.filter(F.col("status") == "detail")
@@ -367,7 +398,7 @@ def read_events(spark: SparkSession, files: list[str], scratch: str | None = Non
 
 def _summarise(stored: DataFrame, details: DataFrame, counted: dict[str, Any], summary: InputSummary) -> None:
     nodes: set[str] = set()
-    publications = F.when(F.col("type").isin(*RUN_TYPES), _run_size()).otherwise(F.lit(1))
+    publications = F.when(F.col("type").isin(*RUN_TYPES), F.col("publications")).otherwise(F.lit(1))
     figures = [F.count(F.lit(1)).alias("n"), F.min("t").alias("first"), F.max("t").alias("last"),
                F.sum(F.when(F.col("status") == "ok", publications)).alias("publications")]
     rows = (stored.filter(F.col("status") != "detail").groupBy("status", "type", "node").agg(*figures).collect()
