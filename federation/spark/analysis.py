@@ -231,7 +231,7 @@ def deliveries(spark: SparkSession, events: DataFrame, phases: Sequence[Phase], 
     originated = (sent.withColumn("phase", _phase_of(phases, F.col("sent_at"), F.col("file"), F.col("seq")))
                   .join(F.broadcast(candidates), ["topic", "phase"], "left")
                   .join(F.broadcast(origin_components), ["phase", "origin"], "left")
-                  .select("pub", F.col("origin").alias("node"), F.col("sent_at").alias("t"), "seq",
+                  .select("pub", F.lit(None).cast("string").alias("node"), F.lit(None).cast("double").alias("t"), "seq",
                           F.lit(0).alias("kind"), "origin", "sent_at", "topic", "phase", in_bound.alias("bounded"),
                           F.when(in_bound, expected_nodes).otherwise(F.array().cast("array<string>"))
                           .alias("expected_nodes")))
@@ -239,13 +239,19 @@ def deliveries(spark: SparkSession, events: DataFrame, phases: Sequence[Phase], 
     copies = (publications.delivered(events)
               .select("pub", "node", "t", F.lit(None).cast("long").alias("seq"), F.lit(1).alias("kind"),
                       *[F.lit(None).cast(originated.schema[name].dataType).alias(name) for name in about]))
-    # kind 0 (originated) before kind 1 (delivered); of several originated rows (a repeated line), the first.
-    # The ids' hash leads the sort: ids share their first bytes (the origin), which the sort compares first.
-    order = Window.partitionBy("hash", "pub").orderBy("kind", "seq")
+    # kind 0 (originated; no node, no time: its origin and sent_at say it) before kind 1 (delivered); of several
+    # originated rows (a repeated line), the first; a publication's deliveries by node, then time. The ids' hash
+    # leads the sort: ids share their first bytes (the origin), which the sort compares first. One sort serves
+    # both windows: per publication (its first originated row) and per (publication, kind, node) (a node's
+    # first delivery and its number of copies), so no aggregation over the (publication, node) pairs.
+    order = Window.partitionBy("hash", "pub").orderBy("kind", "node", "t", "seq")
     whole = order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    per_node = Window.partitionBy("hash", "pub", "kind", "node").orderBy("t", "seq")
     rows = (originated.unionByName(copies)
             .withColumn("hash", F.xxhash64("pub"))
-            .select("hash", "pub", "node", "t", "kind", F.row_number().over(order).alias("position"),
+            .select("hash", "pub", "node", "t", "kind", F.row_number().over(per_node).alias("position"),
+                    F.count(F.lit(1)).over(per_node.rowsBetween(Window.unboundedPreceding,
+                                                                Window.unboundedFollowing)).alias("copies"),
                     *[F.first(name).over(whole).alias(name) for name in about]))
     # Per (publication, node): kind 0 is the publication itself (tag: in bound), kind 1 its copies delivered at
     # the node (tag: 0 not expected by rule (origin unknown, or the origin itself), 1 an expected node, 2 neither).
@@ -253,10 +259,9 @@ def deliveries(spark: SparkSession, events: DataFrame, phases: Sequence[Phase], 
            .when(F.col("origin").isNull() | (F.col("node") == F.col("origin")), F.lit(0))
            .when(F.array_contains("expected_nodes", F.col("node")), F.lit(1))
            .otherwise(F.lit(2)))
-    pairs = (rows.filter((F.col("kind") == 1) | (F.col("position") == 1))
-             .groupBy("hash", "pub", "node", "kind", "phase", "sent_at", "topic",  # "hash", "pub": as partitioned
-                      tag.alias("tag"), F.size("expected_nodes").alias("expecting"))
-             .agg(F.min("t").alias("first_at"), F.count(F.lit(1)).alias("copies")))
+    pairs = rows.filter(F.col("position") == 1).select(
+        "node", "kind", "phase", "sent_at", "topic", "copies", F.col("t").alias("first_at"), tag.alias("tag"),
+        F.size("expected_nodes").alias("expecting"))
     was_subscribed = F.exists(F.coalesce(F.col("watchers"), F.array().cast(
         "array<struct<node:string,since:double,until:double>>")),
         lambda w: (w["node"] == F.col("node")) & (w["since"] <= F.col("first_at")) & (w["until"] > F.col("first_at")))
