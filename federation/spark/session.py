@@ -47,9 +47,12 @@ def build_session(master: str | None = None, shuffle_partitions: int = 8, driver
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         builder = builder.config("spark.driver.memory", driver_memory)
         # The parallel collector: a local job is one batch, throughput is all that counts (G1, the default,
-        # cost about 15% more CPU on the 10-million-event benchmark, docs/benchmarks.md).
+        # cost about 15% more CPU on the 10-million-event benchmark, docs/benchmarks.md). -DontCompileHugeMethods:
+        # the JIT compiles methods of more than 8,000 bytecodes too; Spark generates one for the read's parse
+        # and classification stage, which otherwise runs interpreted (several times slower).
         builder = builder.config("spark.driver.extraJavaOptions",
-                                 f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()} -XX:+UseParallelGC")
+                                 f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()} -XX:+UseParallelGC "
+                                 "-XX:-DontCompileHugeMethods")
         if master.startswith("local"):
             os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
             builder = (builder.config("spark.driver.host", "127.0.0.1")
