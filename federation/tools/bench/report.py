@@ -155,8 +155,8 @@ def ratio_table(combined: dict[Key, dict[str, float]], setups: Sequence[str], va
                 rates: Sequence[float]) -> str:
     """Federation (and the relay floor) against the bridge chain of the same length and the single broker."""
     lines = ["### Ratios (federation / bridge chain, federation / single broker) and latency added per hop\n",
-             "A `relay-N` row is the floor of two extra C processes per hop (docs/benchmarks.md), in place of "
-             "the federation.\n"]
+             "A `relay-N` row, in place of the federation: two extra C processes per hop doing nothing but MQTT, the "
+             "latency floor of such a hop (docs/benchmarks.md).\n"]
     rate = rates[0] if rates else None
     at = f" at {rate:,.0f}/s" if rate is not None else ""
     header = ["QoS", "size", "brokers", "setup", "max msg/s: ours / bridge", "max msg/s: ours / single",

@@ -15,9 +15,11 @@ started and stopped by the same code, and differ only in what joins them:
   joined by a pipe: `mosquitto_sub` on broker i printing each payload,
   piped into `mosquitto_pub -l` on broker i+1 (same topic and QoS,
   started for each case, since `mosquitto_pub -l` publishes on one topic).
-  Not a federation: the floor of any design that, as ours does, puts two
-  extra processes on each hop, with no work in them but the MQTT clients'
-  own. Loopback and a pipe instead of UDP; payloads are the bench's lines.
+  Not a federation: the latency floor of any design that, as ours does,
+  puts two extra processes on each hop, with no work in them but the MQTT
+  clients' own. It writes a packet per message, so for throughput it is a
+  reference, not a ceiling (batching carries more). Loopback and a pipe
+  instead of UDP; payloads are the bench's lines.
 
 Publisher on the first broker, subscriber on the last. Two changes to the
 rendered configs apply to every setup alike:
