@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import signal
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +50,7 @@ from pathlib import Path
 import yaml
 
 from federation.harness.nodeconfig import WRAPPER_LOG_TYPES
+from federation.harness.processes import end_all, find_tool, tail
 from federation.protocol import events
 from federation.tools.launch import (
     BROKER_PORT,
@@ -69,13 +68,11 @@ BRIDGE_RESTART_TIMEOUT = 1
 CONVERGE_TIMEOUT = 30.0
 """seconds a federation gets to converge after its wrappers start"""
 SETUP_KINDS = ("single", "bridge", "federation", "relay")
-RELAY_STOP_TIMEOUT = 5.0
-"""seconds a relay's clients get to exit after SIGTERM before they are killed"""
 
 
 def find_client(name: str) -> str:
     """The path of one of Mosquitto's C clients; LaunchError saying how to install them."""
-    found = shutil.which(name) or next((p for p in (f"/usr/bin/{name}",) if os.access(p, os.X_OK)), None)
+    found = find_tool(name)
     if found is None:
         raise LaunchError(f"{name} is not installed: `apt-get install -y mosquitto-clients` (or `make install`)")
     return found
@@ -224,15 +221,7 @@ class Setup:
     def end_case(self) -> None:
         """Stop the relays of the case that ended (nothing for the other setups)."""
         relays, self.relays = self.relays, []
-        for process in relays:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in relays:
-            try:
-                process.wait(RELAY_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        end_all(relays)
 
     @property
     def publish_host(self) -> str:
@@ -275,10 +264,8 @@ class Setup:
                 raise LaunchError(f"{self.spec.name}: a process of {node.name} exited:\n{node.diagnostics()}")
         for process in self.relays:
             if process.poll() is not None:
-                log = self.brokers.workdir / "relays.log"
-                said = log.read_text(errors="replace")[-500:] if log.exists() else ""
                 raise LaunchError(f"{self.spec.name}: a relay client (pid {process.pid}) exited with status "
-                                  f"{process.returncode}: {said}")
+                                  f"{process.returncode}:\n{tail(self.brokers.workdir / 'relays.log')}")
 
     def diagnostics(self) -> str:
         return self.brokers.diagnostics()
