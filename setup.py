@@ -6,6 +6,10 @@ unit, ...) as `federation/_shipped/`, where `federation.shipped` finds them
 once installed. They stay where they are in the repository, where the docs
 and the tests name them; `build_py` copies them at build time. An editable
 install reads the checkout's folders instead and gets no copy.
+
+One C extension, `federation.daemon._mqtt_runs` (the MQTT data path's loops,
+federation/daemon/mqtt_runs.py), is optional: where no C compiler is found
+the build warns and goes on, and the package uses the same loops in Python.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
@@ -47,4 +51,6 @@ class BuildWithShippedFiles(build_py):
         return outputs
 
 
-setup(cmdclass={"build_py": BuildWithShippedFiles})
+MQTT_RUNS = Extension("federation.daemon._mqtt_runs", sources=["federation/daemon/_mqtt_runs.c"], optional=True)
+
+setup(cmdclass={"build_py": BuildWithShippedFiles}, ext_modules=[MQTT_RUNS])

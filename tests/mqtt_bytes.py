@@ -3,9 +3,9 @@ acknowledgements the runtime sends for the items an adapter handed over."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from federation.daemon.broker_items import BrokerItem, LogLine, Publication
+from federation.daemon.broker_items import BrokerItem, LogLine, Publication, PublicationRun
 
 
 def split_packets(stream: bytes) -> list[bytes]:
@@ -29,4 +29,24 @@ def split_packets(stream: bytes) -> list[bytes]:
 def acknowledgements(items: Iterable[BrokerItem]) -> list[tuple[int, int]]:
     """(mid, qos) of every QoS 1/2 publication and log line among `items`: what `Running` acknowledges once its
     node has taken them (`BrokerAdapter.acknowledge`)."""
-    return [(item.mid, item.qos) for item in items if isinstance(item, (Publication, LogLine)) and item.qos]
+    acks: list[tuple[int, int]] = []
+    for item in items:
+        if isinstance(item, PublicationRun):
+            acks += [(mid, item.qos) for mid in item.mids]
+        elif isinstance(item, (Publication, LogLine)) and item.qos:
+            acks.append((item.mid, item.qos))
+    return acks
+
+
+def one_per_publication(items: list[BrokerItem], runs: list[PublicationRun] | None = None
+                        ) -> Callable[[BrokerItem], None]:
+    """An adapter's `deliver` for tests that compare its publications one by one with paho's: every item into
+    `items`, a `PublicationRun` as its `Publication`s (and itself into `runs`, when given)."""
+    def deliver(item: BrokerItem) -> None:
+        if isinstance(item, PublicationRun):
+            items.extend(item.publications())
+            if runs is not None:
+                runs.append(item)
+        else:
+            items.append(item)
+    return deliver

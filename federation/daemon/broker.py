@@ -108,6 +108,7 @@ from federation.daemon.broker_items import (
     Disconnected,
     LogLine,
     Publication,
+    PublicationRun,
     Subscribed,
     SubscriptionCount,
 )
@@ -240,6 +241,7 @@ class BrokerAdapter:
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=True)
         if loop is not None and isinstance(client, LeanClient):
             client.lean_publish = self._on_lean_publish  # the buffered reads need `_on_readable`'s draining
+            client.lean_run = self._on_lean_run
         client.max_inflight_messages_set(MAX_INFLIGHT)
         client.max_queued_messages_set(0)  # unlimited
         # paho's signature says int, but it sleeps on floats; the first retry comes after 0.5 s.
@@ -657,6 +659,10 @@ class BrokerAdapter:
             self._system_message(topic, payload, qos, mid)
             return
         self._deliver(Publication(topic, payload, qos, retain, None, mid))
+
+    def _on_lean_run(self, topics: list[str], payloads: list[bytes], qos: int, mids: list[int]) -> None:
+        """`LeanClient`'s run of plain publications, handed over as one item."""
+        self._deliver(PublicationRun(topics, payloads, qos, mids))
 
     def _system_message(self, topic: str, payload: bytes, qos: int, mid: int) -> None:
         """A `$` topic: a log line (acknowledged by the runtime with the publications), the subscription count,

@@ -42,8 +42,9 @@ from typing import Protocol
 from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.exception import MQTTException
 
-from federation.daemon.lean_client import LeanClient, PublicClient, ReliableMessage, RestoredMessage, lean_qos0_publish
+from federation.daemon.lean_client import LeanClient, PublicClient, ReliableMessage, RestoredMessage
 from federation.daemon.mqtt_properties import dict_to_properties
+from federation.daemon.mqtt_runs import append_qos0_run
 from federation.protocol.histogram import Histogram
 from federation.protocol.types import Address, Injection, PublicationId
 
@@ -213,32 +214,40 @@ class Injector:
                 self.publish(injection)
             return
         max_qos = self.max_qos
-        run = bytearray()
-        count = 0
         reliable: list[Injection] = []
-        for injection in injections:
-            qos = injection.qos if injection.qos < max_qos else max_qos
-            if qos:
-                if count:
-                    self._send_qos0_run(client, run, count)
-                    run, count = bytearray(), 0
+        index, total = 0, len(injections)
+        while index < total:
+            injection = injections[index]
+            if injection.qos and max_qos:
                 reliable.append(injection)
+                index += 1
                 continue
             if reliable:
                 self._send_reliable_run(client, reliable)
                 reliable = []
-            if not injection.properties and lean_qos0_publish(run, injection.topic, injection.payload,
-                                                              injection.retain):
-                count += 1
-                if injection.qos:  # a QoS 1/2 publication injected at QoS 0 (max_qos 0): written is all
-                    self._outcomes.append((injection.publication, True))
+            if injection.properties:
+                self.publish(injection)
+                index += 1
                 continue
+            # A run injected at QoS 0 without properties, of one retain flag: built whole (mqtt_runs).
+            retain = injection.retain
+            stop = index + 1
+            while stop < total:
+                following = injections[stop]
+                if (following.qos and max_qos) or following.properties or following.retain != retain:
+                    break
+                stop += 1
+            run = injections[index:stop]
+            packets = bytearray()
+            count = append_qos0_run(packets, [each.topic for each in run], [each.payload for each in run], retain)
             if count:
-                self._send_qos0_run(client, run, count)
-                run, count = bytearray(), 0
-            self.publish(injection)
-        if count:
-            self._send_qos0_run(client, run, count)
+                self._send_qos0_run(client, packets, count)
+                # QoS 1/2 publications injected at QoS 0 (max_qos 0): written is all
+                self._outcomes += [(each.publication, True) for each in run[:count] if each.qos]
+            if count < len(run):
+                self.publish(run[count])  # a topic or size paho judges itself (and refuses)
+                count += 1
+            index += count
         if reliable:
             self._send_reliable_run(client, reliable)
 

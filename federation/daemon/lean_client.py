@@ -17,6 +17,12 @@ the wrapper publishes) and shortens the data path:
   `READ_CHUNK` bytes serves every packet in it (`buffered` tells the caller
   complete packets may wait without the socket being readable, so only a
   caller that drains them, `BrokerAdapter._on_readable`, sets it);
+* with `lean_run` set too (and `manual_ack`), a run of *plain* PUBLISH
+  packets at the front of that buffer (one QoS, 0 or 1, not retained, not
+  DUP, no properties, not a `$` topic) is read in one call
+  (`mqtt_runs.parse_plain_run`, in C where it was built) and handed over
+  whole, `lean_run(topics, payloads, qos, packet ids)`: the sending wrapper's
+  usual traffic, with nothing done per message in Python here;
 * `read_packets` parses, while paho is between packets, every complete
   QoS 0 or 1 PUBLISH *without properties* at the front of that buffer in one
   loop and hands each to `lean_publish(topic_bytes, payload, qos, retain,
@@ -54,7 +60,7 @@ the wrapper publishes) and shortens the data path:
   that message in flight to us for ever, a slot of our Receive Maximum
   lost;
 * `send_qos0` writes a run of QoS 0 PUBLISH packets built by
-  `lean_qos0_publish` with one `send`, straight to the socket when paho
+  `mqtt_runs.append_qos0_run` with one `send`, straight to the socket when paho
   has nothing queued and no network thread (else through paho's queue).
 * `send_reliable` publishes a run of QoS 1 and 2 messages the way paho's
   `publish` does, minus its per-message overhead: packet ids from paho's
@@ -116,6 +122,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from federation.daemon.mqtt_runs import parse_plain_run
+
 PAHO_PRIVATE_NAMES: tuple[str, ...] = (
     # methods of paho's Client that LeanClient overrides or calls
     "client._sock_recv", "client._packet_read", "client._handle_publish", "client._do_on_publish",
@@ -173,17 +181,6 @@ MAX_PACKET_LENGTH = 268435455
 TOPIC_FIELD_CACHE = 4096
 """topics whose PUBLISH topic field `_topic_field` remembers (all forgotten when more are seen)"""
 _topic_fields: dict[str, bytes] = {}
-
-
-def lean_qos0_publish(out: bytearray, topic: str, payload: bytes, retain: bool) -> bool:
-    """Append an MQTT v5 QoS 0 PUBLISH without properties to `out`, as paho's `_send_publish` builds it;
-    False (nothing appended) for what paho itself must judge (a topic paho refuses or the broker would: empty,
-    too long, with a wildcard; a packet beyond MQTT's limits)."""
-    field = _publishable_field(topic, payload)
-    if not field:
-        return False
-    _append_publish(out, field, payload, retain, 0)
-    return True
 
 
 def _publishable_field(topic: str, payload: bytes, properties: int = 1) -> bytes:
@@ -273,6 +270,10 @@ class LeanClient(mqtt.Client):
     lean_publish: Callable[[bytes, bytes, int, bool, int], None] | None = None
     """a QoS 0/1 PUBLISH without properties: (topic bytes, payload, qos, retain, packet id, 0 for QoS 0); None:
     paho's path only"""
+    lean_run: Callable[[list[str], list[bytes], int, list[int]], None] | None = None
+    """with `lean_publish` and `manual_ack`: a run of plain PUBLISH packets of one QoS (0 or 1; not retained, not
+    DUP, no properties, not a `$` topic), read a run at a time (mqtt_runs.parse_plain_run): (topics, payloads, qos,
+    packet ids at QoS 1); the rest still goes to `lean_publish` or paho"""
     publish_completed: Callable[[int, int], None] | None = None
     """called with the mid and the broker's reason code of every QoS 1/2 publication the broker completed
     (PUBACK, PUBCOMP; a code of 0x80 or more says it refused it); unlike `on_publish` it costs nothing per QoS 0
@@ -308,6 +309,7 @@ class LeanClient(mqtt.Client):
         if self._sock is None:
             return -1
         lean = self.lean_publish is not None and self._protocol == MQTTProtocolVersion.MQTTv5
+        runs = self.lean_run if lean and self._manual_ack else None  # nothing of a run is acknowledged here
         count = 0
         while count < limit and not self.paused:
             if self._sock is None:  # closed by what the last packet caused (a DISCONNECT, a failed write)
@@ -324,7 +326,16 @@ class LeanClient(mqtt.Client):
                     except OSError:
                         data = b""  # paho's read below meets the error (or the end) again and handles it
                     self._read_sock, self._read_data, self._read_pos = self._sock, data, 0
-                parsed = self._parse_publishes_and_acks(limit - count)
+                if runs:
+                    end, qos, topics, payloads, mids = parse_plain_run(self._read_data, self._read_pos, limit - count)
+                    if topics:
+                        self._read_pos = end
+                        with self._msgtime_mutex:  # as `_parse_publishes_and_acks`: the keepalive's "heard"
+                            self._last_bytes_received = mqtt.time_func()
+                        runs(topics, payloads, qos, mids)
+                        count += len(topics)
+                        continue
+                parsed = self._parse_publishes_and_acks(limit - count, runs is not None)
                 if parsed:
                     count += parsed
                     continue
@@ -337,10 +348,11 @@ class LeanClient(mqtt.Client):
             count += 1
         return count
 
-    def _parse_publishes_and_acks(self, limit: int) -> int:
+    def _parse_publishes_and_acks(self, limit: int, runs: bool = False) -> int:
         """At most `limit` complete QoS 0/1 PUBLISH packets without properties from the front of the read
         buffer, to `lean_publish`, and successful PUBACKs (`_complete_lean`); how many. Stops at the first
-        packet that is anything else."""
+        packet that is anything else, and with `runs` (`lean_run` takes plain runs) at a plain QoS 0/1 PUBLISH
+        after the first packet: `parse_plain_run` may take it."""
         publish = self.lean_publish
         assert publish is not None
         acknowledge = not self._manual_ack
@@ -359,6 +371,8 @@ class LeanClient(mqtt.Client):
                     count += 1
                     continue
                 if command & 0xFC != 0x30 or end - pos < 6:  # not a PUBLISH, DUP, QoS 2 (or 3), or too short
+                    break
+                if runs and count and (command == 0x30 or command == 0x32):
                     break
                 length = data[pos + 1]
                 start = pos + 2
@@ -445,7 +459,7 @@ class LeanClient(mqtt.Client):
 
     def send_qos0(self, packets: bytearray, count: int = 0, written: Callable[[int], None] | None = None
                   ) -> MQTTErrorCode:
-        """Queue and write already-built QoS 0 PUBLISH packets (`lean_qos0_publish`) as one buffer: one `send`
+        """Queue and write already-built QoS 0 PUBLISH packets (`mqtt_runs.append_qos0_run`) as one buffer: one `send`
         for a run of them, and none of paho's per-publish `MQTTMessageInfo` (with its `threading.Condition`).
         `written(count)` once the whole buffer is on the socket (at once, or when paho's write loop has
         written what the socket refused at first; never if the connection drops before)."""

@@ -42,6 +42,7 @@ import logging
 import socket
 import time
 from collections import Counter
+from itertools import repeat
 from typing import Any
 
 from federation.daemon import wrapper_events
@@ -55,6 +56,7 @@ from federation.daemon.broker_items import (
     LogLine,
     LoopHandOff,
     Publication,
+    PublicationRun,
     SubscriptionCount,
 )
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
@@ -129,6 +131,13 @@ REFUSAL_LOG_INTERVAL = 60.0
 """seconds between log lines about publications refused for their size (every one is counted)"""
 HOUSEKEEPING_INTERVAL = 1.0
 """seconds between looks at what ends with time in the broker's subscriptions (a resubscribe grace, over-delivery)"""
+
+
+def _with_oversized_runs_split(batch: list[BrokerItem], limit: int) -> list[BrokerItem]:
+    """`batch` with each `PublicationRun` holding a payload above `limit` as its `Publication`s."""
+    return [publication for item in batch
+            for publication in (item.publications() if type(item) is PublicationRun
+                                and max(map(len, item.payloads)) > limit else (item,))]
 
 
 class Running:
@@ -410,8 +419,21 @@ class Running:
         run: list[tuple[str, bytes]] = []
         run_qos = 0
         run_mids: list[int] = []
+        if any(type(item) is PublicationRun and max(map(len, item.payloads)) > limit for item in batch):
+            batch = _with_oversized_runs_split(batch, limit)  # those runs one at a time: the refusal is per message
         try:
             for item in batch:
+                if type(item) is PublicationRun:  # plain ones, read as a run (LeanClient.lean_run)
+                    qos = item.qos
+                    if run and qos != run_qos:
+                        self._publish_run(run, run_qos, run_mids, now, spooled)
+                        run, run_mids = [], []
+                    run += zip(item.topics, item.payloads, strict=True)
+                    run_qos = qos
+                    if qos:
+                        run_mids += item.mids
+                        acks += zip(item.mids, repeat(qos))
+                    continue
                 if isinstance(item, Publication):
                     qos = item.qos
                     if qos:

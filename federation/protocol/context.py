@@ -30,8 +30,10 @@ another part's module for a type, and nothing imports the node.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from itertools import accumulate
 from typing import Any, Protocol, TypeVar
 
 from federation.protocol.linkstate import LinkStateDatabase, Routes, StoredRecord
@@ -283,6 +285,21 @@ class Outbox:
         if run:
             runs.append(run)
         return runs
+
+    def cut(self, sizes: list[int], header: int = 0) -> list[tuple[int, int]]:
+        """`split` for items whose sizes are known: the (start, stop) index ranges of the same runs, found with
+        one running sum and a binary search per run instead of a call per item."""
+        budget = self._identity.settings.max_datagram - ENVELOPE_ROOM - header
+        totals = list(accumulate(sizes))
+        ranges: list[tuple[int, int]] = []
+        start, before = 0, 0
+        while start < len(totals):
+            stop = bisect_right(totals, before + budget, start)
+            if stop == start:  # larger than a datagram: alone in its run
+                stop = start + 1
+            ranges.append((start, stop))
+            before, start = totals[stop - 1], stop
+        return ranges
 
     # ------------------------------------------------------------ events, drops, the view
 

@@ -116,6 +116,33 @@ class SeenCache:
             self._older, self._newer = newer, set()
         return not known
 
+    def add_all(self, keys: list[Hashable]) -> None:
+        """`add` each of `keys`, in order (a run of publications; what `add` would return is not wanted): one set
+        operation when the newer generation does not fill meanwhile."""
+        newer = self._newer
+        if len(newer) + len(keys) < self._generation:
+            newer.update(keys)  # no generation change on the way: the same sets as adding one at a time
+            return
+        add = self.add
+        for key in keys:
+            add(key)
+
+    def can_take_all_new(self, keys: list[Hashable]) -> bool:
+        """Would `add_if_all_new(keys)` take them (and return True)? Nothing changes."""
+        fresh = set(keys)
+        newer = self._newer
+        return len(fresh) == len(keys) and len(newer) + len(fresh) < self._generation \
+            and newer.isdisjoint(fresh) and self._older.isdisjoint(fresh)
+
+    def add_if_all_new(self, keys: list[Hashable]) -> bool:
+        """Add `keys` and return True if every one is new (none known, none twice) and the newer generation does
+        not fill meanwhile, which is then what `add` one at a time would do, each returning True; else change
+        nothing and return False (the caller takes them one at a time)."""
+        if not self.can_take_all_new(keys):
+            return False
+        self._newer.update(keys)
+        return True
+
     def __contains__(self, key: Hashable) -> bool:
         return key in self._newer or key in self._older
 

@@ -52,6 +52,7 @@ number each, `StreamNumbers.base`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 from federation.protocol import events
@@ -76,10 +77,27 @@ ITEM_OVERHEAD = 17
 """bytes msgpack adds to a run entry at most beyond its topic and payload: seq (9), topic and payload headers"""
 
 
+def _none_system(topics: set[str]) -> bool:
+    """Is none of `topics` a `$` topic (which is never federated)?"""
+    return not any(is_system(topic) for topic in topics)
+
+
+def _one_filter_list(numbered: list[Numbered]) -> bool:
+    """Do all the numbered publications of a run go on the same filters (in the same order)?"""
+    first = numbered[0][3]
+    return all(filters is first or filters == first for _seq, _topic, _payload, filters in numbered)
+
+
 def batch_item_size(item: tuple[int, str, bytes]) -> int:
     """Bytes one publication (seq, topic, payload) adds to a `tb`, at most (for `Outbox.split`)."""
     _seq, topic, payload = item
     return ITEM_OVERHEAD + len(payload) + (len(topic) if topic.isascii() else len(topic.encode()))
+
+
+def batch_item_sizes(items: list[tuple[int, str, bytes]]) -> list[int]:
+    """`batch_item_size` of each (for `Outbox.cut`), each topic's encoded length found once."""
+    topic_bytes = {topic: len(topic) if topic.isascii() else len(topic.encode()) for _seq, topic, _ in items}
+    return [ITEM_OVERHEAD + len(payload) + topic_bytes[topic] for _seq, topic, payload in items]
 
 
 class Publications:
@@ -242,9 +260,18 @@ class Publications:
         identity, router = self._identity, self._router
         address, epoch = identity.address, identity.epoch
         injected_base = self.streams.base(address.host, address.port, epoch, None)
-        injected_add = self.injected.add
         matching, publication_filters = router.matching, router.publication_filters
         seq = identity.publication_seq
+        topics = {topic for topic, _payload in run}
+        if _none_system(topics):  # the usual run: every one numbered, a run at a time
+            filters_of = {topic: publication_filters(matching(topic)) for topic in topics}  # read, never changed
+            seqs = range(seq + 1, seq + 1 + len(run))
+            self.injected.add_all([injected_base | seq for seq in seqs])  # the local broker has them already
+            self._outbox.counters["publications_originated"] += len(run)
+            identity.publication_seq = seq + len(run)
+            return ([(address, epoch, seq) for seq in seqs],
+                    [(seq, topic, payload, filters_of[topic]) for seq, (topic, payload) in zip(seqs, run, strict=True)])
+        injected_add = self.injected.add
         made: list[PublicationId | None] = []
         numbered: list[Numbered] = []
         for topic, payload in run:
@@ -277,18 +304,29 @@ class Publications:
         address, epoch = identity.address, identity.epoch
         made, numbered = self._number_run(run)
         seen_bases = StreamBases(self.streams, address, epoch)  # the cache keys are made a run at a time
-        seen_add = self.seen.add
         to_groups = self._shared.active  # shared subscription groups known (rule 9)
         runs: dict[str, list[tuple[int, str, bytes]]] = {}
-        for seq, topic, payload, filters in numbered:
+        if numbered and not to_groups and _one_filter_list(numbered):
+            # The usual run: every publication on the same filters, so the keys and the runs are made whole (the
+            # keys in the order of the loop below: by publication, then by filter).
+            filters = numbered[0][3]
+            bases = [seen_bases[filter_] for filter_ in filters]
+            self.seen.add_all([base | seq for seq, _topic, _payload, _filters in numbered for base in bases])
+            items = [(seq, topic, payload) for seq, topic, payload, _filters in numbered]
+            runs = {filter_: items for filter_ in filters}  # the same list for every filter: only read below
+            numbered_now: list[Numbered] = []
+        else:
+            numbered_now = numbered
+        seen_add = self.seen.add
+        for seq, topic, payload, filters in numbered_now:
             if to_groups:
                 self._send_to_members((address, epoch, seq), topic, payload, now)
             for filter_ in filters:
                 seen_add(seen_bases[filter_] | seq)
-                items = runs.get(filter_)
-                if items is None:
-                    items = runs[filter_] = []
-                items.append((seq, topic, payload))
+                bucket = runs.get(filter_)
+                if bucket is None:
+                    bucket = runs[filter_] = []
+                bucket.append((seq, topic, payload))
         self._originated_event(numbered, 0, now)
         for filter_, items in runs.items():
             state = router.topics[filter_]
@@ -300,8 +338,8 @@ class Publications:
                 continue
             header = len(encode(TOPIC_BATCH, Sender(identity.broker_id, epoch),
                                 TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 255, [])))
-            for part in outbox.split(items, batch_item_size, header):
-                flat = [field for item in part for field in item]
+            for start, stop in outbox.cut(batch_item_sizes(items), header):
+                flat = list(chain.from_iterable(items[start:stop]))
                 router.route_batch(state, TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 0, flat), None, now)
         return made
 
@@ -507,6 +545,8 @@ class Publications:
         stream = (origin, filter_)
         last = qos0.get(stream)
         floor = -1 if last is None or last[0] < epoch else last[1] if last[0] == epoch else MAX_SEQ
+        if self._take_whole_batch(batch, seen_base, injected_base, floor, now):
+            return self._route_batch_on(batch, batch.items, from_announced, now)
         newest = -1
         late = 0
         delivered = duplicates = 0
@@ -550,18 +590,59 @@ class Publications:
             counters["duplicates_dropped"] += duplicates
         if delivered:
             counters["publications_delivered"] += delivered
+        return self._route_batch_on(batch, kept, from_announced, now)
+
+    def _take_whole_batch(self, batch: TopicBatch, seen_base: int, injected_base: int, floor: int,
+                          now: float) -> bool:
+        """`on_batch` for the usual `tb`, a run at a time: when every publication is new here, none is on a `$`
+        topic, and either none has local subscribers or all have, are in time (`floor`) and new to the broker,
+        take them all as the loop in `on_batch` would (the same cache entries, injections, counters, events)
+        and return True; else change nothing and return False (the loop takes them one at a time)."""
+        items = batch.items
+        seqs, topics = items[0::3], items[1::3]
+        distinct = set(topics)
+        if any(is_system(topic) for topic in distinct):
+            return False
+        local_matching = self._local_matching
+        wanted = {bool(local_matching(topic)) for topic in distinct}
+        if len(wanted) != 1:
+            return False  # some wanted here, some not
+        seen_keys = [seen_base | seq for seq in seqs]
+        if True not in wanted:
+            return self.seen.add_if_all_new(seen_keys)
+        if min(seqs) < floor:
+            return False
+        injected_keys = [injected_base | seq for seq in seqs]
+        injected, seen = self.injected, self.seen
+        # Both caches or neither: the first is only tried when the second would take its keys too.
+        if not seen.can_take_all_new(seen_keys) or not injected.add_if_all_new(injected_keys):
+            return False
+        seen.add_if_all_new(seen_keys)
+        filter_, origin, epoch = batch.filter, batch.origin, batch.epoch
+        outbox = self._outbox
+        outbox.injections += [Injection(topic, payload, 0, False, None, (origin, epoch, seq), filter_)
+                              for seq, topic, payload in zip(seqs, topics, items[2::3], strict=True)]
+        if outbox.publication_events:
+            outbox.runs.delivered_run(now, origin, epoch, seqs, topics, filter_, batch.hops + 1)
+        self.ordering.qos0_set((origin, filter_), (epoch, seqs[-1]))
+        outbox.counters["publications_delivered"] += len(seqs)
+        return True
+
+    def _route_batch_on(self, batch: TopicBatch, kept: list[Any], from_announced: Address, now: float) -> Routed:
+        """The publications of a `tb` that `on_batch` kept (flat), routed on as a run."""
+        outbox = self._outbox
         if not kept:
             return NOT_SENT
         if batch.hops + 1 >= self._max_hops:
             outbox.drop("max_hops", len(kept) // 3)
             return NOT_SENT
         router = self._router
-        state = router.state(filter_)
+        state = router.state(batch.filter)
         if state is None:
             outbox.drop("topics_full", len(kept) // 3)
             return NOT_SENT
         if len(kept) != len(batch.items):
-            batch = TopicBatch(filter_, origin, epoch, batch.mode, batch.hops, kept)
+            batch = TopicBatch(batch.filter, batch.origin, batch.epoch, batch.mode, batch.hops, kept)
         return router.route_batch(state, batch, from_announced, now)
 
     def _drop_system_topic(self, topic: str, from_announced: Address, now: float) -> None:

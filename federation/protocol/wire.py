@@ -760,6 +760,9 @@ def _fast_sender_and_origin(sender: list[Any], origin: list[Any]) -> tuple[Sende
             _tuple_new(Address, (origin_host, origin_port)))
 
 
+_INT, _STR, _BYTES = {int}, {str}, {bytes}
+
+
 def _fast_topic_batch(value: list[Any]) -> Packet | None:
     """The packet if `value` is a valid `tb` whose filter and every topic were validated lately, else None
     (then the general path decodes it and names any fault); as `_fast_topic_message`, for a whole run."""
@@ -772,12 +775,13 @@ def _fast_topic_batch(value: list[Any]) -> Packet | None:
     checked = _fast_sender_and_origin(sender, origin)
     if checked is None:
         return None
-    topics = _valid_topics
-    fields = iter(items)
-    for seq, topic, payload in zip(fields, fields, fields, strict=True):
-        if not (type(seq) is int and 0 <= seq <= MAX_SEQ and type(topic) is str and topic in topics
-                and type(payload) is bytes):
-            return None
+    # Each seq an int in range, each topic a str validated lately, each payload bytes: checked a field at a
+    # time over the run (`type(x) is int` is false for a bool, and so is `{int}` with a bool among them).
+    seqs, topics = items[0::3], items[1::3]
+    if not (set(map(type, seqs)) == _INT and min(seqs) >= 0 and max(seqs) <= MAX_SEQ
+            and set(map(type, topics)) == _STR and _valid_topics.keys() >= set(topics)
+            and set(map(type, items[2::3])) == _BYTES):
+        return None
     return Packet(TOPIC_BATCH, checked[0], TopicBatch(filter_, checked[1], epoch, mode, hops, items))
 
 

@@ -23,13 +23,13 @@ from paho.mqtt.properties import Properties
 
 from federation.daemon import lean_client
 from federation.daemon.broker import BrokerAdapter
-from federation.daemon.broker_items import BrokerItem, LogLine, Publication
-from federation.daemon.lean_client import lean_qos0_publish
+from federation.daemon.broker_items import BrokerItem, LogLine, Publication, PublicationRun
+from federation.daemon.mqtt_runs import append_qos0_run, append_qos0_run_python
 from federation.protocol.types import Address, Injection
 from federation.tools.bench.hotpath import main as hotpath_main
 from federation.tools.bench.hotpath import publish_packet
 
-from mqtt_bytes import acknowledgements, split_packets
+from mqtt_bytes import acknowledgements, one_per_publication, split_packets
 
 BROKER = Address("127.0.0.1", 1883)
 
@@ -38,7 +38,7 @@ BROKER = Address("127.0.0.1", 1883)
 def adapter() -> Iterator[tuple[BrokerAdapter, socket.socket, list[BrokerItem]]]:
     loop = asyncio.new_event_loop()
     items: list[BrokerItem] = []
-    adapter = BrokerAdapter(Address("127.0.0.1", 1883), "lean-test", items.append, loop=loop)
+    adapter = BrokerAdapter(Address("127.0.0.1", 1883), "lean-test", one_per_publication(items), loop=loop)
     ours, peer = socket.socketpair()
     ours.setblocking(False)
     adapter.client._sock = ours  # type: ignore[assignment]  # what paho's reconnect() sets
@@ -130,26 +130,26 @@ def test_lean_qos0_publish_builds_the_bytes_paho_builds(adapter) -> None:  # typ
         reference._sock = None
         ref_ours.close()
         ref_peer.close()
-    built = bytearray()
-    for topic, payload, retain in cases:
-        assert lean_qos0_publish(built, topic, payload, retain)
-    assert bytes(built) == expected
+    for append in (append_qos0_run, append_qos0_run_python):
+        built = bytearray()
+        for topic, payload, retain in cases:
+            assert append(built, [topic], [payload], retain) == 1
+        assert bytes(built) == expected
     adapter_.publish_all([Injection(t, p, 0, r, None, (Address("h", 1), 1, i)) for i, (t, p, r) in enumerate(cases)])
     assert _read_all(peer) == expected
     assert adapter_.injected == 3
 
 
 def test_remembered_topic_fields_stay_exact_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`lean_qos0_publish` remembers each topic's field: the same bytes the second time, refusals too, and the
-    memory is emptied when full."""
+    """`_publishable_field` (the QoS 1/2 runs' topic fields) remembers each topic's field: the same bytes the
+    second time, refusals too, and the memory is emptied when full."""
     monkeypatch.setattr(lean_client, "TOPIC_FIELD_CACHE", 3)
     monkeypatch.setattr(lean_client, "_topic_fields", {})
     for _ in range(2):
-        first, again = bytearray(), bytearray()
-        assert lean_qos0_publish(first, "é/x", b"p", False) and lean_qos0_publish(again, "é/x", b"p", False)
-        assert first == again == b"\x30" + bytes([2 + 4 + 1 + 1]) + b"\x00\x04" + "é/x".encode() + b"\x00p"
+        first = lean_client._publishable_field("é/x", b"p")
+        assert first == lean_client._publishable_field("é/x", b"p") == b"\x00\x04" + "é/x".encode()
         for refused in ("a/+", "a/#", ""):
-            assert not lean_qos0_publish(first, refused, b"p", False)
+            assert lean_client._publishable_field(refused, b"p") == b""
     assert len(lean_client._topic_fields) <= 3
 
 
@@ -164,7 +164,7 @@ def test_qos0_runs_the_socket_takes_only_in_part_follow_in_order(adapter) -> Non
     second = [Injection(f"b/{i}", bytes([i]) * 500, 0, False, None, source) for i in range(50)]
     expected = bytearray()
     for injection in first + second:
-        assert lean_qos0_publish(expected, injection.topic, injection.payload, False)
+        assert append_qos0_run_python(expected, [injection.topic], [injection.payload], False) == 1
     adapter_.client._last_msg_out = 0.0
     adapter_.publish_all(first)
     assert adapter_.client._last_msg_out > 0  # the keepalive knows something was sent
@@ -285,7 +285,7 @@ def _through_lean(chunks: Sequence[bytes]) -> tuple[list[BrokerItem], bytes, int
     """Items and written bytes of the loop-driven adapter, and how many packets paho's `_packet_read` read."""
     loop = asyncio.new_event_loop()
     items: list[BrokerItem] = []
-    adapter = BrokerAdapter(BROKER, "lean", items.append, loop=loop)
+    adapter = BrokerAdapter(BROKER, "lean", one_per_publication(items), loop=loop)
     client = adapter.client
     ours, peer = socket.socketpair()
     ours.setblocking(False)
@@ -374,7 +374,12 @@ def test_reading_publishes_counts_as_hearing_from_the_broker(adapter) -> None:  
     assert client._last_bytes_received >= mqtt.time_func() - 5  # type: ignore[attr-defined]
 
 
+def _retained(packet: bytes) -> bytes:
+    return bytes([packet[0] | 0x01]) + packet[1:]
+
+
 def test_pausing_stops_reading_mid_burst_and_resuming_reads_the_rest(adapter) -> None:  # type: ignore[no-untyped-def]
+    """Retained publications (not plain: each is its own item), paused after the third."""
     adapter_, peer, items = adapter
 
     def deliver(item: BrokerItem) -> None:
@@ -383,7 +388,7 @@ def test_pausing_stops_reading_mid_burst_and_resuming_reads_the_rest(adapter) ->
             adapter_.pause_reading()  # as the runtime's backpressure would, between two publications
 
     adapter_._deliver = deliver
-    peer.sendall(b"".join(publish_packet(f"p/{i}", b"x", 1, i + 1) for i in range(10)))
+    peer.sendall(b"".join(_retained(publish_packet(f"p/{i}", b"x", 1, i + 1)) for i in range(10)))
     adapter_._on_readable()
     assert [item.topic for item in items if isinstance(item, Publication)] == ["p/0", "p/1", "p/2"]
     _acknowledge(adapter_, items)
@@ -397,6 +402,34 @@ def test_pausing_stops_reading_mid_burst_and_resuming_reads_the_rest(adapter) ->
     assert [item.topic for item in items if isinstance(item, Publication)] == [f"p/{i}" for i in range(10)]
     _acknowledge(adapter_, items[3:])
     assert _read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in range(4, 11))
+
+
+def test_plain_publications_come_as_runs_and_a_pause_stops_between_runs(adapter) -> None:  # type: ignore[no-untyped-def]
+    """Plain QoS 1 publications are handed over a run at a time (`PublicationRun`), the runs cut by anything not
+    plain (a retained one) and by a change of QoS; a pause takes effect before the next item."""
+    adapter_, peer, _items = adapter
+    taken: list[BrokerItem] = []
+
+    def deliver(item: BrokerItem) -> None:
+        taken.append(item)
+        adapter_.pause_reading()
+
+    adapter_._deliver = deliver
+    packets = [publish_packet(f"p/{i}", b"x", 1, i + 1) for i in range(10)]
+    packets[5] = _retained(packets[5])
+    packets += [publish_packet("p/q0", b"y", 0, 0)]
+    peer.sendall(b"".join(packets))
+    adapter_._on_readable()
+    assert taken == [PublicationRun([f"p/{i}" for i in range(5)], [b"x"] * 5, 1, [1, 2, 3, 4, 5])]
+    _acknowledge(adapter_, taken)
+    assert _read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in (1, 2, 3, 4, 5))
+    for expected in (Publication("p/5", b"x", 1, True, None, 6),
+                     PublicationRun([f"p/{i}" for i in range(6, 10)], [b"x"] * 4, 1, [7, 8, 9, 10]),
+                     PublicationRun(["p/q0"], [b"y"], 0, [])):
+        adapter_.resume_reading()
+        adapter_._on_readable()
+        assert taken[-1] == expected
+    assert len(taken) == 4 and not adapter_.client.buffered()
 
 
 def test_part_of_a_packet_is_left_to_paho_and_schedules_no_read_pass(adapter) -> None:  # type: ignore[no-untyped-def]
@@ -434,7 +467,7 @@ class _Side:
     def __init__(self, lean: bool) -> None:
         self.loop = asyncio.new_event_loop() if lean else None
         self.items: list[BrokerItem] = []
-        self.adapter = BrokerAdapter(BROKER, "side", self.items.append, loop=self.loop)
+        self.adapter = BrokerAdapter(BROKER, "side", one_per_publication(self.items), loop=self.loop)
         self.client = self.adapter.client
         self.completed: list[int] = []
         recorded = self.client.publish_completed

@@ -35,11 +35,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 from federation.daemon.broker import BrokerAdapter
-from federation.daemon.broker_items import BrokerItem, Publication
+from federation.daemon.broker_items import BrokerItem, Publication, PublicationRun
 from federation.envelope.datagrams import Envelope
 from federation.protocol.node import Node
 from federation.protocol.types import Address, Event, Injection
@@ -143,19 +144,28 @@ class Pipeline:
         self.items.clear()
         start = clock()
         self.adapter._on_readable()
-        if qos:  # what the runtime does once its node took them: acknowledge the pass's QoS 1 ones in one write
-            self.adapter.acknowledge([(item.mid, item.qos) for item in self.items if isinstance(item, Publication)])
+        # What the runtime does with them (Running._on_broker_items): one run of (topic, payload) for the node,
+        # and the pass's QoS 1 ones acknowledged in one write.
+        run: list[tuple[str, bytes]] = []
+        mqtt_acks: list[tuple[int, int]] = []
+        for item in self.items:
+            if isinstance(item, PublicationRun):
+                run += zip(item.topics, item.payloads, strict=True)
+                mqtt_acks += zip(item.mids, repeat(item.qos))
+            elif isinstance(item, Publication):
+                run.append((item.topic, item.payload))
+                mqtt_acks.append((item.mid, item.qos))
+        if qos:
+            self.adapter.acknowledge(mqtt_acks)
         timed["paho_receive"] += clock() - start
         self._drain_peer()
-        publications = [item for item in self.items if isinstance(item, Publication)]
-        if len(publications) != burst:
-            raise RuntimeError(f"paho delivered {len(publications)} of {burst} publications")
+        if len(run) != burst:
+            raise RuntimeError(f"paho delivered {len(run)} of {burst} publications")
         # Node A: originate.
         now = self.now
         a, b = self.a, self.b
         start = clock()
-        # as the runtime hands a run of plain publications of one QoS to the node
-        a.local_publish_run([(item.topic, item.payload) for item in publications], now, qos=qos)
+        a.local_publish_run(run, now, qos=qos)  # as the runtime hands a run of plain publications of one QoS
         datagrams = a.packets_to_send()
         events_a = a.events_emitted()
         timed["node_originate"] += clock() - start
