@@ -9,7 +9,7 @@
 #    python3-venv (the packaging test's virtual environments;
 #    and python3, python3-pip if absent). `apt-get update` runs once, and only if something is missing.
 # 2. This repository, editable, with the test extra: `python3 -m pip install -e '.[test]'`.
-#    Skipped when build/install-deps.stamp says setup.cfg and pyproject.toml have not
+#    Skipped when build/install-deps.stamp says setup.cfg, pyproject.toml, setup.py and the C sources have not
 #    changed since the last install and every requirement is still satisfied.
 #
 # The mosquitto package may start its own system service (a broker on port 1883).

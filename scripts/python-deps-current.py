@@ -1,8 +1,10 @@
 """Exit 0 if this repository's editable install is current, 1 if pip must run.
 
 Current means: build/install-deps.stamp holds the hash of setup.cfg,
-pyproject.toml and the interpreter path written after the last successful
-install; `mqtt-federation` is installed editable from this directory; and every
+pyproject.toml, setup.py, the C extension's sources (federation/**/*.c: an
+editable install compiles them in place, so a changed one needs pip again)
+and the interpreter path written after the last successful install;
+`mqtt-federation` is installed editable from this directory; and every
 requirement, with the `test` extra, is installed at an accepted version.
 `--write-stamp` records the stamp (scripts/install-deps.sh calls it after pip).
 """
@@ -22,8 +24,9 @@ EXTRA = "test"
 
 def fingerprint() -> str:
     digest = hashlib.sha256(sys.executable.encode())
-    for name in ("setup.cfg", "pyproject.toml"):
-        digest.update((REPO / name).read_bytes())
+    for path in [REPO / "setup.cfg", REPO / "pyproject.toml", REPO / "setup.py",
+                 *sorted((REPO / "federation").rglob("*.c"))]:
+        digest.update(path.read_bytes())
     return digest.hexdigest()
 
 

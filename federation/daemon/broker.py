@@ -118,7 +118,7 @@ from federation.daemon.injector import InjectionRecorder, Injector
 from federation.daemon.lean_client import LeanClient, PublicClient, missing_paho_names
 from federation.daemon.mqtt_properties import properties_to_dict
 from federation.protocol.histogram import Histogram
-from federation.protocol.types import Address, Injection, PublicationId
+from federation.protocol.types import Address, Injection, InjectionRun, PublicationId
 
 log = logging.getLogger("federation.daemon.broker")
 
@@ -332,6 +332,16 @@ class BrokerAdapter:
     def publish(self, injection: Injection) -> bool:
         """Publish one remote publication with paho's `publish` (`Injector.publish`)."""
         return self.injector.publish(injection)
+
+    def publish_runs(self, runs: Sequence[InjectionRun]) -> None:
+        """QoS 0 runs, in order (`Injector.publish_runs`); on the loop's thread, corked as `publish_all`."""
+        sock = self._watched if len(runs) > 1 and self._loop is not None else None
+        corked = sock is not None and _set_cork(sock, True)
+        try:
+            self.injector.publish_runs(runs)
+        finally:
+            if corked and sock is self._watched:
+                _set_cork(sock, False)
 
     def publish_all(self, injections: Sequence[Injection]) -> None:
         """Publish several, in order (`Injector.publish_all`); on a loop, corked (TCP_CORK), so the broker gets

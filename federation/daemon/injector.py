@@ -46,7 +46,7 @@ from federation.daemon.lean_client import LeanClient, PublicClient, ReliableMess
 from federation.daemon.mqtt_properties import dict_to_properties
 from federation.daemon.mqtt_runs import append_qos0_run
 from federation.protocol.histogram import Histogram
-from federation.protocol.types import Address, Injection, PublicationId
+from federation.protocol.types import Address, Injection, InjectionRun, PublicationId
 
 log = logging.getLogger("federation.daemon.broker")
 
@@ -250,6 +250,22 @@ class Injector:
             index += count
         if reliable:
             self._send_reliable_run(client, reliable)
+
+    def publish_runs(self, runs: Sequence[InjectionRun]) -> None:
+        """QoS 0 runs (`InjectionRun`), in order: each one buffer of PUBLISH packets, one `send`; what a run holds
+        that paho must judge (`append_qos0_run` stops there) goes through `publish_all` with the rest of it."""
+        client = self.client
+        if not isinstance(client, LeanClient):
+            for run in runs:
+                self.publish_all(run.injections())
+            return
+        for run in runs:
+            packets = bytearray()
+            count = append_qos0_run(packets, run.topics, run.payloads, False)
+            if count:
+                self._send_qos0_run(client, packets, count)
+            if count < len(run):
+                self.publish_all(run.injections()[count:])
 
     def _send_qos0_run(self, client: LeanClient, run: bytearray, count: int) -> None:
         """`count` QoS 0 PUBLISH packets built in `run`, written with one `send`."""

@@ -92,7 +92,7 @@ from federation.daemon.udp import (
 from federation.envelope.datagrams import Envelope
 from federation.protocol import events, wire
 from federation.protocol.node import Node
-from federation.protocol.types import Address, Event, Injection
+from federation.protocol.types import Address, Event, Injection, InjectionRun, expand_runs
 
 log = logging.getLogger("federation.daemon")
 
@@ -670,11 +670,16 @@ class Running:
         node = self.node
         paced_until = node.paced_until(now)  # first: a hold that ended makes the ready we owe upstream
         broker = self.broker
-        injections = node.injections_to_make()
-        if injections:
-            injections = self._prepare(injections, now)
-        # Before the packets: an injection the journal says is done acknowledges its copy in this same drain.
-        self.flow.inject(node, broker, now, self._admit(injections, now) if injections else injections)
+        made = node.injections_and_runs_to_make()
+        # The usual pass of a receiving wrapper at QoS 0: runs only (none retained, with properties or QoS 1/2,
+        # so nothing for `_prepare` or the journal), nothing held: written whole when nothing waits.
+        if not (made and self._only_runs(made) and not self.broker_subscriptions.hold.active
+                and self.flow.inject_runs(node, broker, made)):  # type: ignore[arg-type]  # `_only_runs`
+            injections = expand_runs(made)
+            if injections:
+                injections = self._prepare(injections, now)
+            # Before the packets: an injection the journal says is done acknowledges its copy in this same drain.
+            self.flow.inject(node, broker, now, self._admit(injections, now) if injections else injections)
         released = node.custody_released()
         if released and self.spool is not None:  # delivered everywhere: the spool may forget them
             self.spool.release((epoch, seq) for _origin, epoch, seq in released)
@@ -704,6 +709,10 @@ class Running:
                     self.saver.schedule()
             if self.event_log is not None:
                 self.event_log.write(emitted)
+
+    @staticmethod
+    def _only_runs(made: list[Injection | InjectionRun]) -> bool:
+        return all(type(item) is InjectionRun for item in made)
 
     def _prepare(self, injections: list[Injection], now: float) -> list[Injection]:
         """Expiry counted down, retained ones checked against the store (federation.daemon.retained); those not

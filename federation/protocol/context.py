@@ -40,7 +40,7 @@ from federation.protocol.linkstate import LinkStateDatabase, Routes, StoredRecor
 from federation.protocol.neighbours import Neighbour
 from federation.protocol.publication_events import PublicationRuns
 from federation.protocol.settings import Settings
-from federation.protocol.types import Address, BrokerId, Event, Injection
+from federation.protocol.types import Address, BrokerId, Event, Injection, InjectionRun, expand_runs
 from federation.protocol.wire import (
     TOPIC_ACK,
     TOPIC_ACKS,
@@ -183,8 +183,8 @@ class Outbox:
         self._acks: dict[AckKey, list[int]] = {}
         """acknowledgements owed, gathered until the packets are taken (`acknowledge`)"""
         self.events: list[Event] = []
-        self.injections: list[Injection] = []
-        """remote publications for the local broker, each once"""
+        self.injections: list[Injection | InjectionRun] = []
+        """remote publications for the local broker, each once (QoS 0 ones of a `tb` taken whole: a run)"""
         self.counters: Counter[str] = Counter()
         self.drops: Counter[str] = Counter()
         """drops by reason (docs/protocol.md lists them), counted by `drop` only"""
@@ -330,6 +330,10 @@ class Outbox:
         return out
 
     def take_injections(self) -> list[Injection]:
+        out, self.injections = self.injections, []
+        return expand_runs(out)
+
+    def take_injections_and_runs(self) -> list[Injection | InjectionRun]:
         out, self.injections = self.injections, []
         return out
 

@@ -66,7 +66,7 @@ from federation.protocol.settings import Settings
 from federation.protocol.shared import SharedGroups, split_shared
 from federation.protocol.table import VID_RANGE, FederationTable
 from federation.protocol.topic_filter import SHARE_PREFIX, FilterIndex, federated_filter
-from federation.protocol.types import Address, BrokerId, Event, Injection, PublicationId
+from federation.protocol.types import Address, BrokerId, Event, Injection, InjectionRun, PublicationId
 from federation.protocol.wire import DecodeError
 from federation.protocol.wire_types import (
     CoreAnnouncement,
@@ -245,6 +245,11 @@ class Node:
         """Remote publications for the local broker, in the order to inject them; report each QoS 1/2 one with
         `injection_done` once the broker has it (or `injection_failed`)."""
         return self.outbox.take_injections()
+
+    def injections_and_runs_to_make(self) -> list[Injection | InjectionRun]:
+        """`injections_to_make`, with the QoS 0 runs of `tb`s taken whole as they are (`InjectionRun`, which
+        `expand_runs` turns into the `Injection`s `injections_to_make` gives)."""
+        return self.outbox.take_injections_and_runs()
 
     def custody_released(self) -> list[PublicationId]:
         """Our own QoS 1/2 publications delivered everywhere since the last call: the embedder's spool may

@@ -64,7 +64,7 @@ from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.ordering import Ordering, Position
 from federation.protocol.shared import SharedGroups
 from federation.protocol.topic_filter import is_system
-from federation.protocol.types import Address, Injection, PublicationId
+from federation.protocol.types import Address, Injection, InjectionRun, PublicationId
 from federation.protocol.wire import MODE_TO_MEMBER, MODE_TOWARD_CORE, TOPIC_BATCH, encode
 from federation.protocol.wire_types import Sender, TopicBatch, TopicMessage
 
@@ -620,8 +620,7 @@ class Publications:
         seen.add_if_all_new(seen_keys)
         filter_, origin, epoch = batch.filter, batch.origin, batch.epoch
         outbox = self._outbox
-        outbox.injections += [Injection(topic, payload, 0, False, None, (origin, epoch, seq), filter_)
-                              for seq, topic, payload in zip(seqs, topics, items[2::3], strict=True)]
+        outbox.injections.append(InjectionRun(topics, items[2::3], origin, epoch, seqs, filter_))
         if outbox.publication_events:
             outbox.runs.delivered_run(now, origin, epoch, seqs, topics, filter_, batch.hops + 1)
         self.ordering.qos0_set((origin, filter_), (epoch, seqs[-1]))

@@ -71,6 +71,43 @@ class Injection:
 
 
 @dataclass(slots=True)
+class InjectionRun:
+    """QoS 0 publications of one stream (origin, epoch, filter) for the local broker, in order: what an
+    `Injection` each, neither retained nor with properties, would say, in lists. The node makes one for a `tb`
+    it takes whole (federation.protocol.publications); `Node.injections_to_make` hands them out as their
+    `Injection`s, `Node.injections_and_runs_to_make` as they are (the daemon writes a run's PUBLISH packets
+    without an object per publication)."""
+
+    topics: list[str]
+    payloads: list[bytes]
+    origin: Address
+    epoch: int
+    seqs: list[int]
+    filter: str
+
+    def injections(self) -> list[Injection]:
+        origin, epoch, filter_ = self.origin, self.epoch, self.filter
+        return [Injection(topic, payload, 0, False, None, (origin, epoch, seq), filter_)
+                for seq, topic, payload in zip(self.seqs, self.topics, self.payloads, strict=True)]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+def expand_runs(injections: list[Injection | InjectionRun]) -> list[Injection]:
+    """`injections` with each `InjectionRun` as its `Injection`s, in order."""
+    if not any(type(item) is InjectionRun for item in injections):
+        return injections  # type: ignore[return-value]  # checked: none is a run
+    expanded: list[Injection] = []
+    for item in injections:
+        if type(item) is InjectionRun:
+            expanded += item.injections()
+        else:
+            expanded.append(item)  # type: ignore[arg-type]  # not a run
+    return expanded
+
+
+@dataclass(slots=True)
 class Event:
     """One structured trace record; `to_json_dict` gives the documented line format.
 

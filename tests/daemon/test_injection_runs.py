@@ -1,0 +1,136 @@
+"""QoS 0 runs into the local broker (`InjectionRun`): the injector writes the bytes `publish_all` writes for the
+same publications, and the runtime takes the direct path only when nothing waits and nothing is held."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from federation.daemon.broker import BrokerAdapter
+from federation.protocol.types import Address, Injection, InjectionRun, expand_runs
+
+from runtime_util import started_wrapper
+
+ORIGIN = Address("10.0.0.1", 10500)
+
+
+def run_of(topics: list[str], first_seq: int = 1) -> InjectionRun:
+    return InjectionRun(topics, [topic.encode() * 3 for topic in topics], ORIGIN, 7,
+                        list(range(first_seq, first_seq + len(topics))), "f/#")
+
+
+@pytest.fixture
+def adapter() -> Iterator[tuple[BrokerAdapter, socket.socket]]:
+    loop = asyncio.new_event_loop()
+    adapter = BrokerAdapter(Address("127.0.0.1", 1883), "runs-test", lambda item: None, loop=loop)
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    adapter.client._sock = ours  # type: ignore[assignment]  # what paho's reconnect() sets
+    adapter._watched = ours
+    adapter.connected = True
+    try:
+        yield adapter, peer
+    finally:
+        adapter.client._sock = None
+        ours.close()
+        peer.close()
+        loop.close()
+
+
+def _read_all(peer: socket.socket) -> bytes:
+    peer.setblocking(False)
+    data = b""
+    try:
+        while chunk := peer.recv(1 << 20):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return data
+
+
+def test_a_run_is_written_as_its_injections_would_be(adapter) -> None:  # type: ignore[no-untyped-def]
+    adapter_, peer = adapter
+    runs = [run_of([f"f/{i}" for i in range(50)]), run_of(["f/é", "f/x"], 100)]
+    adapter_.publish_all(expand_runs(list(runs)))
+    expected = _read_all(peer)
+    injected = adapter_.injected
+    adapter_.publish_runs(runs)
+    assert _read_all(peer) == expected and len(expected) > 50 * 8
+    assert adapter_.injected == 2 * injected == 2 * 52
+
+
+def test_a_topic_paho_refuses_in_a_run_is_refused_alone_and_the_rest_written(adapter) -> None:  # type: ignore[no-untyped-def]
+    adapter_, peer = adapter
+    adapter_.publish_runs([run_of(["f/1", "f/+", "f/2", "f/3"])])
+    written = _read_all(peer)
+    assert b"f/1" in written and b"f/2" in written and b"f/3" in written and b"f/+" not in written
+    assert adapter_.injected == 3 and adapter_.inject_failed == 1
+
+
+def test_expanded_runs_are_the_injections_a_loop_would_make() -> None:
+    run = run_of(["f/a", "f/b"], 5)
+    assert run.injections() == [Injection("f/a", b"f/af/af/a", 0, False, None, (ORIGIN, 7, 5), "f/#"),
+                                Injection("f/b", b"f/bf/bf/b", 0, False, None, (ORIGIN, 7, 6), "f/#")]
+    single = Injection("g", b"", 1, False, None, (ORIGIN, 7, 9), "g")
+    assert expand_runs([single, run, single]) == [single, *run.injections(), single]
+    kept = [single]
+    assert expand_runs(kept) is kept  # nothing to expand: no copy
+
+
+class _Broker:
+    """What `_route_outputs` asks of the broker adapter, recording what it is handed."""
+
+    def __init__(self, blocked: bool = False) -> None:
+        self.connected = True
+        self.output_blocked = blocked
+        self.max_qos = 2
+        self.runs: list[InjectionRun] = []
+        self.injections: list[Injection] = []
+
+    def publish_runs(self, runs: list[InjectionRun]) -> None:
+        self.runs += runs
+
+    def publish_all(self, injections: list[Injection]) -> None:
+        self.injections += injections
+
+    def injection_window(self) -> int:
+        return 20
+
+    def backlog(self) -> int:
+        return 0
+
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kwargs: None  # reading pauses, resumes: nothing to record here
+
+
+@pytest.mark.parametrize("case", ["direct", "with an injection", "blocked", "held"])
+def test_the_runtime_writes_runs_whole_only_when_nothing_waits(case: str) -> None:
+    async def scenario() -> tuple[_Broker, int]:
+        wrapper = await started_wrapper()
+        fake = _Broker(blocked=case == "blocked")
+        wrapper.broker = fake  # type: ignore[assignment]
+        try:
+            if case == "held":
+                wrapper.broker_subscriptions.hold.deadline = wrapper.clock.now() + 30.0  # a broker restart's hold
+            run = run_of(["f/1", "f/2"])
+            wrapper.node.outbox.injections.append(run)
+            if case == "with an injection":
+                wrapper.node.outbox.injections.append(Injection("f/3", b"p", 0, False, None, (ORIGIN, 7, 3), "f/#"))
+            wrapper._route_outputs(wrapper.clock.now())
+            queued = len(wrapper.flow.injection_queue)
+        finally:
+            wrapper.close()
+        return fake, queued
+
+    fake, queued = asyncio.run(scenario())
+    if case == "direct":
+        assert fake.runs and not fake.injections and not queued
+    elif case == "blocked":  # queued, each, to be written when the socket takes bytes again
+        assert not fake.runs and not fake.injections and queued == 2
+    else:  # with an injection: handed over one by one, in order; held: the restart's hold judged each (and let
+        # them through: no filter of theirs is waiting for a subscription)
+        expected = ["f/1", "f/2", "f/3"] if case == "with an injection" else ["f/1", "f/2"]
+        assert not fake.runs and [i.topic for i in fake.injections] == expected and not queued
