@@ -52,7 +52,6 @@ number each, `StreamNumbers.base`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import chain
 from typing import Any
 
 from federation.protocol import events
@@ -82,22 +81,16 @@ def _none_system(topics: set[str]) -> bool:
     return not any(is_system(topic) for topic in topics)
 
 
-def _one_filter_list(numbered: list[Numbered]) -> bool:
-    """Do all the numbered publications of a run go on the same filters (in the same order)?"""
-    first = numbered[0][3]
-    return all(filters is first or filters == first for _seq, _topic, _payload, filters in numbered)
+def _same_filters(filters_of: list[list[str]]) -> bool:
+    """Are the filters of each topic of a run the same (in the same order)?"""
+    first = filters_of[0]
+    return all(filters == first for filters in filters_of)
 
 
 def batch_item_size(item: tuple[int, str, bytes]) -> int:
     """Bytes one publication (seq, topic, payload) adds to a `tb`, at most (for `Outbox.split`)."""
     _seq, topic, payload = item
     return ITEM_OVERHEAD + len(payload) + (len(topic) if topic.isascii() else len(topic.encode()))
-
-
-def batch_item_sizes(items: list[tuple[int, str, bytes]]) -> list[int]:
-    """`batch_item_size` of each (for `Outbox.cut`), each topic's encoded length found once."""
-    topic_bytes = {topic: len(topic) if topic.isascii() else len(topic.encode()) for _seq, topic, _ in items}
-    return [ITEM_OVERHEAD + len(payload) + topic_bytes[topic] for _seq, topic, payload in items]
 
 
 class Publications:
@@ -263,7 +256,7 @@ class Publications:
         matching, publication_filters = router.matching, router.publication_filters
         seq = identity.publication_seq
         topics = {topic for topic, _payload in run}
-        if _none_system(topics):  # the usual run: every one numbered, a run at a time
+        if _none_system(topics):  # the usual run: every one numbered a run at a time
             filters_of = {topic: publication_filters(matching(topic)) for topic in topics}  # read, never changed
             seqs = range(seq + 1, seq + 1 + len(run))
             self.injected.add_all([injected_base | seq for seq in seqs])  # the local broker has them already
@@ -300,25 +293,17 @@ class Publications:
     def originate_run(self, run: list[tuple[str, bytes]], now: float) -> list[PublicationId | None]:
         """QoS 0 publications made on the local broker, neither retained nor with properties, in the order read,
         sent as `tb` runs per filter; returns their ids (None for a `$` topic), as `local_publish` does."""
+        made = self._originate_uniform_run(run, now)
+        if made is not None:
+            return made
         identity, outbox, router = self._identity, self._outbox, self._router
         address, epoch = identity.address, identity.epoch
         made, numbered = self._number_run(run)
         seen_bases = StreamBases(self.streams, address, epoch)  # the cache keys are made a run at a time
         to_groups = self._shared.active  # shared subscription groups known (rule 9)
         runs: dict[str, list[tuple[int, str, bytes]]] = {}
-        if numbered and not to_groups and _one_filter_list(numbered):
-            # The usual run: every publication on the same filters, so the keys and the runs are made whole (the
-            # keys in the order of the loop below: by publication, then by filter).
-            filters = numbered[0][3]
-            bases = [seen_bases[filter_] for filter_ in filters]
-            self.seen.add_all([base | seq for seq, _topic, _payload, _filters in numbered for base in bases])
-            items = [(seq, topic, payload) for seq, topic, payload, _filters in numbered]
-            runs = {filter_: items for filter_ in filters}  # the same list for every filter: only read below
-            numbered_now: list[Numbered] = []
-        else:
-            numbered_now = numbered
         seen_add = self.seen.add
-        for seq, topic, payload, filters in numbered_now:
+        for seq, topic, payload, filters in numbered:
             if to_groups:
                 self._send_to_members((address, epoch, seq), topic, payload, now)
             for filter_ in filters:
@@ -338,10 +323,62 @@ class Publications:
                 continue
             header = len(encode(TOPIC_BATCH, Sender(identity.broker_id, epoch),
                                 TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 255, [])))
-            for start, stop in outbox.cut(batch_item_sizes(items), header):
-                flat = list(chain.from_iterable(items[start:stop]))
+            for part in outbox.split(items, batch_item_size, header):
+                flat = [field for item in part for field in item]
                 router.route_batch(state, TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 0, flat), None, now)
         return made
+
+    def _originate_uniform_run(self, run: list[tuple[str, bytes]], now: float) -> list[PublicationId | None] | None:
+        """`originate_run` for the usual run, a run at a time: no shared group known, no `$` topic, and every
+        topic sent on the same filters. Then the seqs are one range and each filter's `tb`s are cut from the
+        topic and payload columns, with the caches, counters, event and packets the loop in `originate_run`
+        makes (its keys in its order: by publication, then by filter). None (nothing done) for any other run,
+        and for a run of one."""
+        if self._shared.active or len(run) < 2:  # one alone goes as a `tm`: the loop's
+            return None
+        topics = [topic for topic, _payload in run]
+        distinct = set(topics)
+        if not _none_system(distinct):
+            return None
+        router = self._router
+        matching, publication_filters = router.matching, router.publication_filters
+        filters_of = [publication_filters(matching(topic)) for topic in distinct]
+        filters = filters_of[0]
+        if not _same_filters(filters_of):
+            return None
+        identity, outbox = self._identity, self._outbox
+        address, epoch = identity.address, identity.epoch
+        payloads = [payload for _topic, payload in run]
+        count = len(run)
+        seqs = range(identity.publication_seq + 1, identity.publication_seq + 1 + count)
+        injected_base = self.streams.base(address.host, address.port, epoch, None)
+        self.injected.add_all([injected_base | seq for seq in seqs])  # the local broker has them already
+        outbox.counters["publications_originated"] += count
+        identity.publication_seq += count
+        seen_bases = StreamBases(self.streams, address, epoch)
+        bases = [seen_bases[filter_] for filter_ in filters]
+        if len(bases) == 1:
+            self.seen.add_all([bases[0] | seq for seq in seqs])
+        else:
+            self.seen.add_all([base | seq for seq in seqs for base in bases])
+        if outbox.publication_events:
+            outbox.runs.originated_run(now, address, epoch, seqs, topics, 0, False, sum(map(len, payloads)),
+                                       {f for topic in distinct for f in matching(topic)})
+        if filters:
+            topic_bytes = {topic: len(topic) if topic.isascii() else len(topic.encode()) for topic in distinct}
+            sizes = [ITEM_OVERHEAD + topic_bytes[topic] + len(payload) for topic, payload in run]
+            seq_list = list(seqs)
+        for filter_ in filters:
+            state = router.topics[filter_]
+            header = len(encode(TOPIC_BATCH, Sender(identity.broker_id, epoch),
+                                TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 255, [])))
+            for start, stop in outbox.cut(sizes, header):
+                flat: list[Any] = [None] * (3 * (stop - start))
+                flat[0::3] = seq_list[start:stop]
+                flat[1::3] = topics[start:stop]
+                flat[2::3] = payloads[start:stop]
+                router.route_batch(state, TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 0, flat), None, now)
+        return [(address, epoch, seq) for seq in seqs]
 
     def originate_reliable_run(self, run: list[tuple[str, bytes]], qos: int, now: float) -> list[PublicationId | None]:
         """QoS 1/2 publications made on the local broker, neither retained nor with properties, in the order read:

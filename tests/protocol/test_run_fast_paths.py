@@ -6,6 +6,7 @@ counters, drops, duplicate caches and order positions, whatever the run holds (d
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -29,7 +30,7 @@ def state(harness: Harness, index: int) -> tuple[Any, ...]:
     publications = node.publications
     return (
         [(i, inj.topic, inj.payload, inj.qos, inj.publication, inj.filter) for i, inj in harness.delivered],
-        [(e["node"], e["type"], e.get("pub"), e.get("filter")) for e in expand_all(harness.events)],
+        [json.dumps(event, sort_keys=True, default=str) for event in expand_all(harness.events)],
         {i: (dict(n.counters), dict(n.drops)) for i, n in harness.nodes.items()},
         (set(publications.seen), publications.seen.evictions, set(publications.injected)),
         dict(publications.ordering.qos0),
@@ -40,7 +41,7 @@ def state(harness: Harness, index: int) -> tuple[Any, ...]:
 def one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run paths off: every run takes the loops."""
     monkeypatch.setattr(Publications, "_take_whole_batch", lambda *args: False)
-    monkeypatch.setattr(publications_module, "_one_filter_list", lambda numbered: False)
+    monkeypatch.setattr(Publications, "_originate_uniform_run", lambda *args: None)
     monkeypatch.setattr(publications_module, "_none_system", lambda topics: False)
     original_add_all = SeenCache.add_all
     monkeypatch.setattr(SeenCache, "add_all", lambda cache, keys: [cache.add(key) for key in keys] and None)
@@ -161,4 +162,4 @@ def test_the_usual_tb_takes_the_run_path(monkeypatch: pytest.MonkeyPatch) -> Non
     assert taken[-3:] == [True, False, True]  # (before them: the set-up's own runs)
     delivered, emitted = result[0], result[1]
     assert len(delivered) == 9
-    assert Counter(kind for _node, kind, _pub, _filter in emitted)["duplicate_dropped"] == 9
+    assert Counter(json.loads(event)["type"] for event in emitted)["duplicate_dropped"] == 9
