@@ -33,7 +33,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import add
 from typing import Any, Protocol, TypeVar
 
 from federation.protocol.linkstate import LinkStateDatabase, Routes, StoredRecord
@@ -286,11 +287,11 @@ class Outbox:
             runs.append(run)
         return runs
 
-    def cut(self, sizes: list[int], header: int = 0) -> list[tuple[int, int]]:
-        """`split` for items whose sizes are known: the (start, stop) index ranges of the same runs, found with
-        one running sum and a binary search per run instead of a call per item."""
+    def cut(self, sizes: list[int], header: int = 0, each: int = 0) -> list[tuple[int, int]]:
+        """`split` for items whose sizes are known (`sizes`, each `each` bytes more): the (start, stop) index ranges
+        of the same runs, found with one running sum and a binary search per run instead of a call per item."""
         budget = self._identity.settings.max_datagram - ENVELOPE_ROOM - header
-        totals = list(accumulate(sizes))
+        totals = list(accumulate(map(add, sizes, repeat(each)) if each else sizes))
         ranges: list[tuple[int, int]] = []
         start, before = 0, 0
         while start < len(totals):

@@ -52,6 +52,7 @@ number each, `StreamNumbers.base`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import add
 from typing import Any
 
 from federation.protocol import events
@@ -366,13 +367,13 @@ class Publications:
                                        {f for topic in distinct for f in matching(topic)})
         if filters:
             topic_bytes = {topic: len(topic) if topic.isascii() else len(topic.encode()) for topic in distinct}
-            sizes = [ITEM_OVERHEAD + topic_bytes[topic] + len(payload) for topic, payload in run]
+            sizes = list(map(add, map(topic_bytes.__getitem__, topics), map(len, payloads)))  # + ITEM_OVERHEAD each
             seq_list = list(seqs)
         for filter_ in filters:
             state = router.topics[filter_]
             header = len(encode(TOPIC_BATCH, Sender(identity.broker_id, epoch),
                                 TopicBatch(filter_, address, epoch, MODE_TOWARD_CORE, 255, [])))
-            for start, stop in outbox.cut(sizes, header):
+            for start, stop in outbox.cut(sizes, header, ITEM_OVERHEAD):
                 flat: list[Any] = [None] * (3 * (stop - start))
                 flat[0::3] = seq_list[start:stop]
                 flat[1::3] = topics[start:stop]

@@ -163,3 +163,15 @@ def test_the_usual_tb_takes_the_run_path(monkeypatch: pytest.MonkeyPatch) -> Non
     delivered, emitted = result[0], result[1]
     assert len(delivered) == 9
     assert Counter(json.loads(event)["type"] for event in emitted)["duplicate_dropped"] == 9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3000), max_size=80), st.integers(0, 200), st.integers(0, 40))
+def test_cut_finds_the_runs_split_finds(sizes: list[int], header: int, each: int) -> None:
+    """`Outbox.cut` (a running sum and binary searches) cuts where `Outbox.split` (an item at a time) does, an item
+    larger than a datagram alone in its run."""
+    outbox = converged_line(2, 0).nodes[1].outbox
+    items = list(enumerate(sizes))
+    runs = outbox.split(items, lambda item: item[1] + each, header)
+    assert [[index for index, _size in run] for run in runs] == \
+        [list(range(start, stop)) for start, stop in outbox.cut(sizes, header, each)]
