@@ -127,20 +127,27 @@ class SeenCache:
         for key in keys:
             add(key)
 
-    def can_take_all_new(self, keys: list[Hashable]) -> bool:
-        """Would `add_if_all_new(keys)` take them (and return True)? Nothing changes."""
+    def all_new(self, keys: list[Hashable]) -> set[Hashable] | None:
+        """`keys` as a set if every one is new (none known, none twice) and adding them fills no generation, so
+        that `add` one at a time would return True for each; else None. Nothing changes (`take_new` adds them)."""
         fresh = set(keys)
         newer = self._newer
-        return len(fresh) == len(keys) and len(newer) + len(fresh) < self._generation \
-            and newer.isdisjoint(fresh) and self._older.isdisjoint(fresh)
+        if len(fresh) == len(keys) and len(newer) + len(fresh) < self._generation \
+                and newer.isdisjoint(fresh) and self._older.isdisjoint(fresh):
+            return fresh
+        return None
+
+    def take_new(self, fresh: set[Hashable]) -> None:
+        """Add what `all_new` returned, the cache unchanged since: what `add` one at a time would leave."""
+        self._newer |= fresh
 
     def add_if_all_new(self, keys: list[Hashable]) -> bool:
-        """Add `keys` and return True if every one is new (none known, none twice) and the newer generation does
-        not fill meanwhile, which is then what `add` one at a time would do, each returning True; else change
-        nothing and return False (the caller takes them one at a time)."""
-        if not self.can_take_all_new(keys):
+        """Add `keys` and return True if `all_new` says they are; else change nothing and return False (the caller
+        takes them one at a time)."""
+        fresh = self.all_new(keys)
+        if fresh is None:
             return False
-        self._newer.update(keys)
+        self._newer |= fresh
         return True
 
     def __contains__(self, key: Hashable) -> bool:

@@ -650,12 +650,11 @@ class Publications:
             return self.seen.add_if_all_new(seen_keys)
         if min(seqs) < floor:
             return False
-        injected_keys = [injected_base | seq for seq in seqs]
-        injected, seen = self.injected, self.seen
-        # Both caches or neither: the first is only tried when the second would take its keys too.
-        if not seen.can_take_all_new(seen_keys) or not injected.add_if_all_new(injected_keys):
+        seen = self.seen
+        fresh = seen.all_new(seen_keys)  # both caches take their keys, or neither
+        if fresh is None or not self.injected.add_if_all_new([injected_base | seq for seq in seqs]):
             return False
-        seen.add_if_all_new(seen_keys)
+        seen.take_new(fresh)
         filter_, origin, epoch = batch.filter, batch.origin, batch.epoch
         outbox = self._outbox
         outbox.injections.append(InjectionRun(topics, items[2::3], origin, epoch, seqs, filter_))

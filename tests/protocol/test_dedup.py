@@ -68,3 +68,26 @@ def test_every_key_among_the_last_half_capacity_is_remembered(capacity: int, key
             model.popitem(last=False)
         assert len(cache) <= capacity
         assert set(model) <= set(cache)
+
+
+def _state(cache: SeenCache) -> tuple[set[object], set[object], int]:
+    return set(cache._newer), set(cache._older), cache.evictions
+
+
+@given(st.integers(1, 40), st.lists(st.lists(st.integers(0, 60), max_size=25), max_size=12))
+def test_a_run_of_keys_at_once_leaves_what_one_at_a_time_leaves(capacity: int, runs: list[list[int]]) -> None:
+    """`add_all`, and `add_if_all_new` when it takes a run, leave the generations and the eviction count that
+    `add` of each key in order leaves; `add_if_all_new` takes a run only when `add` would find each one new, and
+    otherwise changes nothing."""
+    one, whole, checked = SeenCache(capacity), SeenCache(capacity), SeenCache(capacity)
+    for keys in runs:
+        results = [one.add(key) for key in keys]
+        whole.add_all(keys)
+        before = _state(checked)
+        if checked.add_if_all_new(keys):
+            assert all(results)
+        else:
+            assert _state(checked) == before
+            for key in keys:
+                checked.add(key)
+        assert _state(whole) == _state(one) == _state(checked)
