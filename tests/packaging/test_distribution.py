@@ -170,6 +170,16 @@ def test_installed_package_is_the_wheels_copy(venv: Path, elsewhere: Path) -> No
     assert Path(imported).is_relative_to(venv), f"the venv imports {imported}, not its own copy"
 
 
+def test_the_wheel_carries_the_built_c_extension(built: Built, venv: Path, elsewhere: Path) -> None:
+    """setup.py builds federation.daemon._mqtt_runs (a C compiler is on the machines `make test` runs on); the
+    installed wrapper uses it. Where none is found the build goes on without it (mqtt_runs.py's Python)."""
+    with zipfile.ZipFile(built.wheel) as archive:
+        assert any(name.startswith("federation/daemon/_mqtt_runs.") and name.endswith(".so")
+                   for name in archive.namelist())
+    answer = python_in(venv, "from federation.daemon import mqtt_runs; print(mqtt_runs.NATIVE)", elsewhere).strip()
+    assert answer == "True"
+
+
 def test_simulator_scenario_then_spark_job_on_its_event_log(venv: Path, elsewhere: Path) -> None:
     scripts = venv / "bin"
     topology = Path(run([scripts / "federation-configs", "path", "topologies/seed-partition.yaml"],
