@@ -44,6 +44,17 @@ run, not per publication, toward the core. A run of one publication goes
 out as a plain `tm`, so traffic at a low rate looks as before. Runs are cut
 to fit one datagram (`max_datagram`).
 
+The usual run is handled as columns rather than a publication at a time: a
+run whose topics all go on the same filters is numbered as one seq range and
+cut into `tb`s from its topic and payload lists (`_originate_uniform_run`),
+and a `tb` whose publications are all new, none on a `$` topic, and all or
+none wanted here is taken with one set operation per cache and given to the
+embedder as one `InjectionRun` (`_take_whole_batch`). At the bridge chain's
+rate a wrapper has a few microseconds per message in all (docs/benchmarks.md),
+and the per-publication loop alone took about one. Anything else goes
+through the loop; the two give the same caches, injections, counters and
+events (tests/protocol/test_run_fast_paths.py).
+
 This is the data path: per publication it allocates nothing it can avoid
 and reads nothing twice (the cache keys of a run are made from one stream
 number each, `StreamNumbers.base`).
