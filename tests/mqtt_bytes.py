@@ -1,11 +1,17 @@
-"""MQTT on the wire for tests that play the broker's side: a written stream split into packets, and the
-acknowledgements the runtime sends for the items an adapter handed over."""
+"""MQTT on the wire for tests that play the broker's side: a written stream split into packets, the
+acknowledgements the runtime sends for the items an adapter handed over, and a loop-driven adapter on a socket
+pair whose other end is the test's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable, Iterable, Iterator
 
+from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem, LogLine, Publication, PublicationRun
+from federation.protocol.types import Address
 
 
 def split_packets(stream: bytes) -> list[bytes]:
@@ -50,3 +56,35 @@ def one_per_publication(items: list[BrokerItem], runs: list[PublicationRun] | No
         else:
             items.append(item)
     return deliver
+
+
+def read_all(peer: socket.socket) -> bytes:
+    """Everything the adapter has written to the test's end so far."""
+    peer.setblocking(False)
+    data = b""
+    try:
+        while chunk := peer.recv(1 << 16):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return data
+
+
+@contextlib.contextmanager
+def adapter_on_socketpair(client_id: str, deliver: Callable[[BrokerItem], None]
+                          ) -> Iterator[tuple[BrokerAdapter, socket.socket]]:
+    """A loop-driven adapter (never connected: its socket set as paho's reconnect() sets it) and the test's end
+    of its socket pair; everything closed after."""
+    loop = asyncio.new_event_loop()
+    adapter = BrokerAdapter(Address("127.0.0.1", 1883), client_id, deliver, loop=loop)
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    adapter.client._sock = ours  # type: ignore[assignment]  # what paho's reconnect() sets
+    adapter._watched = ours
+    try:
+        yield adapter, peer
+    finally:
+        adapter.client._sock = None
+        ours.close()
+        peer.close()
+        loop.close()

@@ -14,6 +14,15 @@
 
 #define MAX_REMAINING_LENGTH 268435455L /* MQTT's largest remaining length (four length bytes) */
 
+/* Append a new reference to `list` and drop it (NULL: the error its maker set); 0, or -1 on an error. */
+static int append_new(PyObject *list, PyObject *item) {
+    if (item == NULL)
+        return -1;
+    const int failed = PyList_Append(list, item);
+    Py_DECREF(item);
+    return failed;
+}
+
 /* parse_plain_run(data, pos, limit) -> (end, qos, topics, payloads, mids): see mqtt_runs.py */
 static PyObject *parse_plain_run(PyObject *module, PyObject *args) {
     Py_buffer buffer;
@@ -63,26 +72,11 @@ static PyObject *parse_plain_run(PyObject *module, PyObject *args) {
             PyErr_Clear(); /* not UTF-8: the caller's own reader acknowledges and drops it */
             break;
         }
-        int failed = PyList_Append(topics, topic);
-        Py_DECREF(topic);
-        if (failed)
+        if (append_new(topics, topic) ||
+            append_new(payloads, PyBytes_FromStringAndSize((const char *)data + properties + 1,
+                                                           stop - properties - 1)) ||
+            (qos && append_new(mids, PyLong_FromLong(((long)data[topic_end] << 8) | data[topic_end + 1]))))
             goto done;
-        PyObject *payload = PyBytes_FromStringAndSize((const char *)data + properties + 1, stop - properties - 1);
-        if (payload == NULL)
-            goto done;
-        failed = PyList_Append(payloads, payload);
-        Py_DECREF(payload);
-        if (failed)
-            goto done;
-        if (qos) {
-            PyObject *mid = PyLong_FromLong(((long)data[topic_end] << 8) | data[topic_end + 1]);
-            if (mid == NULL)
-                goto done;
-            failed = PyList_Append(mids, mid);
-            Py_DECREF(mid);
-            if (failed)
-                goto done;
-        }
         run_qos = qos;
         pos = stop;
         count++;

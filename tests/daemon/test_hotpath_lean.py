@@ -29,43 +29,21 @@ from federation.protocol.types import Address, Injection
 from federation.tools.bench.hotpath import main as hotpath_main
 from federation.tools.bench.hotpath import publish_packet
 
-from mqtt_bytes import acknowledgements, one_per_publication, split_packets
+from mqtt_bytes import acknowledgements, adapter_on_socketpair, one_per_publication, read_all, split_packets
 
 BROKER = Address("127.0.0.1", 1883)
 
 
 @pytest.fixture
 def adapter() -> Iterator[tuple[BrokerAdapter, socket.socket, list[BrokerItem]]]:
-    loop = asyncio.new_event_loop()
     items: list[BrokerItem] = []
-    adapter = BrokerAdapter(Address("127.0.0.1", 1883), "lean-test", one_per_publication(items), loop=loop)
-    ours, peer = socket.socketpair()
-    ours.setblocking(False)
-    adapter.client._sock = ours  # type: ignore[assignment]  # what paho's reconnect() sets
-    adapter._watched = ours
-    try:
+    with adapter_on_socketpair("lean-test", one_per_publication(items)) as (adapter, peer):
         yield adapter, peer, items
-    finally:
-        adapter.client._sock = None
-        ours.close()
-        peer.close()
-        loop.close()
 
 
 def _acknowledge(adapter: BrokerAdapter, items: Sequence[BrokerItem]) -> None:
     """What the runtime does once its node has taken a pass's items: acknowledge the QoS 1/2 ones."""
     adapter.acknowledge(acknowledgements(items))
-
-
-def _read_all(peer: socket.socket) -> bytes:
-    peer.setblocking(False)
-    data = b""
-    try:
-        while chunk := peer.recv(1 << 16):
-            data += chunk
-    except BlockingIOError:
-        pass
-    return data
 
 
 def test_a_burst_of_publishes_in_one_read_yields_every_publication_in_order(adapter) -> None:  # type: ignore[no-untyped-def]
@@ -80,9 +58,9 @@ def test_a_burst_of_publishes_in_one_read_yields_every_publication_in_order(adap
     assert [(p.topic, p.payload, p.qos, p.retain, p.properties) for p in publications] == \
         [(f"a/{i}", bytes([i % 256]) * i, i % 2, False, None) for i in range(300)]
     assert items[5] == LogLine("$SYS/broker/log/N", b"line")
-    assert _read_all(peer) == b""  # acknowledged by the runtime, once its node has taken them
+    assert read_all(peer) == b""  # acknowledged by the runtime, once its node has taken them
     _acknowledge(adapter_, items)
-    acks = _read_all(peer)  # a PUBACK (40 02 mid) for every QoS 1 publication, as paho sends them
+    acks = read_all(peer)  # a PUBACK (40 02 mid) for every QoS 1 publication, as paho sends them
     assert acks == b"".join(bytes([0x40, 2]) + (i + 1).to_bytes(2, "big") for i in range(300) if i % 2)
 
 
@@ -98,16 +76,16 @@ def test_a_publish_with_properties_or_qos2_takes_pahos_path(adapter) -> None:  #
     assert items == [Publication("p/q", b"payload", 0, True,
                                  {"user_property": [["k", "v"]], "content_type": "text/plain"}),
                      Publication("q/2", b"two", 2, False, None, 9)]  # QoS 2: handed over at its PUBLISH
-    assert _read_all(peer) == b""  # no PUBREC before the runtime acknowledges it (it spools it first)
+    assert read_all(peer) == b""  # no PUBREC before the runtime acknowledges it (it spools it first)
     adapter_.acknowledge([(9, 2)])
-    assert _read_all(peer) == bytes([0x50, 2, 0, 9])  # the PUBREC is the acknowledgement
+    assert read_all(peer) == bytes([0x50, 2, 0, 9])  # the PUBREC is the acknowledgement
     peer.sendall(publish_packet("q/2", b"two", 2, 9, dup=True))  # repeated after a reconnection
     adapter_._on_readable()
     assert len(items) == 2  # not handed over again: its PUBREC goes again
-    assert _read_all(peer) == bytes([0x50, 2, 0, 9])
+    assert read_all(peer) == bytes([0x50, 2, 0, 9])
     peer.sendall(bytes([0x62, 2, 0, 9]))  # PUBREL
     adapter_._on_readable()
-    assert _read_all(peer) == bytes([0x70, 2, 0, 9])  # PUBCOMP at once
+    assert read_all(peer) == bytes([0x70, 2, 0, 9])  # PUBCOMP at once
     peer.sendall(publish_packet("q/2", b"again", 2, 9, dup=True))  # a previous run's, repeated: its DUP shows
     adapter_._on_readable()
     assert items[-1] == Publication("q/2", b"again", 2, False, None, 9, True)
@@ -125,7 +103,7 @@ def test_lean_qos0_publish_builds_the_bytes_paho_builds(adapter) -> None:  # typ
         cases = [("t", b"", False), ("a/b/c", b"x" * 200, True), ("é/ü", b"\0" * 20000, False)]
         for topic, payload, retain in cases:
             reference.publish(topic, payload, 0, retain)
-        expected = _read_all(ref_peer)
+        expected = read_all(ref_peer)
     finally:
         reference._sock = None
         ref_ours.close()
@@ -136,7 +114,7 @@ def test_lean_qos0_publish_builds_the_bytes_paho_builds(adapter) -> None:  # typ
             assert append(built, [topic], [payload], retain) == 1
         assert bytes(built) == expected
     adapter_.publish_all([Injection(t, p, 0, r, None, (Address("h", 1), 1, i)) for i, (t, p, r) in enumerate(cases)])
-    assert _read_all(peer) == expected
+    assert read_all(peer) == expected
     assert adapter_.injected == 3
 
 
@@ -172,11 +150,11 @@ def test_qos0_runs_the_socket_takes_only_in_part_follow_in_order(adapter) -> Non
     adapter_.publish_all(second)  # behind the rest of the first, not into the socket ahead of it
     received = bytearray()
     for _ in range(1000):
-        received += _read_all(peer)
+        received += read_all(peer)
         if not adapter_.client.want_write():
             break
         adapter_._on_writable()
-    received += _read_all(peer)
+    received += read_all(peer)
     assert bytes(received) == bytes(expected)
     assert not adapter_.output_blocked and adapter_.injected == 250
 
@@ -188,7 +166,7 @@ def test_backlog_counts_qos1_until_the_broker_acknowledges(adapter) -> None:  # 
     adapter_.publish_all([Injection("t", b"p", 1, False, None, (Address("h", 1), 1, i)) for i in range(3)]
                          + [Injection("t", b"p", 0, False, None, (Address("h", 1), 1, 9))])
     assert adapter_.backlog() == 3
-    sent = _read_all(peer)  # three QoS 1 PUBLISH (32 07 00 01 't' mid-hi mid-lo 00 'p'), then the QoS 0 one
+    sent = read_all(peer)  # three QoS 1 PUBLISH (32 07 00 01 't' mid-hi mid-lo 00 'p'), then the QoS 0 one
     mids = [int.from_bytes(sent[i + 5:i + 7], "big") for i in range(0, 3 * 9, 9)]
     assert sent[27:] == bytes([0x30, 5, 0, 1]) + b"t" + b"\0p"
     peer.sendall(b"".join(bytes([0x40, 2]) + mid.to_bytes(2, "big") for mid in mids[:2]))
@@ -273,7 +251,7 @@ def _through_paho(chunks: Sequence[bytes]) -> tuple[list[BrokerItem], bytes]:
                 pass
             assert rc == MQTTErrorCode.MQTT_ERR_AGAIN
             _acknowledge(reference, items[before:])
-            written += _read_all(peer)
+            written += read_all(peer)
     finally:
         reference.client._sock = None
         ours.close()
@@ -309,7 +287,7 @@ def _through_lean(chunks: Sequence[bytes]) -> tuple[list[BrokerItem], bytes, int
             while client.buffered():  # what the scheduled retry would read
                 adapter._on_readable()
             _acknowledge(adapter, items[before:])
-            written += _read_all(peer)
+            written += read_all(peer)
     finally:
         client._sock = None
         ours.close()
@@ -392,7 +370,7 @@ def test_pausing_stops_reading_mid_burst_and_resuming_reads_the_rest(adapter) ->
     adapter_._on_readable()
     assert [item.topic for item in items if isinstance(item, Publication)] == ["p/0", "p/1", "p/2"]
     _acknowledge(adapter_, items)
-    assert _read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in (1, 2, 3))  # only what was taken
+    assert read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in (1, 2, 3))  # only what was taken
     adapter_._on_readable()  # a pending wake-up while paused reads nothing
     assert len(items) == 3
     adapter_.resume_reading()  # schedules a read pass: the rest is in our buffer, the socket is not readable
@@ -401,7 +379,7 @@ def test_pausing_stops_reading_mid_burst_and_resuming_reads_the_rest(adapter) ->
     loop.remove_reader(adapter_._watched)
     assert [item.topic for item in items if isinstance(item, Publication)] == [f"p/{i}" for i in range(10)]
     _acknowledge(adapter_, items[3:])
-    assert _read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in range(4, 11))
+    assert read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in range(4, 11))
 
 
 def test_plain_publications_come_as_runs_and_a_pause_stops_between_runs(adapter) -> None:  # type: ignore[no-untyped-def]
@@ -422,7 +400,7 @@ def test_plain_publications_come_as_runs_and_a_pause_stops_between_runs(adapter)
     adapter_._on_readable()
     assert taken == [PublicationRun([f"p/{i}" for i in range(5)], [b"x"] * 5, 1, [1, 2, 3, 4, 5])]
     _acknowledge(adapter_, taken)
-    assert _read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in (1, 2, 3, 4, 5))
+    assert read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in (1, 2, 3, 4, 5))
     for expected in (Publication("p/5", b"x", 1, True, None, 6),
                      PublicationRun([f"p/{i}" for i in range(6, 10)], [b"x"] * 4, 1, [7, 8, 9, 10]),
                      PublicationRun(["p/q0"], [b"y"], 0, [])):
@@ -503,7 +481,7 @@ class _Side:
         else:
             for injection in injections:
                 assert self.adapter.publish(injection)
-        return _read_all(self.peer)
+        return read_all(self.peer)
 
     def receive(self, data: bytes) -> bytes:
         """The broker sends `data`; what the client writes back."""
@@ -513,7 +491,7 @@ class _Side:
         else:
             while self.client._packet_read() == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 pass
-        return _read_all(self.peer)
+        return read_all(self.peer)
 
     def reconnect(self) -> bytes:
         """The connection drops and a new one is made (what paho's `reconnect` does to the kept session), the
@@ -687,7 +665,7 @@ def test_without_a_loop_publish_all_takes_the_lean_qos1_path_too(sides) -> None:
     threaded = _Side(False)
     try:
         threaded.adapter.publish_all(injections)
-        assert _read_all(threaded.peer) == expected
+        assert read_all(threaded.peer) == expected
         assert threaded.paho_publishes == 0 and threaded.adapter.backlog() == len(QOS1_CASES)
         threaded.receive(_puback(*threaded.client._out_messages))
         assert threaded.adapter.backlog() == 0 and len(threaded.completed) == len(QOS1_CASES)

@@ -12,6 +12,7 @@ import pytest
 from federation.daemon.broker import BrokerAdapter
 from federation.protocol.types import Address, Injection, InjectionRun, expand_runs
 
+from mqtt_bytes import adapter_on_socketpair, read_all
 from runtime_util import started_wrapper
 
 ORIGIN = Address("10.0.0.1", 10500)
@@ -24,48 +25,26 @@ def run_of(topics: list[str], first_seq: int = 1) -> InjectionRun:
 
 @pytest.fixture
 def adapter() -> Iterator[tuple[BrokerAdapter, socket.socket]]:
-    loop = asyncio.new_event_loop()
-    adapter = BrokerAdapter(Address("127.0.0.1", 1883), "runs-test", lambda item: None, loop=loop)
-    ours, peer = socket.socketpair()
-    ours.setblocking(False)
-    adapter.client._sock = ours  # type: ignore[assignment]  # what paho's reconnect() sets
-    adapter._watched = ours
-    adapter.connected = True
-    try:
+    with adapter_on_socketpair("runs-test", lambda item: None) as (adapter, peer):
+        adapter.connected = True
         yield adapter, peer
-    finally:
-        adapter.client._sock = None
-        ours.close()
-        peer.close()
-        loop.close()
-
-
-def _read_all(peer: socket.socket) -> bytes:
-    peer.setblocking(False)
-    data = b""
-    try:
-        while chunk := peer.recv(1 << 20):
-            data += chunk
-    except BlockingIOError:
-        pass
-    return data
 
 
 def test_a_run_is_written_as_its_injections_would_be(adapter) -> None:  # type: ignore[no-untyped-def]
     adapter_, peer = adapter
     runs = [run_of([f"f/{i}" for i in range(50)]), run_of(["f/é", "f/x"], 100)]
     adapter_.publish_all(expand_runs(list(runs)))
-    expected = _read_all(peer)
+    expected = read_all(peer)
     injected = adapter_.injected
     adapter_.publish_runs(runs)
-    assert _read_all(peer) == expected and len(expected) > 50 * 8
+    assert read_all(peer) == expected and len(expected) > 50 * 8
     assert adapter_.injected == 2 * injected == 2 * 52
 
 
 def test_a_topic_paho_refuses_in_a_run_is_refused_alone_and_the_rest_written(adapter) -> None:  # type: ignore[no-untyped-def]
     adapter_, peer = adapter
     adapter_.publish_runs([run_of(["f/1", "f/+", "f/2", "f/3"])])
-    written = _read_all(peer)
+    written = read_all(peer)
     assert b"f/1" in written and b"f/2" in written and b"f/3" in written and b"f/+" not in written
     assert adapter_.injected == 3 and adapter_.inject_failed == 1
 

@@ -15,6 +15,8 @@ from federation.daemon import mqtt_runs
 from federation.daemon.mqtt_runs import append_qos0_run_python, parse_plain_run_python
 from federation.tools.bench.hotpath import publish_packet
 
+from mqtt_bytes import read_all
+
 PARSERS = [pytest.param(parse_plain_run_python, id="python")]
 BUILDERS = [pytest.param(append_qos0_run_python, id="python")]
 if mqtt_runs.NATIVE:
@@ -102,14 +104,7 @@ def _paho_bytes(cases: list[tuple[str, bytes, bool]]) -> bytes:
     try:
         for topic, payload, retain in cases:
             client.publish(topic, payload, 0, retain)
-        peer.setblocking(False)
-        data = b""
-        try:
-            while chunk := peer.recv(1 << 20):
-                data += chunk
-        except BlockingIOError:
-            pass
-        return data
+        return read_all(peer)
     finally:
         client._sock = None
         ours.close()

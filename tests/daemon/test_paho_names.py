@@ -9,7 +9,6 @@ runs the fallback against a real Mosquitto).
 from __future__ import annotations
 
 import ast
-import asyncio
 import configparser
 import logging
 import socket
@@ -27,6 +26,8 @@ from federation.daemon.broker_items import BrokerItem, LogLine, Publication
 from federation.daemon.lean_client import PAHO_PRIVATE_NAMES, LeanClient, PublicClient, missing_paho_names
 from federation.protocol.types import Address, Injection
 from federation.tools.bench.hotpath import publish_packet
+
+from mqtt_bytes import adapter_on_socketpair, read_all
 
 REPO = Path(__file__).resolve().parents[2]
 GONE = "client._renamed_by_a_later_paho"
@@ -104,31 +105,9 @@ def fallback(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     """A loop-driven adapter built while the lean path lacks a name, on a socket pair."""
     monkeypatch.setattr(lean_client, "PAHO_PRIVATE_NAMES", (*PAHO_PRIVATE_NAMES, GONE))
     caplog.set_level(logging.WARNING, logger="federation.daemon.broker")
-    loop = asyncio.new_event_loop()
     items: list[BrokerItem] = []
-    adapter = BrokerAdapter(Address("127.0.0.1", 1883), "fallback-test", items.append, loop=loop)
-    ours, peer = socket.socketpair()
-    ours.setblocking(False)
-    adapter.client._sock = ours  # type: ignore[assignment]  # what paho's reconnect() sets
-    adapter._watched = ours
-    try:
+    with adapter_on_socketpair("fallback-test", items.append) as (adapter, peer):
         yield adapter, peer, items
-    finally:
-        adapter.client._sock = None
-        ours.close()
-        peer.close()
-        loop.close()
-
-
-def _read_all(peer: socket.socket) -> bytes:
-    peer.setblocking(False)
-    data = b""
-    try:
-        while chunk := peer.recv(1 << 16):
-            data += chunk
-    except BlockingIOError:
-        pass
-    return data
 
 
 def test_a_missing_name_makes_the_adapter_use_pahos_public_path_with_one_warning(
@@ -150,7 +129,7 @@ def test_the_public_path_hands_over_and_acknowledges_a_burst(
     assert [(p.topic, p.payload, p.qos) for p in items if isinstance(p, Publication)] == \
         [(f"a/{index}", bytes([index]) * index, index % 2) for index in range(40)]
     assert items[3] == LogLine("$SYS/broker/log/N", b"line")
-    assert _read_all(peer) == b"".join(bytes([0x40, 2]) + (index + 1).to_bytes(2, "big")
+    assert read_all(peer) == b"".join(bytes([0x40, 2]) + (index + 1).to_bytes(2, "big")
                                        for index in range(40) if index % 2)
 
 
@@ -167,12 +146,12 @@ def test_the_public_path_injects_what_pahos_publish_writes_and_completes_qos1(
     try:
         for injection in injections:
             reference.publish(injection.topic, injection.payload, injection.qos, injection.retain)
-        expected = _read_all(theirs)
+        expected = read_all(theirs)
     finally:
         reference._sock = None
         ours.close()
         theirs.close()
-    assert _read_all(peer) == expected
+    assert read_all(peer) == expected
     assert adapter.injected == 6 and adapter.backlog() == 3
     mids = sorted(adapter.injector._unfinished)
     peer.sendall(b"".join(bytes([0x40, 2]) + mid.to_bytes(2, "big") for mid in mids))  # the broker's PUBACKs
