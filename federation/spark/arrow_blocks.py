@@ -249,7 +249,11 @@ def _parse(block: bytes, rules: BlockRules) -> tuple[pa.Table, pa.Array] | None:
 
 
 def _is(values: pa.Array, choices: Sequence[str]) -> pa.Array:
-    return pc.fill_null(pc.is_in(values, pa.array(list(choices), pa.string())), False)
+    """Whether each value is one of `choices` (null: no); a dictionary array is tested on its few values."""
+    choices = pa.array(list(choices), pa.string())
+    if isinstance(values, pa.DictionaryArray):
+        return pc.fill_null(pc.is_in(values.dictionary, choices).take(values.indices), False)
+    return pc.fill_null(pc.is_in(values, choices), False)
 
 
 def _valid(*arrays: pa.Array) -> pa.Array:
@@ -283,15 +287,14 @@ def _classify(table: pa.Table, text: pa.Array, uri: str, seq0: int, rules: Block
     def column(name: str) -> pa.Array:
         return table.column(name).combine_chunks()
 
-    kind = column("type")
-    tallied = pc.if_else(pc.match_substring_regex(text, rules.tallied_line), kind, "")
-    is_tallied = pc.not_equal(tallied, "")
+    kind = pc.dictionary_encode(column("type"))  # a few types: tested on the dictionary
+    is_tallied = pc.match_substring_regex(text, rules.tallied_line)  # its type is the parsed one (no key twice)
     version = pc.cast(column("v"), pa.string())
     header = pc.and_(_valid(column("t"), column("node"), kind, version), _is(version, rules.versions))
     run = pc.and_(header, _is(kind, rules.run_types))
     first, last = _single_range(column("seqs"), run)
     size = pc.add(pc.subtract(last, first), 1)
-    originated_run = pc.fill_null(pc.equal(kind, rules.originated_run), False)
+    originated_run = _is(kind, (rules.originated_run,))
     topic_count = pc.list_value_length(column("topics"))
     topics_fit = pc.or_(pc.invert(originated_run), pc.fill_null(
         pc.or_(pc.equal(topic_count, 1), pc.equal(topic_count, size)), False))
@@ -300,7 +303,6 @@ def _classify(table: pa.Table, text: pa.Array, uri: str, seq0: int, rules: Block
         pc.and_(pc.less_equal(first, last), pc.less(pc.subtract(last, first), rules.max_run))), False)
     plain_run = pc.and_(pc.and_(run, good_run), topics_fit)
     plain = pc.or_(pc.or_(is_tallied, pc.and_(header, _is(kind, rules.plain_types))), plain_run)
-    kind = pc.if_else(is_tallied, tallied, kind)
     counted = pc.and_(plain, _is(kind, rules.counted_types))
     seq = pc.add(positions.first(count), seq0)
     summary = pa.table({"type": kind, "node": pc.if_else(counted, None, column("node")),
@@ -332,7 +334,7 @@ def _stored(rows: pa.Table, kind: pa.Array, first: pa.Array, last: pa.Array, siz
     """The plain rows in the stored columns, with the values reader.py's `_classified` gives them."""
     count = rows.num_rows
     topics = rows.column("topics").combine_chunks()
-    originated_run = pc.fill_null(pc.equal(kind, rules.originated_run), False)
+    originated_run = _is(kind, (rules.originated_run,))
     topic_count = pc.list_value_length(topics)
     one_topic = pc.fill_null(pc.equal(topic_count, 1), False)
     several = pc.and_(_is(kind, rules.stored_fields["topics"]), pc.invert(one_topic))
@@ -346,7 +348,7 @@ def _stored(rows: pa.Table, kind: pa.Array, first: pa.Array, last: pa.Array, siz
         return where(_is(kind, rules.stored_fields[name]), values)
 
     derived = {
-        "type": kind,
+        "type": pc.cast(kind, pa.string()),
         "topic": pc.if_else(originated_run, _first_items(topics, pc.and_(originated_run, one_topic)),
                             kept("topic", rows.column("topic"))),
         "seqs": None,  # a plain run has one range: first_seq and last_seq
