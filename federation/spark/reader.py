@@ -22,6 +22,15 @@ directory on a local master; the cache elsewhere, or Parquet in
 needs from it. Keeping the rows in Spark's cache instead costs more to
 build and, for a big log, does not fit a local driver's memory.
 
+On a local master, local files with a local copy are parsed by pyarrow instead
+(federation/spark/arrow_blocks.py: C++, several times faster than
+`from_json`, which parses one line at a time outside Spark's generated
+code), block by block: it stores the rows whose meaning is beyond doubt
+itself, and hands Spark every other row (`_classified` below stays the one
+definition of what a line means) and every block it cannot be sure to read
+as Spark does (Spark parses those from their text, as it parses a log
+elsewhere: damaged lines are counted, with their text, as always).
+
 Version 2 (docs/events.md) replaces the
 four per-publication types by one *run event* per run of publications
 handled together (`RUN_TYPES`): `origin`, `epoch` and `seqs`, a list of
@@ -52,6 +61,7 @@ from pyspark.sql import DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from federation.spark import arrow_blocks
 from federation.spark.publications import ORIGINATED
 
 SUPPORTED_VERSIONS = ("1", "2")
@@ -314,36 +324,150 @@ class EventLog:
             self._scratch = None
 
 
-def _store(spark: SparkSession, parsed: DataFrame,
-           scratch: str | None) -> tuple[DataFrame, str | None, list[DataFrame]]:
-    """Write the parsed rows once: Parquet in `scratch` (a local temporary directory by default on a local
-    master), else the cache (a cluster without a shared scratch directory)."""
-    if scratch is None and str(spark.sparkContext.master).startswith("local"):
-        scratch = tempfile.mkdtemp(prefix="federation-spark-")
+def _store(spark: SparkSession, rows: DataFrame, scratch: str | None) -> tuple[DataFrame, list[DataFrame]]:
+    """Write the classified rows once: Parquet in `scratch`, else the cache (a cluster without a shared
+    scratch directory)."""
     if scratch is None:
-        stored = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        stored = rows.persist(StorageLevel.MEMORY_AND_DISK)
         stored.count()  # parse now (and count what is not stored)
-        return stored, None, [stored]
+        return stored, [stored]
     path = os.path.join(scratch, "events.parquet") if "://" not in scratch else scratch.rstrip("/") + "/events.parquet"
-    parsed.write.mode("overwrite").parquet(path)
-    return spark.read.parquet(path), (scratch if "://" not in scratch else None), []
+    rows.write.mode("overwrite").parquet(path)
+    return spark.read.parquet(path), []
 
 
 _JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+INTEGER_TEXT = ("v",)
+"""fields read as text that the writers write as integers (pyarrow reads them as integers)"""
+_LINE_COLUMNS = T.StructType([T.StructField("value", _STR), T.StructField("path", _STR),
+                              T.StructField("seq", _LONG), T.StructField("tallied", _STR)])
+"""what _parsed_text gives besides BULK_SCHEMA's fields"""
 
 
-def read_events(spark: SparkSession, files: list[str], scratch: str | None = None) -> EventLog:
-    """Parse the logs once, store the rows, parse the few detail lines in full, summarise. Raises InputError
-    when nothing is usable (the stored copy is removed then)."""
+def _parsed_text(text: DataFrame) -> DataFrame:
+    """Lines (`value`, `path`, `seq`) parsed by Spark: BULK_SCHEMA's fields (a tallied line is not parsed: its
+    fields are null), `value`, `path`, `seq` and `tallied` (TALLIED_LINE's type, else "")."""
     value = F.col("value")
     tallied = F.when(value.endswith("}"), F.regexp_extract(value, TALLIED_LINE, 1)).otherwise(F.lit(""))
-    lines = (spark.read.text(files)
-             .select("value", F.col("_metadata.file_path").alias("path"), F.monotonically_increasing_id().alias("seq"),
-                     tallied.alias("tallied")))
     parse = F.when(F.col("tallied") == "", F.from_json("value", BULK_SCHEMA, _JSON_OPTIONS))
-    lines = (lines.select(parse.alias("line"), "value", "path", "seq", "tallied")
-             .select("line.*", "value", "path", "seq", "tallied")
-             .withColumn("type", F.when(F.col("tallied") != "", F.col("tallied")).otherwise(F.col("type")))
+    return (text.select("value", "path", "seq", tallied.alias("tallied"))
+            .select(parse.alias("line"), "value", "path", "seq", "tallied")
+            .select("line.*", "value", "path", "seq", "tallied"))
+
+
+def _no_text(spark: SparkSession) -> DataFrame:
+    """No line (`value`, `path`, `seq`)."""
+    return spark.range(0).select(F.lit("").alias("value"), F.lit("").alias("path"), F.col("id").alias("seq"))
+
+
+def _file_path(spark: SparkSession, path: str) -> str:
+    """A local file's path as Spark's `_metadata.file_path` writes it (`file:` and the path, quoted as
+    java.net.URI quotes)."""
+    jvm: Any = spark.sparkContext._jvm
+    return str(jvm.java.net.URI("file", None, os.path.abspath(path), None).toString())
+
+
+def _block_rules(spark: SparkSession) -> arrow_blocks.BlockRules:
+    """What federation/spark/arrow_blocks.py must know of this module's rules (it does not import it)."""
+    fields = T.StructType([f for f in BULK_SCHEMA.fields if f.name != CORRUPT])
+    return arrow_blocks.BlockRules(
+        parse_schema=arrow_blocks.arrow_schema(fields, INTEGER_TEXT), integer_text=INTEGER_TEXT,
+        parsed_schema=arrow_blocks.arrow_schema(T.StructType(fields.fields + _LINE_COLUMNS.fields)),
+        stored_schema=arrow_blocks.arrow_schema(_classified(_parsed_text(_no_text(spark)))[0].schema),
+        versions=SUPPORTED_VERSIONS, bulk_types=BULK_TYPES,
+        plain_types=tuple(kind for kind in BULK_TYPES if kind not in RUN_TYPES), run_types=tuple(RUN_TYPES),
+        originated_run=ORIGINATED[1], file_types=ORIGINATED, stored_fields=STORED_FIELDS,
+        counted_types=COUNTED_TYPES, tallied_line=TALLIED_LINE, max_run=MAX_RUN_PUBLICATIONS)
+
+
+def _arrow_copy(spark: SparkSession, files: list[str], scratch: str | None) -> arrow_blocks.BlockCopy | None:
+    """The job's own copy of local logs made by pyarrow (federation/spark/arrow_blocks.py), or None when the
+    master, the files or the scratch directory are not local (the driver writes the copy the executors read)."""
+    if (scratch is None or "://" in scratch or any(_has_scheme(f) for f in files)
+            or not str(spark.sparkContext.master).startswith("local")):
+        return None
+    os.makedirs(scratch, exist_ok=True)
+    copy = arrow_blocks.copy_blocks(files, [_file_path(spark, f) for f in files],
+                                    tempfile.mkdtemp(prefix="blocks-", dir=scratch), _block_rules(spark),
+                                    min(spark.sparkContext.defaultParallelism, os.cpu_count() or 1))
+    return copy if copy.blocks else None
+
+
+def read_events(spark: SparkSession, files: list[str], scratch: str | None = None, arrow: bool = True) -> EventLog:
+    """Parse the logs once, store the rows, parse the few detail lines in full, summarise. Raises InputError
+    when nothing is usable (the stored copy is removed then). `arrow`: let pyarrow parse and store what it
+    can (local files, a local scratch directory: federation/spark/arrow_blocks.py); else Spark parses every
+    line."""
+    if scratch is None and str(spark.sparkContext.master).startswith("local"):
+        scratch = tempfile.mkdtemp(prefix="federation-spark-")
+    removable = scratch if scratch is not None and "://" not in scratch else None
+    try:
+        stored, classified, figures, cached = _stored_rows(spark, files, scratch, arrow)
+    except BaseException:
+        if removable is not None:
+            shutil.rmtree(removable, ignore_errors=True)
+        raise
+    full = F.from_json("raw", READ_SCHEMA, _JSON_OPTIONS)
+    details = ((classified if classified is not None else stored).filter(F.col("status") == "detail")
+               .select(full.alias("line"), "file", "seq", "raw")
+               .select("line.*", "file", "seq", "raw")
+               .withColumn("status", F.when(_incomplete(), F.lit("corrupt")).otherwise(F.lit("ok")))
+               .cache())
+    cached.append(details)
+    log = EventLog(stored.filter(F.col("status") == "ok").select(*BULK_COLUMNS),
+                   details.filter(F.col("status") == "ok").drop(CORRUPT, "status", "raw", "v"),
+                   InputSummary(files), removable, cached)
+    try:
+        _summarise(classified, details, figures, log.summary)
+    except InputError:
+        log.close()
+        raise
+    return log
+
+
+def _stored_rows(spark: SparkSession, files: list[str], scratch: str | None, arrow: bool) -> tuple[
+        DataFrame, DataFrame | None, dict[tuple[str, str | None], arrow_blocks.Figures], list[DataFrame]]:
+    """Every line classified and stored (`_classified`), by pyarrow where it can (its figures for the
+    summary come with it), by Spark otherwise: all stored rows, those Spark classified, the figures of the
+    lines not in those (pyarrow's, and the lines only counted), what is cached."""
+    copy = _arrow_copy(spark, files, scratch) if arrow else None
+    lines: list[DataFrame] = []
+    if copy is None:
+        lines.append(_parsed_text(spark.read.text(files).select(
+            "value", F.col("_metadata.file_path").alias("path"), F.monotonically_increasing_id().alias("seq"))))
+    else:
+        if copy.text is not None:
+            lines.append(_parsed_text(spark.read.parquet(copy.text)
+                                      .select(F.col("value").cast("string"), "path", "seq")))
+        if copy.parsed is not None:
+            lines.append(spark.read.parquet(copy.parsed).withColumn(CORRUPT, F.lit(None).cast("string")))
+        if not lines and copy.stored is None:  # only lines that are counted: no row to store, but a table
+            lines.append(_parsed_text(_no_text(spark)))
+    classified: DataFrame | None = None
+    figures: dict[tuple[str, str | None], arrow_blocks.Figures] = {}
+    cached: list[DataFrame] = []
+    if lines:
+        rows, observation = _classified(lines[0] if len(lines) == 1 else lines[0].unionByName(lines[1]))
+        classified, cached = _store(spark, rows, scratch)
+        observed = observation.get
+        figures = {(kind, None): arrow_blocks.Figures(observed[f"{kind}:n"], observed[f"{kind}:first"],
+                                                      observed[f"{kind}:last"], observed[f"{kind}:publications"])
+                   for kind in COUNTED_TYPES if observed[f"{kind}:n"]}
+    if copy is not None:
+        for kind in ("parsed", "text"):  # read once: the stored rows are what the job reads now
+            shutil.rmtree(os.path.join(copy.directory, kind), ignore_errors=True)
+        arrow_blocks.add_figures(figures, copy.figures)
+    if copy is None or copy.stored is None:
+        assert classified is not None
+        return classified, classified, figures, cached
+    stored = spark.read.parquet(copy.stored)
+    return (stored if classified is None else stored.unionByName(classified)), classified, figures, cached
+
+
+def _classified(lines: DataFrame) -> tuple[DataFrame, Observation]:
+    """The rows to store (each line's status and what later steps read of it), and the counts of the lines
+    only counted (COUNTED_TYPES), taken while the rows are stored."""
+    lines = (lines.withColumn("type", F.when(F.col("tallied") != "", F.col("tallied")).otherwise(F.col("type")))
              .withColumn("status", F.when(F.col("tallied") != "", F.lit("ok")).otherwise(_first_status())))
     needs_file = ~F.col("type").isin(*BULK_TYPES) | F.col("type").isin(*ORIGINATED)
     ok = F.col("status") == "ok"
@@ -376,37 +500,23 @@ def read_events(spark: SparkSession, files: list[str], scratch: str | None = Non
         F.max(F.when(F.col("counted") == number, F.col("t"))).alias(f"{kind}:last"),
         F.sum(F.when(F.col("counted") == number, F.col("publications") if kind in RUN_TYPES else F.lit(1)))
         .alias(f"{kind}:publications"))])
-    parsed = narrow.filter((F.col("counted") == 0) & (F.col("status") != "blank")).drop("counted")
-    stored, scratch, cached = _store(spark, parsed, scratch)
-    full = F.from_json("raw", READ_SCHEMA, _JSON_OPTIONS)
-    details = (stored.filter(F.col("status") == "detail")
-               .select(full.alias("line"), "file", "seq", "raw")
-               .select("line.*", "file", "seq", "raw")
-               .withColumn("status", F.when(_incomplete(), F.lit("corrupt")).otherwise(F.lit("ok")))
-               .cache())
-    cached.append(details)
-    log = EventLog(stored.filter(F.col("status") == "ok").select(*BULK_COLUMNS),
-                   details.filter(F.col("status") == "ok").drop(CORRUPT, "status", "raw", "v"),
-                   InputSummary(files), scratch, cached)
-    try:
-        _summarise(stored, details, counted.get, log.summary)
-    except InputError:
-        log.close()
-        raise
-    return log
+    return narrow.filter((F.col("counted") == 0) & (F.col("status") != "blank")).drop("counted"), counted
 
 
-def _summarise(stored: DataFrame, details: DataFrame, counted: dict[str, Any], summary: InputSummary) -> None:
+def _summarise(classified: DataFrame | None, details: DataFrame,
+               figures: dict[tuple[str, str | None], arrow_blocks.Figures], summary: InputSummary) -> None:
+    """The summary of what was read: Spark's classified rows and the detail lines, counted here, and the
+    `figures` of every other line (stored by pyarrow, or only counted)."""
     nodes: set[str] = set()
     publications = F.when(F.col("type").isin(*RUN_TYPES), F.col("publications")).otherwise(F.lit(1))
-    figures = [F.count(F.lit(1)).alias("n"), F.min("t").alias("first"), F.max("t").alias("last"),
-               F.sum(F.when(F.col("status") == "ok", publications)).alias("publications")]
-    rows = (stored.filter(F.col("status") != "detail").groupBy("status", "type", "node").agg(*figures).collect()
-            + details.groupBy("status", "type", "node").agg(*figures[:3], F.lit(None).alias("publications"))
-            .collect())
-    rows += [Row(status="ok", type=kind, node=None, n=counted[f"{kind}:n"], first=counted[f"{kind}:first"],
-                 last=counted[f"{kind}:last"], publications=counted[f"{kind}:publications"])
-             for kind in COUNTED_TYPES if counted[f"{kind}:n"]]
+    aggregates = [F.count(F.lit(1)).alias("n"), F.min("t").alias("first"), F.max("t").alias("last"),
+                  F.sum(F.when(F.col("status") == "ok", publications)).alias("publications")]
+    rows = details.groupBy("status", "type", "node").agg(*aggregates[:3], F.lit(None).alias("publications")).collect()
+    if classified is not None:
+        rows += classified.filter(F.col("status") != "detail").groupBy("status", "type", "node").agg(
+            *aggregates).collect()
+    rows += [Row(status="ok", type=kind, node=node, n=item.n, first=item.first, last=item.last,
+                 publications=item.publications) for (kind, node), item in sorted(figures.items(), key=str)]
     for row in rows:
         summary.lines += row.n
         if row.status == "corrupt":
@@ -428,10 +538,10 @@ def _summarise(stored: DataFrame, details: DataFrame, counted: dict[str, Any], s
                 summary.first = row.first if summary.first is None else min(summary.first, row.first)
                 summary.last = row.last if summary.last is None else max(summary.last, row.last)
     summary.nodes = sorted(nodes)
-    if summary.corrupt:
+    if summary.corrupt and classified is not None:
         header = F.to_json(F.struct("t", "node", "type"))
         summary.corrupt_examples = [row[0] or "" for row in
-                                    stored.filter(F.col("status") == "corrupt")
+                                    classified.filter(F.col("status") == "corrupt")
                                     .select(F.coalesce(F.col(CORRUPT), header).alias(CORRUPT), "seq")
                                     .unionByName(details.filter(F.col("status") == "corrupt")
                                                  .select(F.coalesce(F.col(CORRUPT), F.col("raw")).alias(CORRUPT),
