@@ -335,21 +335,18 @@ class BrokerAdapter:
 
     def publish_runs(self, runs: Sequence[InjectionRun]) -> None:
         """QoS 0 runs, in order (`Injector.publish_runs`); on the loop's thread, corked as `publish_all`."""
-        sock = self._watched if len(runs) > 1 and self._loop is not None else None
-        corked = sock is not None and _set_cork(sock, True)
-        try:
-            self.injector.publish_runs(runs)
-        finally:
-            if corked and sock is self._watched:
-                _set_cork(sock, False)
+        self._corked(len(runs) > 1, lambda: self.injector.publish_runs(runs))
 
     def publish_all(self, injections: Sequence[Injection]) -> None:
         """Publish several, in order (`Injector.publish_all`); on a loop, corked (TCP_CORK), so the broker gets
         them in as few segments as fit."""
-        sock = self._watched if len(injections) > 1 and self._loop is not None else None
+        self._corked(len(injections) > 1, lambda: self.injector.publish_all(injections))
+
+    def _corked(self, several: bool, write: Callable[[], None]) -> None:
+        sock = self._watched if several and self._loop is not None else None
         corked = sock is not None and _set_cork(sock, True)
         try:
-            self.injector.publish_all(injections)
+            write()
         finally:
             if corked and sock is self._watched:  # not if the connection dropped meanwhile
                 _set_cork(sock, False)

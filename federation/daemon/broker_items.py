@@ -130,6 +130,18 @@ BrokerItem = (LogLine | Publication | PublicationRun | Connected | ConnectRefuse
               | Subscribed | SubscriptionCount)
 
 
+def split_oversized_runs(batch: list[BrokerItem], limit: int) -> list[BrokerItem]:
+    """`batch` itself, or with each `PublicationRun` that holds a payload above `limit` as its `Publication`s
+    (the runtime refuses such a publication, and takes the rest, one at a time)."""
+    def oversized(item: BrokerItem) -> bool:
+        return isinstance(item, PublicationRun) and max(map(len, item.payloads), default=0) > limit
+
+    if not any(map(oversized, batch)):
+        return batch
+    return [each for item in batch
+            for each in (item.publications() if isinstance(item, PublicationRun) and oversized(item) else (item,))]
+
+
 class LoopHandOff:
     """Hand-over of items to the asyncio loop, in order, in batches.
 

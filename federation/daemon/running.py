@@ -58,6 +58,7 @@ from federation.daemon.broker_items import (
     Publication,
     PublicationRun,
     SubscriptionCount,
+    split_oversized_runs,
 )
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon.broker_subscriptions import BrokerSubscriptions
@@ -92,7 +93,7 @@ from federation.daemon.udp import (
 from federation.envelope.datagrams import Envelope
 from federation.protocol import events, wire
 from federation.protocol.node import Node
-from federation.protocol.types import Address, Event, Injection, InjectionRun, expand_runs
+from federation.protocol.types import Address, Event, Injection, expand_runs, only_runs
 
 log = logging.getLogger("federation.daemon")
 
@@ -131,13 +132,6 @@ REFUSAL_LOG_INTERVAL = 60.0
 """seconds between log lines about publications refused for their size (every one is counted)"""
 HOUSEKEEPING_INTERVAL = 1.0
 """seconds between looks at what ends with time in the broker's subscriptions (a resubscribe grace, over-delivery)"""
-
-
-def _with_oversized_runs_split(batch: list[BrokerItem], limit: int) -> list[BrokerItem]:
-    """`batch` with each `PublicationRun` holding a payload above `limit` as its `Publication`s."""
-    return [publication for item in batch
-            for publication in (item.publications() if type(item) is PublicationRun
-                                and max(map(len, item.payloads)) > limit else (item,))]
 
 
 class Running:
@@ -419,8 +413,7 @@ class Running:
         run: list[tuple[str, bytes]] = []
         run_qos = 0
         run_mids: list[int] = []
-        if any(type(item) is PublicationRun and max(map(len, item.payloads)) > limit for item in batch):
-            batch = _with_oversized_runs_split(batch, limit)  # those runs one at a time: the refusal is per message
+        batch = split_oversized_runs(batch, limit)  # such runs one at a time: a refusal is per publication
         try:
             for item in batch:
                 if type(item) is PublicationRun:  # plain ones, read as a run (LeanClient.lean_run)
@@ -673,8 +666,8 @@ class Running:
         made = node.injections_and_runs_to_make()
         # The usual pass of a receiving wrapper at QoS 0: runs only (none retained, with properties or QoS 1/2,
         # so nothing for `_prepare` or the journal), nothing held: written whole when nothing waits.
-        if not (made and self._only_runs(made) and not self.broker_subscriptions.hold.active
-                and self.flow.inject_runs(node, broker, made)):  # type: ignore[arg-type]  # `_only_runs`
+        runs = only_runs(made)
+        if not (runs and not self.broker_subscriptions.hold.active and self.flow.inject_runs(node, broker, runs)):
             injections = expand_runs(made)
             if injections:
                 injections = self._prepare(injections, now)
@@ -709,10 +702,6 @@ class Running:
                     self.saver.schedule()
             if self.event_log is not None:
                 self.event_log.write(emitted)
-
-    @staticmethod
-    def _only_runs(made: list[Injection | InjectionRun]) -> bool:
-        return all(type(item) is InjectionRun for item in made)
 
     def _prepare(self, injections: list[Injection], now: float) -> list[Injection]:
         """Expiry counted down, retained ones checked against the store (federation.daemon.retained); those not

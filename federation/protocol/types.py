@@ -94,6 +94,13 @@ class InjectionRun:
         return len(self.seqs)
 
 
+def only_runs(injections: list[Injection | InjectionRun]) -> list[InjectionRun]:
+    """`injections` if every one is an `InjectionRun`, else an empty list."""
+    if all(type(item) is InjectionRun for item in injections):
+        return injections  # type: ignore[return-value]  # checked: all are runs
+    return []
+
+
 def expand_runs(injections: list[Injection | InjectionRun]) -> list[Injection]:
     """`injections` with each `InjectionRun` as its `Injection`s, in order."""
     if not any(type(item) is InjectionRun for item in injections):

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from federation.daemon.broker import BrokerAdapter
+from federation.daemon.broker_items import BrokerItem, LogLine, Publication, PublicationRun, split_oversized_runs
 from federation.protocol.types import Address, Injection, InjectionRun, expand_runs
 
 from mqtt_bytes import adapter_on_socketpair, read_all
@@ -113,3 +115,34 @@ def test_the_runtime_writes_runs_whole_only_when_nothing_waits(case: str) -> Non
         # them through: no filter of theirs is waiting for a subscription)
         expected = ["f/1", "f/2", "f/3"] if case == "with an injection" else ["f/1", "f/2"]
         assert not fake.runs and [i.topic for i in fake.injections] == expected and not queued
+
+
+def test_a_run_holding_a_publication_above_the_limit_is_taken_one_at_a_time() -> None:
+    """The runtime refuses that one (counted, as a `Publication` of its own would be) and hands the rest to the node
+    in order; all are acknowledged to the broker."""
+    async def scenario() -> tuple[list[tuple[Any, ...]], list[list[tuple[int, int]]], int]:
+        wrapper = await started_wrapper()
+        limit = wrapper.node.settings.max_publication_bytes
+        calls: list[tuple[Any, ...]] = []
+        acknowledged: list[list[tuple[int, int]]] = []
+        wrapper.node.local_publish_run = (  # type: ignore[method-assign]
+            lambda run, now, qos=0: calls.append(("run", qos, [t for t, _ in run])) or [None] * len(run))
+        wrapper.broker.acknowledge = acknowledged.append  # type: ignore[method-assign]
+        try:
+            wrapper._on_broker_items([PublicationRun(["a/1", "a/2", "a/3", "a/4"],
+                                                     [b"x", b"y" * (limit + 1), b"z", b"w"], 1, [1, 2, 3, 4])])
+            refused = wrapper.node.drops["publication_too_large"]
+        finally:
+            wrapper.close()
+        return calls, acknowledged, refused
+
+    calls, acknowledged, refused = asyncio.run(scenario())
+    assert refused == 1
+    assert calls == [("run", 1, ["a/1", "a/3", "a/4"])]  # as for `Publication`s: the refusal does not end the run
+    assert acknowledged == [[(1, 1), (2, 1), (3, 1), (4, 1)]]
+
+
+def test_split_oversized_runs_leaves_other_batches_as_they_are() -> None:
+    batch: list[BrokerItem] = [PublicationRun(["a"], [b"12"], 0, []), LogLine("$SYS/broker/log/N", b"x")]
+    assert split_oversized_runs(batch, 2) is batch
+    assert split_oversized_runs(batch, 1) == [Publication("a", b"12", 0, False, None), batch[1]]
