@@ -238,12 +238,9 @@ class Injector:
                     break
                 stop += 1
             run = injections[index:stop]
-            packets = bytearray()
-            count = append_qos0_run(packets, [each.topic for each in run], [each.payload for each in run], retain)
-            if count:
-                self._send_qos0_run(client, packets, count)
-                # QoS 1/2 publications injected at QoS 0 (max_qos 0): written is all
-                self._outcomes += [(each.publication, True) for each in run[:count] if each.qos]
+            count = self._write_qos0_run(client, [each.topic for each in run], [each.payload for each in run], retain)
+            # QoS 1/2 publications injected at QoS 0 (max_qos 0): written is all
+            self._outcomes += [(each.publication, True) for each in run[:count] if each.qos]
             if count < len(run):
                 self.publish(run[count])  # a topic or size paho judges itself (and refuses)
                 count += 1
@@ -260,12 +257,18 @@ class Injector:
                 self.publish_all(run.injections())
             return
         for run in runs:
-            packets = bytearray()
-            count = append_qos0_run(packets, run.topics, run.payloads, False)
-            if count:
-                self._send_qos0_run(client, packets, count)
+            count = self._write_qos0_run(client, run.topics, run.payloads, False)
             if count < len(run):
                 self.publish_all(run.injections()[count:])
+
+    def _write_qos0_run(self, client: LeanClient, topics: list[str], payloads: list[bytes], retain: bool) -> int:
+        """QoS 0 PUBLISH packets for the leading (topic, payload) pairs `append_qos0_run` takes, built and written
+        with one `send`; how many (the next one, if any, is paho's to judge)."""
+        packets = bytearray()
+        count = append_qos0_run(packets, topics, payloads, retain)
+        if count:
+            self._send_qos0_run(client, packets, count)
+        return count
 
     def _send_qos0_run(self, client: LeanClient, run: bytearray, count: int) -> None:
         """`count` QoS 0 PUBLISH packets built in `run`, written with one `send`."""

@@ -147,7 +147,7 @@ class SeenCache:
         fresh = self.all_new(keys)
         if fresh is None:
             return False
-        self._newer |= fresh
+        self.take_new(fresh)
         return True
 
     def __contains__(self, key: Hashable) -> bool:

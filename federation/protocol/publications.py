@@ -270,10 +270,7 @@ class Publications:
         topics = {topic for topic, _payload in run}
         if _none_system(topics):  # the usual run: every one numbered a run at a time
             filters_of = {topic: publication_filters(matching(topic)) for topic in topics}  # read, never changed
-            seqs = range(seq + 1, seq + 1 + len(run))
-            self.injected.add_all([injected_base | seq for seq in seqs])  # the local broker has them already
-            self._outbox.counters["publications_originated"] += len(run)
-            identity.publication_seq = seq + len(run)
+            seqs = self._number_range(len(run))
             return ([(address, epoch, seq) for seq in seqs],
                     [(seq, topic, payload, filters_of[topic]) for seq, (topic, payload) in zip(seqs, run, strict=True)])
         injected_add = self.injected.add
@@ -290,6 +287,18 @@ class Publications:
         self._outbox.counters["publications_originated"] += len(numbered)
         identity.publication_seq = seq
         return made, numbered
+
+    def _number_range(self, count: int) -> range:
+        """The next `count` seqs of ours, numbered as `_number_run`'s loop numbers them: each marked as at the local
+        broker already, and counted as originated."""
+        identity = self._identity
+        address = identity.address
+        seqs = range(identity.publication_seq + 1, identity.publication_seq + 1 + count)
+        injected_base = self.streams.base(address.host, address.port, identity.epoch, None)
+        self.injected.add_all([injected_base | seq for seq in seqs])
+        self._outbox.counters["publications_originated"] += count
+        identity.publication_seq += count
+        return seqs
 
     def _originated_event(self, numbered: list[Numbered], qos: int, now: float) -> None:
         """The run event of the publications `_number_run` numbered (when publication events are on)."""
@@ -361,12 +370,7 @@ class Publications:
         identity, outbox = self._identity, self._outbox
         address, epoch = identity.address, identity.epoch
         payloads = [payload for _topic, payload in run]
-        count = len(run)
-        seqs = range(identity.publication_seq + 1, identity.publication_seq + 1 + count)
-        injected_base = self.streams.base(address.host, address.port, epoch, None)
-        self.injected.add_all([injected_base | seq for seq in seqs])  # the local broker has them already
-        outbox.counters["publications_originated"] += count
-        identity.publication_seq += count
+        seqs = self._number_range(len(run))
         seen_bases = StreamBases(self.streams, address, epoch)
         bases = [seen_bases[filter_] for filter_ in filters]
         if len(bases) == 1:

@@ -43,7 +43,7 @@ from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem, Publication, PublicationRun
 from federation.envelope.datagrams import Envelope
 from federation.protocol.node import Node
-from federation.protocol.types import Address, Event, Injection, InjectionRun, expand_runs
+from federation.protocol.types import Address, Event, Injection, expand_runs, only_runs
 
 A = Address("127.0.0.10", 10500)
 B = Address("127.0.0.11", 10500)
@@ -183,8 +183,8 @@ class Pipeline:
         for packet, source in opened:
             b.receive_packet(packet, source, now)
         made = b.injections_and_runs_to_make()
-        runs = [item for item in made if isinstance(item, InjectionRun)]
-        injections = expand_runs(made) if len(runs) < len(made) else []
+        runs = only_runs(made)  # as the runtime: runs whole only when the pass holds nothing else
+        injections = [] if runs else expand_runs(made)
         if qos:  # custody: the acknowledgements leave once the broker has the publications (here: at once)
             for injection in injections:
                 b.injection_done(injection.publication, now)
