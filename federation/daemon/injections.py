@@ -11,8 +11,9 @@ past PUBREC, and the broker delivers each once. A wrapper that is killed loses p
 that half on disk, as an MQTT client with file persistence keeps it, in a `RecordLog`
 (`injections.log` in the state directory, durable against a killed process when a write returns):
 
-- `started`, before the PUBLISH packets are queued: one record per injection, with what a PUBLISH needs to
-  be sent again (publication id, packet id, topic, payload, qos, retain, properties), in one write per run;
+- `started`, before the PUBLISH packets are queued: one record per injection, or per run of one stream's
+  injections, with what a PUBLISH needs to be sent again (publication id, packet id, topic, payload, qos,
+  retain, properties), in one write per run;
 - `released`, when the first PUBREC of a QoS 2 injection arrives and **before** our PUBREL is written: a
   restarted wrapper then sends the PUBREL again, not the PUBLISH (once the broker has completed a packet id,
   a PUBLISH with it is a new message, delivered again);
@@ -28,7 +29,9 @@ across restarts: an upstream wrapper that never got our acknowledgement sends it
 restart, and the daemon does not inject what the journal says is done (`is_completed`, counted as
 `duplicate_suppressed`; the protocol side will load these into the node's injection cache instead).
 
-Records (msgpack arrays): `["i", mid, host, port, epoch, seq, topic, payload, qos, retain, properties]`,
+Records (msgpack arrays): `["i", mid, host, port, epoch, seq, topic, payload, qos, retain, properties, filter]`
+(`["I", host, port, epoch, filter, [[mid, seq, topic, payload, qos, retain, properties], ...]]` for injections
+of one stream started together: one record for a run),
 `["r", mid]`, `["c", mid]` (finished; `["C", [mid, ...]]` for a pass's completions in one record), `["a", mid]`
 (abandoned: forgotten, not completed), and, written only by compaction, `["K", host, port, epoch, [seq, ...],
 filter]` (consecutive completed ids of one stream; an older journal's `["k", host, port, epoch, seq, filter]` holds
@@ -102,6 +105,29 @@ def _started(mid: int, injection: Injection) -> bytes:
                    injection.retain, injection.properties, injection.filter)
 
 
+def _run_of(item: tuple[int, Injection]) -> tuple[Address, int, str | None]:
+    """(origin, epoch, filter) of a started injection: what the injections of one `I` record share."""
+    (origin, epoch, _seq) = item[1].publication
+    return origin, epoch, item[1].filter
+
+
+def _started_records(injections: Sequence[tuple[int, Injection]]) -> list[tuple[bytes, int]]:
+    """The records of these, each with how many injections it holds: those of one stream that follow each other
+    as one `I` record (a run injected together: one msgpack call, not one each), one alone as its `i`."""
+    if len(injections) == 1:
+        return [(_started(*injections[0]), 1)]
+    records: list[tuple[bytes, int]] = []
+    for (origin, epoch, filter_), group in groupby(injections, _run_of):
+        stretch = list(group)
+        if len(stretch) == 1:
+            records.append((_started(*stretch[0]), 1))
+            continue
+        items = [[mid, injection.publication[2], injection.topic, injection.payload, injection.qos, injection.retain,
+                  injection.properties] for mid, injection in stretch]
+        records.append((_encode("I", origin.host, origin.port, epoch, filter_, items), len(items)))
+    return records
+
+
 class InjectionJournal:
     """The journal of one wrapper's QoS 1/2 injections (see the module docstring). Used on the loop's thread."""
 
@@ -144,6 +170,16 @@ class InjectionJournal:
                 injection = Injection(str(fields[6]), bytes(fields[7]), int(fields[8]), bool(fields[9]), properties,
                                       _publication(fields[2:6]), filter_)
                 self._start(mid, injection, len(record))
+            elif kind == "I":
+                origin = Address(str(fields[1]), int(fields[2]))
+                epoch = int(fields[3])
+                filter_ = fields[4] if isinstance(fields[4], str) else None
+                share = len(record) // max(1, len(fields[5]))
+                for mid, seq, topic, payload, qos, retain, properties in fields[5]:
+                    if properties is not None and not isinstance(properties, dict):
+                        raise ValueError("properties")
+                    self._start(int(mid), Injection(str(topic), bytes(payload), int(qos), bool(retain), properties,
+                                                    (origin, epoch, int(seq)), filter_), share)
             elif kind == "r":
                 self._release(int(fields[1]))
             elif kind == "c":
@@ -245,10 +281,14 @@ class InjectionJournal:
         """(mid, injection) about to be written to the broker: recorded, in one write, before they are."""
         if not injections:
             return
-        records = [_started(mid, injection) for mid, injection in injections]
-        self._append(records)
-        for (mid, injection), record in zip(injections, records, strict=True):
-            self._start(mid, injection, len(record))
+        records = _started_records(injections)
+        self._append([record for record, _ in records])
+        index = 0
+        for record, count in records:
+            share = len(record) // count  # for the compaction estimate
+            for mid, injection in injections[index:index + count]:
+                self._start(mid, injection, share)
+            index += count
 
     def released(self, mid: int) -> None:
         """The first PUBREC of a QoS 2 injection: recorded before our PUBREL is written."""

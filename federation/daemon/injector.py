@@ -248,6 +248,21 @@ class Injector:
         if reliable:
             self._send_reliable_run(client, reliable)
 
+    def one_write(self, injections: Sequence[Injection]) -> bool:
+        """`publish_all` would most likely write these with one `send`: all QoS 1/2 injected as such (one
+        `send_reliable` run), or all QoS 0 without properties and of one retain flag (one QoS 0 run). Then
+        corking the socket around them (two system calls) gains nothing. A run `send_reliable` leaves partly
+        to `publish` (no room in flight, a topic paho judges) may still take more writes, uncorked."""
+        if not isinstance(self.client, LeanClient) or not injections:
+            return False
+        if self.max_qos:
+            if all(injection.qos for injection in injections):
+                return True
+            if any(injection.qos for injection in injections):
+                return False
+        first = injections[0].retain
+        return not any(injection.properties or injection.retain != first for injection in injections)
+
     def publish_runs(self, runs: Sequence[InjectionRun]) -> None:
         """QoS 0 runs (`InjectionRun`), in order: each one buffer of PUBLISH packets, one `send`; what a run holds
         that paho must judge (`append_qos0_run` stops there) goes through `publish_all` with the rest of it."""

@@ -113,6 +113,15 @@ class Custody:
             self._origin_open[publication] = self._origin_open.get(publication, 0) + 1
         return entry
 
+    def settle_all(self, opened: list[Entry]) -> None:
+        """`settle` for each (the entries of a run, after it was routed)."""
+        entries = self.entries
+        for entry in opened:
+            if not entry.copies and not entry.held and not entry.inject:
+                message = entry.message
+                if entries.get(((message.origin, message.epoch, message.seq), message.filter)) is entry:
+                    self._close(entry)
+
     def release_now(self, publication: PublicationId) -> None:
         """Our own publication that no filter carries: nothing to wait for."""
         if publication not in self._origin_open:
@@ -165,14 +174,18 @@ class Custody:
 
     # ------------------------------------------------------------ obligations
 
-    def copies_sent(self, message: TopicMessage, transports: list[Address]) -> bool:
-        """Copies of a (publication, filter) were sent to `transports`: obligations of its entry if it is open
-        (True), else copies nobody waits for (False: a replay of a publication already delivered)."""
-        entry = self.entries.get((message.publication, message.filter))
-        if entry is None:
-            return False
-        entry.copies.update(transports)
-        return True
+    def copies_sent_all(self, messages: list[TopicMessage], transports: list[Address]) -> list[bool]:
+        """Copies of these (publication, filter)s were sent to `transports`: for each, obligations of its entry if
+        it is open (True), else copies nobody waits for (False: a replay of a publication already delivered)."""
+        entries, owned = self.entries, []
+        for message in messages:
+            entry = entries.get(((message.origin, message.epoch, message.seq), message.filter))
+            if entry is None:
+                owned.append(False)
+            else:
+                entry.copies.update(transports)
+                owned.append(True)
+        return owned
 
     def copy_done(self, transport: Address, publication: PublicationId, filter_: str) -> None:
         """The next hop acknowledged our copy, has the publication itself, or our copy was routed elsewhere

@@ -123,9 +123,7 @@ class ReliableDelivery:
             messages = [entry.message for entry in taken]
             reliable.remember_run(messages, sender, now)
             furthest = max(furthest, publications.take_run(messages, announced, now))
-            settle = custody.settle
-            for entry in taken:
-                settle(entry)  # acknowledged now if it owes nothing
+            custody.settle_all(taken)  # acknowledged now if it owes nothing
         return furthest
 
     def _failed_over_to_us(self, message: TopicMessage, entry: Entry | None, sender: Address, announced: Address,
@@ -181,11 +179,11 @@ class ReliableDelivery:
 
     # ------------------------------------------------------------ what the parts hand back
 
-    def track(self, message: TopicMessage, transports: list[Address]) -> None:
-        """QoS 1/2 copies sent now (by the mesh, or replayed): retransmitted until acknowledged, and obligations
-        of their custody entry when it is open."""
+    def track(self, messages: list[TopicMessage], transports: list[Address]) -> None:
+        """QoS 1/2 copies sent now to `transports` (by the mesh, or replayed; a run at once): retransmitted until
+        acknowledged, and obligations of their custody entries when open."""
         reliable, _, _ = self._parts
-        reliable.track(message, transports, self.custody.copies_sent(message, transports))
+        reliable.track_all(messages, transports, self.custody.copies_sent_all(messages, transports))
 
     def route_again(self, message: TopicMessage, transport: Address, now: float) -> bool:
         """Reliable forwarding hands back a copy in custody whose next hop is down (out of its table): keep it for

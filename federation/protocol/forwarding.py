@@ -201,10 +201,10 @@ class PublicationRouting(TopicTable):
         if outgoing.qos:
             down = decision.down
             if down:  # kept for mesh neighbours that are down: sent when they come back
-                self._track(outgoing, down)
+                self._track([outgoing], down)
             if not transports:
                 return HELD if down else self._hold(state, message, None, now)
-            self._track(outgoing, transports)  # retransmitted until the next hop acknowledges it
+            self._track([outgoing], transports)  # retransmitted until the next hop acknowledges it
         else:
             if decision.lost:  # QoS 0 copies for mesh neighbours that went down before the routes were recomputed
                 outbox.drop("mesh_copy_neighbour_down", decision.lost)
@@ -271,12 +271,9 @@ class PublicationRouting(TopicTable):
         if mode != first.mode or hops != first.hops:
             messages = [TopicMessage(m.filter, m.origin, m.epoch, m.seq, mode, hops, m.topic, m.payload, m.qos,
                                      False, None, m.prev) for m in messages]
-        track = self._track
-        down = decision.down
-        for message in messages:
-            if down:  # kept for mesh neighbours that are down: sent when they come back
-                track(message, down)
-            track(message, transports)  # retransmitted until the next hop acknowledges it
+        # Each copy retransmitted until its next hop acknowledges it; those for mesh neighbours that are down kept
+        # for them, sent when they come back (each publication's copies tracked together, as `route` does).
+        self._track(messages, [*decision.down, *transports] if decision.down else transports)
         outbox = self._outbox
         outbox.send_run(messages, transports)
         outbox.counters["publications_forwarded"] += len(messages)

@@ -407,7 +407,7 @@ class Publications:
         seen_add = self.seen.add
         last_sent, own_open, open_entry = self.last_sent, custody.own_open, custody.open
         runs: dict[str, list[TopicMessage]] = {}
-        entries: list[Entry] = []
+        entries: list[Entry] = []  # opened as each is made: the next one's `prev` asks whether it is still open
         for seq, topic, payload, filters in numbered:
             if not filters:
                 custody.release_now((address, epoch, seq))  # no filter carries it: nothing to wait for
@@ -434,9 +434,7 @@ class Publications:
         route_run, states = router.route_run, router.topics
         for filter_, messages in runs.items():
             route_run(states[filter_], messages, None, now)
-        settle = custody.settle
-        for entry in entries:
-            settle(entry)
+        custody.settle_all(entries)
         if len(last_sent) > 2 * len(states) + 64:  # filters long gone
             self.last_sent = {f: p for f, p in last_sent.items() if f in states}
         return made

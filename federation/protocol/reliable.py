@@ -99,7 +99,7 @@ RouteAgain = Callable[[TopicMessage, Address, float], bool]
 """the node's answer for a copy in custody whose next hop (the transport) is down, called with the copy out of
 the table: True to keep it for that neighbour (still a mesh neighbour of the filter, or routed to it again),
 False when the publication was routed again elsewhere (or held) and that copy is settled"""
-Track = Callable[[TopicMessage, list[Address]], None]
+Track = Callable[[list[TopicMessage], list[Address]], None]
 """the node's `track`: remembers copies sent now, here and in custody"""
 
 
@@ -177,25 +177,27 @@ class ReliableForwarding:
 
     # ------------------------------------------------------------ sending side
 
-    def track(self, message: TopicMessage, transports: list[Address], owned: bool) -> None:
-        """Remember copies of a QoS >= 1 `tm` sent now (by whoever sends them), until acknowledged; `owned`: they
-        are obligations of the (publication, filter)'s custody entry."""
-        publication = message.publication
-        unacked, fresh = self.unacked, self._fresh
-        for transport in transports:
-            key = (transport, publication, message.filter)
-            entry = unacked.pop(key, None)
-            if entry is None:
-                entry = Unacked(transport, message, owned)
-                if not owned:
-                    self.orphans[key] = None
-            else:  # sent again by routing (a reroute, a replay): start over
-                entry.message, entry.retransmissions, entry.due, entry.reroute = message, 0, None, False
-                if owned and not entry.owned:
-                    entry.owned = True
-                    self.orphans.pop(key, None)
-            unacked[key] = entry
-            fresh.append(key)
+    def track_all(self, messages: list[TopicMessage], transports: list[Address], owned: list[bool]) -> None:
+        """Remember copies of QoS >= 1 `tm`s sent now to `transports` (by whoever sends them), until acknowledged;
+        `owned[i]`: those of `messages[i]` are obligations of its (publication, filter)'s custody entry."""
+        unacked, fresh, orphans = self.unacked, self._fresh, self.orphans
+        for message, mine in zip(messages, owned, strict=True):
+            publication = (message.origin, message.epoch, message.seq)
+            filter_ = message.filter
+            for transport in transports:
+                key = (transport, publication, filter_)
+                entry = unacked.pop(key, None)
+                if entry is None:
+                    entry = Unacked(transport, message, mine)
+                    if not mine:
+                        orphans[key] = None
+                else:  # sent again by routing (a reroute, a replay): start over
+                    entry.message, entry.retransmissions, entry.due, entry.reroute = message, 0, None, False
+                    if mine and not entry.owned:
+                        entry.owned = True
+                        orphans.pop(key, None)
+                unacked[key] = entry
+                fresh.append(key)
         if len(unacked) > self.settings.max_unacked:
             self._evict_orphans()
 
@@ -504,7 +506,7 @@ class ReliableForwarding:
                 prev = position if prev is None or prev < position else prev
             copy = replace(message, mode=MODE_IN_MESH, hops=message.hops + 1, prev=prev)
             before = message
-            self._track(copy, [transport])
+            self._track([copy], [transport])
             copies.append(copy)
         outbox = self._outbox
         run: list[TopicMessage] = []

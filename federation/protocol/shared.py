@@ -65,7 +65,7 @@ from federation.protocol.wire import MODE_TO_MEMBER, SHARED_GROUPS, TOPIC_MESSAG
 from federation.protocol.wire_types import SharedGroups as Announcement
 from federation.protocol.wire_types import TopicMessage
 
-TrackCopies = Callable[[TopicMessage, list[Address]], None]
+TrackCopies = Callable[[list[TopicMessage], list[Address]], None]
 """QoS 1/2 copies sent (or kept for next hops that are down): retransmitted until acknowledged, in custody"""
 Group = tuple[str, str]
 """(group name, filter)"""
@@ -297,7 +297,7 @@ class SharedGroups:
         transport = self._next_hop(target, from_announced)
         if transport is None:  # only next hops that are down: kept for them, routed again with the routes
             if outgoing.qos:
-                self._track(outgoing, self._hops_down(target)[:1])
+                self._track([outgoing], self._hops_down(target)[:1])
             else:
                 self._outbox.drop("publication_no_route", event=events.PUBLICATION_DROPPED, now=now,
                                   pub=publication_text(message.publication), filter=message.filter,
@@ -305,7 +305,7 @@ class SharedGroups:
             return NOT_SENT
         outbox = self._outbox
         if outgoing.qos:
-            self._track(outgoing, [transport])
+            self._track([outgoing], [transport])
         outbox.send(TOPIC_MESSAGE, outgoing, [transport])
         outbox.counters["shared_copies_forwarded"] += 1
         if outbox.publication_events:

@@ -40,7 +40,7 @@ from federation.protocol.wire_types import TopicCore, TopicMessage
 ClaimKey = tuple[int, int, BrokerId]
 """(0 for the owner else 1, -capability or -rendezvous weight or 0, id): the lowest key is the best claim"""
 
-Track = Callable[[TopicMessage, list[Address]], None]
+Track = Callable[[list[TopicMessage], list[Address]], None]
 """the node's `track`: called with every QoS 1/2 copy the mesh sends, and where it went (reliable forwarding
 retransmits it, custody waits for it)"""
 HoldChange = Callable[[TopicMessage], None]

@@ -133,9 +133,30 @@ def test_a_pass_of_completions_is_one_record_and_reads_back(tmp_path: Path) -> N
     journal.finished([20, 99])  # one known, one not: a plain `c` record
     journal.close()
     records = RecordLog(path).loaded()
-    assert len(records) == 20 + 2  # the `i` records, one `C` for 19 completions, one `c`
+    assert len(records) == 1 + 2  # one `I` for the run started together, one `C` for 19 completions, one `c`
     again = reopen(path)
     assert not again.in_flight() and all(again.is_completed(injection(mid).publication) for mid in range(1, 21))
+
+
+def test_a_run_of_several_streams_is_a_record_per_stretch_of_one_and_reads_back_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "injections.log"
+    journal = reopen(path)
+    other = Address("10.0.0.8", 10500)
+    started = [(1, Injection("a/1", b"1", 1, False, None, (ORIGIN, 7, 1), "a/#")),
+               (2, Injection("a/2", b"2", 2, True, {"content_type": "x"}, (ORIGIN, 7, 2), "a/#")),
+               (3, Injection("b/1", b"3", 1, False, None, (other, 4, 1), "b/#")),
+               (4, Injection("a/3", b"4", 1, False, None, (ORIGIN, 7, 3), "a/#")),
+               (5, Injection("a/4", b"5", 1, False, None, (ORIGIN, 8, 1), "a/#"))]  # a new epoch: another stream
+    journal.started(started)
+    journal.released(2)
+    journal.close()
+    kinds = [msgpack.unpackb(record)[0] for record in RecordLog(path).loaded()]
+    assert kinds == ["I", "i", "i", "i", "r"]  # a record per stretch of one stream; a stretch of one stays `i`
+    again = reopen(path)
+    assert [(entry.mid, entry.injection, entry.released) for entry in again.in_flight()] == [
+        (mid, each, mid == 2) for mid, each in started]
+    assert again.stream_positions() == {(ORIGIN, "a/#"): (8, 1), (other, "b/#"): (4, 1)}
+    assert again.live_bytes() > 0
 
 
 def test_a_compacted_journal_of_an_older_release_still_reads(tmp_path: Path) -> None:

@@ -146,3 +146,44 @@ def test_split_oversized_runs_leaves_other_batches_as_they_are() -> None:
     batch: list[BrokerItem] = [PublicationRun(["a"], [b"12"], 0, []), LogLine("$SYS/broker/log/N", b"x")]
     assert split_oversized_runs(batch, 2) is batch
     assert split_oversized_runs(batch, 1) == [Publication("a", b"12", 0, False, None), batch[1]]
+
+
+
+def test_the_socket_is_corked_only_for_injections_that_take_several_writes(
+        adapter, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    adapter_, peer = adapter
+    corks: list[bool] = []
+    monkeypatch.setattr("federation.daemon.broker._set_cork", lambda sock, on: corks.append(on) or True)
+    writes: list[str] = []  # each of these puts its buffer on the socket with one write
+    client = adapter_.client
+
+    def counting(name: str) -> Any:
+        real = getattr(client, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            writes.append(name)
+            return real(*args, **kwargs)
+        return counted
+
+    for name in ("send_qos0", "send_reliable", "publish"):
+        monkeypatch.setattr(client, name, counting(name))
+
+    def injection(index: int, qos: int, retain: bool = False) -> Injection:
+        return Injection(f"f/{index}", b"p%d" % index, qos, retain, None, (ORIGIN, 7, index), "f/#")
+
+    reliable = [injection(index, 1) for index in range(10)]
+    assert adapter_.injector.one_write(reliable)
+    adapter_.publish_all(reliable)
+    assert corks == [] and writes == ["send_reliable"]  # one run, one write: no cork around it
+
+    plain = [injection(index, 0) for index in range(10, 20)]
+    assert adapter_.injector.one_write(plain)
+    adapter_.publish_all(plain)
+    assert corks == [] and writes[1:] == ["send_qos0"]
+
+    mixed = [injection(20, 0), injection(21, 1), injection(22, 0, retain=True)]
+    assert not adapter_.injector.one_write(mixed)
+    adapter_.publish_all(mixed)
+    assert corks == [True, False] and writes[2:] == ["send_qos0", "send_reliable", "send_qos0"]  # corked together
+    assert adapter_.injected == 23 and adapter_.inject_failed == 0
+    assert read_all(peer).count(b"f/") == 23

@@ -292,7 +292,7 @@ def test_two_nodes_that_are_each_others_upstream_and_next_hop_do_not_deadlock() 
     for index, other in ((0, 1), (1, 0)):
         node = harness.nodes[index]
         node.custody.open(message, address(other))
-        node.delivery.track(message, [address(other)])
+        node.delivery.track([message], [address(other)])
         node.outbox.send(wire.TOPIC_MESSAGE, message, [address(other)])
         harness.flush(index)
     harness.run(harness.now + 10)
