@@ -114,10 +114,10 @@ class Custody:
         return entry
 
     def settle_all(self, opened: list[Entry]) -> None:
-        """`settle` for each (the entries of a run, after it was routed)."""
+        """`settle` for each (the entries of a run, after it was routed: one call for the run)."""
         entries = self.entries
         for entry in opened:
-            if not entry.copies and not entry.held and not entry.inject:
+            if not entry.copies and not entry.held and not entry.inject:  # `entry.done`, without a call each
                 message = entry.message
                 if entries.get(((message.origin, message.epoch, message.seq), message.filter)) is entry:
                     self._close(entry)
@@ -129,8 +129,7 @@ class Custody:
 
     def settle(self, entry: Entry) -> None:
         """Close the entry if it owes nothing any more (after the input that opened or changed it)."""
-        if entry.done and self.entries.get((entry.message.publication, entry.message.filter)) is entry:
-            self._close(entry)
+        self.settle_all([entry])
 
     def _close(self, entry: Entry) -> None:
         message = entry.message

@@ -1,9 +1,9 @@
 """`python -m federation.tools.bench.hotpath`: CPU per message through each stage of a wrapper's data path.
 
 Theory of operation: a federated publication costs one wrapper (A) a paho
-receive, `Node.local_publish_run` (QoS 0: a burst as one run, sent as `tb`,
-as the runtime hands it over; QoS 1: `Node.local_publish` each) and the
-envelope's batching, and the next wrapper (B) the envelope's checks,
+receive, `Node.local_publish_run` (a burst as one run, as the runtime hands
+it over: sent as `tb` at QoS 0, as `tq` with each publication in custody at
+QoS 1) and the envelope's batching, and the next wrapper (B) the envelope's checks,
 `Node.receive_packet` (with `Node.injection_done` for QoS 1, whose
 acknowledgements wait for it) and a paho publish; both write events to the
 event log. The end-to-end benchmark
