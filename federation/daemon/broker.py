@@ -339,9 +339,9 @@ class BrokerAdapter:
 
     def publish_all(self, injections: Sequence[Injection]) -> None:
         """Publish several, in order (`Injector.publish_all`); on a loop, corked (TCP_CORK), so the broker gets
-        them in as few segments as fit (not when they take one write anyway: `Injector.one_write`)."""
-        several = len(injections) > 1 and not self.injector.one_write(injections)
-        self._corked(several, lambda: self.injector.publish_all(injections))
+        them in as few segments as fit (not when they take one write anyway: `Injector.plan`)."""
+        planned = self.injector.plan(injections)
+        self._corked(len(planned) > 1, lambda: self.injector.write_planned(planned))
 
     def _corked(self, several: bool, write: Callable[[], None]) -> None:
         sock = self._watched if several and self._loop is not None else None

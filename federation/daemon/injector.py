@@ -52,6 +52,12 @@ log = logging.getLogger("federation.daemon.broker")
 
 REFUSED = 0x80
 """reason codes from this one up say the broker refused a publication (MQTT 5 section 2.4)"""
+WriteKind = str
+RELIABLE_RUN: WriteKind = "reliable run"
+QOS0_RUN: WriteKind = "qos0 run"
+ALONE: WriteKind = "alone"
+"""how `Injector.plan` writes a part of a batch (`Injector.write_planned`)"""
+
 REFUSAL_LOG_INTERVAL = 60.0
 """seconds between log lines about injections the broker refused (every one is counted)"""
 
@@ -208,60 +214,60 @@ class Injector:
     def publish_all(self, injections: Sequence[Injection]) -> None:
         """Publish several, in order: runs of QoS 0 ones without properties as one buffer, runs of QoS 1/2 ones
         with `LeanClient.send_reliable`; the rest, and everything with paho's public API, with `publish`."""
-        client = self.client
-        if not isinstance(client, LeanClient):
-            for injection in injections:
-                self.publish(injection)
-            return
+        self.write_planned(self.plan(injections))
+
+    def plan(self, injections: Sequence[Injection]) -> list[tuple[WriteKind, Sequence[Injection]]]:
+        """How `publish_all` writes `injections`, in order: (kind, injections) per write. A run of QoS 1/2 ones
+        (`RELIABLE_RUN`: `send_reliable`), a run of QoS 0 ones without properties and of one retain flag
+        (`QOS0_RUN`: one buffer), or one alone with paho's `publish` (`ALONE`). One entry: one write, nothing to
+        cork around (what `send_reliable` leaves to `publish`, or a topic paho judges, may still take more)."""
+        if not isinstance(self.client, LeanClient):
+            return [(ALONE, (injection,)) for injection in injections]
         max_qos = self.max_qos
-        reliable: list[Injection] = []
+        planned: list[tuple[WriteKind, Sequence[Injection]]] = []
         index, total = 0, len(injections)
         while index < total:
             injection = injections[index]
-            if injection.qos and max_qos:
-                reliable.append(injection)
+            reliable = bool(injection.qos and max_qos)
+            if not reliable and injection.properties:
+                planned.append((ALONE, (injection,)))
                 index += 1
                 continue
-            if reliable:
-                self._send_reliable_run(client, reliable)
-                reliable = []
-            if injection.properties:
-                self.publish(injection)
-                index += 1
-                continue
-            # A run injected at QoS 0 without properties, of one retain flag: built whole (mqtt_runs).
             retain = injection.retain
             stop = index + 1
             while stop < total:
                 following = injections[stop]
-                if (following.qos and max_qos) or following.properties or following.retain != retain:
+                if reliable != bool(following.qos and max_qos) \
+                        or (not reliable and (following.properties or following.retain != retain)):
                     break
                 stop += 1
-            run = injections[index:stop]
+            planned.append((RELIABLE_RUN if reliable else QOS0_RUN, injections[index:stop]))
+            index = stop
+        return planned
+
+    def write_planned(self, planned: list[tuple[WriteKind, Sequence[Injection]]]) -> None:
+        """Write what `plan` made, in order."""
+        client = self.client
+        for kind, injections in planned:
+            if kind is ALONE or not isinstance(client, LeanClient):
+                for injection in injections:
+                    self.publish(injection)
+            elif kind is RELIABLE_RUN:
+                self._send_reliable_run(client, injections)
+            else:
+                self._write_qos0_injections(client, injections)
+
+    def _write_qos0_injections(self, client: LeanClient, run: Sequence[Injection]) -> None:
+        """A `QOS0_RUN`: built whole (mqtt_runs), but for a topic or size paho judges itself (and refuses)."""
+        retain = run[0].retain
+        while run:
             count = self._write_qos0_run(client, [each.topic for each in run], [each.payload for each in run], retain)
             # QoS 1/2 publications injected at QoS 0 (max_qos 0): written is all
             self._outcomes += [(each.publication, True) for each in run[:count] if each.qos]
             if count < len(run):
-                self.publish(run[count])  # a topic or size paho judges itself (and refuses)
+                self.publish(run[count])
                 count += 1
-            index += count
-        if reliable:
-            self._send_reliable_run(client, reliable)
-
-    def one_write(self, injections: Sequence[Injection]) -> bool:
-        """`publish_all` would most likely write these with one `send`: all QoS 1/2 injected as such (one
-        `send_reliable` run), or all QoS 0 without properties and of one retain flag (one QoS 0 run). Then
-        corking the socket around them (two system calls) gains nothing. A run `send_reliable` leaves partly
-        to `publish` (no room in flight, a topic paho judges) may still take more writes, uncorked."""
-        if not isinstance(self.client, LeanClient) or not injections:
-            return False
-        if self.max_qos:
-            if all(injection.qos for injection in injections):
-                return True
-            if any(injection.qos for injection in injections):
-                return False
-        first = injections[0].retain
-        return not any(injection.properties or injection.retain != first for injection in injections)
+            run = run[count:]
 
     def publish_runs(self, runs: Sequence[InjectionRun]) -> None:
         """QoS 0 runs (`InjectionRun`), in order: each one buffer of PUBLISH packets, one `send`; what a run holds

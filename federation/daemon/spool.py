@@ -205,22 +205,22 @@ class Spool:
             return
         self.log.append(_records(publications))
         entries, added = self.entries, 0
-        for publication in publications:  # `_keep` each, without a call each
+        for publication in publications:  # `_keep` each, the byte count updated once
             key = (publication.epoch, publication.seq)
             if key not in entries:
                 entries[key] = publication
-                added += len(publication.payload) + len(publication.topic) + ENTRY_OVERHEAD
+                added += publication.size
         self.live_bytes += added
         self._update_pause()
 
     def release(self, keys: Iterable[SpoolId]) -> int:
         """Custody complete (or the publication dropped): forget these; returns how many were held."""
         entries, released, freed = self.entries, [], 0
-        for key in keys:  # `_forget` each, without a call each
+        for key in keys:  # `_forget` each, the byte count updated once
             entry = entries.pop(key, None)
             if entry is not None:
                 released.append(key)
-                freed += len(entry.payload) + len(entry.topic) + ENTRY_OVERHEAD
+                freed += entry.size
         self.live_bytes -= freed
         if released:
             by_epoch: dict[int, list[int]] = {}

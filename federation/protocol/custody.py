@@ -117,7 +117,7 @@ class Custody:
         """`settle` for each (the entries of a run, after it was routed: one call for the run)."""
         entries = self.entries
         for entry in opened:
-            if not entry.copies and not entry.held and not entry.inject:  # `entry.done`, without a call each
+            if entry.done:
                 message = entry.message
                 if entries.get(((message.origin, message.epoch, message.seq), message.filter)) is entry:
                     self._close(entry)

@@ -172,17 +172,17 @@ def test_the_socket_is_corked_only_for_injections_that_take_several_writes(
         return Injection(f"f/{index}", b"p%d" % index, qos, retain, None, (ORIGIN, 7, index), "f/#")
 
     reliable = [injection(index, 1) for index in range(10)]
-    assert adapter_.injector.one_write(reliable)
+    assert len(adapter_.injector.plan(reliable)) == 1
     adapter_.publish_all(reliable)
     assert corks == [] and writes == ["send_reliable"]  # one run, one write: no cork around it
 
     plain = [injection(index, 0) for index in range(10, 20)]
-    assert adapter_.injector.one_write(plain)
+    assert len(adapter_.injector.plan(plain)) == 1
     adapter_.publish_all(plain)
     assert corks == [] and writes[1:] == ["send_qos0"]
 
     mixed = [injection(20, 0), injection(21, 1), injection(22, 0, retain=True)]
-    assert not adapter_.injector.one_write(mixed)
+    assert len(adapter_.injector.plan(mixed)) == 3
     adapter_.publish_all(mixed)
     assert corks == [True, False] and writes[2:] == ["send_qos0", "send_reliable", "send_qos0"]  # corked together
     assert adapter_.injected == 23 and adapter_.inject_failed == 0
