@@ -14,9 +14,11 @@ from federation.tools.bench.setups import WRAPPER_LOG_TYPES, SetupSpec, bench_co
 from federation.tools.bench.stats import RunSummary
 
 
-def summary(rate: float, p50: float, p99: float, lost: int = 0, wrapper_cpu: float = 0.0) -> RunSummary:
+def summary(rate: float, p50: float, p99: float, lost: int = 0, wrapper_cpu: float = 0.0,
+            idle: float = 0.25) -> RunSummary:
     return RunSummary(sent=1000, delivered=1000 - lost, lost=lost, duplicates=0, unexpected=0, rate=rate,
-                      p50_ms=p50, p90_ms=p50, p99_ms=p99, max_ms=p99, cpu_wrappers_s=wrapper_cpu)
+                      p50_ms=p50, p90_ms=p50, p99_ms=p99, max_ms=p99, cpu_wrappers_s=wrapper_cpu,
+                      cpu_clients_s=0.4, idle_fraction=idle)
 
 
 def sample_results() -> Results:
@@ -39,6 +41,7 @@ def test_tables_quote_medians_ratios_and_added_latency_per_hop() -> None:
     assert "| 100,000 | 0 / 0 | 1,000 | 0.10 / 0.10 / 0.50 |" in rows["single"]  # median of 50k, 100k, 150k
     assert "(1 failed)" in rows["federation-2"]
     assert "0.500 \\| 0.500" in rows["federation-2"]  # wrapper CPU s per 1000 messages, paced | max
+    assert rows["federation-2"].endswith(" | 0.400 | 25% |")  # the clients' CPU s per 1000 messages, machine idle
     ratio_row = next(line for line in text.splitlines() if line.startswith("| 0 | 64 B | 2 | federation-2 |"))
     cells = [cell.strip() for cell in ratio_row.strip("|").split(" | ")]
     assert cells[4:8] == ["0.50", "0.30", "2.00", "1.88"]  # ours/bridge, ours/single, p50 and p99 ours/bridge

@@ -40,6 +40,7 @@ def test_short_benchmark_delivers_everything_once_and_reports(tmp_path: Path,
         assert summary is not None, run
         assert (summary["lost"], summary["duplicates"], summary["unexpected"]) == (0, 0, 0), run
         assert summary["p50_ms"] > 0
+        assert summary["cpu_clients_s"] > 0 and 0.0 <= summary["idle_fraction"] <= 1.0, run
     added = [run["summary"] for run in runs if run["setup"] in ("federation-2", "relay-2")]
     assert len(added) == 4 and all(summary["cpu_wrappers_s"] > 0 for summary in added)
     assert "Ratios" in printed and (out / "tables.md").exists()

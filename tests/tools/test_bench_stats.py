@@ -103,9 +103,13 @@ def test_summarize_with_nothing_delivered() -> None:
 
 def test_cpu_per_thousand_messages() -> None:
     received = [Received(seq, SENT_NS, SENT_NS + 1000) for seq in range(2000)]
-    summary = summarize(received, sent=2000, cpu_wrappers_s=0.5, cpu_brokers_s=0.1)
+    summary = summarize(received, sent=2000, cpu_wrappers_s=0.5, cpu_brokers_s=0.1, cpu_clients_s=0.3,
+                        idle_fraction=0.04)
     assert summary.wrapper_cpu_per_1000 == pytest.approx(0.25)
     assert summary.broker_cpu_per_1000 == pytest.approx(0.05)
+    assert summary.client_cpu_per_1000 == pytest.approx(0.15)
+    assert summary.idle_fraction == 0.04
+    assert math.isnan(summarize(received, sent=2000).idle_fraction)  # not measured
 
 
 def _summary(rate: float, p50: float, lost: int = 0) -> RunSummary:

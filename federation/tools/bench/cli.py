@@ -154,7 +154,8 @@ def _run_setup(spec: SetupSpec, subnet: int, workdir: Path, round_: int, round_c
             results.add(spec.name, case.qos, case.size, case.rate, round_, summary)
             print(f"round {round_} {spec.name:13} {case.label:18} delivered {summary.rate:9,.0f} msg/s  "
                   f"lost {summary.lost:6}  dup {summary.duplicates:4}  p50 {summary.p50_ms:8.2f} ms  "
-                  f"p99 {summary.p99_ms:8.2f} ms  wrappers {summary.wrapper_cpu_per_1000:.3f} CPU s/1000"
+                  f"p99 {summary.p99_ms:8.2f} ms  wrappers {summary.wrapper_cpu_per_1000:.3f} CPU s/1000  "
+                  f"idle {100 * summary.idle_fraction:3.0f}%"
                   + "".join(f"  {reason} {count}" for reason, count in summary.wrapper_drops.items()),
                   flush=True)
     finally:

@@ -78,6 +78,10 @@ def _ms(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:,.0f}"
 
 
+def _percent(fraction: float) -> str:
+    return "-" if math.isnan(fraction) else f"{100 * fraction:.0f}%"
+
+
 def _counts(row: dict[str, float] | None) -> str:
     """loss / duplicates over all rounds, and failed runs if any."""
     if row is None:
@@ -122,6 +126,7 @@ def tables(results: Results) -> str:
             header += [f"{label}: delivered msg/s", f"{label}: p50 / p90 / p99 ms", f"{label}: loss / dup"]
         first = f"{rates[0]:,.0f}/s" if rates else "max"
         header += [f"wrappers CPU s / 1000 msgs ({first} \\| max)", f"brokers CPU s / 1000 msgs ({first} \\| max)"]
+        header += ["clients CPU s / 1000 msgs (max)", "machine idle (max)"]
         out.append("| " + " | ".join(header) + " |")
         out.append("|" + "---|" * len(header))
         for setup in setups:
@@ -145,6 +150,8 @@ def tables(results: Results) -> str:
                     row.append("-")
                     continue
                 row.append(f"{_num(paced_row.get(name, math.nan), 3)} \\| {_num((top or {}).get(name, math.nan), 3)}")
+            row.append(_num((top or {}).get("client_cpu_per_1000", math.nan), 3))
+            row.append(_percent((top or {}).get("idle_fraction", math.nan)))
             out.append("| " + " | ".join(row) + " |")
         out.append("")
     out.append(ratio_table(combined, setups, variants, rates))

@@ -15,9 +15,11 @@ A run has three phases:
    probe has arrived or never will (the path is FIFO); the probes seen are
    counted, so the measured lines can be counted by file size alone;
 2. measure: `count` messages at `rate` per second (None: as fast as the pipe
-   takes them), with the CPU time of the brokers and wrappers read before;
+   takes them), with the CPU time of the brokers, wrappers, clients and the
+   whole machine read before;
 3. drain: wait until every message arrived, or no line came for `SETTLE`
-   seconds (the rest is lost), then read the CPU times again.
+   seconds (the rest is lost), then read the CPU times again (the
+   publisher's when it has exited, before it is reaped).
 
 Each run uses its own topic, so a straggler of one run is never counted in
 another; a stray sequence number would show as `unexpected`.
@@ -26,6 +28,7 @@ another; a stray sequence number would show as `unexpected`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import subprocess
@@ -33,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from federation.tools.bench.setups import Setup, cpu_seconds, find_client
+from federation.tools.bench.setups import Setup, cpu_seconds, find_client, machine_cpu_seconds
 from federation.tools.bench.stats import RunSummary, output_line_size, parse_output, payload_line, probe_line, summarize
 from federation.tools.launch import BROKER_PORT, LaunchError, die_with_parent, poll
 
@@ -107,13 +110,17 @@ def run_case(setup: Setup, case: Case, topic: str, workdir: Path, keep_output: b
         probes_seen = _probe(setup, case, pipe, output, lines, subscriber, publisher, errors)
         pids = setup.wrapper_pids(), setup.broker_pids()
         cpu_before = [sum(cpu_seconds(pid) for pid in group) for group in pids]
+        clients_before = cpu_seconds(publisher.pid) + cpu_seconds(subscriber.pid)
+        machine_before = machine_cpu_seconds()
         drops_before = setup.wrapper_drops()
         first_send_ns = time.time_ns()
         publish_seconds = _publish(pipe, case)
         publisher.stdin.close()
-        _wait_publisher(publisher, errors)
+        publisher_cpu = _wait_publisher(publisher, errors)
         _drain(lines, probes_seen + case.count)
         cpu_after = [sum(cpu_seconds(pid) for pid in group) for group in pids]
+        clients_after = publisher_cpu + cpu_seconds(subscriber.pid)
+        machine_after = machine_cpu_seconds()
         drops = {reason: count - drops_before.get(reason, 0) for reason, count in setup.wrapper_drops().items()}
     finally:
         for process in (publisher, subscriber):
@@ -132,9 +139,12 @@ def run_case(setup: Setup, case: Case, topic: str, workdir: Path, keep_output: b
     if not keep_output:
         output.unlink(missing_ok=True)
         errors.unlink(missing_ok=True)
+    machine_all = machine_after[1] - machine_before[1]
     summary = summarize(received, case.count, first_send_ns, cpu_wrappers_s=cpu_after[0] - cpu_before[0],
                         cpu_brokers_s=cpu_after[1] - cpu_before[1], bad_lines=bad,
-                        publish_seconds=publish_seconds)
+                        publish_seconds=publish_seconds, cpu_clients_s=clients_after - clients_before,
+                        idle_fraction=1.0 - (machine_after[0] - machine_before[0]) / machine_all if machine_all > 0
+                        else math.nan)
     return dataclasses.replace(summary, wrapper_drops={reason: count for reason, count in sorted(drops.items())
                                                        if count})
 
@@ -195,14 +205,19 @@ def _publish(pipe: int, case: Case) -> float:
     return time.perf_counter() - start
 
 
-def _wait_publisher(publisher: subprocess.Popen[bytes], errors: Path) -> None:
-    try:
-        status = publisher.wait(PUBLISHER_EXIT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise LaunchError(f"mosquitto_pub did not finish within {PUBLISHER_EXIT_TIMEOUT:g} s") from None
+def _wait_publisher(publisher: subprocess.Popen[bytes], errors: Path) -> float:
+    """Wait for `mosquitto_pub` to exit; its CPU seconds, read while it is a zombie (once reaped, /proc forgets)."""
+    deadline = time.monotonic() + PUBLISHER_EXIT_TIMEOUT
+    while os.waitid(os.P_PID, publisher.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() >= deadline:
+            raise LaunchError(f"mosquitto_pub did not finish within {PUBLISHER_EXIT_TIMEOUT:g} s")
+        time.sleep(0.005)
+    cpu = cpu_seconds(publisher.pid)
+    status = publisher.wait()
     if status != 0:
         raise LaunchError(f"mosquitto_pub exited with status {status}: "
                           f"{errors.read_text(errors='replace').strip()[-500:]}")
+    return cpu
 
 
 def _drain(lines: FileLines, expected: int) -> None:

@@ -283,3 +283,12 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     fields = text[text.rindex(b")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine since boot, summed over its CPUs (/proc/stat): the share of a
+    run's CPU time left idle is 1 - (busy after - busy before) / (all after - all before)."""
+    with open("/proc/stat", "rb") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and iowait
+    return (sum(ticks) - idle) / _CLOCK_TICKS, sum(ticks) / _CLOCK_TICKS

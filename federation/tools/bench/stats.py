@@ -130,6 +130,11 @@ class RunSummary:
     """CPU seconds of every wrapper process during the run (0 without wrappers)"""
     cpu_brokers_s: float = 0.0
     """CPU seconds of every broker process during the run"""
+    cpu_clients_s: float = 0.0
+    """CPU seconds of the publishing and the subscribing client (`mosquitto_pub`, `mosquitto_sub`) during the run"""
+    idle_fraction: float = math.nan
+    """the share of the machine's CPU time left idle during the run: near 0, the run was bound by CPU, and its rate
+    by what every process (wrappers, brokers, clients, the kernel's work for them) spends per message"""
     bad_lines: int = 0
     offered_rate: float = math.nan
     """count / seconds the publisher took to write them (below the asked rate when the publisher fell behind)"""
@@ -148,10 +153,15 @@ class RunSummary:
     def broker_cpu_per_1000(self) -> float:
         return 1000.0 * self.cpu_brokers_s / self.delivered if self.delivered else math.nan
 
+    @property
+    def client_cpu_per_1000(self) -> float:
+        return 1000.0 * self.cpu_clients_s / self.delivered if self.delivered else math.nan
+
 
 def summarize(received: Sequence[Received], sent: int, first_send_ns: int | None = None,
               cpu_wrappers_s: float = 0.0, cpu_brokers_s: float = 0.0, bad_lines: int = 0,
-              publish_seconds: float = math.nan) -> RunSummary:
+              publish_seconds: float = math.nan, cpu_clients_s: float = 0.0,
+              idle_fraction: float = math.nan) -> RunSummary:
     """The summary of one run where messages 0..sent-1 were offered.
 
     Latency is measured on the first reception of each message. The rate is
@@ -179,8 +189,8 @@ def summarize(received: Sequence[Received], sent: int, first_send_ns: int | None
                       unexpected=unexpected, rate=rate, p50_ms=percentile(latencies, 0.50),
                       p90_ms=percentile(latencies, 0.90), p99_ms=percentile(latencies, 0.99),
                       max_ms=latencies[-1] if latencies else math.nan, cpu_wrappers_s=cpu_wrappers_s,
-                      cpu_brokers_s=cpu_brokers_s, bad_lines=bad_lines,
-                      offered_rate=sent / publish_seconds if publish_seconds > 0 else math.nan)
+                      cpu_brokers_s=cpu_brokers_s, cpu_clients_s=cpu_clients_s, idle_fraction=idle_fraction,
+                      bad_lines=bad_lines, offered_rate=sent / publish_seconds if publish_seconds > 0 else math.nan)
 
 
 def median(values: Iterable[float]) -> float:
@@ -190,7 +200,7 @@ def median(values: Iterable[float]) -> float:
 
 
 MEDIAN_FIELDS = ("rate", "offered_rate", "p50_ms", "p90_ms", "p99_ms", "max_ms", "wrapper_cpu_per_1000",
-                 "broker_cpu_per_1000")
+                 "broker_cpu_per_1000", "client_cpu_per_1000", "idle_fraction")
 """summary fields quoted as the median over rounds"""
 TOTAL_FIELDS = ("sent", "lost", "duplicates", "unexpected", "bad_lines")
 """summary fields summed over rounds: one lost message in any round is reported"""
