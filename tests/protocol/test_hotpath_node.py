@@ -22,7 +22,7 @@ import msgpack
 import pytest
 
 from federation.daemon.event_log import CACHE_LIMIT, EventEncoder, EventLog, EventLogError, encode_event
-from federation.protocol import events, wire
+from federation.protocol import events, wire, wire_decode
 from federation.protocol.node import Node
 from federation.protocol.types import Address, BrokerId, Event
 from federation.protocol.wire import DecodeError, Sender, TopicMessage
@@ -292,7 +292,7 @@ def test_tm_encoding_is_the_documented_layout(message: TopicMessage) -> None:
 
 def decode_general(data: bytes, monkeypatch: pytest.MonkeyPatch) -> wire.Packet | tuple[str, str]:
     with monkeypatch.context() as patch:
-        patch.setattr(wire, "_fast_topic_message", lambda value: None)
+        patch.delitem(wire_decode._FAST_PATHS, wire.TOPIC_MESSAGE)  # the general path alone
         return decode_or_fault(data)
 
 
@@ -309,7 +309,7 @@ def test_tm_decoding_matches_the_general_path(message: TopicMessage, monkeypatch
     general = decode_general(data, monkeypatch)  # also fills the filter/topic memo the shortcut needs
     assert general == wire.Packet(wire.TOPIC_MESSAGE, SENDER, message)
     assert decode_or_fault(data) == general
-    shortcut = wire._fast_topic_message(msgpack.unpackb(data, raw=False))
+    shortcut = wire_decode._fast_topic_message(msgpack.unpackb(data, raw=False))
     applies = message.properties is None and (message.prev is None or message.prev[0] == message.epoch)
     assert shortcut == (general if applies else None)  # taken when it applies
 

@@ -20,7 +20,7 @@ import pytest
 from federation.daemon.backpressure import is_qos0_publication, qos0_publications
 from federation.daemon.broker_items import LogLine, Publication
 from federation.daemon.flow_control import report_shed
-from federation.protocol import events, wire
+from federation.protocol import events, wire, wire_decode
 from federation.protocol.node import Node
 from federation.protocol.publication_events import expand_all
 from federation.protocol.publications import batch_item_size
@@ -45,7 +45,7 @@ def decode_or_fault(data: bytes) -> wire.Packet | tuple[str, str]:
 
 def decode_general(data: bytes, monkeypatch: pytest.MonkeyPatch) -> wire.Packet | tuple[str, str]:
     with monkeypatch.context() as patch:
-        patch.setattr(wire, "_fast_topic_batch", lambda value: None)
+        patch.delitem(wire_decode._FAST_PATHS, wire.TOPIC_BATCH)  # the general path alone
         return decode_or_fault(data)
 
 
@@ -59,7 +59,7 @@ def test_tb_is_the_documented_layout_and_decodes_to_itself(monkeypatch: pytest.M
     assert wire.packet_type(data) == wire.TOPIC_BATCH and wire.TOPIC_BATCH in wire.DATA_TYPES
     general = decode_general(data, monkeypatch)  # fills the filter and topic memo the shortcut needs
     assert general == wire.Packet(wire.TOPIC_BATCH, SENDER, BATCH)
-    assert wire._fast_topic_batch(msgpack.unpackb(data, raw=False)) == general
+    assert wire_decode._fast_topic_batch(msgpack.unpackb(data, raw=False)) == general
     assert decode_or_fault(data) == general
     assert len(BATCH) == 3
     assert [m.publication for m in BATCH.messages()] == [(ORIGIN, 3, 5), (ORIGIN, 3, 6), (ORIGIN, 3, wire.MAX_SEQ)]

@@ -15,7 +15,7 @@ import msgpack
 import pytest
 
 from federation.daemon.backpressure import is_qos0_publication, qos0_publications
-from federation.protocol import events, wire
+from federation.protocol import events, wire, wire_decode
 from federation.protocol.node import Node
 from federation.protocol.publication_events import expand_all
 from federation.protocol.types import Address, BrokerId
@@ -39,8 +39,8 @@ def decode_or_fault(data: bytes) -> wire.Packet | tuple[str, str]:
 
 def decode_general(data: bytes, monkeypatch: pytest.MonkeyPatch) -> wire.Packet | tuple[str, str]:
     with monkeypatch.context() as patch:
-        patch.setattr(wire, "_fast_reliable_batch", lambda value: None)
-        patch.setattr(wire, "_fast_topic_acks", lambda value: None)
+        patch.delitem(wire_decode._FAST_PATHS, wire.TOPIC_RELIABLE_BATCH)  # the general path alone
+        patch.delitem(wire_decode._FAST_PATHS, wire.TOPIC_ACKS)
         return decode_or_fault(data)
 
 
@@ -71,10 +71,10 @@ def test_the_shortcut_decodes_a_plain_run_as_the_general_path_does(monkeypatch: 
     plain = TopicReliableBatch("bench/#", ORIGIN, 3, 0, 0, 2, [5, None, "bench/t1", b"a", 6, 5, "bench/t1", b"b"])
     data = wire.encode(wire.TOPIC_RELIABLE_BATCH, SENDER, plain)
     general = decode_general(data, monkeypatch)  # fills the filter and topic memo the shortcut needs
-    assert wire._fast_reliable_batch(msgpack.unpackb(data, raw=False)) == general
+    assert wire_decode._fast_reliable_batch(msgpack.unpackb(data, raw=False)) == general
     acks = wire.encode(wire.TOPIC_ACKS, SENDER, ACKS)
     assert decode_general(acks, monkeypatch) == wire.Packet(wire.TOPIC_ACKS, SENDER, ACKS)
-    assert wire._fast_topic_acks(msgpack.unpackb(acks, raw=False)) == decode_or_fault(acks)
+    assert wire_decode._fast_topic_acks(msgpack.unpackb(acks, raw=False)) == decode_or_fault(acks)
 
 
 def good_tq() -> list[Any]:

@@ -5,7 +5,7 @@ import random
 import msgpack
 import pytest
 
-from federation.protocol import wire
+from federation.protocol import wire, wire_decode
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import DecodeError
 
@@ -170,9 +170,9 @@ def test_record_fast_path_accepts_exactly_what_the_checked_path_accepts() -> Non
                 value[rng.randrange(len(value))] = rng.choice(replacements)
             else:
                 value = value[: rng.randrange(9)]
-        fast = wire._fast_record(value, 8)
+        fast = wire_decode._fast_record(value, 8)
         try:
-            checked = wire._record_of(value, "r", 8)
+            checked = wire_decode._record_of(value, "r", 8)
         except DecodeError:
             assert fast is None, value
             agreed["rejected"] += 1
