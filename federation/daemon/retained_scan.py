@@ -32,6 +32,7 @@ old value a new version, and it would win over newer ones.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -44,8 +45,12 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from federation.daemon.broker import KEEPALIVE, BrokerAdapter
 from federation.daemon.broker_auth import BrokerAuth
+from federation.daemon.broker_items import Publication
+from federation.daemon.clock import Clock
+from federation.daemon.config import DaemonConfig
+from federation.daemon.local_publications import LocalPublications
 from federation.daemon.mqtt_properties import properties_to_dict
-from federation.daemon.retained import RetainedValue
+from federation.daemon.retained import RetainedStore, RetainedValue
 from federation.protocol.types import Address
 
 log = logging.getLogger("federation.daemon")
@@ -210,3 +215,97 @@ class RetainedScan:
         self.client.disconnect()
         self.client.loop_stop()  # from paho's own thread it does not wait for itself
         self._done(held, problem)
+
+
+class RetainedReading:
+    """The loop's side of the readings (on the loop's thread): when one is due and may start, and what its end
+    does. A reading is due after a connection on which the broker kept the wrapper's session (it then holds what
+    it held before, not an older persistence file's values); it starts once the wrapper is ready and a neighbour
+    is up (what is originated must have somewhere to go), is dropped when the broker restarts meanwhile, and its
+    end originates, as local retained publications, the values the federation does not know (`to_originate`)."""
+
+    def __init__(self, config: DaemonConfig, loop: asyncio.AbstractEventLoop, clock: Clock, retained: RetainedStore,
+                 local: LocalPublications, helpers_subscribed: Callable[[int, float], None],
+                 may_start: Callable[[], bool], stopping: Callable[[], bool], drain: Callable[[float], None]) -> None:
+        """`helpers_subscribed(count, now)`: the broker counts the reading's subscriptions meanwhile
+        (BrokerSubscriptions); `may_start`: the wrapper is ready and a neighbour is up; `stopping`: nothing that
+        ends after the shutdown began is used; `drain`: sends what the node made of a reading's end."""
+        self.config = config
+        self.loop = loop
+        self.clock = clock
+        self.retained = retained
+        self.local = local
+        self._helpers_subscribed = helpers_subscribed
+        self._may_start = may_start
+        self._stopping = stopping
+        self._drain = drain
+        self.scan: RetainedScan | None = None
+        """the reading under way"""
+        self.counts = ScanCounts()
+        self.due = False
+        """the broker connected with the session kept: its retained messages are read once the wrapper may"""
+
+    def connected(self, session_lost: bool, now: float) -> None:
+        """The broker connection came up: a reading is due if it kept our session; one under way while a broker
+        without it restarted is of no use."""
+        self.due = not session_lost
+        if session_lost and self.scan is not None:
+            self._drop(now)
+        self.start_if_due(now)
+
+    def start_if_due(self, now: float) -> None:
+        """Start a reading on a second connection when one is due, none is under way and the wrapper may; the
+        store's values now are what the reading is compared with."""
+        if not self.due or self.scan is not None or not self._may_start():
+            return
+        self.due = False
+        before = dict(self.retained.values)
+        loop = self.loop
+        scan: RetainedScan | None = None
+
+        def done(held: list[HeldRetained], problem: str | None) -> None:  # on the scan's thread
+            loop.call_soon_threadsafe(self._ended, scan, before, held, problem)
+
+        config = self.config
+        scan = RetainedScan(config.broker, config.client_id, config.broker_auth, done)
+        self.scan = scan
+        self._helpers_subscribed(SCAN_SUBSCRIPTIONS, now)
+        scan.start()
+
+    def close(self) -> None:
+        """The wrapper stops: a reading under way ends with it."""
+        if self.scan is not None:
+            self.scan.close()
+            self.scan = None
+
+    def _drop(self, now: float) -> None:
+        """The reading under way is not used (the broker restarted meanwhile); it ends off the loop's thread."""
+        scan = self.scan
+        if scan is not None:
+            self.scan = None
+            self._helpers_subscribed(0, now)
+            self.loop.run_in_executor(None, scan.close)
+
+    def _ended(self, scan: RetainedScan | None, before: dict[str, RetainedValue], held: list[HeldRetained],
+               problem: str | None) -> None:
+        """A reading ended: those the federation does not know are originated (docs/protocol.md rule 10)."""
+        if scan is not self.scan or self._stopping():
+            return
+        self.scan = None
+        now = self.clock.now()
+        self._helpers_subscribed(0, now)
+        originated = self.local.originate_held(
+            [Publication(message.topic, message.payload, message.qos, True, message.properties)
+             for message in to_originate(held, before, self.retained.values)], now)
+        counts = self.counts
+        counts.scans += 1
+        counts.read += len(held)
+        counts.originated += originated
+        if problem is not None:
+            counts.incomplete += 1
+            log.warning("reading the broker's retained messages on a second connection (client id %r) may be "
+                        "incomplete: %s; those not read are federated when published again",
+                        scan_client_id(self.config.client_id), problem)
+        log.info("the broker holds %d retained messages: %d of them the federation did not know, originated now",
+                 len(held), originated)
+        self._drain(now)

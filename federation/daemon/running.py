@@ -14,14 +14,12 @@ the resources, boots the node and opens the UDP endpoint, and builds one
 control, the queues) in its constructor; `start` starts the node and the
 broker connection, `shutdown` leaves the federation and releases it all.
 
-Overload (docs/daemon.md "Overload"): the control plane goes first. On
-each readable event the wrapper takes every datagram already waiting
-(`RECEIVE_BATCH`), handles every packet but `tm` at once and queues the
-`tm` in a bounded `PacketBacklog`, handled `DATA_SLICE` at a time, one
-slice per loop pass with the socket read again in between: a hello waits
-for at most one slice, not for seconds of queued data, and a backlog the
-node cannot work off is dropped QoS 0 first and counted instead of
-overflowing the kernel's buffer unseen. Between the broker and the overlay
+The datagrams reach the node through `Receiving` (receiving.py): control
+packets at once, the data a slice per loop pass, so under overload the
+control plane goes first (docs/daemon.md "Overload"). The broker's own
+publications reach it through `LocalPublications` (local_publications.py),
+in runs, with the spool written before the broker gets its
+acknowledgements. Between the broker and the overlay
 `FlowControl` (flow_control.py) bounds what waits: remote publications
 queued for a slow broker, reading paused while QoS 1/2 copies wait for
 acknowledgements, and, while the socket's send side is backed up
@@ -42,7 +40,6 @@ import logging
 import socket
 import time
 from collections import Counter
-from itertools import repeat
 from typing import Any
 
 from federation.daemon import wrapper_events
@@ -64,20 +61,15 @@ from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon.broker_subscriptions import BrokerSubscriptions
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig
-from federation.daemon.flow_control import INJECTION_BACKLOG, FlowControl, report_shed
+from federation.daemon.flow_control import FlowControl
 from federation.daemon.health import Readiness
 from federation.daemon.injections import InjectionJournal
+from federation.daemon.local_publications import LocalPublications
 from federation.daemon.metrics import Snapshot
+from federation.daemon.receiving import Receiving
 from federation.daemon.reload import Reloads, reload_files
-from federation.daemon.retained import RetainedStore, RetainedValue, prepare, stamp
-from federation.daemon.retained_scan import (
-    SCAN_SUBSCRIPTIONS,
-    HeldRetained,
-    RetainedScan,
-    ScanCounts,
-    scan_client_id,
-    to_originate,
-)
+from federation.daemon.retained import RetainedStore, prepare
+from federation.daemon.retained_scan import RetainedReading, scan_client_id
 from federation.daemon.snapshots import metrics_snapshot, status_document, wrapper_readiness
 from federation.daemon.spool import Spool, SpooledPublication
 from federation.daemon.startup import Resources
@@ -91,7 +83,7 @@ from federation.daemon.udp import (
     kernel_receive_drops,
 )
 from federation.envelope.datagrams import Envelope
-from federation.protocol import events, wire
+from federation.protocol import events
 from federation.protocol.node import Node
 from federation.protocol.types import Address, Event, Injection, expand_runs, only_runs
 
@@ -103,33 +95,8 @@ EVENT_LOG_FLUSH_INTERVAL = 1.0
 """seconds between flushes of the event log buffer"""
 SHUTDOWN_DRAIN_TIMEOUT = 1.0
 """seconds to wait for the socket to send the last datagrams at shutdown"""
-RECEIVE_BATCH = 4096
-"""datagrams read from the socket in one pass (every one waiting, up to this): control packets go first"""
-RECEIVE_CHUNK = 256
-"""datagrams read at a time within a pass, the time spent checked after each"""
-RECEIVE_PASS_SECONDS = 0.05
-"""a pass reads no further chunk after this long, the rest left in the socket for the next: under a flood of
-packets the node handles one by one (fake records, about 0.2 ms each), the loop still gets to its signals,
-timers and status requests every few tens of milliseconds (SIGTERM is honoured within a second, issue 22)"""
-DATA_SLICE = 256
-"""received `tm` handled per loop pass before the socket is read again (each pass ends with one write to the
-broker; 256 against 64 measured 0.096 against 0.106 wrapper CPU s per 1,000 publications, about 10 ms a pass)"""
-DATA_SLICE_BYTES = 64 * 1024
-"""and at most about this many bytes of them: a `tb` carries up to a datagram of publications, so 256 of them
-would be some 4,000 publications in one pass (the hello waiting that long, and more injections made per pass
-than the broker is handed)"""
-DATA_SLICE_BYTES_WAITING = 8 * 1024
-"""the byte bound while injections wait for the broker's room: the loop then gets back to the broker's
-acknowledgements after about a hundred small publications, so the next injections go out at once (the broker's
-Receive Maximum, 20 by default for Mosquitto, makes injecting a window: a broker left waiting behind a long pass
-idles)"""
-RECEIVE_BACKLOG = 20000
-"""received `tm` waiting to be handled; beyond it (or RECEIVE_BACKLOG_BYTES) the oldest QoS 0 one is dropped"""
-RECEIVE_BACKLOG_BYTES = 32 * 1024 * 1024
 PACE_RECHECK_SLACK = 0.001
 """seconds after a neighbour's hold ends at which a paced wrapper looks again (the hold has then expired)"""
-REFUSAL_LOG_INTERVAL = 60.0
-"""seconds between log lines about publications refused for their size (every one is counted)"""
 HOUSEKEEPING_INTERVAL = 1.0
 """seconds between looks at what ends with time in the broker's subscriptions (a resubscribe grace, over-delivery)"""
 
@@ -150,6 +117,8 @@ class Running:
         self.protocol = protocol
         self.transport = transport
         self.event_log = resources.event_log
+        self.stopping = False
+        """set when the shutdown starts: nothing received is handled any more"""
         self.subscriptions = persisted.subscriptions
         self.saver = (StateSaver(resources.store, persisted, loop, lambda: node.epoch, clock.now, node.known_filters)
                       if resources.store is not None else None)
@@ -163,15 +132,12 @@ class Running:
         self.retained = resources.retained if resources.retained is not None else RetainedStore()
         """the newest retained value of every topic (kept in the state directory when there is one)"""
         node.attach_retained(self.retained)  # the node compares it with the neighbours' stores (rule 10)
-        self.retained_scan: RetainedScan | None = None
-        """the reading of the broker's retained messages under way (retained_scan.py)"""
-        self.retained_scan_counts = ScanCounts()
-        self._retained_scan_due = False
-        """the broker connected with the session kept: its retained messages are read once the wrapper is ready"""
         self.restored_filters = persisted.filters
         """the filters the node knew in its previous life (`Node.restore`)"""
         self.outbox = wrapper_events.WrapperEvents(str(node.address))
         """the daemon's own events, written with the node's"""
+        self.local = LocalPublications(node, self.spool, self.retained, self._record_event)
+        """the broker's publications into the node, the spool and the retained store"""
         hand_off = LoopHandOff(loop, self._on_broker_items)
         # paho driven by this loop (no network thread); a burst read from the broker reaches the node at once.
         self.broker = BrokerAdapter(config.broker, config.client_id, hand_off.put, config.max_qos, loop=loop,
@@ -183,10 +149,16 @@ class Running:
         self.broker_subscriptions = BrokerSubscriptions(node, node.drop, self.outbox, self.subscriptions,
                                                         config.resubscribe_grace, node.injection_failed)
         """a broker that lost its subscriptions, and subscriptions it holds that the wrapper did not see"""
+        self.retained_reading = RetainedReading(config, loop, clock, self.retained, self.local,
+                                                self.broker_subscriptions.helpers_subscribed,
+                                                self._may_read_retained, lambda: self.stopping, self._drain_outputs)
+        """when the broker's retained messages are read, and what the federation does not know of them originated"""
         self.duplicates_suppressed = 0
         """remote QoS 1/2 publications not injected because the journal says the broker completed them"""
         self.flow = FlowControl()
-        self.receive_backlog: PacketBacklog[Address] = PacketBacklog(RECEIVE_BACKLOG, RECEIVE_BACKLOG_BYTES)
+        self.receiving = Receiving(node, envelope, protocol, clock, loop, self.flow.injection_queue,
+                                   self._drain_outputs, lambda: self.stopping)
+        """datagrams into the node, the data a slice per loop pass (receiving.py)"""
         self.drop_reporter = DropReporter()
         self.event_counts: Counter[str] = Counter()
         self.kernel_receive_drops = 0
@@ -194,12 +166,7 @@ class Running:
         self.started_at = clock.now()
         self.reloads = Reloads()
         """what SIGHUPs did (`reload`)"""
-        self._refused_logged_at = float("-inf")
-        self._refused_unlogged = 0
-        self._data_pass_scheduled = False
         self._rearm_scheduled = False
-        self.stopping = False
-        """set when the shutdown starts: nothing received is handled any more"""
         self._timer: asyncio.TimerHandle | None = None
         """the node's timer, while it has a deadline"""
         self._timer_deadline: float | None = None
@@ -208,7 +175,12 @@ class Running:
         self._flush_handle = loop.call_later(EVENT_LOG_FLUSH_INTERVAL, self._periodic_flush)
         self._drops_handle = loop.call_later(KERNEL_DROPS_CHECK_INTERVAL, self._check_kernel_drops)
         self._housekeeping_handle = loop.call_later(HOUSEKEEPING_INTERVAL, self._housekeeping)
-        protocol.attach(self._on_datagram, self._answer_status, self._on_send_resumed)
+        protocol.attach(self.receiving.on_datagram, self._answer_status, self._on_send_resumed)
+
+    @property
+    def receive_backlog(self) -> PacketBacklog[Address]:
+        """Data packets received and waiting for their slice (`Receiving.backlog`)."""
+        return self.receiving.backlog
 
     @property
     def sock(self) -> socket.socket:
@@ -303,9 +275,7 @@ class Running:
                 handle.cancel()
         if self.saver is not None:
             self.saver.cancel()
-        if self.retained_scan is not None:
-            self.retained_scan.close()
-            self.retained_scan = None
+        self.retained_reading.close()
         self.broker_health.close()
         self.resources.close(self.transport)
 
@@ -319,76 +289,6 @@ class Running:
         return kernel_receive_drops(self.sock)
 
     # ------------------------------------------------------------ inputs
-
-    def _on_datagram(self, data: bytes, source: Address) -> None:
-        if not self.stopping:
-            self._data_pass(self._receive_datagrams(self.node, [(data, source)]))
-
-    def _receive_datagrams(self, node: Node, datagrams: list[tuple[bytes, Address]]) -> float:
-        """`datagrams`, and those waiting in the socket (up to RECEIVE_BATCH, read RECEIVE_CHUNK at a time while
-        the pass is under RECEIVE_PASS_SECONDS): control packets to the node now, `tm` queued.
-
-        Returns the time the last of them were handled at; each chunk is handled at a time read after the
-        socket: every one of them arrived before it, which the hello exchange's clock bound relies on (an
-        echo stamped before it arrived would make a shared clock look offset)."""
-        envelope = self.envelope
-        backlog = self.receive_backlog
-        queued_from: set[Address] = set()
-        started = time.monotonic()
-        read = 0
-        while True:
-            chunk = self.protocol.read_waiting(min(RECEIVE_CHUNK, RECEIVE_BATCH - read))
-            read += len(chunk)
-            datagrams += chunk
-            now = self.clock.now()
-            for data, source in datagrams:
-                queued = False
-                for packet in envelope.receive_datagram(data, source, now):
-                    if wire.packet_type(packet) not in wire.DATA_TYPES:
-                        node.receive_packet(packet, source, now)
-                        continue
-                    queued = True
-                    for dropped in backlog.push(packet, source):
-                        if dropped is None:  # QoS 1/2: never acknowledged, so its sender sends it again
-                            node.drop("receive_backlog_qos12")
-                        else:
-                            report_shed(node, "receive_backlog_qos0", "receive_backlog", dropped, now)
-                if queued:
-                    queued_from.add(source)
-            if len(chunk) < RECEIVE_CHUNK or read >= RECEIVE_BATCH \
-                    or time.monotonic() - started >= RECEIVE_PASS_SECONDS:
-                break
-            datagrams = []
-        if queued_from:  # only neighbours are told (the node checks): a datagram's source address may be forged
-            node.on_receive_backlog(self._backlog_level(), queued_from, now)
-        return now
-
-    def _backlog_level(self) -> int:
-        """The receive backlog in packets, or its bytes scaled to its packet bound if they fill it faster, or the
-        injection queue scaled likewise if the broker is what holds the data up (the pacing level)."""
-        backlog = self.receive_backlog
-        return max(len(backlog), backlog.bytes * backlog.max_packets // backlog.max_bytes,
-                   len(self.flow.injection_queue) * backlog.max_packets // INJECTION_BACKLOG)
-
-    def _scheduled_data_pass(self) -> None:
-        self._data_pass_scheduled = False
-        if self.stopping:
-            return
-        # what arrived meanwhile: its hellos go before the next slice
-        self._data_pass(self._receive_datagrams(self.node, []))
-
-    def _data_pass(self, now: float) -> None:
-        """Handle one slice of queued `tm`; the rest in later loop passes, each reading the socket first."""
-        node = self.node
-        budget = DATA_SLICE_BYTES_WAITING if len(self.flow.injection_queue) else DATA_SLICE_BYTES
-        for packet, source in self.receive_backlog.take(DATA_SLICE, budget):
-            node.receive_packet(packet, source, now)
-        if node.receive_busy:
-            node.on_receive_backlog(self._backlog_level(), (), now)
-        if len(self.receive_backlog) and not self._data_pass_scheduled:
-            self._data_pass_scheduled = True
-            self.loop.call_soon(self._scheduled_data_pass)
-        self._drain_outputs(now)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -404,59 +304,20 @@ class Running:
         node = self.node
         now = self.clock.now()
         changed = False
-        limit = node.settings.max_publication_bytes
-        acks: list[tuple[int, int]] = []
-        spooled: list[SpooledPublication] = []
-        spool = self.spool
-        # Plain publications of one QoS in a row: one run (`tb` for QoS 0, `tq` for QoS 1/2: federation.protocol
-        # .publications), their packet ids kept for the spool.
-        run: list[tuple[str, bytes]] = []
-        run_qos = 0
-        run_mids: list[int] = []
-        batch = split_oversized_runs(batch, limit)  # such runs one at a time: a refusal is per publication
+        local = self.local
+        batch = split_oversized_runs(batch, node.settings.max_publication_bytes)  # a refusal is per publication
         try:
             for item in batch:
                 if type(item) is PublicationRun:  # plain ones, read as a run (LeanClient.lean_run)
-                    qos = item.qos
-                    if run and qos != run_qos:
-                        self._publish_run(run, run_qos, run_mids, now, spooled)
-                        run, run_mids = [], []
-                    run += zip(item.topics, item.payloads, strict=True)
-                    run_qos = qos
-                    if qos:
-                        run_mids += item.mids
-                        acks += zip(item.mids, repeat(qos))
+                    local.add_run(item, now)
                     continue
                 if isinstance(item, Publication):
-                    qos = item.qos
-                    if qos:
-                        acks.append((item.mid, qos))
-                        if item.dup and spool is not None and spool.redelivery(item.mid, item.topic, item.payload):
-                            continue  # in custody since before a restart: acknowledged now, not originated twice
-                    if len(item.payload) > limit:
-                        self._refuse_publication(item, now)
-                    elif not item.retain and item.properties is None:
-                        if run and qos != run_qos:
-                            self._publish_run(run, run_qos, run_mids, now, spooled)
-                            run, run_mids = [], []
-                        run.append((item.topic, item.payload))
-                        run_qos = qos
-                        if qos:
-                            run_mids.append(item.mid)
-                    else:
-                        if run:
-                            self._publish_run(run, run_qos, run_mids, now, spooled)
-                            run, run_mids = [], []
-                        entry = self._originate(item, now)
-                        if entry is not None:
-                            spooled.append(entry)
+                    local.add(item, now)
                     continue
-                if run:  # kept in order with what follows
-                    self._publish_run(run, run_qos, run_mids, now, spooled)
-                    run, run_mids = [], []
+                local.flush(now)  # kept in order with what follows
                 if isinstance(item, LogLine):
                     if item.qos:
-                        acks.append((item.mid, item.qos))
+                        local.acknowledge(item.mid, item.qos)
                     self.broker_health.count_log_line()
                     for event in self.tracker.feed(item.topic, item.payload):
                         changed = self.subscriptions.apply(event, node, now) or changed
@@ -470,13 +331,13 @@ class Running:
                         self.flow.requeue(node, released, now)
                 else:
                     self._on_broker_state(item, now)
-            if run:
-                self._publish_run(run, run_qos, run_mids, now, spooled)
+            local.flush(now)
         finally:
             # The one place the broker's publications (and log lines) are acknowledged: after the node took them
             # and, for QoS 1/2, the spool holds them (one write: a killed wrapper loses none it acknowledged).
-            if spooled and spool is not None:
-                spool.add(spooled)
+            acks, spooled = local.take()
+            if spooled and self.spool is not None:
+                self.spool.add(spooled)
             self.broker.acknowledge(acks)
         if changed:
             self.broker_subscriptions.table_changed(now)
@@ -484,96 +345,16 @@ class Running:
                 self.saver.schedule()
         self._drain_outputs(now)
 
-    def _publish_run(self, run: list[tuple[str, bytes]], qos: int, mids: list[int], now: float,
-                     spooled: list[SpooledPublication]) -> None:
-        """A run of plain local publications of one QoS to the node; the spool entries of QoS 1/2 ones to `spooled`."""
-        made = self.node.local_publish_run(run, now, qos=qos)
-        if not qos or self.spool is None:
-            return
-        wall = time.time()
-        for (topic, payload), mid, publication in zip(run, mids, made, strict=True):
-            if publication is not None:
-                spooled.append(SpooledPublication(publication[1], publication[2], topic, payload, qos, False, None,
-                                                  wall, mid))
+    def _record_event(self, event: Event) -> None:
+        """An event the daemon makes itself (a refused publication's): counted and written to the event log."""
+        self.event_counts[event.type] += 1
+        if self.event_log is not None:
+            self.event_log.write([event])
 
-    def _originate(self, item: Publication, now: float) -> SpooledPublication | None:
-        """A local publication with a QoS, the retain flag or properties, to the node: stamped (version, expiry:
-        retained.py), a retained one stored; returns the spool entry to write for a QoS 1/2 one."""
-        wall = time.time()
-        properties = stamp(item.properties, item.retain, wall)
-        publication = self.node.local_publish(item.topic, item.payload, item.qos, item.retain, properties, now)
-        if publication is None:
-            return None
-        if item.retain:
-            self.retained.offer(item.topic, publication, item.qos, item.payload, properties)
-        if not item.qos or self.spool is None:
-            return None
-        return SpooledPublication(publication[1], publication[2], item.topic, item.payload, item.qos, item.retain,
-                                  properties, wall, item.mid)
-
-    def _start_retained_scan(self, now: float) -> None:
-        """Read the retained messages the broker holds on a second connection (retained_scan.py) when one is due,
-        none is under way, the wrapper is ready and a neighbour is up (even without configured neighbours: what
-        is originated must have somewhere to go); the store's values now are what the reading is compared with."""
-        if not self._retained_scan_due or self.retained_scan is not None or not wrapper_readiness(self).ready \
-                or not any(neighbour.up for neighbour in self.node.neighbours.all()):
-            return
-        self._retained_scan_due = False
-        before = dict(self.retained.values)
-        loop = self.loop
-        scan: RetainedScan | None = None
-
-        def done(held: list[HeldRetained], problem: str | None) -> None:  # on the scan's thread
-            loop.call_soon_threadsafe(self._on_retained_scan, scan, before, held, problem)
-
-        scan = RetainedScan(self.config.broker, self.config.client_id, self.config.broker_auth, done)
-        self.retained_scan = scan
-        self.broker_subscriptions.helpers_subscribed(SCAN_SUBSCRIPTIONS, now)
-        scan.start()
-
-    def _drop_retained_scan(self, now: float) -> None:
-        """The reading under way is not used (the broker restarted meanwhile); it ends off the loop's thread."""
-        scan = self.retained_scan
-        if scan is not None:
-            self.retained_scan = None
-            self.broker_subscriptions.helpers_subscribed(0, now)
-            self.loop.run_in_executor(None, scan.close)
-
-    def _on_retained_scan(self, scan: RetainedScan | None, before: dict[str, RetainedValue],
-                          held: list[HeldRetained], problem: str | None) -> None:
-        """A reading of the broker's retained messages ended: those the federation does not know are originated
-        as local retained publications (`to_originate`, docs/protocol.md rule 10)."""
-        if scan is not self.retained_scan or self.stopping:
-            return
-        self.retained_scan = None
-        now = self.clock.now()
-        self.broker_subscriptions.helpers_subscribed(0, now)
-        limit = self.node.settings.max_publication_bytes
-        spooled: list[SpooledPublication] = []
-        originated = 0
-        for message in list(to_originate(held, before, self.retained.values)):
-            item = Publication(message.topic, message.payload, message.qos, True, message.properties)
-            if len(item.payload) > limit:
-                self._refuse_publication(item, now)
-                continue
-            entry = self._originate(item, now)
-            originated += 1
-            if entry is not None:
-                spooled.append(entry)
-        if spooled and self.spool is not None:
-            self.spool.add(spooled)
-        counts = self.retained_scan_counts
-        counts.scans += 1
-        counts.read += len(held)
-        counts.originated += originated
-        if problem is not None:
-            counts.incomplete += 1
-            log.warning("reading the broker's retained messages on a second connection (client id %r) may be "
-                        "incomplete: %s; those not read are federated when published again", scan_client_id(
-                            self.config.client_id), problem)
-        log.info("the broker holds %d retained messages: %d of them the federation did not know, originated now",
-                 len(held), originated)
-        self._drain_outputs(now)
+    def _may_read_retained(self) -> bool:
+        """A reading of the broker's retained messages may start: the wrapper is ready and a neighbour is up (even
+        without configured neighbours: what is originated must have somewhere to go)."""
+        return wrapper_readiness(self).ready and any(neighbour.up for neighbour in self.node.neighbours.all())
 
     def _on_broker_state(self, item: BrokerItem, now: float) -> None:
         """A change of the broker connection: health and warnings, events, and what a new session means."""
@@ -595,11 +376,7 @@ class Running:
                 # Those the broker lost were handed over before what waits now; all of it now passes the hold.
                 waiting = [*reinjected, *self.flow.injection_queue.drain()]
                 self.flow.requeue(self.node, self.broker_subscriptions.admit(waiting, now), now)
-            # A broker that kept the session holds what it held before (not an older persistence file): read it.
-            self._retained_scan_due = not item.session_lost
-            if item.session_lost and self.retained_scan is not None:
-                self._drop_retained_scan(now)
-            self._start_retained_scan(now)
+            self.retained_reading.connected(item.session_lost, now)
             if item.session_lost and self.retained.values:
                 # A broker without our session restarted, and without persistence its retained messages are gone:
                 # ours go back first (the broker's persistence may have kept them: injecting them again is harmless).
@@ -610,32 +387,6 @@ class Running:
         elif isinstance(item, Disconnected):
             self.outbox.emit(wrapper_events.BROKER_DISCONNECTED, now, reason=item.reason,
                              unfinished=item.unfinished)
-
-    def _refuse_publication(self, item: Publication, now: float) -> None:
-        """A local publication above max_publication_bytes: not federated (never truncated), counted, logged."""
-        node = self.node
-        limit = node.settings.max_publication_bytes
-        node.drop("publication_too_large")
-        event = Event(now, str(node.address), events.PUBLICATION_DROPPED,
-                      {"pub": None, "filter": None, "reason": "too_large", "topic": item.topic,
-                       "size": len(item.payload)})
-        self.event_counts[event.type] += 1
-        if self.event_log is not None:
-            self.event_log.write([event])
-        self._refused_unlogged += 1
-        if now - self._refused_logged_at >= REFUSAL_LOG_INTERVAL:
-            self._refused_logged_at = now
-            others, self._refused_unlogged = self._refused_unlogged - 1, 0
-            if others:
-                log.warning("%d more publications above max_publication_bytes were refused since the last such "
-                            "line (drop publication_too_large: %d in all)", others,
-                            node.drops["publication_too_large"])
-            log.warning("publication on %r refused: its payload of %d bytes is above max_publication_bytes (%d); "
-                        "it reaches this broker's own subscribers but is not federated (set the broker's "
-                        "message_size_limit to the same value so the publisher is refused at the source, or raise "
-                        "settings.max_publication_bytes and max_packet on every wrapper to allow it; further "
-                        "refusals are counted as drop publication_too_large and logged once a minute)",
-                        item.topic, len(item.payload), limit)
 
     def _answer_status(self, addr: Any) -> None:
         """A status request from this host (udp.py checked): the status document, to `addr`."""
@@ -807,7 +558,7 @@ class Running:
         self._housekeeping_handle = self.loop.call_later(HOUSEKEEPING_INTERVAL, self._housekeeping)
         now = self.clock.now()
         self.broker_subscriptions.tick(now)
-        self._start_retained_scan(now)
+        self.retained_reading.start_if_due(now)
         self._drain_outputs(now)
 
     def _check_kernel_drops(self) -> None:

@@ -45,7 +45,7 @@ from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
 from federation.daemon.reload import Reloads
 from federation.daemon.retained import RetainedStore
-from federation.daemon.retained_scan import ScanCounts
+from federation.daemon.retained_scan import RetainedReading
 from federation.daemon.udp import OverlayProtocol
 from federation.envelope.datagrams import Envelope
 from federation.protocol.node import Node
@@ -81,7 +81,7 @@ class WrapperParts(Protocol):
     @property
     def retained(self) -> RetainedStore: ...
     @property
-    def retained_scan_counts(self) -> ScanCounts: ...
+    def retained_reading(self) -> RetainedReading: ...
     @property
     def protocol(self) -> OverlayProtocol: ...
     @property
@@ -126,7 +126,7 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
             "injections": injection_counts(wrapper),
             "journal": wrapper.journal.status() if wrapper.journal is not None else None,
             "retained": wrapper.retained.describe(),
-            "retained_scan": dataclasses.asdict(wrapper.retained_scan_counts),
+            "retained_scan": dataclasses.asdict(wrapper.retained_reading.counts),
             **wrapper.broker_subscriptions.status(),
         },
         "overload": {

@@ -18,7 +18,8 @@ from federation.daemon import clock as clock_module
 from federation.daemon.backpressure import InjectionQueue, PacketBacklog, shed_qos0
 from federation.daemon.clock import Clock
 from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG, INJECTION_BACKLOG_HIGH, FlowControl
-from federation.daemon.running import DATA_SLICE, Running
+from federation.daemon.receiving import DATA_SLICE
+from federation.daemon.running import Running
 from federation.daemon.udp import MAX_DATAGRAM_READ, LocalAddresses, OverlayProtocol, kernel_receive_drops
 from federation.protocol import wire
 from federation.protocol.node import Node
@@ -236,12 +237,12 @@ def test_a_full_receive_backlog_counts_every_drop_and_reports_them_with_the_publ
             node = wrapper.node
             assert node.publication_events is publication_events
             node.events_emitted()
-            wrapper.receive_backlog = PacketBacklog(max_packets=3, max_bytes=1 << 20)
+            wrapper.receiving.backlog = PacketBacklog(max_packets=3, max_bytes=1 << 20)
             envelope = peer_envelope(wrapper, ORIGIN)
             for seq in range(1, 9):
                 envelope.send(tm(seq), wrapper.config.bind)
             datagrams = [(data, ORIGIN) for data, _ in envelope.datagrams_to_send()]
-            wrapper._receive_datagrams(node, datagrams)
+            wrapper.receiving.receive(datagrams)
             assert len(wrapper.receive_backlog) == 3
             assert node.drops["receive_backlog_qos0"] == 5
             dropped = [e for e in node.events_emitted() if e.type == "publication_dropped"]
@@ -459,7 +460,7 @@ def test_nothing_is_handed_to_a_broker_whose_socket_is_full_and_the_queue_paces(
                                     for seq in range(1, count + 1))
             wrapper._drain_outputs(wrapper.clock.now())
             assert not handed and len(wrapper.flow.injection_queue) == count
-            assert wrapper._backlog_level() == wrapper.receive_backlog.max_packets // 2
+            assert wrapper.receiving.backlog_level() == wrapper.receive_backlog.max_packets // 2
             broker.output_blocked = False
             while len(wrapper.flow.injection_queue):
                 before = len(handed)
@@ -525,7 +526,7 @@ def test_a_hello_drained_from_the_socket_is_answered_with_a_time_after_it_was_re
                 while not _readable(wrapper) and time.monotonic() < deadline:
                     pass  # no await: the loop must not read the hello itself
                 assert _readable(wrapper)
-                wrapper._on_datagram(b"not a packet", peer_address)  # the hello waits in the socket behind it
+                wrapper.receiving.on_datagram(b"not a packet", peer_address)  # the hello waits in the socket behind it
                 assert read_at
                 data, _ = peer.recvfrom(65535)
                 packets = packets_in(data)
@@ -560,12 +561,12 @@ def test_a_long_receive_backlog_tells_its_source_rb_and_ready_once_worked_off() 
                 envelope = peer_envelope(wrapper, peer_address)
                 for seq in range(1, node.pacing.high + 1):
                     envelope.send(tm(seq, origin=peer_address), wrapper.config.bind)
-                wrapper._receive_datagrams(node, [(data, peer_address) for data, _ in envelope.datagrams_to_send()])
+                wrapper.receiving.receive([(data, peer_address) for data, _ in envelope.datagrams_to_send()])
                 wrapper._drain_outputs(wrapper.clock.now())
                 assert node.pacing.busy and len(wrapper.receive_backlog) == node.pacing.high
                 assert kinds_received(peer) == [(wire.RECEIVER_BUSY, node.pacing.hold)]
                 while len(wrapper.receive_backlog) > 0:  # worked off a slice at a time
-                    wrapper._data_pass(wrapper.clock.now())
+                    wrapper.receiving.data_pass(wrapper.clock.now())
                 assert not node.pacing.busy
                 assert kinds_received(peer) == [(wire.RECEIVER_BUSY, 0.0)]
                 assert node.drops["receive_backlog_qos0"] == 0
