@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from federation.daemon.keys import generate_key, read_key_file
-from federation.envelope.datagrams import Envelope, EnvelopeConfig
+from federation.envelope.config import EnvelopeConfig
+from federation.envelope.datagrams import Envelope
 from federation.protocol.types import Address
 from federation.tools.launch import LaunchError, LocalFederation, line
 

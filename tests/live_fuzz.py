@@ -44,8 +44,8 @@ from federation.envelope.datagrams import (
     KIND_OPEN,
     MAGIC,
     PACKET_ITEM,
-    TAG_SIZE,
 )
+from federation.envelope.keys import TAG_SIZE
 from federation.protocol import wire
 from federation.protocol.types import BrokerId
 

@@ -32,7 +32,7 @@ import yaml
 from federation.daemon import wrapper_events
 from federation.daemon.broker_auth import DEFAULT_TLS_PORT, BrokerAuth, BrokerAuthError, load_broker_auth
 from federation.daemon.keys import KeyFileError, read_key_file
-from federation.envelope.datagrams import ENCRYPTION_NONE, ENCRYPTIONS
+from federation.envelope.config import ENCRYPTION_NONE, ENCRYPTIONS
 from federation.protocol import events
 from federation.protocol.placement import capability
 from federation.protocol.publication_events import PER_PUBLICATION_NAMES

@@ -23,7 +23,7 @@ import stat
 import string
 from pathlib import Path
 
-from federation.envelope.datagrams import MAX_KEY_BYTES, MIN_KEY_BYTES
+from federation.envelope.keys import MAX_KEY_BYTES, MIN_KEY_BYTES
 
 GENERATED_KEY_BYTES = 32
 _HEX = frozenset(string.hexdigits)

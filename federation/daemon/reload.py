@@ -32,7 +32,8 @@ from federation.daemon.broker_health import BrokerHealth
 from federation.daemon.config import DaemonConfig
 from federation.daemon.event_log import EventLog, EventLogError
 from federation.daemon.keys import KeyFileError, read_key_file
-from federation.envelope.datagrams import Envelope, EnvelopeConfigError
+from federation.envelope.config import EnvelopeConfigError
+from federation.envelope.datagrams import Envelope
 
 log = logging.getLogger("federation.daemon")
 

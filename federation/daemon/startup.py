@@ -37,7 +37,8 @@ from federation.daemon.retained import RETAINED_FILE, RetainedStore
 from federation.daemon.spool import SPOOL_FILE, Spool
 from federation.daemon.state import EpochExhausted, LocalSubscriptions, PersistedState, StateStore, next_epoch
 from federation.daemon.udp import open_socket
-from federation.envelope.datagrams import Envelope, EnvelopeConfig, EnvelopeConfigError, envelope_epoch
+from federation.envelope.config import EnvelopeConfig, EnvelopeConfigError
+from federation.envelope.datagrams import Envelope, envelope_epoch
 from federation.protocol.node import Node
 
 log = logging.getLogger("federation.daemon")

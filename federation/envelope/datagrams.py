@@ -51,17 +51,18 @@ docs/protocol.md ("Envelope"), the threat model in docs/security.md.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import math
 import struct
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from federation.envelope.config import ENCRYPTION_CHACHA, ENCRYPTION_NONE, EnvelopeConfig, EnvelopeConfigError
+from federation.envelope.keys import TAG_SIZE, key_table, nonce
 from federation.envelope.reassembly import Reassembler
-from federation.envelope.replay import PeerEpochs, SenderTable
+from federation.envelope.replay import FirstContact, PeerEpochs, SenderTable
 from federation.envelope.transfer import (
     DATA_ITEM,
     ITEM_ACK,
@@ -73,11 +74,10 @@ from federation.envelope.transfer import (
     parse_ack,
 )
 from federation.protocol import events, wire
-from federation.protocol.settings import Settings
 from federation.protocol.types import Address, Event
 
 if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+    pass
 
 MAGIC = 0xFE
 ENVELOPE_VERSION = 2
@@ -85,10 +85,6 @@ KIND_OPEN = 0
 KIND_MAC = 1
 KIND_AEAD = 2
 MODES = {KIND_OPEN: "open", KIND_MAC: "mac", KIND_AEAD: "aead"}
-
-ENCRYPTION_NONE = "none"
-ENCRYPTION_CHACHA = "chacha20-poly1305"
-ENCRYPTIONS = (ENCRYPTION_NONE, ENCRYPTION_CHACHA)
 
 HEADER = struct.Struct(">BBBIQQQB")
 """magic, version, kind, key id, epoch, sequence, receiver epoch, sender length; then the sender (UTF-8)"""
@@ -106,12 +102,7 @@ PACKET_ITEM = struct.Struct(">BH")
 """item kind 1, packet length; then the packet"""
 FRAGMENT_ITEM = struct.Struct(">BIHHIH")
 """item kind 2, message id, index, count, total length, fragment length; then the fragment"""
-TAG_SIZE = 16
 MAX_SENDER = 255
-MIN_KEY_BYTES = 16
-MAX_KEY_BYTES = 64
-KDF_PERSON = b"fed-envelope-kdf"
-MAC_PERSON = b"fed-envelope-mac"
 
 EVENT_BURST = 10
 """`packet_dropped` events per drop reason per second; further drops are only counted"""
@@ -134,116 +125,6 @@ MESSAGE_REASONS = ("fragment_invalid", "reassembly_timeout", "reassembly_evicted
 DROP_REASONS = (*DATAGRAM_REASONS, *MESSAGE_REASONS, TOO_LARGE_TO_SEND)
 
 
-class EnvelopeConfigError(ValueError):
-    """A bad envelope configuration (a key of the wrong size, encryption without a key...)."""
-
-
-def _derive(secret: bytes, label: bytes, size: int) -> bytes:
-    return hashlib.blake2b(label, key=secret, digest_size=size, person=KDF_PERSON).digest()
-
-
-class FederationKey:
-    """One federation key and what is derived from it: its wire id, its MAC key, its AEAD root key."""
-
-    __slots__ = ("key_id", "aead_root", "_mac_base")
-
-    def __init__(self, secret: bytes) -> None:
-        if not MIN_KEY_BYTES <= len(secret) <= MAX_KEY_BYTES:
-            raise EnvelopeConfigError(f"a federation key must have {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes, "
-                                      f"got {len(secret)}; make one with `python wrapper.py genkey`")
-        self.key_id = int.from_bytes(_derive(secret, b"key id v1", 4), "big")
-        self.aead_root = _derive(secret, b"aead v1", 32)
-        # The keyed state is made once and copied per datagram: cheaper than keying BLAKE2b each time.
-        self._mac_base = hashlib.blake2b(key=_derive(secret, b"mac v1", 32), digest_size=TAG_SIZE,
-                                         person=MAC_PERSON)
-
-    def mac(self, data: bytes) -> bytes:
-        hasher = self._mac_base.copy()
-        hasher.update(data)
-        return hasher.digest()
-
-    def cipher(self, sender: bytes, epoch: int) -> ChaCha20Poly1305:
-        """The AEAD of one sender's epoch: nonces are sequence numbers, unique under this key."""
-        # Imported here: `cryptography` costs start-up time that wrappers without encryption need not pay.
-        from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-
-        return ChaCha20Poly1305(_derive(self.aead_root, b"sender\x00" + sender + epoch.to_bytes(8, "big"), 32))
-
-
-def _nonce(seq: int) -> bytes:
-    return b"\x00\x00\x00\x00" + seq.to_bytes(8, "big")
-
-
-@dataclass(frozen=True)
-class EnvelopeConfig:
-    """Limits and keys of one envelope; `from_settings` builds it from the protocol settings."""
-
-    keys: tuple[bytes, ...] = ()
-    """federation keys: the first signs, all are accepted; empty: open mode"""
-    encryption: str = ENCRYPTION_NONE
-    """`none` or `chacha20-poly1305` (needs a key)"""
-    max_datagram: int = 1400
-    """bytes: largest datagram sent (batches and fragments stay under it)"""
-    max_packet: int = 327680
-    """bytes: largest protocol packet sent or reassembled"""
-    reassembly_timeout: float = 5.0
-    """seconds a partial message waits for its missing fragments"""
-    reassembly_memory: int = 8 * 1024 * 1024
-    """bytes of memory partial messages hold at most, all senders together (pieces and bookkeeping, as charged
-    by federation.envelope.reassembly)"""
-    max_senders: int = 256
-    """senders whose replay windows are kept (least recently heard evicted)"""
-    replay_window: int = 1024
-    """sequence numbers below the highest one still accepted once (reordering tolerance)"""
-    bulk_threshold: int = 0
-    """bytes: a packet above it goes as a bulk transfer (federation.envelope.transfer); 0: never (fragments)"""
-    transfer_memory: int = 64 * 1024 * 1024
-    """bytes held at most by bulk transfers received, all senders together (and by those queued to send)"""
-    transfer_timeout: float = 30.0
-    """seconds without progress after which a bulk transfer is given up"""
-    receive_window: int = 1024 * 1024
-    """bytes of the socket's receive buffer that bulk transfers may fill (the daemon sets what the kernel gave)"""
-    resend_window: float = 2.0
-    """seconds: packets sent to a peer before its epoch was known (refused there) are sent again when the peer's
-    first datagram teaches it, if at most this old"""
-
-    @classmethod
-    def from_settings(cls, settings: Settings, keys: Sequence[bytes] = (),
-                      encryption: str = ENCRYPTION_NONE) -> EnvelopeConfig:
-        """`settings` as a `Node` holds them: `max_datagram` 0 (choose) is made a size by the node."""
-        if not settings.max_datagram:
-            raise EnvelopeConfigError("max_datagram 0 (choose) is not a size yet: pass the settings the Node holds "
-                                      "(`Settings.with_datagram_for` made it one)")
-        return cls(tuple(keys), encryption, settings.max_datagram, settings.max_packet,
-                   settings.reassembly_timeout, settings.reassembly_memory, max(64, 4 * settings.max_neighbours),
-                   bulk_threshold=settings.bulk_threshold, transfer_memory=settings.transfer_memory,
-                   transfer_timeout=settings.transfer_timeout,
-                   resend_window=max(1.0, 2 * settings.hello_interval))
-
-    @property
-    def max_fragmented(self) -> int:
-        """bytes: the largest packet sent (and reassembled) as plain fragments; above it, bulk transfers"""
-        return min(self.max_packet, self.bulk_threshold) if self.bulk_threshold else self.max_packet
-
-    def validate(self) -> None:
-        if self.encryption not in ENCRYPTIONS:
-            raise EnvelopeConfigError(f"encryption: expected one of {', '.join(ENCRYPTIONS)}, "
-                                      f"got {self.encryption!r}")
-        if self.encryption != ENCRYPTION_NONE and not self.keys:
-            raise EnvelopeConfigError(f"encryption {self.encryption} needs a federation key: give --key-file "
-                                      f"(make a key with `python wrapper.py genkey > federation.key`)")
-        if not 256 <= self.max_datagram <= 65507:
-            raise EnvelopeConfigError(f"max_datagram: expected 256 to 65507 bytes, got {self.max_datagram}")
-        if self.reassembly_timeout <= 0:
-            raise EnvelopeConfigError(f"reassembly_timeout: must be positive, got {self.reassembly_timeout}")
-        if self.reassembly_memory < 2 * self.max_fragmented:
-            raise EnvelopeConfigError(f"reassembly_memory ({self.reassembly_memory}) must hold two fragmented "
-                                      f"packets of {self.max_fragmented} bytes (max_packet, bulk_threshold)")
-        if self.bulk_threshold and self.transfer_memory < self.max_packet + 65536:
-            raise EnvelopeConfigError(f"transfer_memory ({self.transfer_memory}) must hold a packet of max_packet "
-                                      f"({self.max_packet}) and 64 KiB more")
-
-
 class Envelope:
     """One wrapper's envelope: `send` + `datagrams_to_send` outbound, `receive_datagram` inbound."""
 
@@ -261,7 +142,7 @@ class Envelope:
         if not 0 < epoch <= MAX_EPOCH:
             raise EnvelopeConfigError(f"epoch must be 1 to {MAX_EPOCH} (0 means unknown on the wire), got {epoch}")
         self.epoch = epoch
-        self.keys, self._keys_by_id = _key_table(config.keys)
+        self.keys, self._keys_by_id = key_table(config.keys)
         if not self.keys:
             self.kind = KIND_OPEN
         else:
@@ -420,7 +301,7 @@ class Envelope:
             datagram = signed + self._signing.mac(signed)
         else:
             assert self._cipher is not None
-            datagram = header + self._cipher.encrypt(_nonce(self.seq), body, header)
+            datagram = header + self._cipher.encrypt(nonce(self.seq), body, header)
         self.counters["datagrams_sent"] += 1
         self.counters["bytes_sent"] += len(datagram)
         if count > 1:
@@ -483,7 +364,7 @@ class Envelope:
                 from cryptography.exceptions import InvalidTag  # loaded with the cipher (see `cipher`)
 
                 try:
-                    body = cipher.decrypt(_nonce(seq), data[body_start:], data[:body_start])
+                    body = cipher.decrypt(nonce(seq), data[body_start:], data[:body_start])
                 except InvalidTag:
                     return self._drop(BAD_MAC, f"claims to be {sender}", source, size, now)
         refused = self.senders.check(sender, epoch, seq)
@@ -679,7 +560,7 @@ class Envelope:
                                       "runs; restart the wrapper with key_file")
         if not secrets:
             raise EnvelopeConfigError("no key: a keyed overlay cannot become open while it runs")
-        keys, keys_by_id = _key_table(secrets)
+        keys, keys_by_id = key_table(secrets)
         self.keys, self._keys_by_id = keys, keys_by_id
         self._signing = keys[0]
         self._cipher = self._signing.cipher(self.sender, self.epoch) if self.kind == KIND_AEAD else None
@@ -696,53 +577,6 @@ class Envelope:
             "counters": dict(sorted(self.counters.items())), "drops": dict(sorted(self.drops.items())),
             "transfers": self.transfers.status() if self.transfers is not None else None,
         }
-
-
-class FirstContact:
-    """Packets sent to peers whose epoch was not known yet (stamped 0, so certainly refused there), kept to be sent
-    again, stamped right, as soon as the peer's first datagram teaches its epoch. Without it, every link would come
-    up a hello interval late after a start: each side's first hello is refused. Only packets at most `window`
-    seconds old go again, at most PACKETS and BYTES per peer, for at most `capacity` peers (the oldest forgotten);
-    each goes again once. Nothing else is resent: a packet sent with a stale non-zero stamp (the peer restarted
-    meanwhile) is lost like any lost datagram (hellos repeat, QoS 1/2 publications are retransmitted)."""
-
-    PACKETS = 16
-    BYTES = 64 * 1024
-
-    def __init__(self, capacity: int, window: float) -> None:
-        self.capacity = capacity
-        self.window = window
-        self._kept: dict[Address, deque[tuple[float, bytes]]] = {}
-
-    def __contains__(self, to: object) -> bool:
-        return to in self._kept
-
-    def keep(self, to: Address, packets: list[bytes], now: float) -> None:
-        kept = self._kept.get(to)
-        if kept is None:
-            kept = self._kept[to] = deque()
-            if len(self._kept) > self.capacity:
-                del self._kept[next(iter(self._kept))]
-        kept.extend((now, packet) for packet in packets)
-        size = sum(len(packet) for _, packet in kept)
-        while kept and (len(kept) > self.PACKETS or size > self.BYTES):
-            size -= len(kept.popleft()[1])
-
-    def release(self, to: Address, now: float) -> list[bytes]:
-        kept = self._kept.pop(to, ())
-        return [packet for sent_at, packet in kept if now - sent_at <= self.window]
-
-
-def _key_table(secrets: Sequence[bytes]) -> tuple[list[FederationKey], dict[int, FederationKey]]:
-    """The keys in order, and by key id; EnvelopeConfigError for a key given twice (or sharing an id)."""
-    keys = [FederationKey(secret) for secret in secrets]
-    by_id: dict[int, FederationKey] = {}
-    for position, key in enumerate(keys):
-        if key.key_id in by_id:
-            raise EnvelopeConfigError(f"key {position + 1} repeats an earlier key (or shares its id); "
-                                      f"remove the duplicate")
-        by_id[key.key_id] = key
-    return keys, by_id
 
 
 def envelope_epoch(boot_epoch: int, unix_time: float) -> int:

@@ -1,4 +1,5 @@
-"""Replay protection for the datagram envelope: one sliding window per sender, bounded sender table.
+"""Replay protection for the datagram envelope: one sliding window per sender, bounded sender table; and the
+first packets sent to a peer whose epoch was not known yet, kept to be sent again once it is (`FirstContact`).
 
 Theory of operation: every authenticated datagram carries its sender's
 identity (the announced address), the sender's *envelope epoch* (strictly
@@ -43,7 +44,7 @@ stamp, not even a hello: a replayed old hello therefore does nothing either.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 from federation.protocol.types import Address
@@ -208,3 +209,38 @@ class PeerEpochs:
 
     def __len__(self) -> int:
         return len(self._heard.keys() | self._bound.keys())
+
+
+class FirstContact:
+    """Packets sent to peers whose epoch was not known yet (stamped 0, so certainly refused there), kept to be sent
+    again, stamped right, as soon as the peer's first datagram teaches its epoch. Without it, every link would come
+    up a hello interval late after a start: each side's first hello is refused. Only packets at most `window`
+    seconds old go again, at most PACKETS and BYTES per peer, for at most `capacity` peers (the oldest forgotten);
+    each goes again once. Nothing else is resent: a packet sent with a stale non-zero stamp (the peer restarted
+    meanwhile) is lost like any lost datagram (hellos repeat, QoS 1/2 publications are retransmitted)."""
+
+    PACKETS = 16
+    BYTES = 64 * 1024
+
+    def __init__(self, capacity: int, window: float) -> None:
+        self.capacity = capacity
+        self.window = window
+        self._kept: dict[Address, deque[tuple[float, bytes]]] = {}
+
+    def __contains__(self, to: object) -> bool:
+        return to in self._kept
+
+    def keep(self, to: Address, packets: list[bytes], now: float) -> None:
+        kept = self._kept.get(to)
+        if kept is None:
+            kept = self._kept[to] = deque()
+            if len(self._kept) > self.capacity:
+                del self._kept[next(iter(self._kept))]
+        kept.extend((now, packet) for packet in packets)
+        size = sum(len(packet) for _, packet in kept)
+        while kept and (len(kept) > self.PACKETS or size > self.BYTES):
+            size -= len(kept.popleft()[1])
+
+    def release(self, to: Address, now: float) -> list[bytes]:
+        kept = self._kept.pop(to, ())
+        return [packet for sent_at, packet in kept if now - sent_at <= self.window]

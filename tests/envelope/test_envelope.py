@@ -16,16 +16,8 @@ import pytest
 
 from federation.daemon.config import ConfigError, load_config
 from federation.daemon.keys import KeyFileError, generate_key, parse_keys, permission_warning, read_key_file
-from federation.envelope.datagrams import (
-    DATAGRAM_REASONS,
-    EVENT_BURST,
-    HEADER,
-    MAX_EPOCH,
-    Envelope,
-    EnvelopeConfig,
-    EnvelopeConfigError,
-    envelope_epoch,
-)
+from federation.envelope.config import EnvelopeConfig, EnvelopeConfigError
+from federation.envelope.datagrams import DATAGRAM_REASONS, EVENT_BURST, HEADER, MAX_EPOCH, Envelope, envelope_epoch
 from federation.envelope.reassembly import MESSAGE_OVERHEAD, Reassembler
 from federation.envelope.replay import ReplayWindow
 from federation.protocol import wire

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from federation.envelope.config import EnvelopeConfig
 from federation.envelope.datagrams import (
     DATAGRAM_REASONS,
     FRAGMENT_ITEM,
@@ -32,7 +33,6 @@ from federation.envelope.datagrams import (
     ITEM_PACKET,
     PACKET_ITEM,
     Envelope,
-    EnvelopeConfig,
 )
 from federation.envelope.replay import SenderTable
 from federation.envelope.transfer import TRANSFER_INVALID, TRANSFER_TIMEOUT

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from federation.envelope.datagrams import Envelope, EnvelopeConfig, EnvelopeConfigError
+from federation.envelope.config import EnvelopeConfig, EnvelopeConfigError
+from federation.envelope.datagrams import Envelope
 from federation.protocol.types import Address
 
 A = Address("10.0.0.1", 10500)

@@ -11,15 +11,8 @@ import struct
 
 import pytest
 
-from federation.envelope.datagrams import (
-    ITEM_PACKET,
-    MAX_EPOCH,
-    PACKET_ITEM,
-    Envelope,
-    EnvelopeConfig,
-    EnvelopeConfigError,
-    envelope_epoch,
-)
+from federation.envelope.config import EnvelopeConfig, EnvelopeConfigError
+from federation.envelope.datagrams import ITEM_PACKET, MAX_EPOCH, PACKET_ITEM, Envelope, envelope_epoch
 from federation.protocol import wire
 from federation.protocol.types import Address
 

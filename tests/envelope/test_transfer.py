@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from federation.envelope.datagrams import MESSAGE_REASONS, Envelope, EnvelopeConfig
+from federation.envelope.config import EnvelopeConfig
+from federation.envelope.datagrams import MESSAGE_REASONS, Envelope
 from federation.envelope.transfer import DATAGRAM_COST
 from federation.protocol.types import Address
 

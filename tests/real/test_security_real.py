@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from federation.daemon.keys import generate_key
-from federation.envelope.datagrams import HEADER, MAX_EPOCH, Envelope, EnvelopeConfig
+from federation.envelope.config import EnvelopeConfig
+from federation.envelope.datagrams import HEADER, MAX_EPOCH, Envelope
 from federation.protocol import wire
 from federation.protocol.types import Address, BrokerId
 from federation.tools.launch import LocalFederation, line

@@ -23,7 +23,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from federation.envelope.datagrams import Envelope, EnvelopeConfig
+from federation.envelope.config import EnvelopeConfig
+from federation.envelope.datagrams import Envelope
 from federation.protocol import wire
 from federation.protocol.types import Address, BrokerId
 
