@@ -37,10 +37,11 @@ from itertools import accumulate, repeat
 from operator import add
 from typing import Any, Protocol, TypeVar
 
-from federation.protocol.linkstate import LinkStateDatabase, Routes, StoredRecord
+from federation.protocol.linkstate import LinkStateDatabase, Routes
 from federation.protocol.neighbours import Neighbour
 from federation.protocol.publication_events import PublicationRuns
 from federation.protocol.settings import Settings
+from federation.protocol.stored_records import StoredRecord
 from federation.protocol.types import Address, BrokerId, Event, Injection, InjectionRun, expand_runs
 from federation.protocol.wire import (
     TOPIC_ACK,

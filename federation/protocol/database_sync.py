@@ -38,8 +38,8 @@ from collections.abc import Callable
 
 from federation.protocol import wire
 from federation.protocol.context import IdentityView, NeighboursView, Outbox, TableView
-from federation.protocol.linkstate import StoredRecord
 from federation.protocol.neighbours import Neighbour
+from federation.protocol.stored_records import StoredRecord
 from federation.protocol.types import Address
 from federation.protocol.wire_types import DatabaseDigest, DatabaseRequest, DatabaseSummary, TopicCore
 

@@ -53,7 +53,7 @@ from federation.protocol.database_sync import DatabaseSync
 from federation.protocol.delivery import ReliableDelivery
 from federation.protocol.events import addresses_text, id_text
 from federation.protocol.forwarding import SENT_TO_PACED
-from federation.protocol.linkstate import MakeStored, Routes, stored_record
+from federation.protocol.linkstate import Routes
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.neighbours import Neighbour, NeighbourTable
@@ -64,6 +64,7 @@ from federation.protocol.reliable import ReliableForwarding
 from federation.protocol.retained_sync import RetainedIndex, RetainedSync
 from federation.protocol.settings import Settings
 from federation.protocol.shared import SharedGroups, split_shared
+from federation.protocol.stored_records import MakeStored, stored_record
 from federation.protocol.table import VID_RANGE, FederationTable
 from federation.protocol.topic_filter import SHARE_PREFIX, FilterIndex, federated_filter
 from federation.protocol.types import Address, BrokerId, Event, Injection, InjectionRun, PublicationId
@@ -135,7 +136,7 @@ class Node:
         self.emit = self.outbox.emit
         self.table = FederationTable(self.identity, self.neighbours, self.outbox, rng, make_stored)
         """origination and flooding of records, route computation, management core, id collisions; `make_stored`:
-        what it stores a record as (the simulator passes a `linkstate.RecordPool` its nodes share)"""
+        what it stores a record as (the simulator passes a `stored_records.RecordPool` its nodes share)"""
         self.pacing = Pacing(self._send_receiver_busy)
         """QoS 0 pacing with the neighbours (`rb`): see `on_receive_backlog` and `paced_until`"""
         self.custody = Custody(self.outbox)

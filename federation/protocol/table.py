@@ -48,8 +48,9 @@ from federation.protocol import events, wire
 from federation.protocol.context import Identity, NeighboursView, Outbox
 from federation.protocol.dedup import SeenCache
 from federation.protocol.events import addresses_text, id_text
-from federation.protocol.linkstate import LinkStateDatabase, MakeStored, Routes, StoredRecord, stored_record
+from federation.protocol.linkstate import LinkStateDatabase, Routes
 from federation.protocol.neighbours import Neighbour
+from federation.protocol.stored_records import MakeStored, StoredRecord, stored_record
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire_types import CoreAnnouncement, Federate, LinkStateRecord, Reconsider
 

@@ -43,10 +43,10 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from federation.protocol.events import id_text, publication_text
-from federation.protocol.linkstate import MakeStored, RecordPool, stored_record
 from federation.protocol.node import Node
 from federation.protocol.ordering import Position, StreamKey
 from federation.protocol.retained_sync import MemoryRetainedIndex
+from federation.protocol.stored_records import MakeStored, RecordPool, stored_record
 from federation.protocol.types import Event, Injection, PublicationId
 from federation.protocol.wire import DATA_TYPES, DecodeFunction
 from federation.protocol.wire import decode as wire_decode

@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from federation.protocol.linkstate import LinkStateDatabase, RecordPool, Routes, bucket_of, entry_hash
+from federation.protocol.linkstate import LinkStateDatabase, Routes
+from federation.protocol.stored_records import RecordPool, bucket_of, entry_hash
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import DIGEST_BUCKETS, FLAG_LEAVING, LinkStateRecord
 
