@@ -123,6 +123,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from federation.daemon.mqtt_runs import parse_plain_run
+from federation.daemon.publish_packets import NO_PROPERTIES, append_publish, publishable_field
 
 PAHO_PRIVATE_NAMES: tuple[str, ...] = (
     # methods of paho's Client that LeanClient overrides or calls
@@ -174,68 +175,10 @@ def missing_paho_names() -> list[str]:
 
 READ_CHUNK = 1 << 16
 """bytes asked of the socket per read (paho asks for 1 byte, 1 byte, then the rest per packet)"""
-MAX_PACKET_LENGTH = 268435455
-"""MQTT's largest remaining length (four length bytes)"""
-
-
-TOPIC_FIELD_CACHE = 4096
-"""topics whose PUBLISH topic field `_topic_field` remembers (all forgotten when more are seen)"""
-_topic_fields: dict[str, bytes] = {}
-
-
-def _publishable_field(topic: str, payload: bytes, properties: int = 1) -> bytes:
-    """`_topic_field`, remembered per topic, or b"" when the packet would pass MQTT's limits (paho's check,
-    with room for a packet id and `properties` bytes of packed properties)."""
-    field = _topic_fields.get(topic)
-    if field is None:
-        field = _topic_field(topic)
-    return field if len(field) + len(payload) + 2 + properties <= MAX_PACKET_LENGTH else b""
-
-
-def _topic_field(topic: str) -> bytes:
-    """The topic field of a PUBLISH (length, UTF-8) for a topic that may be published here, else b"" (paho
-    raises for a wildcard or a topic too long, and a broker disconnects a client that publishes on an empty
-    topic without an alias). Remembered: injections repeat topics, and this is per publication."""
-    topic_bytes = topic.encode("utf-8")
-    valid = 0 < len(topic_bytes) <= 0xFFFF and b"+" not in topic_bytes and b"#" not in topic_bytes
-    field = len(topic_bytes).to_bytes(2, "big") + topic_bytes if valid else b""
-    if len(_topic_fields) >= TOPIC_FIELD_CACHE:
-        _topic_fields.clear()
-    _topic_fields[topic] = field
-    return field
-
-
-NO_PROPERTIES = b"\x00"
-"""the packed properties of a PUBLISH without any: a property length of 0"""
-
 ReliableMessage = tuple[str, bytes, int, bool, Properties | None]
 """what `LeanClient.send_reliable` publishes: topic, payload, qos (1 or 2), retain, properties"""
 RestoredMessage = tuple[int, str, bytes, int, bool, Properties | None, bool]
 """what `LeanClient.restore` takes: mid, topic, payload, qos, retain, properties, past PUBREC (QoS 2)"""
-
-
-def _append_publish(out: bytearray, field: bytes, payload: bytes, retain: bool, mid: int, qos: int = 1,
-                    properties: bytes = NO_PROPERTIES) -> None:
-    """Append a PUBLISH as paho's `_send_publish` builds it: QoS `qos` with packet id `mid`, QoS 0 when `mid` is
-    0; `field` from `_topic_field`, `properties` packed (`Properties.pack`, property length first)."""
-    length = len(properties) + len(field) + len(payload)  # topic field, properties, payload
-    if mid:
-        length += 2
-        out.append(0x30 | qos << 1 | retain)
-    else:
-        out.append(0x31 if retain else 0x30)
-    while True:
-        byte, length = length & 0x7F, length >> 7
-        if length:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            break
-    out += field
-    if mid:
-        out += mid.to_bytes(2, "big")
-    out += properties
-    out += payload
 
 
 class _SharedInfo(mqtt.MQTTMessageInfo):
@@ -519,13 +462,13 @@ class LeanClient(mqtt.Client):
             for index in range(room):
                 topic, payload, qos, retain, properties = messages[index]
                 packed = properties.pack() if properties is not None else NO_PROPERTIES
-                field = _publishable_field(topic, payload, len(packed))
+                field = publishable_field(topic, payload, len(packed))
                 if not field:
                     break  # paho's to judge: the caller's `publish`
                 mid = self._mid_generate()
                 if mid in out:
                     mid = self._free_mid(out)
-                _append_publish(packets, field, payload, retain, mid, qos, packed)
+                append_publish(packets, field, payload, retain, mid, qos, packed)
                 message = new_message(mqtt.MQTTMessage)  # `MQTTMessage()` without its own MQTTMessageInfo
                 message.mid = mid
                 message._topic = field[2:]

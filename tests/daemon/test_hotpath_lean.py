@@ -21,7 +21,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from federation.daemon import lean_client
+from federation.daemon import publish_packets
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem, LogLine, Publication, PublicationRun
 from federation.daemon.mqtt_runs import append_qos0_run, append_qos0_run_python
@@ -119,16 +119,16 @@ def test_lean_qos0_publish_builds_the_bytes_paho_builds(adapter) -> None:  # typ
 
 
 def test_remembered_topic_fields_stay_exact_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`_publishable_field` (the QoS 1/2 runs' topic fields) remembers each topic's field: the same bytes the
+    """`publishable_field` (the QoS 1/2 runs' topic fields) remembers each topic's field: the same bytes the
     second time, refusals too, and the memory is emptied when full."""
-    monkeypatch.setattr(lean_client, "TOPIC_FIELD_CACHE", 3)
-    monkeypatch.setattr(lean_client, "_topic_fields", {})
+    monkeypatch.setattr(publish_packets, "TOPIC_FIELD_CACHE", 3)
+    monkeypatch.setattr(publish_packets, "_topic_fields", {})
     for _ in range(2):
-        first = lean_client._publishable_field("é/x", b"p")
-        assert first == lean_client._publishable_field("é/x", b"p") == b"\x00\x04" + "é/x".encode()
+        first = publish_packets.publishable_field("é/x", b"p")
+        assert first == publish_packets.publishable_field("é/x", b"p") == b"\x00\x04" + "é/x".encode()
         for refused in ("a/+", "a/#", ""):
-            assert lean_client._publishable_field(refused, b"p") == b""
-    assert len(lean_client._topic_fields) <= 3
+            assert publish_packets.publishable_field(refused, b"p") == b""
+    assert len(publish_packets._topic_fields) <= 3
 
 
 def test_qos0_runs_the_socket_takes_only_in_part_follow_in_order(adapter) -> None:  # type: ignore[no-untyped-def]
