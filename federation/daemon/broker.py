@@ -89,7 +89,6 @@ import socket
 import ssl
 import termios
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -101,6 +100,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from federation.daemon.broker_auth import BrokerAuth
 from federation.daemon.broker_items import (
+    CLOSED_BEFORE_CONNACK,
     BrokerItem,
     Connected,
     ConnectFailed,
@@ -115,7 +115,7 @@ from federation.daemon.broker_items import (
 from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
 from federation.daemon.config import DEFAULT_SESSION_EXPIRY
 from federation.daemon.injector import InjectionRecorder, Injector
-from federation.daemon.lean_client import LeanClient, PublicClient, missing_paho_names
+from federation.daemon.lean_client import LeanClient, PublicClient, missing_paho_names, paho_version
 from federation.daemon.mqtt_properties import properties_to_dict
 from federation.protocol.histogram import Histogram
 from federation.protocol.types import Address, Injection, InjectionRun, PublicationId
@@ -155,14 +155,6 @@ MAX_PACKETS_PER_WAKEUP = 256
 # ------------------------------------------------------------------ the adapter
 
 
-def paho_version() -> str:
-    """The installed paho-mqtt's version, for messages."""
-    try:
-        return metadata.version("paho-mqtt")
-    except metadata.PackageNotFoundError:
-        return "(version unknown)"
-
-
 def _set_cork(sock: Any, on: bool) -> bool:
     """TCP_CORK on or off: while on, the kernel holds partial segments, so a burst of small publications
     leaves as full segments; turning it off sends what is held. False if the option cannot be set."""
@@ -177,21 +169,6 @@ def _tls_pending(sock: Any) -> int:
     """Bytes TLS has decrypted and holds for the next read (0 for a plain socket): a TLS record may carry several
     MQTT packets, and what is left of it after a read makes the raw socket neither readable nor FIONREAD > 0."""
     return sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
-
-
-CLOSED_BEFORE_CONNACK = "the broker closed the connection before answering CONNECT"
-RESET_IN_HANDSHAKE = "the broker reset the connection during the TLS handshake"
-
-
-def connect_failure(error: BaseException, tls: bool) -> ConnectFailed:
-    """What a failed connection attempt tells the operator: a TLS handshake failure, or the socket's error."""
-    if isinstance(error, ssl.SSLError):
-        reason = str(getattr(error, "reason", None) or error).replace("_", " ").lower()
-        verify = getattr(error, "verify_message", None)
-        return ConnectFailed(f"{reason}: {verify}" if verify else reason, tls=True)
-    if tls and isinstance(error, (ConnectionResetError, ConnectionAbortedError)):
-        return ConnectFailed(RESET_IN_HANDSHAKE, tls=True)
-    return ConnectFailed(getattr(error, "strerror", None) or str(error))
 
 
 class BrokerAdapter:
@@ -464,7 +441,7 @@ class BrokerAdapter:
         if error is not None:
             if not isinstance(error, OSError):
                 log.error("connecting to broker %s failed: %r", self.broker, error)
-            self._deliver(connect_failure(error, self.auth.tls))
+            self._deliver(ConnectFailed.of(error, self.auth.tls))
             self._schedule_connect()
             return
         if self.client.socket() is None:  # closed while CONNECT was written: reported by `_on_disconnect`

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,6 +99,10 @@ class ConnectRefused:
     reason: str
 
 
+CLOSED_BEFORE_CONNACK = "the broker closed the connection before answering CONNECT"
+RESET_IN_HANDSHAKE = "the broker reset the connection during the TLS handshake"
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectFailed:
     """The TCP connection could not be made (broker down or unreachable), or its TLS handshake failed; the
@@ -107,6 +112,17 @@ class ConnectFailed:
     """what the socket or the TLS layer said ("" when nothing more is known)"""
     tls: bool = False
     """True when the TLS handshake failed (the TCP connection was made)"""
+
+    @classmethod
+    def of(cls, error: BaseException, tls: bool) -> ConnectFailed:
+        """What a failed connection attempt tells the operator: a TLS handshake failure, or the socket's error."""
+        if isinstance(error, ssl.SSLError):
+            reason = str(getattr(error, "reason", None) or error).replace("_", " ").lower()
+            verify = getattr(error, "verify_message", None)
+            return cls(f"{reason}: {verify}" if verify else reason, tls=True)
+        if tls and isinstance(error, (ConnectionResetError, ConnectionAbortedError)):
+            return cls(RESET_IN_HANDSHAKE, tls=True)
+        return cls(getattr(error, "strerror", None) or str(error))
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -149,6 +150,14 @@ PAHO_PRIVATE_NAMES: tuple[str, ...] = (
 """Every name of paho's that the lean path relies on and paho does not document, as `where.name`: `client`
 an `mqtt.Client`, `in_packet` the keys of its `_in_packet`, `message` an `MQTTMessage`, `info` an
 `MQTTMessageInfo`, `module` paho.mqtt.client. `missing_paho_names` checks them."""
+
+
+def paho_version() -> str:
+    """The installed paho-mqtt's version, for messages."""
+    try:
+        return metadata.version("paho-mqtt")
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 def missing_paho_names() -> list[str]:
