@@ -18,10 +18,11 @@ needs from read-only properties and snapshots (`unacked_copies`,
 `known_filters`); it never writes the node's counters or flags.
 
 This module is the node's boundary and what no part owns: decoding and
-dispatching packets, neighbour liveness (hellos), local clients, counters
-and status. The rest is parts with narrow contexts (federation.protocol.context
+dispatching packets, neighbour liveness (hellos), counters and status. The
+rest is parts with narrow contexts (federation.protocol.context
 says what each is given): `table` keeps the federation table current
 (records, flooding, route computation, management core, id collisions);
+`local` counts the local broker's subscriptions (federation.protocol.local_subscriptions);
 `sync` brings neighbours' copies up to date (sync when a link comes up,
 anti-entropy digests); `mesh` runs topic cores, meshes and the routing of
 publications; `reliable` retransmits QoS 1/2 copies; `custody` holds each
@@ -30,7 +31,8 @@ deduplicates, orders and delivers publications; `pacing` paces QoS 0 between
 neighbours; `retained_sync` compares the embedder's retained store with the
 neighbours' (`attach_retained`) and brings the newest values. Only the node
 composes them and tells one what another's change means: a route change goes
-to the mesh and the database exchange (`_update_routes`), a new vid to the mesh, an acknowledgement to neighbour
+to the mesh and the database exchange (`_update_routes`), a local subscription's change to the mesh or the
+shared groups (`_apply`), a new vid to the mesh, an acknowledgement to neighbour
 liveness, a publication forwarded to a neighbour pacing us to pacing, and
 what QoS 1/2 work means across the parts to `delivery`
 (federation.protocol.delivery, the node's composition for custody). After
@@ -43,7 +45,6 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from federation.protocol import events, wire
@@ -54,9 +55,10 @@ from federation.protocol.delivery import ReliableDelivery
 from federation.protocol.events import addresses_text, id_text
 from federation.protocol.forwarding import SENT_TO_PACED
 from federation.protocol.linkstate import Routes
+from federation.protocol.local_subscriptions import Change, LocalSubscriptions
 from federation.protocol.mesh import MeshEngine
-from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.neighbours import Neighbour, NeighbourTable
+from federation.protocol.node_status import NodeView, counter_snapshot, status_document
 from federation.protocol.ordering import Ordering, Position, StreamKey
 from federation.protocol.pacing import Pacing
 from federation.protocol.publications import Publications
@@ -66,7 +68,6 @@ from federation.protocol.settings import Settings
 from federation.protocol.shared import SharedGroups, split_shared
 from federation.protocol.stored_records import MakeStored, stored_record
 from federation.protocol.table import VID_RANGE, FederationTable
-from federation.protocol.topic_filter import SHARE_PREFIX, FilterIndex, federated_filter
 from federation.protocol.types import Address, BrokerId, Event, Injection, InjectionRun, PublicationId
 from federation.protocol.wire import DecodeError
 from federation.protocol.wire_types import (
@@ -97,17 +98,6 @@ from federation.protocol.wire_types import (
 from federation.protocol.wire_types import (
     SharedGroups as SharedGroupsAnnouncement,
 )
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """What the node currently believes, for status displays and convergence checks."""
-
-    broker_id: BrokerId
-    members: frozenset[Address]
-    management_core: BrokerId
-    topic_cores: Mapping[str, BrokerId]
-    version: int
 
 
 class Node:
@@ -147,13 +137,10 @@ class Node:
         self.reliable = ReliableForwarding(settings, self.neighbours, self.outbox, rng, delivery.route_again,
                                            delivery.track)
         """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
-        # Local subscriptions: client -> raw filter -> qos; federated filter -> number of (client, filter) pairs.
-        self.clients: dict[str, dict[str, int]] = {}
-        self.filter_refs: Counter[str] = Counter()
-        self.local_index = FilterIndex()
-        self.local_since: dict[str, float] = {}
-        """federated filter with local subscribers -> since when (-infinity: since before a restart, `restore`)"""
-        self.mesh = MeshEngine(self.identity, self.table, self.neighbours, self.outbox, rng, self.filter_refs,
+        self.local = LocalSubscriptions(self.emit)
+        """the local broker's subscriptions: per client, per federated filter, since when"""
+        local = self.local
+        self.mesh = MeshEngine(self.identity, self.table, self.neighbours, self.outbox, rng, local.filter_refs,
                                self.pacing.paced_until, delivery.track, self.reliable.mesh_neighbour_added,
                                self.custody.held, self.custody.unheld, delivery.give_back)
         """topic cores, meshes and the routing of publications"""
@@ -162,8 +149,8 @@ class Node:
         """the database exchange with neighbours: sync when a link comes up, anti-entropy digests"""
         self.shared = SharedGroups(self.identity, self.table, self.neighbours, self.outbox, delivery.track)
         """the shared subscription groups with members federation-wide (`sg`, mode 2 copies: rule 9)"""
-        self.publications = Publications(self.identity, self.outbox, self.mesh, self.local_index.matching,
-                                         self.custody, Ordering(settings, self.outbox, self._interest_since,
+        self.publications = Publications(self.identity, self.outbox, self.mesh, local.index.matching,
+                                         self.custody, Ordering(settings, self.outbox, local.interest_since,
                                                                 self.custody.held, self.custody.unheld),
                                          self.shared)
         """our publications and the ones received: numbering, duplicate caches, order, local delivery"""
@@ -212,7 +199,7 @@ class Node:
         return NodeView(self.broker_id, self.routes.members, self.management_core, self.mesh.cores(), self.version)
 
     def local_count(self, filter_: str) -> int:
-        return self.filter_refs.get(filter_, 0)
+        return self.local.filter_refs.get(filter_, 0)
 
     @property
     def counters(self) -> Mapping[str, int]:
@@ -414,60 +401,38 @@ class Node:
 
     # ------------------------------------------------------------ local clients
 
+    @property
+    def clients(self) -> dict[str, dict[str, int]]:
+        """client -> raw filter -> QoS, of the local broker's subscriptions (read-only)"""
+        return self.local.clients
+
     def local_subscribe(self, client: str, filter_: str, qos: int, now: float) -> None:
-        federated = federated_filter(filter_)
-        if federated is None or federated == RETAINED_FILTER:  # reserved: the retained publications' tree
-            return
-        filters = self.clients.setdefault(client, {})
-        if filter_ in filters:
-            filters[filter_] = qos
-            return
-        filters[filter_] = qos
-        if filter_.startswith(SHARE_PREFIX):  # a group's member: announced, not a filter's mesh (rule 9)
-            self.emit(events.SUBSCRIPTION_ADDED, now, client=client, filter=filter_, federated=filter_, qos=qos)
-            self.shared.local_add(split_shared(filter_))
+        # A restored node's subscriptions, replayed as it starts, are the earlier life's (rule 7d).
+        changes = self.local.subscribe(client, filter_, qos, now, self._restored and now <= self.mesh.claim_allowed_at)
+        if changes is not None:
+            self._apply(changes)
             self._settle(now)
-            return
-        self.emit(events.SUBSCRIPTION_ADDED, now, client=client, filter=filter_, federated=federated, qos=qos)
-        self.filter_refs[federated] += 1
-        if self.filter_refs[federated] == 1:
-            # A restored node's subscriptions, replayed as it starts, are the earlier life's (rule 7d).
-            restored = self._restored and now <= self.mesh.claim_allowed_at
-            self.local_since[federated] = float("-inf") if restored else now
-            self.local_index.add(federated)
-            self.mesh.on_local_change(federated)
-        self._settle(now)
 
     def local_unsubscribe(self, client: str, filter_: str, now: float) -> None:
-        filters = self.clients.get(client)
-        if filters is None or filter_ not in filters:
-            return
-        del filters[filter_]
-        if not filters:
-            del self.clients[client]
-        self._release(client, filter_, now)
-        self._settle(now)
+        changes = self.local.unsubscribe(client, filter_, now)
+        if changes is not None:
+            self._apply(changes)
+            self._settle(now)
 
     def local_disconnect(self, client: str, now: float) -> None:
-        for filter_ in sorted(self.clients.pop(client, {})):
-            self._release(client, filter_, now)
+        self._apply(self.local.disconnect(client, now))
         self._settle(now)
 
-    def _release(self, client: str, filter_: str, now: float) -> None:
-        federated = federated_filter(filter_)
-        if federated is None or federated == RETAINED_FILTER:
-            return
-        if filter_.startswith(SHARE_PREFIX):
-            self.emit(events.SUBSCRIPTION_REMOVED, now, client=client, filter=filter_, federated=filter_)
-            self.shared.local_remove(split_shared(filter_))
-            return
-        self.emit(events.SUBSCRIPTION_REMOVED, now, client=client, filter=filter_, federated=federated)
-        self.filter_refs[federated] -= 1
-        if self.filter_refs[federated] <= 0:
-            del self.filter_refs[federated]
-            self.local_since.pop(federated, None)
-            self.local_index.discard(federated)
-            self.mesh.on_local_change(federated)
+    def _apply(self, changes: list[Change]) -> None:
+        """What a change of the local subscriptions means: a group membership (rule 9), or a filter's mesh."""
+        for change in changes:
+            if change.shared:
+                if change.added:
+                    self.shared.local_add(split_shared(change.filter))
+                else:
+                    self.shared.local_remove(split_shared(change.filter))
+            else:
+                self.mesh.on_local_change(change.filter)
 
     # ------------------------------------------------------------ local publications
 
@@ -721,12 +686,6 @@ class Node:
             self.mesh.renumbered(now)
         self.table.elect_management_core(change, now)
 
-    def _interest_since(self, topic: str) -> float:
-        """Since when a local subscription matches `topic` (the oldest that does)."""
-        since = self.local_since
-        return min((since.get(filter_, float("inf")) for filter_ in self.local_index.matching(topic)),
-                   default=float("inf"))
-
     def _topic_announcements(self) -> list[TopicCore]:
         """What a neighbour that just came up must learn of the topic cores (for the database exchange).
         Judged at the time of the previous input (`last_input_at`), as the sync has always done."""
@@ -746,42 +705,8 @@ class Node:
     # ------------------------------------------------------------ status
 
     def _counter_snapshot(self) -> dict[str, Any]:
-        sent, sent_bytes = self.outbox.sent_by_type, self.outbox.sent_bytes_by_type
-        return {
-            "sent": {k: [sent[k], sent_bytes[k]] for k in sorted(sent)},
-            "received": {k: [self.received_by_type[k], self.received_bytes_by_type[k]]
-                         for k in sorted(self.received_by_type)},
-            "drops": dict(sorted(self.outbox.drops.items())),
-            "counters": dict(sorted(self.outbox.counters.items())),
-        }
+        return counter_snapshot(self.outbox, self.received_by_type, self.received_bytes_by_type)
 
     def status(self, now: float) -> dict[str, Any]:
-        """Everything a person asks a running wrapper (`wrapper.py status`)."""
-        routes = self.routes
-        return {
-            "node": str(self.address), "name": self.name, "broker_id": id_text(self.broker_id), "epoch": self.epoch,
-            "management_core": id_text(self.management_core),
-            "neighbours": [{
-                "address": str(n.transport), "id": id_text(n.announced), "up": n.up, "configured": n.configured,
-                "rtt_ms": None if n.rtt is None else round(n.rtt * 1000, 3),
-                "clock_offset_ms": None if n.clock_offset is None else round(n.clock_offset * 1000, 3),
-                "flaps": n.flaps,
-            } for n in self.neighbours.all()],
-            "federation": [{
-                "address": str(a), "id": id_text(routes.ids.get(a)) if a != self.address else id_text(self.broker_id),
-                "distance": routes.distance.get(a),
-                "next_hops": [str(h) for h in sorted(routes.next_hops.get(a, ()))],
-            } for a in sorted(routes.members)],
-            "topics": self.mesh.describe(now),
-            "ownership": self.mesh.ownership.status(),
-            "shared_groups": self.shared.status(),
-            "reliable": self.reliable.status(),
-            "custody": self.custody.status(),
-            "order": self.publications.ordering.status(),
-            "pacing": {"busy": self.pacing.busy, "paced_by": sorted(str(n) for n in self.pacing.paced_until),
-                       "told": sorted(str(n) for n in self.pacing.told), "sent": self.pacing.sent,
-                       "received": self.pacing.received},
-            "local_subscriptions": {client: dict(sorted(filters.items()))
-                                    for client, filters in sorted(self.clients.items())},
-            **self._counter_snapshot(),
-        }
+        """Everything a person asks a running wrapper (`wrapper.py status`): federation.protocol.node_status."""
+        return status_document(self, now)

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A node's *view* is what the convergence rule compares: its members, its
-management core and its topic cores (`federation.protocol.node.NodeView`). Every
+management core and its topic cores (`federation.protocol.node_status.NodeView`). Every
 change of it is an event (`table_changed`, `management_core_changed`,
 `topic_core_changed`, `id_changed`; `node_started` resets it), so replaying
 those events in order rebuilds every view at every instant. Two changes are

@@ -1,0 +1,108 @@
+"""What a running node says about itself: its view, its status document (`wrapper.py status`), its counters.
+
+Read-only: built from the node's parts on request, never kept. The daemon
+adds the envelope's and its own sections (federation.daemon.snapshots).
+`StatusSource` names what the document reads of a node.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from federation.protocol.context import Outbox
+from federation.protocol.custody import Custody
+from federation.protocol.events import id_text
+from federation.protocol.linkstate import Routes
+from federation.protocol.mesh import MeshEngine
+from federation.protocol.neighbours import NeighbourTable
+from federation.protocol.pacing import Pacing
+from federation.protocol.publications import Publications
+from federation.protocol.reliable import ReliableForwarding
+from federation.protocol.shared import SharedGroups
+from federation.protocol.types import Address, BrokerId
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the node currently believes, for status displays and convergence checks."""
+
+    broker_id: BrokerId
+    members: frozenset[Address]
+    management_core: BrokerId
+    topic_cores: Mapping[str, BrokerId]
+    version: int
+
+
+class StatusSource(Protocol):
+    """What `status_document` reads of a node (federation.protocol.node.Node)."""
+
+    address: Address
+    name: str | None
+    neighbours: NeighbourTable
+    mesh: MeshEngine
+    shared: SharedGroups
+    reliable: ReliableForwarding
+    custody: Custody
+    publications: Publications
+    pacing: Pacing
+    outbox: Outbox
+    received_by_type: Counter[str]
+    received_bytes_by_type: Counter[str]
+
+    @property
+    def broker_id(self) -> BrokerId: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def management_core(self) -> BrokerId: ...
+    @property
+    def routes(self) -> Routes: ...
+    @property
+    def clients(self) -> dict[str, dict[str, int]]: ...
+
+
+def counter_snapshot(outbox: Outbox, received: Mapping[str, int], received_bytes: Mapping[str, int]) -> dict[str, Any]:
+    """Packets and bytes sent and received by type, drops by reason and the other counters."""
+    sent, sent_bytes = outbox.sent_by_type, outbox.sent_bytes_by_type
+    return {
+        "sent": {k: [sent[k], sent_bytes[k]] for k in sorted(sent)},
+        "received": {k: [received[k], received_bytes[k]] for k in sorted(received)},
+        "drops": dict(sorted(outbox.drops.items())),
+        "counters": dict(sorted(outbox.counters.items())),
+    }
+
+
+def status_document(node: StatusSource, now: float) -> dict[str, Any]:
+    """Everything a person asks a running wrapper: who it is, its neighbours, the federation it sees, its topics
+    and what each part holds, its local subscriptions and counters."""
+    routes = node.routes
+    pacing = node.pacing
+    return {
+        "node": str(node.address), "name": node.name, "broker_id": id_text(node.broker_id), "epoch": node.epoch,
+        "management_core": id_text(node.management_core),
+        "neighbours": [{
+            "address": str(n.transport), "id": id_text(n.announced), "up": n.up, "configured": n.configured,
+            "rtt_ms": None if n.rtt is None else round(n.rtt * 1000, 3),
+            "clock_offset_ms": None if n.clock_offset is None else round(n.clock_offset * 1000, 3),
+            "flaps": n.flaps,
+        } for n in node.neighbours.all()],
+        "federation": [{
+            "address": str(a), "id": id_text(routes.ids.get(a)) if a != node.address else id_text(node.broker_id),
+            "distance": routes.distance.get(a),
+            "next_hops": [str(h) for h in sorted(routes.next_hops.get(a, ()))],
+        } for a in sorted(routes.members)],
+        "topics": node.mesh.describe(now),
+        "ownership": node.mesh.ownership.status(),
+        "shared_groups": node.shared.status(),
+        "reliable": node.reliable.status(),
+        "custody": node.custody.status(),
+        "order": node.publications.ordering.status(),
+        "pacing": {"busy": pacing.busy, "paced_by": sorted(str(n) for n in pacing.paced_until),
+                   "told": sorted(str(n) for n in pacing.told), "sent": pacing.sent, "received": pacing.received},
+        "local_subscriptions": {client: dict(sorted(filters.items()))
+                                for client, filters in sorted(node.clients.items())},
+        **counter_snapshot(node.outbox, node.received_by_type, node.received_bytes_by_type),
+    }
