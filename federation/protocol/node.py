@@ -18,9 +18,9 @@ needs from read-only properties and snapshots (`unacked_copies`,
 `known_filters`); it never writes the node's counters or flags.
 
 This module is the node's boundary and what no part owns: decoding and
-dispatching packets, neighbour liveness (hellos), counters and status. The
-rest is parts with narrow contexts (federation.protocol.context
-says what each is given): `table` keeps the federation table current
+dispatching packets and the counters. The rest is parts with narrow
+contexts (federation.protocol.context says what each is given): `liveness`
+runs the hellos that tell which neighbours are up; `table` keeps the federation table current
 (records, flooding, route computation, management core, id collisions);
 `local` counts the local broker's subscriptions (federation.protocol.local_subscriptions);
 `sync` brings neighbours' copies up to date (sync when a link comes up,
@@ -31,7 +31,8 @@ deduplicates, orders and delivers publications; `pacing` paces QoS 0 between
 neighbours; `retained_sync` compares the embedder's retained store with the
 neighbours' (`attach_retained`) and brings the newest values. Only the node
 composes them and tells one what another's change means: a route change goes
-to the mesh and the database exchange (`_update_routes`), a local subscription's change to the mesh or the
+to the mesh and the database exchange (`_update_routes`), a neighbour up or down to every part that sends to
+it (`_on_hello_back`, `_neighbour_down`), a local subscription's change to the mesh or the
 shared groups (`_apply`), a new vid to the mesh, an acknowledgement to neighbour
 liveness, a publication forwarded to a neighbour pacing us to pacing, and
 what QoS 1/2 work means across the parts to `delivery`
@@ -55,6 +56,7 @@ from federation.protocol.delivery import ReliableDelivery
 from federation.protocol.events import addresses_text, id_text
 from federation.protocol.forwarding import SENT_TO_PACED
 from federation.protocol.linkstate import Routes
+from federation.protocol.liveness import Liveness
 from federation.protocol.local_subscriptions import Change, LocalSubscriptions
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.neighbours import Neighbour, NeighbourTable
@@ -134,6 +136,8 @@ class Node:
         self.delivery = ReliableDelivery(settings, self.outbox, self.neighbours, self.custody)
         """what QoS 1/2 work means across the parts (custody): bound to them below"""
         delivery = self.delivery
+        self.liveness = Liveness(settings, self.neighbours, self.outbox, rng)
+        """the hellos and their answers: which neighbours are up (rule 1)"""
         self.reliable = ReliableForwarding(settings, self.neighbours, self.outbox, rng, delivery.route_again,
                                            delivery.track)
         """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
@@ -164,7 +168,6 @@ class Node:
         self.last_input_at = 0.0
         self.started_at: float | None = None
         self.stopped = False
-        self.next_hello = float("inf")
         self.next_announce = float("inf")
         self.next_stats = float("inf")
 
@@ -339,7 +342,7 @@ class Node:
         self.emit(events.NODE_STARTED, now, broker_id=id_text(self.broker_id), epoch=self.epoch, name=self.name,
                   neighbours=addresses_text([n.transport for n in self.neighbours.all()]))
         self.table.originate(now)
-        self._send_hellos(now)
+        self.liveness.send_all(now)
         self.next_announce = now + self.settings.announce_interval * (1 + 0.1 * self.rng.random())
         self.next_stats = now + self.settings.stats_interval
         self.outbox.view_changed()
@@ -358,12 +361,10 @@ class Node:
     def get_timer(self) -> float | None:
         if self.started_at is None or self.stopped:
             return None
-        candidates = [self.next_hello, self.next_announce, self.next_stats, *self.table.next_deadlines()]
+        candidates = [self.liveness.next_hello, self.next_announce, self.next_stats, *self.table.next_deadlines()]
         if self.publications.parked:
             candidates.append(self.publications.unpark_at(self.mesh.claim_allowed_at))
-        for deadline in (self.neighbours.next_deadline(self.settings.neighbour_dead_after),
-                         self.neighbours.next_overdue(self.settings.hello_interval, self.mesh.watched_parents(),
-                                                      self.last_input_at),
+        for deadline in (self.liveness.deadline(self.mesh.watched_parents(), self.last_input_at),
                          self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
                          self.sync.next_deadline(), self.publications.ordering.next_deadline()):
             if deadline is not None:
@@ -375,15 +376,11 @@ class Node:
             return
         for neighbour in self.neighbours.expire(self.settings.neighbour_dead_after, now):
             self._neighbour_down(neighbour, now)
-        probe, late = self.neighbours.check_late(self.settings.hello_interval, now, self.mesh.watched_parents(),
-                                                 self.settings.announcement_lifetime)
-        for neighbour in probe:
-            self._send_hello(neighbour, now)  # one hello back late: ask again before calling it late
-        if late:
+        if self.liveness.probe_late(now, self.mesh.watched_parents()):
             self.mesh.mark_all_dirty()  # a data parent late twice: a standby one carries beside it (rule 6)
         self.sync.due_resyncs(now)
-        if now >= self.next_hello:
-            self._send_hellos(now)
+        if now >= self.liveness.next_hello:
+            self.liveness.send_all(now)
         if now >= self.next_announce:
             self._periodic(now)
         if now >= self.next_stats:
@@ -545,9 +542,7 @@ class Node:
             if self.delivery.on_acks(body, sender):  # it echoes copies we sent: both directions work (rule 1)
                 self.neighbours.record_echo(neighbour, now)
         elif isinstance(body, Hello):
-            self.outbox.send(wire.HELLO_BACK, HelloBack(body.seq, body.sent_at, now), [sender])
-            if not neighbour.up:
-                self._send_hello(neighbour, now)  # answer at once: the link comes up in one round trip
+            self.liveness.answer(body, neighbour, now)
         elif isinstance(body, HelloBack):
             self._on_hello_back(neighbour, body, now)
         elif isinstance(body, Federate):
@@ -605,32 +600,15 @@ class Node:
         self._drop_packet("forged_own", f"{body.origin}/{body.epoch}/{last_seq}", sender, 0, now)
         return True
 
-    # ------------------------------------------------------------ hello
-
-    def _send_hellos(self, now: float) -> None:
-        for neighbour in self.neighbours.all():
-            self._send_hello(neighbour, now)
-        # A little jitter keeps neighbours from synchronising their hellos.
-        self.next_hello = now + self.settings.hello_interval * (0.9 + 0.1 * self.rng.random())
-
-    def _send_hello(self, neighbour: Neighbour, now: float) -> None:
-        seq = self.neighbours.hello_sent(neighbour, now)
-        self.outbox.send(wire.HELLO, Hello(seq, now), [neighbour.transport])
+    # ------------------------------------------------------------ neighbours up and down
 
     def _on_hello_back(self, neighbour: Neighbour, body: HelloBack, now: float) -> None:
-        sent_at = self.neighbours.hello_answered(neighbour, body.echo_seq, body.echo_sent_at)
-        if sent_at is None:
-            self.drop("stale_hello_back")
+        answered = self.liveness.answered(neighbour, body, now)
+        if answered is None:
             return
-        rtt = now - sent_at
-        offset = body.replied_at - (sent_at + rtt / 2)
-        if neighbour.overdue:
+        if answered.was_overdue:
             self.mesh.mark_all_dirty()  # answered after all: a standby parent beside it goes back to standby
-        if self.neighbours.record_back(neighbour, rtt, offset, self.settings.rtt_smoothing, now):
-            assert neighbour.announced is not None
-            self.emit(events.NEIGHBOUR_UP, now, neighbour=str(neighbour.transport),
-                      neighbour_id=id_text(neighbour.announced), rtt=round(rtt, 6), clock_offset=round(offset, 6),
-                      clock_error=round(rtt / 2, 6))
+        if answered.came_up:
             # Announce the new link (rate-limited: neighbours that come up together share one
             # origination); when allowed at once, first, so the bundle we send carries it.
             self.table.trigger_origination(now)
@@ -641,13 +619,10 @@ class Node:
             self.reliable.neighbour_up(neighbour.transport, now)  # what waits for it goes now
             if all(n.up for n in self.neighbours.all() if n.configured):
                 # Everything we can hear is syncing: claims need wait only for that exchange.
-                self.mesh.allow_claims_by(now + max(4 * rtt, 0.01))
+                self.mesh.allow_claims_by(now + max(4 * answered.rtt, 0.01))
 
     def _neighbour_down(self, neighbour: Neighbour, now: float) -> None:
-        self.emit(events.NEIGHBOUR_DOWN, now, neighbour=str(neighbour.transport),
-                  neighbour_id=id_text(neighbour.announced))
-        if not neighbour.configured:
-            self.neighbours.remove(neighbour.transport)
+        self.liveness.down(neighbour, now)
         self.reliable.neighbour_down(neighbour.transport, now)
         self.sync.neighbour_down(neighbour.transport)
         self.retained_sync.neighbour_down(neighbour.transport)

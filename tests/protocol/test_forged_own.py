@@ -89,7 +89,7 @@ def test_a_hello_back_with_a_forged_send_time_leaves_the_round_trip_alone() -> N
     neighbour = node.neighbours.get(address(2))
     assert neighbour is not None and neighbour.up and neighbour.rtt is not None
     rtt = neighbour.rtt
-    harness.run(node.next_hello + harness.latency / 2)  # a hello is out, its answer not back yet
+    harness.run(node.liveness.next_hello + harness.latency / 2)  # a hello is out, its answer not back yet
     seq = node.neighbours.hello_seq
     transport, sent_at = node.neighbours.hellos_sent[seq]
     assert transport == address(2)
