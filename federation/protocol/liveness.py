@@ -99,9 +99,9 @@ class Liveness:
             self.send(neighbour, now)  # one hello back late: ask again before calling it late
         return late
 
-    def deadline(self, watched: Collection[Address], last_input_at: float) -> float | None:
-        """The next time a neighbour may be found silent or late (the hellos' own time is `next_hello`)."""
-        deadlines = [deadline for deadline in (
-            self.neighbours.next_deadline(self.settings.neighbour_dead_after),
-            self.neighbours.next_overdue(self.settings.hello_interval, watched, last_input_at)) if deadline is not None]
-        return min(deadlines, default=None)
+    def deadlines(self, watched: Collection[Address], last_input_at: float) -> tuple[float | None, float | None]:
+        """When a neighbour may be found silent next, and a watched one late (None: no such time); the hellos'
+        own time is `next_hello`."""
+        neighbours, settings = self.neighbours, self.settings
+        return (neighbours.next_deadline(settings.neighbour_dead_after),
+                neighbours.next_overdue(settings.hello_interval, watched, last_input_at))

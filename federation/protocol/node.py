@@ -364,7 +364,7 @@ class Node:
         candidates = [self.liveness.next_hello, self.next_announce, self.next_stats, *self.table.next_deadlines()]
         if self.publications.parked:
             candidates.append(self.publications.unpark_at(self.mesh.claim_allowed_at))
-        for deadline in (self.liveness.deadline(self.mesh.watched_parents(), self.last_input_at),
+        for deadline in (*self.liveness.deadlines(self.mesh.watched_parents(), self.last_input_at),
                          self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
                          self.sync.next_deadline(), self.publications.ordering.next_deadline()):
             if deadline is not None:
