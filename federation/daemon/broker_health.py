@@ -21,6 +21,13 @@ says nothing, which leaves the wrapper blind to local subscriptions: so
 a connection that has sent no log line gets a loud warning saying what to
 add to mosquitto.conf. The delay comes from the runtime's loop through the
 `call_later` callable given at construction, so this class needs no loop.
+
+One report is advice, not a fault: a broker whose Receive Maximum (its
+`max_inflight_messages`; Mosquitto's default is 20) is below
+`ADVISED_RECEIVE_MAXIMUM` lets the wrapper have only that many QoS 1/2
+publications from other brokers in flight into it, and at full rate that
+window, not the CPU, sets how fast they arrive (docs/benchmarks.md, sixth
+pass). Said once per process, at the first connection that announces it.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ BROKER_DOWN_REMINDER = 60.0
 """seconds between repeated warnings while the broker stays unreachable, refuses the login or fails TLS"""
 FAILURE_KINDS = ("unreachable", "refused", "tls")
 """why a connection attempt failed: no TCP connection, a CONNACK refusal, a failed TLS handshake"""
+ADVISED_RECEIVE_MAXIMUM = 1000
+"""the `max_inflight_messages` configs/mosquitto.conf sets; a broker announcing less gets the advice in the log"""
 RETRYING = (f"retrying with backoff {RECONNECT_MIN_DELAY:g}-{RECONNECT_MAX_DELAY:g} s (a reminder every "
             f"{BROKER_DOWN_REMINDER:g} s); the overlay keeps running")
 
@@ -87,6 +96,7 @@ class BrokerHealth:
         self._down_since: float | None = None
         self._down_warned_at = float("-inf")
         self._silence_check: Timer | None = None
+        self._window_advised = False
 
     @property
     def reconnects(self) -> int:
@@ -115,6 +125,13 @@ class BrokerHealth:
             self._down_warned_at = float("-inf")
             self.problem = self._problem_kind = None
             log.info("connected to broker %s as %r %s%s", broker, self.client_id, self.auth.describe(), down_for)
+            if item.receive_maximum < ADVISED_RECEIVE_MAXIMUM and not self._window_advised:
+                self._window_advised = True
+                log.info("broker %s takes at most %d unacknowledged QoS 1/2 publications (its Receive Maximum, "
+                         "mosquitto.conf `max_inflight_messages`): at full rate this window limits how fast QoS 1/2 "
+                         "publications from other brokers reach its subscribers; `max_inflight_messages %d`, as "
+                         "configs/mosquitto.conf has, widens it", broker, item.receive_maximum,
+                         ADVISED_RECEIVE_MAXIMUM)
         elif isinstance(item, Subscribed):
             if item.refused:
                 log.error("broker %s refused subscriptions: %s; the wrapper needs both: the broker's ACL must let "

@@ -38,6 +38,7 @@ FALLBACK_CONF_LINES = (
     "log_dest topic",
     "log_type all",
     "max_queued_messages 0",
+    "max_inflight_messages 1000",
     "persistence false",
 )
 """used when configs/mosquitto.conf does not exist"""

@@ -153,3 +153,23 @@ def test_a_failed_tls_handshake_names_the_tls_settings(caplog: pytest.LogCapture
     assert first.startswith("TLS with broker 127.0.0.1:1883 failed (certificate verify failed")
     assert "not signed by the CA in broker_tls_ca (--broker-tls-ca) (/etc/x/ca.crt)" in first
     assert "may ask for a client certificate: give broker_tls_cert (--broker-tls-cert)" in second
+
+
+def test_a_small_receive_maximum_gets_the_advice_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="federation.daemon")
+    health, _timers = make()
+    health.on_state(Connected(receive_maximum=20), 1.0)
+    health.on_state(Disconnected("keepalive", expected=False), 2.0)
+    health.on_state(Connected(receive_maximum=20), 3.0)
+    advice = [record.getMessage() for record in caplog.records if "max_inflight_messages" in record.getMessage()]
+    assert len(advice) == 1
+    assert "at most 20 unacknowledged" in advice[0]
+    assert f"max_inflight_messages {broker_health.ADVISED_RECEIVE_MAXIMUM}" in advice[0]
+
+
+def test_a_wide_receive_maximum_gets_no_advice(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="federation.daemon")
+    health, _timers = make()
+    health.on_state(Connected(receive_maximum=broker_health.ADVISED_RECEIVE_MAXIMUM), 1.0)
+    health.on_state(Connected(), 2.0)  # no Receive Maximum in the CONNACK: MQTT's 65535
+    assert "max_inflight_messages" not in caplog.text

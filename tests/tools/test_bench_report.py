@@ -109,6 +109,13 @@ def test_broker_config_gets_lean_log_types_and_a_bridge() -> None:
     assert "topic bench/# out 1" in conf and "max_queued_messages 0" in conf and "set_tcp_nodelay true" in conf
 
 
+def test_broker_config_gets_the_window_asked_for_in_place_of_the_templates() -> None:
+    rendered = "listener 1883 127.0.150.10\nmax_inflight_messages 1000\nmax_queued_messages 0\n"
+    assert "max_inflight_messages 1000" in bench_conf(rendered, None).splitlines()
+    conf = bench_conf(rendered, None, max_inflight=20).splitlines()
+    assert [line for line in conf if line.startswith("max_inflight_messages")] == ["max_inflight_messages 20"]
+
+
 def test_cpu_seconds_of_this_process_and_of_a_missing_one() -> None:
     import os
 
@@ -132,6 +139,9 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--sizes", "8"])
     assert "--sizes: at least 31 bytes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--max-inflight", "70000"])
+    assert "--max-inflight: 0" in capsys.readouterr().err
 
 
 def test_chart_is_a_png(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ def environment(options: argparse.Namespace, argv: Sequence[str]) -> dict[str, A
         "kernel": platform.release(), "python": platform.python_version(),
         "mosquitto": _command_output([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-h"]),
         "paho": paho, "commit": commit + (" (with uncommitted changes)" if dirty not in ("", "unknown") else ""),
-        "rounds": options.rounds, "load_average": [],
+        "rounds": options.rounds, "max_inflight": options.max_inflight, "load_average": [],
     }
 
 
@@ -133,7 +133,8 @@ def run(options: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _run_setup(spec: SetupSpec, subnet: int, workdir: Path, round_: int, round_cases: Sequence[Case],
                results: Results, options: argparse.Namespace) -> None:
-    setup = Setup(spec, workdir / f"round{round_}", subnet, options.publication_events == "on")
+    setup = Setup(spec, workdir / f"round{round_}", subnet, options.publication_events == "on",
+                  options.max_inflight)
     try:
         setup.start()
     except LaunchError as error:
@@ -204,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--publication-events", choices=("on", "off"), default="on",
                         help="off: the wrappers' event logs leave out the per-publication events, which the nodes "
                              "then do not make (docs/daemon.md \"Event log\"); default on, as the Spark job needs")
+    parser.add_argument("--max-inflight", type=int, metavar="N",
+                        help="every setup's brokers get `max_inflight_messages N` (their Receive Maximum) in place "
+                             "of the template's (configs/mosquitto.conf); 20 is Mosquitto's default")
     parser.add_argument("--keep", action="store_true", help="keep broker dirs, logs and subscriber output")
     parser.add_argument("--no-chart", dest="chart", action="store_false", help="do not draw chart.png")
     parser.add_argument("--report", type=Path, metavar="RESULTS_JSON",
@@ -224,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _publish_report(results, options.out, options.chart)
     if options.rounds < 1 or options.count < 1 or options.seconds <= 0:
         parser.error("--rounds and --count must be at least 1, --seconds positive")
+    if options.max_inflight is not None and not 0 <= options.max_inflight <= 65535:
+        parser.error("--max-inflight: 0 (Mosquitto's \"no maximum\") to 65535")
     if min(options.sizes) < MIN_PAYLOAD:
         parser.error(f"--sizes: at least {MIN_PAYLOAD} bytes (the sequence number and send time)")
     if not 1 <= options.subnet <= 255 - len(options.setups):

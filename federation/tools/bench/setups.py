@@ -34,6 +34,13 @@ rendered configs apply to every setup alike:
   subscriber wait for Nagle's algorithm, and a 1 KB message at 1,000/s takes
   about 20 ms on one broker instead of 0.15 ms (measured; docs/benchmarks.md).
 
+With `max_inflight` (the bench's `--max-inflight`), every setup's brokers
+get `max_inflight_messages` set to it in place of the template's value: the
+window of unacknowledged QoS 1/2 publications a broker allows each client
+both ways (its Receive Maximum), and so how many the receiving wrapper, or a
+bridge, may have in flight into the next broker (docs/benchmarks.md, sixth
+pass).
+
 Each setup gets its own /24 of loopback addresses (127.0.<subnet>.10 and up),
 away from the tests' 127.0.40+ and the demo's 127.0.0.10.
 """
@@ -125,9 +132,13 @@ def bridge_lines(index: int, target_host: str, port: int = BROKER_PORT, *, topic
     ]
 
 
-def bench_conf(rendered: str, bridge: list[str] | None) -> str:
-    """A config rendered by `federation.tools.launch` with the bench's log types and, optionally, a bridge."""
+def bench_conf(rendered: str, bridge: list[str] | None, max_inflight: int | None = None) -> str:
+    """A config rendered by `federation.tools.launch` with the bench's log types and, optionally, a bridge and
+    `max_inflight_messages max_inflight` (replacing the template's)."""
     lines = [raw for raw in rendered.splitlines() if raw.split() != ["log_type", "all"]]
+    if max_inflight is not None:
+        lines = [raw for raw in lines if raw.split()[:1] != ["max_inflight_messages"]]
+        lines.append(f"max_inflight_messages {max_inflight}")
     active = {" ".join(raw.split()) for raw in lines if not raw.lstrip().startswith("#")}
     lines += [wanted for wanted in (*WRAPPER_LOG_TYPES, "set_tcp_nodelay true") if wanted not in active]
     return "\n".join(lines + (bridge or [])) + "\n"
@@ -139,10 +150,11 @@ class BenchBrokers(LocalFederation):
     event type but the per-publication ones (so the nodes do not make those: docs/daemon.md "Event log")."""
 
     def __init__(self, names: Sequence[str], links: Sequence[tuple[str, str]], workdir: Path, first_address: str,
-                 bridges: bool, publication_events: bool = True) -> None:
+                 bridges: bool, publication_events: bool = True, max_inflight: int | None = None) -> None:
         super().__init__(list(names), links, workdir, first_address=first_address)
         self.bridges = bridges
         self.publication_events = publication_events
+        self.max_inflight = max_inflight
 
     def next_broker(self, node: FederationNode) -> FederationNode | None:
         """The broker after `node` in name order (the one its bridge connects to), None for the last."""
@@ -157,8 +169,8 @@ class BenchBrokers(LocalFederation):
 
     def _write_configs(self, node: FederationNode) -> None:  # extends LocalFederation's rendering
         super()._write_configs(node)
-        node.broker_conf.write_text(bench_conf(node.broker_conf.read_text(encoding="utf-8"), self.extra_conf(node)),
-                                    encoding="utf-8")
+        node.broker_conf.write_text(bench_conf(node.broker_conf.read_text(encoding="utf-8"), self.extra_conf(node),
+                                               self.max_inflight), encoding="utf-8")
         if not self.publication_events:
             config = yaml.safe_load(node.wrapper_config.read_text(encoding="utf-8")) or {}
             config["event_types"] = [kind for kind in events.ALL if kind not in events.PER_PUBLICATION]
@@ -168,12 +180,14 @@ class BenchBrokers(LocalFederation):
 class Setup:
     """One started setup: where to publish and subscribe, and which processes to charge CPU time to."""
 
-    def __init__(self, spec: SetupSpec, workdir: Path, subnet: int, publication_events: bool = True) -> None:
+    def __init__(self, spec: SetupSpec, workdir: Path, subnet: int, publication_events: bool = True,
+                 max_inflight: int | None = None) -> None:
         self.spec = spec
         names = node_names(spec.brokers)
         links = line(names) if spec.kind == "federation" else []
         self.brokers = BenchBrokers(names, links, workdir / spec.name, f"127.0.{subnet}.10",
-                                    bridges=spec.kind == "bridge", publication_events=publication_events)
+                                    bridges=spec.kind == "bridge", publication_events=publication_events,
+                                    max_inflight=max_inflight)
         self.relays: list[subprocess.Popen[bytes]] = []
         """a relay setup's clients for the case under way (`begin_case`)"""
 
