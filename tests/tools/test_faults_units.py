@@ -51,6 +51,35 @@ def test_order_counts_first_arrivals_only() -> None:
     assert not count.meets(1)
 
 
+def test_the_client_librarys_swap_after_a_broker_restart_is_told_apart() -> None:
+    # What the ring and then the line printed (docs/guarantees.md): 200 died in the killed broker's PUBREC-PUBREL
+    # window, and libmosquitto printed it in the place of 401, which the restarted broker sent under the same id.
+    printed = [*range(1, 200), *range(201, 401), 200, *range(402, 801)]
+    plain = count_stream(800, range(1, 801), printed)
+    assert (plain.lost, plain.late, plain.swapped) == (1, 1, ())
+    assert not plain.meets(2)
+    count = count_stream(800, range(1, 801), printed, broker_restarted=True)
+    assert count.swapped == ((401, 200),)
+    assert (count.lost, count.late, count.inversions, count.duplicated) == (0, 0, 0, 0)
+    assert count.meets(2)
+    assert "swapped by the client 1" in report.cell(count, 2)
+
+
+def test_only_that_mark_is_a_swap() -> None:
+    everything = range(1, 11)
+    # 5 missing and nothing in its place: a loss, restart or not.
+    assert count_stream(10, everything, [1, 2, 3, 4, 6, 7, 8, 9, 10], broker_restarted=True).lost == 1
+    # 5 and 6 missing, 2 printed again where 5 was: the first print counts, so 2 is a duplicate and 5, 6 are lost.
+    count = count_stream(10, everything, [1, 2, 3, 4, 2, 7, 8, 9, 10], broker_restarted=True)
+    assert (count.lost, count.swapped) == (2, ())
+    # 3 printed late in 5's place, but 6 is missing too: not the mark (one message for one); 5 and 6 are lost.
+    count = count_stream(10, everything, [1, 2, 4, 3, 7, 8, 9, 10], broker_restarted=True)
+    assert count.swapped == () and count.lost == 2
+    # A newer message in the place of a missing one is no swap (the client holds only older ones).
+    count = count_stream(10, everything, [1, 2, 3, 4, 9, 6, 7, 8, 10], broker_restarted=True)
+    assert count.swapped == () and count.lost == 1
+
+
 def test_strays_are_unexpected() -> None:
     count = count_stream(2, [1, 2], [1, 2, 99])
     assert count.unexpected == 1 and not count.meets(1)

@@ -22,8 +22,20 @@ The verdicts (Jepsen's "what goes in must come out"):
 A publication the publisher sent but saw no acknowledgement for may arrive
 or not: MQTT promises nothing for it, so it is only counted (`unacknowledged`).
 
+One loss is the subscriber's client library's, not the path's, and is told
+apart in a QoS 2 stream when the case restarted the subscriber's broker
+(`broker_restarted`): libmosquitto keeps an incoming QoS 2 message whose
+PUBREL never came across a reconnection, also to a broker that lost the
+session, so the restarted
+broker's publication that gets the same packet id is taken for a repeat of
+it, and the PUBREL that follows prints the old message instead
+(docs/guarantees.md, "kill -9 the subscriber's broker"). Its mark in the
+output: X is missing and an older L, printed for the first time, stands
+right where X belongs (after X - 1, before X + 1). Such a pair is counted
+as `swapped` (X neither lost nor L late); any other loss still counts.
+
 Everything here is pure (lines and sets in, counts out), so it is unit-tested
-without brokers (tests/tools/test_faults_counting.py).
+without brokers (tests/tools/test_faults_units.py).
 """
 
 from __future__ import annotations
@@ -89,6 +101,8 @@ class StreamCount:
     """the first lost sequence numbers, for a reader"""
     lost_ranges: tuple[tuple[int, int], ...] = ()
     """the lost sequence numbers as (first, last) runs, at most `RANGES_KEPT` of them"""
+    swapped: tuple[tuple[int, int], ...] = ()
+    """(X, L): X lost by the client library, which printed the older L in its place (module docstring)"""
 
     @property
     def ordered(self) -> bool:
@@ -102,6 +116,7 @@ class StreamCount:
         document = asdict(self)
         document["lost_sample"] = list(self.lost_sample)
         document["lost_ranges"] = [list(pair) for pair in self.lost_ranges]
+        document["swapped"] = [list(pair) for pair in self.swapped]
         return document
 
 
@@ -120,9 +135,25 @@ def runs(numbers: Iterable[int]) -> list[tuple[int, int]]:
     return found
 
 
-def count_stream(sent: int, acknowledged: Iterable[int], arrivals: Sequence[int]) -> StreamCount:
+def client_swaps(first_arrivals: Sequence[int], missing: set[int]) -> list[tuple[int, int]]:
+    """(X, L) for each missing X whose place (after X - 1, before X + 1, where those were printed) holds an older L:
+    the client library's swap after its broker restarted (module docstring)."""
+    swaps = []
+    for index, seq in enumerate(first_arrivals):
+        before = first_arrivals[index - 1] if index else None
+        after = first_arrivals[index + 1] if index + 1 < len(first_arrivals) else None
+        if before is None or before + 1 not in missing or seq >= before:
+            continue
+        if after is None or after == before + 2:
+            swaps.append((before + 1, seq))
+    return swaps
+
+
+def count_stream(sent: int, acknowledged: Iterable[int], arrivals: Sequence[int],
+                 broker_restarted: bool = False) -> StreamCount:
     """Judge a stream: `sent` publications numbered 1..sent, the acknowledged numbers, the numbers the
-    subscriber printed in arrival order."""
+    subscriber printed in arrival order; `broker_restarted`: the case killed and restarted the subscriber's
+    broker, so the client library's swaps are told apart (module docstring)."""
     acked = set(acknowledged)
     copies = Counter(arrivals)
     seen: set[int] = set()
@@ -131,6 +162,11 @@ def count_stream(sent: int, acknowledged: Iterable[int], arrivals: Sequence[int]
         if seq not in seen:
             seen.add(seq)
             first_arrivals.append(seq)
+    swapped = client_swaps(first_arrivals, acked - seen) if broker_restarted else []
+    if swapped:  # judged as if X had been printed in its place and L where it was due
+        stand_ins = {older: lost for lost, older in swapped}
+        seen |= set(stand_ins.values())
+        first_arrivals = [stand_ins.get(seq, seq) for seq in first_arrivals]
     inversions = sum(1 for before, after in zip(first_arrivals, first_arrivals[1:], strict=False) if after < before)
     late = 0
     highest = 0
@@ -144,4 +180,4 @@ def count_stream(sent: int, acknowledged: Iterable[int], arrivals: Sequence[int]
         duplicated=sum(count - 1 for count in copies.values()), inversions=inversions, late=late,
         unexpected=sum(1 for seq in seen if not 1 <= seq <= sent),
         unacknowledged=sent - len(acked & set(range(1, sent + 1))),
-        lost_sample=tuple(lost[:SAMPLE_KEPT]), lost_ranges=tuple(runs(lost)[:RANGES_KEPT]))
+        lost_sample=tuple(lost[:SAMPLE_KEPT]), lost_ranges=tuple(runs(lost)[:RANGES_KEPT]), swapped=tuple(swapped))

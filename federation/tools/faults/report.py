@@ -20,7 +20,9 @@ from federation.tools.faults.runner import CaseResult
 
 LEGEND = ("cells: `ok` when the stream met the target (0 lost, 0 out of order, QoS 2: 0 duplicated), else "
           "lost = acknowledged to the publisher and never received, dup = extra copies, late = publications that "
-          "arrived after a later one (adjacent inversions in brackets); `/N` = publications acknowledged")
+          "arrived after a later one (adjacent inversions in brackets), swapped by the client = lost by the "
+          "subscriber's client library after its broker restarted, an older message printed in the lost one's "
+          "place (docs/guarantees.md; not counted as lost); `/N` = publications acknowledged")
 
 
 def cell(count: StreamCount | None, qos: int, error: str | None = None) -> str:
@@ -37,6 +39,8 @@ def cell(count: StreamCount | None, qos: int, error: str | None = None) -> str:
         parts.append(f"late {count.late} ({count.inversions})")
     if count.unexpected:
         parts.append(f"stray {count.unexpected}")
+    if count.swapped:
+        parts.append(f"swapped by the client {len(count.swapped)}")
     verdict = "ok" if count.meets(qos) else ""
     return ", ".join(([verdict] if verdict else []) + parts) + f" /{count.acknowledged}"
 

@@ -127,7 +127,8 @@ class CaseResult:
         return CaseResult(
             setup=document["setup"], case=document["case"], schedule=document["schedule"],
             streams={int(qos): StreamCount(**{**counts, "lost_sample": tuple(counts["lost_sample"]),
-                                              "lost_ranges": tuple(tuple(pair) for pair in counts["lost_ranges"])})
+                                              "lost_ranges": tuple(tuple(pair) for pair in counts["lost_ranges"]),
+                                              "swapped": tuple(tuple(pair) for pair in counts.get("swapped", ()))})
                      for qos, counts in document["streams"].items()},
             actions=document["actions"], explain=document["explain"], started=document["started"],
             ended=document["ended"], healed=document.get("healed"),
@@ -231,6 +232,11 @@ class CaseRun:
                                                   protocol="mqttv5" if qos == 2 and qos2_v5 else "mqttv311")
                             for qos, topic in self.topics.items()}
 
+    @property
+    def _subscriber_broker_killed(self) -> bool:
+        """Does the case kill the subscriber's broker (so its client library may swap a QoS 2 message: counting.py)?"""
+        return any(item.fault.kind == "kill_broker" and item.fault.role == "subscriber" for item in self.schedule)
+
     def run(self) -> CaseResult:
         result = self.result
         result.started = time.time()
@@ -251,7 +257,8 @@ class CaseRun:
             subscriber = self.subscribers[qos]
             arrivals = subscriber.arrivals()
             result.streams[qos] = count_stream(publisher.sent, publisher.acknowledged(),
-                                               [arrival.seq for arrival in arrivals])
+                                               [arrival.seq for arrival in arrivals],
+                                               broker_restarted=qos == 2 and self._subscriber_broker_killed)
             if arrivals:
                 result.last_arrival[qos] = arrivals[-1].received
             result.subscriber_restarts[qos] = subscriber.restarts
