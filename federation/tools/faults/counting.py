@@ -24,15 +24,15 @@ or not: MQTT promises nothing for it, so it is only counted (`unacknowledged`).
 
 One loss is the subscriber's client library's, not the path's, and is told
 apart in a QoS 2 stream when the case restarted the subscriber's broker
-(`broker_restarted`): libmosquitto keeps an incoming QoS 2 message whose
+(`broker_restarted`). libmosquitto keeps an incoming QoS 2 message whose
 PUBREL never came across a reconnection, also to a broker that lost the
-session, so the restarted
-broker's publication that gets the same packet id is taken for a repeat of
-it, and the PUBREL that follows prints the old message instead
-(docs/guarantees.md, "kill -9 the subscriber's broker"). Its mark in the
-output: X is missing and an older L, printed for the first time, stands
-right where X belongs (after X - 1, before X + 1). Such a pair is counted
-as `swapped` (X neither lost nor L late); any other loss still counts.
+session; the restarted broker's publication that gets the same packet id is
+taken for a repeat of it, and the PUBREL that follows prints the old message
+instead (docs/guarantees.md, "kill -9 the subscriber's broker"). Its mark in
+the output: X is missing and an older L, printed for the first time, stands
+right where X belongs (after X - 1 and, unless it is the last line, before
+X + 1). Such a pair is counted as `swapped` (X neither lost nor L late); any
+other loss still counts.
 
 Everything here is pure (lines and sets in, counts out), so it is unit-tested
 without brokers (tests/tools/test_faults_units.py).
@@ -136,8 +136,8 @@ def runs(numbers: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def client_swaps(first_arrivals: Sequence[int], missing: set[int]) -> list[tuple[int, int]]:
-    """(X, L) for each missing X whose place (after X - 1, before X + 1, where those were printed) holds an older L:
-    the client library's swap after its broker restarted (module docstring)."""
+    """(X, L) for each missing X whose place (right after X - 1, and before X + 1 unless it is the last) holds an
+    older L: the client library's swap after its broker restarted (module docstring)."""
     swaps = []
     for index, seq in enumerate(first_arrivals):
         before = first_arrivals[index - 1] if index else None
