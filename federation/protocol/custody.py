@@ -113,6 +113,12 @@ class Custody:
             self._origin_open[publication] = self._origin_open.get(publication, 0) + 1
         return entry
 
+    def open_run(self, messages: list[TopicMessage], upstream: Address) -> list[Entry]:
+        """`open` for each of a run from neighbour `upstream`, none of them in custody yet (the caller checked)."""
+        opened = [Entry(message, upstream) for message in messages]
+        self.entries.update(zip([(message.publication, message.filter) for message in messages], opened, strict=True))
+        return opened
+
     def settle_all(self, opened: list[Entry]) -> None:
         """`settle` for each (the entries of a run, after it was routed: one call for the run)."""
         entries = self.entries

@@ -106,12 +106,23 @@ class ReliableDelivery:
         entries, seen = custody.entries, publications.seen
         origin = batch.origin
         seen_base = publications.streams.base(origin.host, origin.port, batch.epoch, batch.filter)  # once a run
+        messages = batch.messages()
+        fresh = seen.all_new([seen_base | message.seq for message in messages])
+        if messages and fresh is not None and reliable.pressure() is None \
+                and entries.keys().isdisjoint([(message.publication, message.filter) for message in messages]):
+            # The common case, a run of publications all new here: taken together, as the loop below would take
+            # them one by one.
+            seen.take_new(fresh)
+            return self._take_run(custody.open_run(messages, sender), sender, announced, now, NOT_SENT)
         taken: list[Entry] = []
         furthest = NOT_SENT
-        for message in batch.messages():
+        refusal: str | None = None
+        asked = False  # the pressure, asked again only after a copy handled before (it may send copies on)
+        for message in messages:
             key = seen_base | message.seq
             if key not in seen and (message.publication, message.filter) not in entries:
-                refusal = reliable.pressure()
+                if not asked:
+                    refusal, asked = reliable.pressure(), True
                 if refusal is not None:
                     self._outbox.drop(refusal)  # a new copy, unacknowledged: its sender sends it again
                     continue
@@ -119,11 +130,17 @@ class ReliableDelivery:
                 taken.append(custody.open(message, sender))
             else:  # a copy handled before: custody's rules for it, alone
                 furthest = max(furthest, self.receive(message, sender, announced, now))
-        if taken:
-            messages = [entry.message for entry in taken]
-            reliable.remember_run(messages, sender, now)
-            furthest = max(furthest, publications.take_run(messages, announced, now))
-            custody.settle_all(taken)  # acknowledged now if it owes nothing
+                asked = False
+        return self._take_run(taken, sender, announced, now, furthest) if taken else furthest
+
+    def _take_run(self, taken: list[Entry], sender: Address, announced: Address, now: float,
+                  furthest: Routed) -> Routed:
+        """Route the new publications of a run on together, their entries open, and settle those that owe nothing."""
+        reliable, _mesh, publications = self._parts
+        messages = [entry.message for entry in taken]
+        reliable.remember_run(messages, sender, now)
+        furthest = max(furthest, publications.take_run(messages, announced, now))
+        self.custody.settle_all(taken)  # acknowledged now if it owes nothing
         return furthest
 
     def _failed_over_to_us(self, message: TopicMessage, entry: Entry | None, sender: Address, announced: Address,

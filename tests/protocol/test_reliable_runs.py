@@ -16,6 +16,7 @@ import pytest
 
 from federation.daemon.backpressure import is_qos0_publication, qos0_publications
 from federation.protocol import events, wire, wire_decode
+from federation.protocol.custody import Custody
 from federation.protocol.node import Node
 from federation.protocol.publication_events import expand_all
 from federation.protocol.types import Address, BrokerId
@@ -257,6 +258,48 @@ def test_a_repeated_tq_is_acknowledged_and_nothing_is_injected_twice() -> None:
     assert len(harness.delivered) == 40 and not end.injections_to_make()
     # Acknowledged at once: 40 publications on f/#, the 20 on f/a on f/a as well.
     assert sum(len(body.seqs) for body in again if isinstance(body, TopicAcks)) == 60
+
+
+def receiver_after(runs: list[bytes], first: bytes | None) -> tuple[list[bytes], list[int], dict[str, int]]:
+    """Node 2 of a converged line takes `first` (if any), then `runs`: what it injected, the f/# seqs it
+    acknowledged, its drops."""
+    harness = converged_line(2, 1)
+    end = harness.nodes[2]
+    for data in ([first] if first is not None else []) + runs:
+        end.receive_packet(data, harness.nodes[1].address, harness.now)
+    harness.flush(2)  # injected, reported done, and the acknowledgements queued for node 1
+    acked = sorted(seq for _at, _n, data, _source, _target in harness.queue
+                   if wire.packet_type(data) == wire.TOPIC_ACKS
+                   for body in [wire.decode(data).body] if isinstance(body, TopicAcks) and body.filter == "f/#"
+                   for seq in body.seqs)
+    return [inj.payload for _, inj in harness.delivered], acked, dict(end.drops)
+
+
+def test_a_run_partly_taken_before_gives_what_a_run_all_new_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    # All new: each run is taken at once. Ten of a run seen before (that `tq` cut short, then the whole): those are
+    # acknowledged as repeats and the rest of that run taken one by one. Both end the same way.
+    taken_at_once: list[int] = []
+    open_run = Custody.open_run
+    monkeypatch.setattr(Custody, "open_run", lambda self, messages, upstream: (
+        taken_at_once.append(len(messages)), open_run(self, messages, upstream))[1])
+    origin = converged_line(2, 1).nodes[1]
+    origin.local_publish_run(list(PLAIN), 11.0, qos=1)
+    runs = [data for data, _ in origin.packets_to_send() if wire.packet_type(data) == wire.TOPIC_RELIABLE_BATCH]
+    whole = next(body for data in runs for body in [wire.decode(data).body]
+                 if isinstance(body, TopicReliableBatch) and body.filter == "f/#")
+    short = TopicReliableBatch(whole.filter, whole.origin, whole.epoch, whole.mode, whole.hops, whole.qos,
+                               whole.items[:4 * 10])
+    first = wire.encode(wire.TOPIC_RELIABLE_BATCH, wire.decode(runs[0]).sender, short)
+    all_new = receiver_after(runs, None)
+    assert sorted(taken_at_once) == [7, 20, 33]  # f/a, and f/# cut in two to fit datagrams: each taken at once
+    taken_at_once.clear()
+    partly = receiver_after(runs, first)
+    assert sorted(taken_at_once) == [7, 10, 20]  # all but the first f/# run, whose new 23 are taken one by one
+    assert sorted(all_new[0]) == sorted(partly[0]) == sorted(payload for _, payload in PLAIN)
+    assert all_new[1] == sorted(set(all_new[1])) and len(all_new[1]) == 40
+    # The ten came again before their injection ended: their one acknowledgement, still owed, covers both copies.
+    assert partly[1] == all_new[1]
+    assert all_new[2] == partly[2] == {}
 
 
 def test_a_tk_naming_copies_we_do_not_wait_for_counts_them_unmatched() -> None:
