@@ -113,10 +113,15 @@ class Custody:
             self._origin_open[publication] = self._origin_open.get(publication, 0) + 1
         return entry
 
-    def open_run(self, messages: list[TopicMessage], upstream: Address) -> list[Entry]:
-        """`open` for each of a run from neighbour `upstream`, none of them in custody yet (the caller checked)."""
+    def open_run(self, messages: list[TopicMessage], upstream: Address) -> list[Entry] | None:
+        """`open` for each of a run from neighbour `upstream`, if none of them is in custody yet; else None, and
+        nothing opened (the caller takes them one by one)."""
+        keys = [(message.publication, message.filter) for message in messages]
+        entries = self.entries
+        if not entries.keys().isdisjoint(keys):
+            return None
         opened = [Entry(message, upstream) for message in messages]
-        self.entries.update(zip([(message.publication, message.filter) for message in messages], opened, strict=True))
+        entries.update(zip(keys, opened, strict=True))
         return opened
 
     def settle_all(self, opened: list[Entry]) -> None:

@@ -108,12 +108,13 @@ class ReliableDelivery:
         seen_base = publications.streams.base(origin.host, origin.port, batch.epoch, batch.filter)  # once a run
         messages = batch.messages()
         fresh = seen.all_new([seen_base | message.seq for message in messages])
-        if messages and fresh is not None and reliable.pressure() is None \
-                and entries.keys().isdisjoint([(message.publication, message.filter) for message in messages]):
+        if messages and fresh is not None and reliable.pressure() is None:
             # The common case, a run of publications all new here: taken together, as the loop below would take
-            # them one by one.
-            seen.take_new(fresh)
-            return self._take_run(custody.open_run(messages, sender), sender, announced, now, NOT_SENT)
+            # them one by one (unless custody holds one of them already).
+            opened = custody.open_run(messages, sender)
+            if opened is not None:
+                seen.take_new(fresh)
+                return self._take_run(opened, sender, announced, now, NOT_SENT)
         taken: list[Entry] = []
         furthest = NOT_SENT
         refusal: str | None = None

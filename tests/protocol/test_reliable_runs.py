@@ -280,8 +280,13 @@ def test_a_run_partly_taken_before_gives_what_a_run_all_new_gives(monkeypatch: p
     # acknowledged as repeats and the rest of that run taken one by one. Both end the same way.
     taken_at_once: list[int] = []
     open_run = Custody.open_run
-    monkeypatch.setattr(Custody, "open_run", lambda self, messages, upstream: (
-        taken_at_once.append(len(messages)), open_run(self, messages, upstream))[1])
+    def counted(self: Custody, messages: list[Any], upstream: Address) -> Any:
+        opened = open_run(self, messages, upstream)
+        if opened is not None:
+            taken_at_once.append(len(opened))
+        return opened
+
+    monkeypatch.setattr(Custody, "open_run", counted)
     origin = converged_line(2, 1).nodes[1]
     origin.local_publish_run(list(PLAIN), 11.0, qos=1)
     runs = [data for data, _ in origin.packets_to_send() if wire.packet_type(data) == wire.TOPIC_RELIABLE_BATCH]
