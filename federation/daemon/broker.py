@@ -24,7 +24,9 @@ Two ways to drive paho:
   cost 12-25% of the wrapper's CPU per message (docs/benchmarks.md).
   `pause_reading` / `resume_reading` let the runtime stop taking
   publications while the next hop lags (backpressure); the broker queues
-  for the wrapper meanwhile.
+  for the wrapper meanwhile. While the broker sends fast, the adapter also
+  stops watching the socket for a millisecond or two after each pass, so
+  that the next pass takes more at once (federation.daemon.read_coalescing).
 * in paho's own network thread (`loop_start`, without `loop=`): simpler, for
   tools and tests; paho reconnects with the same backoff.
 
@@ -98,6 +100,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from federation.daemon import read_coalescing
 from federation.daemon.broker_auth import BrokerAuth
 from federation.daemon.broker_items import (
     CLOSED_BEFORE_CONNACK,
@@ -186,7 +189,8 @@ class BrokerAdapter:
                  max_qos: int = 2, loop: asyncio.AbstractEventLoop | None = None,
                  flush: Callable[[], None] | None = None, on_completed: Callable[[], None] | None = None,
                  hold: Callable[[], None] | None = None, auth: BrokerAuth | None = None,
-                 session_expiry: int = DEFAULT_SESSION_EXPIRY, recorder: InjectionRecorder | None = None) -> None:
+                 session_expiry: int = DEFAULT_SESSION_EXPIRY, recorder: InjectionRecorder | None = None,
+                 read_coalesce: float = read_coalescing.DEFAULT_SECONDS) -> None:
         if recorder is not None and loop is None:
             raise ValueError("an injection recorder needs the loop-driven adapter (it is told on the loop's thread)")
         self.broker = broker
@@ -253,6 +257,10 @@ class BrokerAdapter:
         self._paused = False
         self._read_retry: asyncio.Handle | None = None
         """a pending read pass for packets already in our buffer (`_schedule_read_retry`)"""
+        self.coalescing = read_coalescing.ReadCoalescing(read_coalesce)
+        """with `loop`: how long to let packets gather after a read pass (federation.daemon.read_coalescing)"""
+        self._read_wait: asyncio.TimerHandle | None = None
+        """the end of such a wait, while the socket is not watched"""
         if loop is not None:
             client.on_socket_open = self._on_socket_open
             client.on_socket_close = self._on_socket_close
@@ -388,6 +396,7 @@ class BrokerAdapter:
         if self._read_retry is not None:
             self._read_retry.cancel()
             self._read_retry = None
+        self._cancel_read_wait()
         if self._watched is not None:
             self._loop.remove_reader(self._watched)
 
@@ -414,6 +423,7 @@ class BrokerAdapter:
             if handle is not None:
                 handle.cancel()
         self._connect_handle = self._keepalive_handle = None
+        self._cancel_read_wait()
         self.client.disconnect()  # writes DISCONNECT at once and closes the socket (paho calls _on_socket_close)
 
     # Driving paho from the asyncio loop (loop thread, except `_blocking_connect`).
@@ -474,6 +484,7 @@ class BrokerAdapter:
         if sock is not self._watched or sock is None:
             return
         assert self._loop is not None
+        self._cancel_read_wait()
         self._loop.remove_reader(sock)
         if self._writing:
             self._loop.remove_writer(sock)
@@ -482,16 +493,44 @@ class BrokerAdapter:
 
     def _on_readable(self) -> None:
         """Read every complete packet waiting (at most MAX_PACKETS_PER_WAKEUP, and none once paused), then send
-        what they caused."""
+        what they caused; at a high rate, let the next packets gather a while (`_wait_before_reading`)."""
         if self._hold is not None:
             self._hold()
+        assert self._loop is not None
+        started = self._loop.time()
+        read = 0
         try:
-            self._read_pass()
+            read = self._read_pass()
         finally:
             if self._flush is not None:
                 self._flush()
+        emptied = read < MAX_PACKETS_PER_WAKEUP and self._read_retry is None and not self._paused
+        wait = self.coalescing.after_pass(started, read, emptied)
+        if wait and self._watched is not None and self._read_wait is None:
+            self._wait_before_reading(self._watched, wait)
 
-    def _read_pass(self) -> None:
+    def _wait_before_reading(self, sock: socket.socket, seconds: float) -> None:
+        """Stop watching `sock` for `seconds`, then read what gathered meanwhile (federation.daemon.read_coalescing):
+        one pass for what would have taken several."""
+        assert self._loop is not None
+        self._loop.remove_reader(sock)
+        self._read_wait = self._loop.call_later(seconds, self._end_read_wait, sock)
+
+    def _end_read_wait(self, sock: socket.socket) -> None:
+        self._read_wait = None
+        if self._paused or self._watched is not sock:
+            return  # paused meanwhile (`resume_reading` watches it again), or the connection is gone
+        assert self._loop is not None
+        self._loop.add_reader(sock, self._on_readable)
+        self._on_readable()  # what gathered: the loop would only find the socket readable one pass later
+
+    def _cancel_read_wait(self) -> None:
+        if self._read_wait is not None:
+            self._read_wait.cancel()
+            self._read_wait = None
+
+    def _read_pass(self) -> int:
+        """One pass over the socket; the number of packets read."""
         client = self.client
         sock = self._watched
         fileno = sock.fileno() if sock is not None else -1
@@ -517,6 +556,7 @@ class BrokerAdapter:
             self._completed = False
             if self._on_completed is not None:
                 self._on_completed()
+        return MAX_PACKETS_PER_WAKEUP - budget if fileno >= 0 else 0
 
     def _schedule_read_retry(self) -> None:
         """Read again soon: complete packets wait in our buffer. At most one retry is pending, or a flood

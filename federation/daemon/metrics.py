@@ -101,6 +101,9 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("mqttfed_broker_sessions_lost", "counter", (),
      "times the broker came back without the wrapper's session (it restarted): its subscriptions were gone"),
     ("mqttfed_broker_receive_maximum", "gauge", (), "the broker's Receive Maximum from its last CONNACK"),
+    ("mqttfed_broker_read_waits", "counter", (),
+     "read passes after which the wrapper let its broker's packets gather (broker_read_coalesce): the broker sent "
+     "faster than 20,000 a second"),
     ("mqttfed_unaccounted_subscriptions", "gauge", (),
      "subscriptions the broker holds beyond those the wrapper saw ($SYS/broker/subscriptions/count)"),
     ("mqttfed_over_delivery", "gauge", (),
@@ -236,6 +239,7 @@ def metric_families(snap: Snapshot) -> list[Metric]:
                       ("mqttfed_reload_failures", "reload_failures"),
                       ("mqttfed_broker_sessions_lost", "broker_sessions_lost"),
                       ("mqttfed_broker_receive_maximum", "broker_receive_maximum"),
+                      ("mqttfed_broker_read_waits", "broker_read_waits"),
                       ("mqttfed_unaccounted_subscriptions", "unaccounted_subscriptions"),
                       ("mqttfed_over_delivery", "over_delivery"),
                       ("mqttfed_filters_widened", "filters_widened")):

@@ -143,7 +143,8 @@ class Running:
         self.broker = BrokerAdapter(config.broker, config.client_id, hand_off.put, config.max_qos, loop=loop,
                                     flush=hand_off.flush, on_completed=self._on_broker_completed,
                                     hold=hand_off.hold, auth=config.broker_auth,
-                                    session_expiry=config.broker_session_expiry, recorder=self.journal)
+                                    session_expiry=config.broker_session_expiry, recorder=self.journal,
+                                    read_coalesce=config.broker_read_coalesce)
         if self.journal is not None:
             self.broker.restore([(entry.mid, entry.injection, entry.released) for entry in self.journal.in_flight()])
         self.broker_subscriptions = BrokerSubscriptions(node, node.drop, self.outbox, self.subscriptions,

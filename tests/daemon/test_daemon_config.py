@@ -173,6 +173,10 @@ def test_flag_errors_name_the_field_and_the_fix(flags: dict[str, Any], expected:
     ("broker_session_expiry: 1.5\n", "broker_session_expiry: expected whole seconds from 60"),
     ("resubscribe_grace: -1\n", "resubscribe_grace: expected seconds above 0 and at most 86400"),
     ("resubscribe_grace: soon\n", "resubscribe_grace: expected seconds above 0"),
+    ("broker_read_coalesce: 0.1\n", "broker_read_coalesce: expected seconds from 0 to 0.05 (0 turns the gathering "
+                                     "off; default 0.002), got 0.1"),
+    ("broker_read_coalesce: -0.001\n", "broker_read_coalesce: expected seconds from 0 to 0.05"),
+    ("broker_read_coalesce: false\n", "broker_read_coalesce: expected seconds from 0 to 0.05"),
 ])
 def test_yaml_errors_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
     message = error_of(yaml_text=text, tmp_path=tmp_path)
@@ -186,6 +190,9 @@ def test_the_broker_session_settings(tmp_path: Path) -> None:
     assert config.broker_session_expiry == 3600 and config.resubscribe_grace == 30.0
     config = load(yaml_text="broker_session_expiry: 86400\nresubscribe_grace: 2.5\n", tmp_path=tmp_path)
     assert config.broker_session_expiry == 86400 and config.resubscribe_grace == 2.5
+    assert config.broker_read_coalesce == 0.002
+    assert load(yaml_text="broker_read_coalesce: 0\n", tmp_path=tmp_path).broker_read_coalesce == 0.0
+    assert load(yaml_text="broker_read_coalesce: 0.004\n", tmp_path=tmp_path).broker_read_coalesce == 0.004
     assert load(yaml_text="event_types: [broker_connected, unaccounted_subscriptions]\n",
                 tmp_path=tmp_path).event_types == {"broker_connected", "unaccounted_subscriptions"}
 

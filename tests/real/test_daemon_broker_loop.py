@@ -32,6 +32,7 @@ from federation.daemon.broker_items import (
 )
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon.lean_client import PAHO_PRIVATE_NAMES, PublicClient
+from federation.daemon.read_coalescing import ReadCoalescing
 from federation.protocol.types import Address, Injection
 
 from broker_util import (
@@ -163,6 +164,29 @@ def test_a_burst_of_publications_arrives_in_order_in_few_batches(tmp_path: Path,
                              if any(isinstance(i, (Publication, PublicationRun)) for i in b)]
         assert 0 < len(with_publications) < 2000  # read in bursts, not one loop pass per message
         assert batches.of(PublicationRun)  # plain QoS 1 publications: read a run at a time
+
+
+def test_a_flood_is_read_in_waits_and_a_trickle_at_once(tmp_path: Path, make_adapter: Any,
+                                                       loop_thread: LoopThread) -> None:
+    """Read coalescing on a real broker: a flood of QoS 0 publications is read in passes with waits between them
+    (the threshold lowered to 1,000 a second, so a slow machine floods fast enough), in order and complete; lone
+    publications afterwards are read as they come, without a wait."""
+    with start_broker(tmp_path) as broker:
+        adapter, batches = make_adapter(broker.port)
+        wait_for(lambda: batches.of(Subscribed), timeout=5, message="the subscriptions")
+        loop_thread.call(lambda: setattr(adapter, "coalescing", ReadCoalescing(0.002, min_rate=1_000)))
+        lines = "".join(f"flood {index}\n" for index in range(20000))
+        subprocess.run(mosquitto_pub(broker.port, "-t", "flood/x", "-l", "-q", "0"), input=lines.encode(),
+                       check=True, timeout=20)
+        wait_for(lambda: len(batches.of(Publication)) >= 20000, timeout=10, message="20000 publications")
+        assert [p.payload for p in batches.of(Publication)] == [f"flood {index}".encode() for index in range(20000)]
+        assert adapter.coalescing.waits > 0
+        waits = adapter.coalescing.waits
+        for index in range(3):
+            subprocess.run(mosquitto_pub(broker.port, "-t", "lone/x", "-m", f"lone {index}"), check=True, timeout=10)
+            wait_for(lambda expected=20001 + index: len(batches.of(Publication)) == expected, timeout=5,
+                     message=f"lone {index}")
+        assert loop_thread.call(lambda: adapter.coalescing.waits) == waits
 
 
 def test_injections_reach_subscribers_corked_in_a_batch(tmp_path: Path, make_adapter: Any, loop_thread: LoopThread,

@@ -89,7 +89,9 @@ class Pipeline:
         self.b.local_subscribe("bench-sub", FILTER, 2, self.now)
         self._converge()
         self.loop = asyncio.new_event_loop()  # never run: the adapter only needs it to pick the loop-driven path
-        self.adapter = BrokerAdapter(Address("127.0.0.1", 1883), "hotpath", self.items.append, loop=self.loop)
+        # No read coalescing: the bench sets the size of each pass itself (--burst).
+        self.adapter = BrokerAdapter(Address("127.0.0.1", 1883), "hotpath", self.items.append, loop=self.loop,
+                                     read_coalesce=0)
         self.mqtt_side, self.peer = socket.socketpair()
         for sock in (self.mqtt_side, self.peer):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
