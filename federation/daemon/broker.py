@@ -398,14 +398,14 @@ class BrokerAdapter:
             self._read_retry = None
         self._cancel_read_wait()
         if self._watched is not None:
-            self._loop.remove_reader(self._watched)
+            self._unwatch_reads(self._watched)
 
     def resume_reading(self) -> None:
         if self._loop is None or not self._paused:
             return
         self._paused = self.client.paused = False
         if self._watched is not None:
-            self._loop.add_reader(self._watched, self._on_readable)
+            self._watch_reads(self._watched)
             if self.client.buffered() or _tls_pending(self._watched):
                 self._schedule_read_retry()  # what we read before the pause does not make the socket readable
 
@@ -476,7 +476,7 @@ class BrokerAdapter:
         assert self._loop is not None
         self._watched = sock
         if not self._paused:
-            self._loop.add_reader(sock, self._on_readable)
+            self._watch_reads(sock)
         self._write_pending()
 
     def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
@@ -485,7 +485,7 @@ class BrokerAdapter:
             return
         assert self._loop is not None
         self._cancel_read_wait()
-        self._loop.remove_reader(sock)
+        self._unwatch_reads(sock)
         if self._writing:
             self._loop.remove_writer(sock)
             self._writing = False
@@ -513,16 +513,27 @@ class BrokerAdapter:
         """Stop watching `sock` for `seconds`, then read what gathered meanwhile (federation.daemon.read_coalescing):
         one pass for what would have taken several."""
         assert self._loop is not None
-        self._loop.remove_reader(sock)
+        self._unwatch_reads(sock)
         self._read_wait = self._loop.call_later(seconds, self._end_read_wait, sock)
 
     def _end_read_wait(self, sock: socket.socket) -> None:
         self._read_wait = None
         if self._paused or self._watched is not sock:
             return  # paused meanwhile (`resume_reading` watches it again), or the connection is gone
-        assert self._loop is not None
-        self._loop.add_reader(sock, self._on_readable)
+        self._watch_reads(sock)
         self._on_readable()  # what gathered: the loop would only find the socket readable one pass later
+
+    def _watch_reads(self, sock: socket.socket) -> None:
+        """Have the loop call `_on_readable` when `sock` is readable. By its descriptor, not the socket: asyncio
+        first looks the descriptor up, and when it is not watched yet raises and catches a KeyError whose message
+        formats the object, and a socket's repr asks the kernel for both its addresses (two system calls at
+        every resume and every read wait)."""
+        assert self._loop is not None
+        self._loop.add_reader(sock.fileno(), self._on_readable)
+
+    def _unwatch_reads(self, sock: socket.socket) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(sock.fileno())
 
     def _cancel_read_wait(self) -> None:
         if self._read_wait is not None:
