@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from federation.daemon.broker import BrokerAdapter
+from federation.daemon.broker_items import BrokerItem
 from federation.daemon.read_coalescing import MIN_PACKETS, MIN_RATE, ReadCoalescing
+from federation.tools.bench.hotpath import publish_packet
+
+from mqtt_bytes import adapter_on_socketpair, one_per_publication
 
 
 def passes(coalescing: ReadCoalescing, rate: float, size: int, count: int, start: float = 0.0) -> list[float]:
@@ -66,3 +77,84 @@ def test_zero_seconds_turns_it_off() -> None:
     coalescing = ReadCoalescing(0.0)
     assert passes(coalescing, rate=100_000, size=200, count=20) == [0.0] * 20
     assert coalescing.waits == 0
+
+
+# ------------------------------------------------------------ the adapter's waits, on a running loop
+
+
+def _flood(peer: socket.socket, start: int, count: int = 100) -> None:
+    peer.sendall(b"".join(publish_packet(f"w/{index}", b"p", 0, 0) for index in range(start, start + count)))
+
+
+def _run(adapter: BrokerAdapter, seconds: float) -> None:
+    loop = adapter._loop
+    assert loop is not None
+    loop.run_until_complete(asyncio.sleep(seconds))
+
+
+@pytest.fixture
+def watched() -> Iterator[tuple[BrokerAdapter, socket.socket, list[BrokerItem]]]:
+    """An adapter on a socket pair, its socket watched by its (never connected) loop as after a connection, with
+    waits of 0.5 s from 100 packets a second on: long enough that no loop pass of 0 s ends one, even on a loaded
+    machine, and two passes close together are always that fast."""
+    items: list[BrokerItem] = []
+    with adapter_on_socketpair("coalescing-test", one_per_publication(items)) as (adapter, peer):
+        adapter.coalescing = ReadCoalescing(0.5, min_rate=100)
+        sock = adapter._watched
+        assert sock is not None
+        adapter._watch(sock)
+        yield adapter, peer, items
+
+
+def _start_a_wait(adapter: BrokerAdapter, peer: socket.socket, items: list[BrokerItem]) -> None:
+    """Two floods read in two passes close together: the second is followed by a wait."""
+    for start in (0, 100):
+        _flood(peer, start)
+        _run(adapter, 0)
+        assert len(items) == start + 100
+    assert adapter._read_wait is not None and adapter.coalescing.waits == 1
+
+
+def test_during_a_wait_nothing_is_read_and_after_it_everything(watched) -> None:  # type: ignore[no-untyped-def]
+    adapter, peer, items = watched
+    _start_a_wait(adapter, peer, items)
+    _flood(peer, 200)
+    _run(adapter, 0)
+    assert len(items) == 200  # the socket is not watched meanwhile
+    _run(adapter, 0.6)
+    assert [item.topic for item in items] == [f"w/{index}" for index in range(300)]  # type: ignore[attr-defined]
+    assert adapter.coalescing.waits >= 2  # the pass after the wait read 100 in 0.5 s: 200 a second
+
+
+def test_a_pause_ends_the_wait_and_a_resume_reads_at_once(watched) -> None:  # type: ignore[no-untyped-def]
+    adapter, peer, items = watched
+    _start_a_wait(adapter, peer, items)
+    adapter.pause_reading()
+    assert adapter._read_wait is None
+    _flood(peer, 200)
+    _run(adapter, 0.6)
+    assert len(items) == 200  # paused: nothing read, and the wait's end did not watch the socket again
+    adapter.resume_reading()
+    _run(adapter, 0)
+    assert len(items) == 300
+
+
+def test_the_socket_closing_ends_the_wait(watched) -> None:  # type: ignore[no-untyped-def]
+    adapter, peer, items = watched
+    _start_a_wait(adapter, peer, items)
+    sock = adapter._watched
+    adapter._on_socket_close(adapter.client, None, sock)
+    assert adapter._read_wait is None and adapter._watched is None
+    _flood(peer, 200)
+    _run(adapter, 0.6)
+    assert len(items) == 200
+
+
+def test_off_no_pass_waits(watched) -> None:  # type: ignore[no-untyped-def]
+    adapter, peer, items = watched
+    adapter.coalescing = ReadCoalescing(0.0)
+    for start in range(0, 500, 100):
+        _flood(peer, start)
+        _run(adapter, 0)
+        assert len(items) == start + 100
+    assert adapter._read_wait is None and adapter.coalescing.waits == 0
