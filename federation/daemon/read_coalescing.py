@@ -3,17 +3,17 @@
 Theory of operation: a read pass has a fixed cost (the event loop's
 wake-up, the hand-off to the node, one datagram out per filter and hop, the
 receiving wrapper's pass over that datagram) on top of its cost per
-packet, and at full rate the fixed part is most of it: with the passes of
-about 45 publications a wrapper makes at a flood of QoS 0, both wrappers
-spend 8-9 µs per publication, against 3 µs when a pass takes 256
+packet, and at full rate the fixed part is most of it. In one process
+(`hotpath`) the two wrappers' QoS 0 path costs 10.4 µs per publication in
+passes of 16 and 3.0 in passes of 256; in a flood the sending wrapper's
+passes took about 45, and both wrappers spent 7.7 µs per publication
 (docs/benchmarks.md, "Seventh pass"). So once the broker sends faster than
 `min_rate` packets a second, in passes of at least `min_packets`, the
 adapter stops watching its socket for `seconds` after each pass that
 emptied it: the next pass takes what gathered meanwhile. This is interrupt
 coalescing as network cards do it: it costs up to `seconds` of latency,
-only at those rates, and nothing below them, where a pass takes what came
-in a fraction of a millisecond (at the benchmark's 1,000 and 10,000
-messages a second every pass is short of `min_packets`).
+only at those rates. Below them no pass waits, whatever it read (the
+benchmark's latency rates, 1,000 and 10,000 a second, are below).
 
 The rate is measured from the start of one pass to the start of the next,
 wait included, so a wait does not feed itself: after it the pass is larger,
