@@ -118,7 +118,13 @@ from federation.daemon.broker_items import (
 from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
 from federation.daemon.config import DEFAULT_SESSION_EXPIRY
 from federation.daemon.injector import InjectionRecorder, Injector
-from federation.daemon.lean_client import LeanClient, PublicClient, missing_paho_names, paho_version
+from federation.daemon.lean_client import (
+    LeanClient,
+    PublicClient,
+    missing_paho_names,
+    paho_version,
+    stop_network_thread,
+)
 from federation.daemon.mqtt_properties import properties_to_dict
 from federation.protocol.histogram import Histogram
 from federation.protocol.types import Address, Injection, InjectionRun, PublicationId
@@ -417,7 +423,7 @@ class BrokerAdapter:
             try:
                 self.client.disconnect()
             finally:
-                self.client.loop_stop()
+                stop_network_thread(self.client)
             return
         for handle in (self._connect_handle, self._keepalive_handle):
             if handle is not None:

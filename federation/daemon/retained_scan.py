@@ -48,6 +48,7 @@ from federation.daemon.broker_auth import BrokerAuth
 from federation.daemon.broker_items import Publication
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig
+from federation.daemon.lean_client import stop_network_thread
 from federation.daemon.local_publications import LocalPublications
 from federation.daemon.mqtt_properties import properties_to_dict
 from federation.daemon.retained import RetainedStore, RetainedValue
@@ -154,7 +155,7 @@ class RetainedScan:
             self._finished = True
         self._timer.cancel()
         self.client.disconnect()
-        self.client.loop_stop()
+        stop_network_thread(self.client)
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
@@ -213,7 +214,7 @@ class RetainedScan:
             held = list(self._held)
         self._timer.cancel()
         self.client.disconnect()
-        self.client.loop_stop()  # from paho's own thread it does not wait for itself
+        stop_network_thread(self.client)  # from paho's own thread it does not wait for itself
         self._done(held, problem)
 
 

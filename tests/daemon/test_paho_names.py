@@ -23,7 +23,13 @@ from paho.mqtt.enums import CallbackAPIVersion
 from federation.daemon import lean_client
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem, LogLine, Publication
-from federation.daemon.lean_client import PAHO_PRIVATE_NAMES, LeanClient, PublicClient, missing_paho_names
+from federation.daemon.lean_client import (
+    PAHO_PRIVATE_NAMES,
+    LeanClient,
+    PublicClient,
+    missing_paho_names,
+    stop_network_thread,
+)
 from federation.protocol.types import Address, Injection
 from federation.tools.bench.hotpath import publish_packet
 
@@ -157,3 +163,30 @@ def test_the_public_path_injects_what_pahos_publish_writes_and_completes_qos1(
     peer.sendall(b"".join(bytes([0x40, 2]) + mid.to_bytes(2, "big") for mid in mids))  # the broker's PUBACKs
     adapter._on_readable()
     assert adapter.backlog() == 0
+
+
+class _EndsWhenCompared:
+    """Stands in for paho's network thread, ending (as `_thread_main`'s `finally` does: `_thread = None`) at the
+    moment `loop_stop` compares it with the current thread: between its check and its join."""
+
+    def __init__(self, client: mqtt.Client) -> None:
+        self.client = client
+
+    def __ne__(self, other: object) -> bool:
+        self.client._thread = None  # type: ignore[assignment]
+        return True
+
+    def join(self) -> None:
+        raise AssertionError("the thread had ended: nothing to join")
+
+
+def test_stopping_the_network_thread_as_it_ends_is_not_an_error() -> None:
+    """The fault suite's run died once of it (a client closed right after DISCONNECT): paho's own loop_stop
+    raises AttributeError when its thread ends between the check and the join; `stop_network_thread` does not."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client._thread = _EndsWhenCompared(client)  # type: ignore[assignment]
+    with pytest.raises(AttributeError):
+        client.loop_stop()
+    client._thread = _EndsWhenCompared(client)  # type: ignore[assignment]
+    stop_network_thread(client)
+    assert client._thread is None

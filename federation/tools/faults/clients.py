@@ -43,6 +43,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from federation.daemon.lean_client import stop_network_thread
 from federation.harness.processes import LaunchError, die_with_parent, poll
 from federation.tools.faults.counting import Arrival, parse_output
 
@@ -146,7 +147,7 @@ class PacedPublisher:
         self.stop()
         with contextlib.suppress(Exception):  # closing must not fail, whatever state paho is in
             self.client.disconnect()
-        self.client.loop_stop()
+        stop_network_thread(self.client)
 
     def _pace(self) -> None:
         assert self.started_at is not None

@@ -39,6 +39,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from federation.daemon.lean_client import stop_network_thread
 from federation.harness.processes import LaunchError, poll
 from federation.tools.transparency.scenario import Properties, Will
 
@@ -312,7 +313,7 @@ class RecordingClient:
         connection.client.disconnect(reasoncode=reason)
         if not connection.ended.wait(timeout):
             raise ClientError(f"client {self.name}: the connection did not end within {timeout:g} s of DISCONNECT")
-        connection.client.loop_stop()
+        stop_network_thread(connection.client)
 
     def kill(self, timeout: float = 10.0) -> None:
         """Close the TCP connection without DISCONNECT (both directions shut: the broker reads end of file)."""
@@ -324,7 +325,7 @@ class RecordingClient:
                 sock.shutdown(socket.SHUT_RDWR)
         if not connection.ended.wait(timeout):
             raise ClientError(f"client {self.name}: paho did not notice its closed socket within {timeout:g} s")
-        connection.client.loop_stop()
+        stop_network_thread(connection.client)
 
     def close(self) -> None:
         """End the connection, if any, with a clean DISCONNECT (no will). Never raises."""
