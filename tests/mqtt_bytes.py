@@ -80,7 +80,7 @@ def adapter_on_socketpair(client_id: str, deliver: Callable[[BrokerItem], None]
     ours, peer = socket.socketpair()
     ours.setblocking(False)
     adapter.client._sock = ours  # type: ignore[assignment]  # what paho's reconnect() sets
-    adapter._watched = ours
+    adapter.reading.watched = ours
     try:
         yield adapter, peer
     finally:

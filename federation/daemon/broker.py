@@ -8,7 +8,8 @@ Two ways to drive paho:
 * on an asyncio loop (`loop=`, what the wrapper does): paho's external-loop
   API, no thread. The socket is watched with `add_reader`; one wake-up reads
   every complete packet waiting (FIONREAD says when to stop), so a burst of
-  publications costs one pass through the event loop, not one per message;
+  publications costs one pass through the event loop, not one per message
+  (the read side is `BrokerReading`, federation/daemon/broker_reading.py);
   the client (`LeanClient`, federation/daemon/lean_client.py) parses the
   plain QoS 0/1 publications of that burst itself, in one loop, instead of
   paho's several reads and objects per packet. It relies on private names
@@ -24,7 +25,7 @@ Two ways to drive paho:
   cost 12-25% of the wrapper's CPU per message (docs/benchmarks.md).
   `pause_reading` / `resume_reading` let the runtime stop taking
   publications while the next hop lags (backpressure); the broker queues
-  for the wrapper meanwhile. While the broker sends fast, the adapter also
+  for the wrapper meanwhile. While the broker sends fast, the reading also
   stops watching the socket for a millisecond or two after each pass, so
   that the next pass takes more at once (federation.daemon.read_coalescing).
 * in paho's own network thread (`loop_start`, without `loop=`): simpler, for
@@ -83,13 +84,9 @@ properties travel as a plain dict (keys as in docs/protocol.md,
 
 from __future__ import annotations
 
-import array
 import asyncio
-import fcntl
 import logging
 import socket
-import ssl
-import termios
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -116,6 +113,7 @@ from federation.daemon.broker_items import (
     SubscriptionCount,
 )
 from federation.daemon.broker_log import LOG_TOPIC_FILTER, LOG_TOPIC_PREFIX
+from federation.daemon.broker_reading import BrokerReading
 from federation.daemon.config import DEFAULT_SESSION_EXPIRY
 from federation.daemon.injector import InjectionRecorder, Injector
 from federation.daemon.lean_client import (
@@ -152,14 +150,12 @@ KEEPALIVE = 30
 RECEIVE_MAXIMUM = 1024
 """QoS 1/2 publications the broker may send us unacknowledged (our CONNECT's Receive Maximum). The runtime
 acknowledges a read pass's publications once its node has taken them, so this bounds what the wrapper has
-read and not yet taken into custody; a few read passes' worth (`MAX_PACKETS_PER_WAKEUP`), so the broker never
-waits for an acknowledgement while the wrapper keeps up"""
+read and not yet taken into custody; a few read passes' worth (`broker_reading.MAX_PACKETS_PER_WAKEUP`), so the
+broker never waits for an acknowledgement while the wrapper keeps up"""
 DEFAULT_RECEIVE_MAXIMUM = 65535
 """the broker's Receive Maximum when its CONNACK names none (MQTT 5 section 3.2.2.3.3)"""
 MISC_INTERVAL = 1.0
 """seconds between calls of paho's `loop_misc` (keepalive, ping timeout) on an asyncio loop"""
-MAX_PACKETS_PER_WAKEUP = 256
-"""packets read from the broker in one pass before the event loop gets to run other callbacks"""
 
 # ------------------------------------------------------------------ the adapter
 
@@ -172,12 +168,6 @@ def _set_cork(sock: Any, on: bool) -> bool:
     except (OSError, AttributeError):
         return False
     return True
-
-
-def _tls_pending(sock: Any) -> int:
-    """Bytes TLS has decrypted and holds for the next read (0 for a plain socket): a TLS record may carry several
-    MQTT packets, and what is left of it after a read makes the raw socket neither readable nor FIONREAD > 0."""
-    return sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
 
 
 class BrokerAdapter:
@@ -205,10 +195,6 @@ class BrokerAdapter:
         self.session_expiry = session_expiry
         self._deliver = deliver
         self._loop = loop
-        self._flush = flush
-        """with `loop`: called after each burst read from the broker, to hand its items over at once"""
-        self._hold = hold
-        """with `loop` and `flush`: called before each burst read (`flush` follows: nothing need be scheduled)"""
         self._stopping = False
         self.connected = False
         self.session_present: bool | None = None
@@ -227,7 +213,7 @@ class BrokerAdapter:
         client: LeanClient | PublicClient = (PublicClient if missing else LeanClient)(
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=True)
         if loop is not None and isinstance(client, LeanClient):
-            client.lean_publish = self._on_lean_publish  # the buffered reads need `_on_readable`'s draining
+            client.lean_publish = self._on_lean_publish  # the buffered reads need `BrokerReading`'s draining
             client.lean_run = self._on_lean_run
         client.max_inflight_messages_set(MAX_INFLIGHT)
         client.max_queued_messages_set(0)  # unlimited
@@ -250,8 +236,10 @@ class BrokerAdapter:
         self._on_completed = on_completed
         """with `loop`: called after a read pass in which the broker completed some of our QoS 1/2 publications,
         and when paho's bytes that the socket refused have all gone out (`output_blocked` ended): room for more"""
-        # Driven by an asyncio loop: the watched socket and the pending timers.
-        self._watched: socket.socket | None = None
+        # Driven by an asyncio loop: the read side, the write side's state and the pending timers.
+        self.reading = BrokerReading(loop, client, self._after_read_pass, hold, flush, read_coalesce) \
+            if loop is not None else None
+        """with `loop`: the socket watched and read (broker_reading.py); `hold` and `flush` frame each pass"""
         self._writing = False
         self._retry_delay = RECONNECT_MIN_DELAY
         self._refused = False
@@ -259,14 +247,6 @@ class BrokerAdapter:
         self._connect_handle: asyncio.Handle | None = None
         self._connecting: asyncio.Future[Any] | None = None
         self._keepalive_handle: asyncio.TimerHandle | None = None
-        self._available = array.array("i", [0])
-        self._paused = False
-        self._read_retry: asyncio.Handle | None = None
-        """a pending read pass for packets already in our buffer (`_schedule_read_retry`)"""
-        self.coalescing = read_coalescing.ReadCoalescing(read_coalesce)
-        """with `loop`: how long to let packets gather after a read pass (federation.daemon.read_coalescing)"""
-        self._read_wait: asyncio.TimerHandle | None = None
-        """the end of such a wait, while the socket is not watched"""
         if loop is not None:
             client.on_socket_open = self._on_socket_open
             client.on_socket_close = self._on_socket_close
@@ -392,28 +372,25 @@ class BrokerAdapter:
 
     @property
     def reading_paused(self) -> bool:
-        return self._paused
+        return self.reading is not None and self.reading.paused
+
+    @property
+    def read_waits(self) -> int:
+        """read passes followed by a wait so far (federation.daemon.read_coalescing)"""
+        return self.reading.coalescing.waits if self.reading is not None else 0
+
+    @property
+    def _watched(self) -> socket.socket | None:
+        return self.reading.watched if self.reading is not None else None
 
     def pause_reading(self) -> None:
         """On a loop: stop reading from the broker (it queues for us meanwhile); backpressure."""
-        if self._loop is None or self._paused:
-            return
-        self._paused = self.client.paused = True
-        if self._read_retry is not None:
-            self._read_retry.cancel()
-            self._read_retry = None
-        self._cancel_read_wait()
-        if self._watched is not None:
-            self._unwatch_reads(self._watched)
+        if self.reading is not None:
+            self.reading.pause()
 
     def resume_reading(self) -> None:
-        if self._loop is None or not self._paused:
-            return
-        self._paused = self.client.paused = False
-        if self._watched is not None:
-            self._watch_reads(self._watched)
-            if self.client.buffered() or _tls_pending(self._watched):
-                self._schedule_read_retry()  # what we read before the pause does not make the socket readable
+        if self.reading is not None:
+            self.reading.resume()
 
     def stop(self) -> None:
         """Disconnect cleanly. Threaded: stop paho's thread (waits at most about a second). On a loop: call it
@@ -429,7 +406,8 @@ class BrokerAdapter:
             if handle is not None:
                 handle.cancel()
         self._connect_handle = self._keepalive_handle = None
-        self._cancel_read_wait()
+        if self.reading is not None:
+            self.reading.stop()
         self.client.disconnect()  # writes DISCONNECT at once and closes the socket (paho calls _on_socket_close)
 
     # Driving paho from the asyncio loop (loop thread, except `_blocking_connect`).
@@ -479,112 +457,28 @@ class BrokerAdapter:
     def _watch(self, sock: socket.socket) -> None:
         if self.client.socket() is not sock or sock.fileno() < 0:
             return  # closed meanwhile (stop, or a failed attempt)
-        assert self._loop is not None
-        self._watched = sock
-        if not self._paused:
-            self._watch_reads(sock)
+        assert self.reading is not None
+        self.reading.watch(sock)
         self._write_pending()
 
     def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         """paho is about to close `sock`: stop watching it first, so its descriptor number can be reused."""
-        if sock is not self._watched or sock is None:
+        assert self._loop is not None and self.reading is not None
+        if not self.reading.forget(sock):
             return
-        assert self._loop is not None
-        self._cancel_read_wait()
-        self._unwatch_reads(sock)
         if self._writing:
             self._loop.remove_writer(sock)
             self._writing = False
-        self._watched = None
 
-    def _on_readable(self) -> None:
-        """Read every complete packet waiting (at most MAX_PACKETS_PER_WAKEUP, and none once paused), then send
-        what they caused; at a high rate, let the next packets gather a while (`_wait_before_reading`)."""
-        if self._hold is not None:
-            self._hold()
-        assert self._loop is not None
-        started = self._loop.time()
-        read = 0
-        try:
-            read = self._read_pass()
-        finally:
-            if self._flush is not None:
-                self._flush()
-        emptied = read < MAX_PACKETS_PER_WAKEUP and self._read_retry is None and not self._paused
-        wait = self.coalescing.after_pass(started, read, emptied)
-        if wait and self._watched is not None and self._read_wait is None:
-            self._wait_before_reading(self._watched, wait)
-
-    def _wait_before_reading(self, sock: socket.socket, seconds: float) -> None:
-        """Stop watching `sock` for `seconds`, then read what gathered meanwhile (federation.daemon.read_coalescing):
-        one pass for what would have taken several."""
-        assert self._loop is not None
-        self._unwatch_reads(sock)
-        self._read_wait = self._loop.call_later(seconds, self._end_read_wait, sock)
-
-    def _end_read_wait(self, sock: socket.socket) -> None:
-        self._read_wait = None
-        if self._paused or self._watched is not sock:
-            return  # paused meanwhile (`resume_reading` watches it again), or the connection is gone
-        self._watch_reads(sock)
-        self._on_readable()  # what gathered: the loop would only find the socket readable one pass later
-
-    def _watch_reads(self, sock: socket.socket) -> None:
-        """Have the loop call `_on_readable` when `sock` is readable. By its descriptor, not the socket: asyncio
-        first looks the descriptor up, and when it is not watched yet raises and catches a KeyError whose message
-        formats the object, and a socket's repr asks the kernel for both its addresses (two system calls at
-        every resume and every read wait)."""
-        assert self._loop is not None
-        self._loop.add_reader(sock.fileno(), self._on_readable)
-
-    def _unwatch_reads(self, sock: socket.socket) -> None:
-        assert self._loop is not None
-        self._loop.remove_reader(sock.fileno())
-
-    def _cancel_read_wait(self) -> None:
-        if self._read_wait is not None:
-            self._read_wait.cancel()
-            self._read_wait = None
-
-    def _read_pass(self) -> int:
-        """One pass over the socket; the number of packets read."""
-        client = self.client
-        sock = self._watched
-        fileno = sock.fileno() if sock is not None else -1
-        budget = MAX_PACKETS_PER_WAKEUP if fileno >= 0 else 0
-        while budget > 0 and not self._paused:
-            read = client.read_packets(budget)
-            if read <= 0 or client.socket() is not sock:
-                break  # nothing (more) now, or the connection is gone
-            budget -= read
-            if client.buffered() or _tls_pending(sock):
-                continue  # complete packets may wait in the client's (or TLS's) read buffer: the socket may be empty
-            try:
-                fcntl.ioctl(fileno, termios.FIONREAD, self._available)
-            except OSError:
-                break
-            if self._available[0] <= 0:
-                break
-        if (client.buffered() or _tls_pending(sock)) and client.socket() is sock:
-            self._schedule_read_retry()  # the socket may not wake us for what we hold already
+    def _after_read_pass(self) -> None:
+        """What a read pass caused: paho's queued bytes written, finished injections settled, and the runtime told
+        when the broker completed some of ours."""
         self._write_pending()
         self.injector.flush_finished()
         if self._completed:
             self._completed = False
             if self._on_completed is not None:
                 self._on_completed()
-        return MAX_PACKETS_PER_WAKEUP - budget if fileno >= 0 else 0
-
-    def _schedule_read_retry(self) -> None:
-        """Read again soon: complete packets wait in our buffer. At most one retry is pending, or a flood
-        would add one more read pass per loop iteration and starve the timers and the UDP socket."""
-        if self._read_retry is None and not self._paused and self._loop is not None:
-            self._read_retry = self._loop.call_soon(self._retry_read)
-
-    def _retry_read(self) -> None:
-        self._read_retry = None
-        if not self._paused and self._watched is not None:
-            self._on_readable()
 
     def _write_pending(self) -> None:
         """Packets queued inside paho's callbacks (SUBSCRIBE in on_connect) or refused by a full socket wait

@@ -16,7 +16,7 @@ the wrapper publishes) and shortens the data path:
 * with `lean_publish` set, reads are buffered: one `recv` of up to
   `READ_CHUNK` bytes serves every packet in it (`buffered` tells the caller
   complete packets may wait without the socket being readable, so only a
-  caller that drains them, `BrokerAdapter._on_readable`, sets it);
+  caller that drains them, `BrokerReading.on_readable`, sets it);
 * with `lean_run` set too (and `manual_ack`), a run of *plain* PUBLISH
   packets at the front of that buffer (one QoS, 0 or 1, not retained, not
   DUP, no properties, not a `$` topic) is read in one call
@@ -266,7 +266,7 @@ class LeanClient(mqtt.Client):
         """Read up to `limit` packets from the connection (at least one if any is complete and not `paused`);
         how many were read, or -1 when the connection is gone (paho has closed it and called
         `on_disconnect`). Fewer than `limit`: what one read from the socket brought is used up (the socket
-        may hold more: `BrokerAdapter._on_readable` asks FIONREAD), nothing more can be read now (the socket
+        may hold more: `BrokerReading.on_readable` asks FIONREAD), nothing more can be read now (the socket
         is empty, or holds part of a packet), or `paused` was set meanwhile."""
         if self._sock is None:
             return -1

@@ -114,13 +114,13 @@ class Side:
         ours.setblocking(False)
         self.socks += [ours, peer]
         self.client._sock = ours
-        self.adapter._watched = ours
+        self.adapter.reading.watched = ours
         self.recorder.peer = peer
         return peer
 
     def receive(self, data: bytes) -> bytes:
         self.peer.sendall(data)
-        self.adapter._on_readable()
+        self.adapter.reading.on_readable()
         return read_all(self.peer)
 
     def reconnect(self, session_present: bool, receive_maximum: int | None = None) -> bytes:

@@ -51,9 +51,9 @@ def test_a_burst_of_publishes_in_one_read_yields_every_publication_in_order(adap
     packets = [publish_packet(f"a/{i}", bytes([i % 256]) * i, i % 2, i + 1) for i in range(300)]
     packets.insert(5, publish_packet("$SYS/broker/log/N", b"line", 0, 0))
     peer.sendall(b"".join(packets))
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     while adapter_.client.buffered():  # more than MAX_PACKETS_PER_WAKEUP: the adapter scheduled another pass
-        adapter_._on_readable()
+        adapter_.reading.on_readable()
     publications = [item for item in items if isinstance(item, Publication)]
     assert [(p.topic, p.payload, p.qos, p.retain, p.properties) for p in publications] == \
         [(f"a/{i}", bytes([i % 256]) * i, i % 2, False, None) for i in range(300)]
@@ -72,7 +72,7 @@ def test_a_publish_with_properties_or_qos2_takes_pahos_path(adapter) -> None:  #
     packed = properties.pack()
     body = (3).to_bytes(2, "big") + b"p/q" + packed + b"payload"
     peer.sendall(bytes([0x31, len(body)]) + body + publish_packet("q/2", b"two", 2, 9))
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert items == [Publication("p/q", b"payload", 0, True,
                                  {"user_property": [["k", "v"]], "content_type": "text/plain"}),
                      Publication("q/2", b"two", 2, False, None, 9)]  # QoS 2: handed over at its PUBLISH
@@ -80,17 +80,17 @@ def test_a_publish_with_properties_or_qos2_takes_pahos_path(adapter) -> None:  #
     adapter_.acknowledge([(9, 2)])
     assert read_all(peer) == bytes([0x50, 2, 0, 9])  # the PUBREC is the acknowledgement
     peer.sendall(publish_packet("q/2", b"two", 2, 9, dup=True))  # repeated after a reconnection
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert len(items) == 2  # not handed over again: its PUBREC goes again
     assert read_all(peer) == bytes([0x50, 2, 0, 9])
     peer.sendall(bytes([0x62, 2, 0, 9]))  # PUBREL
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert read_all(peer) == bytes([0x70, 2, 0, 9])  # PUBCOMP at once
     peer.sendall(publish_packet("q/2", b"again", 2, 9, dup=True))  # a previous run's, repeated: its DUP shows
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert items[-1] == Publication("q/2", b"again", 2, False, None, 9, True)
     peer.sendall(publish_packet("q/1", b"one", 1, 10, dup=True))  # a QoS 1 repeat leaves the short path
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert items[-1] == Publication("q/1", b"one", 1, False, None, 10, True)
 
 
@@ -170,7 +170,7 @@ def test_backlog_counts_qos1_until_the_broker_acknowledges(adapter) -> None:  # 
     mids = [int.from_bytes(sent[i + 5:i + 7], "big") for i in range(0, 3 * 9, 9)]
     assert sent[27:] == bytes([0x30, 5, 0, 1]) + b"t" + b"\0p"
     peer.sendall(b"".join(bytes([0x40, 2]) + mid.to_bytes(2, "big") for mid in mids[:2]))
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert adapter_.backlog() == 1
     assert completed == [True]
 
@@ -268,7 +268,7 @@ def _through_lean(chunks: Sequence[bytes]) -> tuple[list[BrokerItem], bytes, int
     ours, peer = socket.socketpair()
     ours.setblocking(False)
     client._sock = ours  # type: ignore[assignment]
-    adapter._watched = ours
+    adapter.reading.watched = ours
     paho_reads = 0
     original = client._packet_read
 
@@ -283,9 +283,9 @@ def _through_lean(chunks: Sequence[bytes]) -> tuple[list[BrokerItem], bytes, int
         for chunk in chunks:
             before = len(items)
             peer.sendall(chunk)
-            adapter._on_readable()
+            adapter.reading.on_readable()
             while client.buffered():  # what the scheduled retry would read
-                adapter._on_readable()
+                adapter.reading.on_readable()
             _acknowledge(adapter, items[before:])
             written += read_all(peer)
     finally:
@@ -347,7 +347,7 @@ def test_reading_publishes_counts_as_hearing_from_the_broker(adapter) -> None:  
     client = adapter_.client
     client._last_bytes_received = 0.0  # paho's keepalive would send PINGREQ, then give up on the connection
     peer.sendall(PACKETS["qos0"] + PACKETS["qos1"])
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert len(items) == 2
     assert client._last_bytes_received >= mqtt.time_func() - 5  # type: ignore[attr-defined]
 
@@ -367,11 +367,11 @@ def test_pausing_stops_reading_mid_burst_and_resuming_reads_the_rest(adapter) ->
 
     adapter_._deliver = deliver
     peer.sendall(b"".join(_retained(publish_packet(f"p/{i}", b"x", 1, i + 1)) for i in range(10)))
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert [item.topic for item in items if isinstance(item, Publication)] == ["p/0", "p/1", "p/2"]
     _acknowledge(adapter_, items)
     assert read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in (1, 2, 3))  # only what was taken
-    adapter_._on_readable()  # a pending wake-up while paused reads nothing
+    adapter_.reading.on_readable()  # a pending wake-up while paused reads nothing
     assert len(items) == 3
     adapter_.resume_reading()  # schedules a read pass: the rest is in our buffer, the socket is not readable
     loop = adapter_._loop
@@ -397,7 +397,7 @@ def test_plain_publications_come_as_runs_and_a_pause_stops_between_runs(adapter)
     packets[5] = _retained(packets[5])
     packets += [publish_packet("p/q0", b"y", 0, 0)]
     peer.sendall(b"".join(packets))
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert taken == [PublicationRun([f"p/{i}" for i in range(5)], [b"x"] * 5, 1, [1, 2, 3, 4, 5])]
     _acknowledge(adapter_, taken)
     assert read_all(peer) == b"".join(bytes([0x40, 2, 0, mid]) for mid in (1, 2, 3, 4, 5))
@@ -405,7 +405,7 @@ def test_plain_publications_come_as_runs_and_a_pause_stops_between_runs(adapter)
                      PublicationRun([f"p/{i}" for i in range(6, 10)], [b"x"] * 4, 1, [7, 8, 9, 10]),
                      PublicationRun(["p/q0"], [b"y"], 0, [])):
         adapter_.resume_reading()
-        adapter_._on_readable()
+        adapter_.reading.on_readable()
         assert taken[-1] == expected
     assert len(taken) == 4 and not adapter_.client.buffered()
 
@@ -414,12 +414,12 @@ def test_part_of_a_packet_is_left_to_paho_and_schedules_no_read_pass(adapter) ->
     adapter_, peer, items = adapter
     packet = PACKETS["two_length_bytes"]
     peer.sendall(PACKETS["qos0"] + packet[:100])
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert len(items) == 1
     assert adapter_.client.buffered() == 0  # the rest of the packet waits in the socket, not in our buffer
-    assert adapter_._read_retry is None  # so only the socket becoming readable wakes us again
+    assert adapter_.reading._read_retry is None  # so only the socket becoming readable wakes us again
     peer.sendall(packet[100:])
-    adapter_._on_readable()
+    adapter_.reading.on_readable()
     assert [item.topic for item in items if isinstance(item, Publication)] == ["a/b", "big/2"]
 
 
@@ -472,7 +472,8 @@ class _Side:
         ours.setblocking(False)
         self.socks += [ours, peer]
         self.client._sock = ours  # type: ignore[assignment]
-        self.adapter._watched = ours
+        if self.adapter.reading is not None:  # the loop-driven adapter reads it
+            self.adapter.reading.watched = ours
         return peer
 
     def publish(self, injections: Sequence[Injection]) -> bytes:
@@ -487,7 +488,7 @@ class _Side:
         """The broker sends `data`; what the client writes back."""
         self.peer.sendall(data)
         if self.loop is not None:
-            self.adapter._on_readable()
+            self.adapter.reading.on_readable()
         else:
             while self.client._packet_read() == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 pass

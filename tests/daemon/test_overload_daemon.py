@@ -18,7 +18,6 @@ from federation.daemon import clock as clock_module
 from federation.daemon.backpressure import InjectionQueue, PacketBacklog, shed_qos0
 from federation.daemon.clock import Clock
 from federation.daemon.flow_control import BROKER_BACKLOG, INJECTION_BACKLOG, INJECTION_BACKLOG_HIGH, FlowControl
-from federation.daemon.read_coalescing import ReadCoalescing
 from federation.daemon.receiving import DATA_SLICE
 from federation.daemon.running import Running
 from federation.daemon.udp import MAX_DATAGRAM_READ, LocalAddresses, OverlayProtocol, kernel_receive_drops
@@ -109,7 +108,7 @@ class FakeBroker:
     receive_maximum = 65535
     session_present = True
     sessions_lost = 0
-    coalescing = ReadCoalescing(0)
+    read_waits = 0
 
     def __init__(self) -> None:
         self.reading_paused = False

@@ -131,7 +131,7 @@ def test_the_public_path_hands_over_and_acknowledges_a_burst(
     packets = [publish_packet(f"a/{index}", bytes([index]) * index, index % 2, index + 1) for index in range(40)]
     packets.insert(3, publish_packet("$SYS/broker/log/N", b"line", 0, 0))
     peer.sendall(b"".join(packets))
-    adapter._on_readable()
+    adapter.reading.on_readable()
     assert [(p.topic, p.payload, p.qos) for p in items if isinstance(p, Publication)] == \
         [(f"a/{index}", bytes([index]) * index, index % 2) for index in range(40)]
     assert items[3] == LogLine("$SYS/broker/log/N", b"line")
@@ -161,7 +161,7 @@ def test_the_public_path_injects_what_pahos_publish_writes_and_completes_qos1(
     assert adapter.injected == 6 and adapter.backlog() == 3
     mids = sorted(adapter.injector._unfinished)
     peer.sendall(b"".join(bytes([0x40, 2]) + mid.to_bytes(2, "big") for mid in mids))  # the broker's PUBACKs
-    adapter._on_readable()
+    adapter.reading.on_readable()
     assert adapter.backlog() == 0
 
 

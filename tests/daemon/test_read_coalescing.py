@@ -99,7 +99,7 @@ def watched() -> Iterator[tuple[BrokerAdapter, socket.socket, list[BrokerItem]]]
     machine, and two passes close together are always that fast."""
     items: list[BrokerItem] = []
     with adapter_on_socketpair("coalescing-test", one_per_publication(items)) as (adapter, peer):
-        adapter.coalescing = ReadCoalescing(0.5, min_rate=100)
+        adapter.reading.coalescing = ReadCoalescing(0.5, min_rate=100)
         sock = adapter._watched
         assert sock is not None
         adapter._watch(sock)
@@ -112,7 +112,7 @@ def _start_a_wait(adapter: BrokerAdapter, peer: socket.socket, items: list[Broke
         _flood(peer, start)
         _run(adapter, 0)
         assert len(items) == start + 100
-    assert adapter._read_wait is not None and adapter.coalescing.waits == 1
+    assert adapter.reading._read_wait is not None and adapter.reading.coalescing.waits == 1
 
 
 def test_during_a_wait_nothing_is_read_and_after_it_everything(watched) -> None:  # type: ignore[no-untyped-def]
@@ -123,14 +123,14 @@ def test_during_a_wait_nothing_is_read_and_after_it_everything(watched) -> None:
     assert len(items) == 200  # the socket is not watched meanwhile
     _run(adapter, 0.6)
     assert [item.topic for item in items] == [f"w/{index}" for index in range(300)]  # type: ignore[attr-defined]
-    assert adapter.coalescing.waits >= 2  # the pass after the wait read 100 in 0.5 s: 200 a second
+    assert adapter.reading.coalescing.waits >= 2  # the pass after the wait read 100 in 0.5 s: 200 a second
 
 
 def test_a_pause_ends_the_wait_and_a_resume_reads_at_once(watched) -> None:  # type: ignore[no-untyped-def]
     adapter, peer, items = watched
     _start_a_wait(adapter, peer, items)
     adapter.pause_reading()
-    assert adapter._read_wait is None
+    assert adapter.reading._read_wait is None
     _flood(peer, 200)
     _run(adapter, 0.6)
     assert len(items) == 200  # paused: nothing read, and the wait's end did not watch the socket again
@@ -144,7 +144,7 @@ def test_the_socket_closing_ends_the_wait(watched) -> None:  # type: ignore[no-u
     _start_a_wait(adapter, peer, items)
     sock = adapter._watched
     adapter._on_socket_close(adapter.client, None, sock)
-    assert adapter._read_wait is None and adapter._watched is None
+    assert adapter.reading._read_wait is None and adapter._watched is None
     _flood(peer, 200)
     _run(adapter, 0.6)
     assert len(items) == 200
@@ -152,9 +152,9 @@ def test_the_socket_closing_ends_the_wait(watched) -> None:  # type: ignore[no-u
 
 def test_off_no_pass_waits(watched) -> None:  # type: ignore[no-untyped-def]
     adapter, peer, items = watched
-    adapter.coalescing = ReadCoalescing(0.0)
+    adapter.reading.coalescing = ReadCoalescing(0.0)
     for start in range(0, 500, 100):
         _flood(peer, start)
         _run(adapter, 0)
         assert len(items) == start + 100
-    assert adapter._read_wait is None and adapter.coalescing.waits == 0
+    assert adapter.reading._read_wait is None and adapter.reading.coalescing.waits == 0

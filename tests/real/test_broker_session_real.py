@@ -192,7 +192,7 @@ class JournaledAdapter:
         def reset() -> None:
             adapter = self.adapter
             adapter._stopping = True  # no reconnection
-            for handle in (adapter._connect_handle, adapter._keepalive_handle, adapter._read_retry):
+            for handle in (adapter._connect_handle, adapter._keepalive_handle, adapter.reading._read_retry):
                 if handle is not None:
                     handle.cancel()
             sock = adapter.client.socket()
@@ -202,7 +202,7 @@ class JournaledAdapter:
                 self.loop.loop.remove_writer(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.close()
-            adapter._watched = None
+            adapter.reading.watched = None
             adapter.client._sock = None  # paho forgets it without closing it again (nor telling the adapter)
 
         self.loop.call(reset)

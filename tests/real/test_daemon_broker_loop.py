@@ -174,19 +174,19 @@ def test_a_flood_is_read_in_waits_and_a_trickle_at_once(tmp_path: Path, make_ada
     with start_broker(tmp_path) as broker:
         adapter, batches = make_adapter(broker.port)
         wait_for(lambda: batches.of(Subscribed), timeout=5, message="the subscriptions")
-        loop_thread.call(lambda: setattr(adapter, "coalescing", ReadCoalescing(0.002, min_rate=1_000)))
+        loop_thread.call(lambda: setattr(adapter.reading, "coalescing", ReadCoalescing(0.002, min_rate=1_000)))
         lines = "".join(f"flood {index}\n" for index in range(20000))
         subprocess.run(mosquitto_pub(broker.port, "-t", "flood/x", "-l", "-q", "0"), input=lines.encode(),
                        check=True, timeout=20)
         wait_for(lambda: len(batches.of(Publication)) >= 20000, timeout=10, message="20000 publications")
         assert [p.payload for p in batches.of(Publication)] == [f"flood {index}".encode() for index in range(20000)]
-        assert adapter.coalescing.waits > 0
-        waits = adapter.coalescing.waits
+        assert adapter.reading.coalescing.waits > 0
+        waits = adapter.reading.coalescing.waits
         for index in range(3):
             subprocess.run(mosquitto_pub(broker.port, "-t", "lone/x", "-m", f"lone {index}"), check=True, timeout=10)
             wait_for(lambda expected=20001 + index: len(batches.of(Publication)) == expected, timeout=5,
                      message=f"lone {index}")
-        assert loop_thread.call(lambda: adapter.coalescing.waits) == waits
+        assert loop_thread.call(lambda: adapter.reading.coalescing.waits) == waits
 
 
 def test_injections_reach_subscribers_corked_in_a_batch(tmp_path: Path, make_adapter: Any, loop_thread: LoopThread,

@@ -98,7 +98,10 @@ class Pipeline:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.mqtt_side.setblocking(False)
         self.adapter.client._sock = self.mqtt_side  # type: ignore[assignment]  # what reconnect() would set
-        self.adapter._watched = self.mqtt_side
+        reading = self.adapter.reading
+        assert reading is not None  # the loop-driven adapter
+        reading.watched = self.mqtt_side
+        self.reading = reading
         self.seq = 0
 
     def _converge(self) -> None:
@@ -145,7 +148,7 @@ class Pipeline:
         self.peer.sendall(packets)
         self.items.clear()
         start = clock()
-        self.adapter._on_readable()
+        self.reading.on_readable()
         # What the runtime does with them (Running._on_broker_items): one run of (topic, payload) for the node,
         # and the pass's QoS 1 ones acknowledged in one write.
         run: list[tuple[str, bytes]] = []
@@ -247,12 +250,12 @@ class Pipeline:
             qos = client._out_messages[mid].qos
             acks += bytes([0x40 if qos == 1 else 0x50, 2]) + mid.to_bytes(2, "big")
         self.peer.sendall(bytes(acks))
-        self.adapter._on_readable()
+        self.reading.on_readable()
         self._drain_peer()
         if any(client._out_messages[mid].qos == 2 for mid in mids if mid in client._out_messages):
             self.peer.sendall(b"".join(bytes([0x70, 2]) + mid.to_bytes(2, "big")
                                        for mid in list(client._out_messages)))
-            self.adapter._on_readable()
+            self.reading.on_readable()
             self._drain_peer()
 
     def close(self) -> None:
