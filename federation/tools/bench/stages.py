@@ -63,8 +63,8 @@ def report(first: Counters, last: Counters, messages: int, warm: float | None, b
     mine, theirs = per_message(first, messages), per_message(last, messages)
     lines = [f"{'µs of CPU per message':<28}{'first wrapper':>16}{'last wrapper':>16}"]
     for label in stage_probe.STAGES:
-        cells = [f"{values[label]:>16.2f}" if first_or_last.get(label, [0.0, 0])[1] else f"{'-':>16}"
-                 for values, first_or_last in ((mine, first), (theirs, last))]
+        cells = [f"{values[label]:>16.2f}" if counters.get(label, [0.0, 0])[1] else f"{'-':>16}"  # never called
+                 for values, counters in ((mine, first), (theirs, last))]
         lines.append(f"{label:<28}{cells[0]}{cells[1]}")
     lines.append(f"{'messages per pass':<28}{messages_per_pass(first, 'first', messages):>16.0f}"
                  f"{messages_per_pass(last, 'last', messages):>16.0f}")
