@@ -60,15 +60,15 @@ def messages_per_pass(counters: Counters, side: str, messages: int) -> float:
 
 def report(first: Counters, last: Counters, messages: int, warm: float | None, burst: int) -> str:
     """The table: each stage's µs per message in both wrappers, passes, and the loops against the warm figure."""
-    mine, theirs = per_message(first, messages), per_message(last, messages)
+    first_us, last_us = per_message(first, messages), per_message(last, messages)
     lines = [f"{'µs of CPU per message':<28}{'first wrapper':>16}{'last wrapper':>16}"]
     for label in stage_probe.STAGES:
         cells = [f"{values[label]:>16.2f}" if counters.get(label, [0.0, 0])[1] else f"{'-':>16}"  # never called
-                 for values, counters in ((mine, first), (theirs, last))]
+                 for values, counters in ((first_us, first), (last_us, last))]
         lines.append(f"{label:<28}{cells[0]}{cells[1]}")
     lines.append(f"{'messages per pass':<28}{messages_per_pass(first, 'first', messages):>16.0f}"
                  f"{messages_per_pass(last, 'last', messages):>16.0f}")
-    both = mine.get("loop", 0.0) + theirs.get("loop", 0.0)
+    both = first_us.get("loop", 0.0) + last_us.get("loop", 0.0)
     lines.append(f"both wrappers' loops, in the flood: {both:.2f} µs per message")
     if warm is not None and warm > 0:
         lines.append(f"hotpath, warm, passes of {burst}: {warm:.2f} µs per message; in the flood {both / warm:.1f} "
@@ -136,6 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     first, last = difference(before[0], after[0]), difference(before[-1], after[-1])
     messages = summary.delivered
+    if not messages:
+        print(f"stages: nothing of the {summary.sent:,} messages was delivered; no figure to give", file=sys.stderr)
+        return 1
     burst = max(1, round(messages_per_pass(first, "first", messages)))
     warm = None
     if not args.no_warm:
