@@ -439,19 +439,24 @@ def _optional_int(value: Any, where: str, low: int, high: int, expected: str) ->
     return value
 
 
-def _seconds(value: Any, where: str, high: float, expected: str) -> float:
+def _number_from_text(value: Any) -> Any:
+    """A number written as text (an environment variable, a flag) as the number; anything else as it is."""
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
-            value = float(value.strip())
+            return float(value.strip())
+    return value
+
+
+def _seconds(value: Any, where: str, high: float, expected: str) -> float:
+    value = _number_from_text(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= high:
         raise ConfigError(f"{where}: expected {expected}, got {value!r}")
     return float(value)
 
 
 def _seconds_or_zero(value: Any, where: str, high: float, expected: str) -> float:
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            value = float(value.strip())
+    """`_seconds`, where 0 is allowed too (it turns the feature off)."""
+    value = _number_from_text(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
         return 0.0
     return _seconds(value, where, high, expected)

@@ -20,8 +20,8 @@ wait included, so a wait does not feed itself: after it the pass is larger,
 but so is the time it covers, and the waits stop as soon as the broker
 sends less than `min_rate`.
 
-Sans-I/O: the adapter (federation/daemon/broker.py) passes the loop's time
-and what each pass read, and does the waiting.
+Sans-I/O: the broker connection's read side (federation/daemon/broker_reading.py)
+passes the loop's time and what each pass read, and does the waiting.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def test_the_table_gives_each_stage_per_message_and_the_flood_against_warm() -> 
     last_after = {**first_before, "loop": [0.2, 150], "datagram pass": [0.15, 100]}
     first = stages.difference(first_before, first_after)
     last = stages.difference(first_before, last_after)
-    assert stages.messages_per_pass(first, "first", 100_000) == 1000
+    assert stages.messages_per_pass(first, stages.FIRST_PASS, 100_000) == 1000
     assert stages.per_message(first, 100_000)["loop"] == pytest.approx(4.0)
     table = stages.report(first, last, 100_000, 2.0, 1000)
     assert "both wrappers' loops, in the flood: 6.00 µs per message" in table

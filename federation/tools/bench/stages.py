@@ -38,14 +38,17 @@ Counters = dict[str, list[float]]
 """stage label -> [seconds, calls], as the probe writes them"""
 
 SNAPSHOT_TIMEOUT = 10.0
-PASS_STAGES = {"first": "broker pass", "last": "datagram pass"}
-"""the stage whose calls are a wrapper's passes"""
+FIRST_PASS, LAST_PASS = "broker pass", "datagram pass"
+"""the stages whose calls are the first and the last wrapper's passes"""
 
 
 def difference(before: Counters, after: Counters) -> Counters:
     """What happened between two snapshots of one wrapper."""
-    return {label: [after[label][0] - before.get(label, [0.0, 0])[0], after[label][1] - before.get(label, [0.0, 0])[1]]
-            for label in after}
+    out: Counters = {}
+    for label, (seconds, calls) in after.items():
+        seconds_before, calls_before = before.get(label, [0.0, 0])
+        out[label] = [seconds - seconds_before, calls - calls_before]
+    return out
 
 
 def per_message(counters: Counters, messages: int) -> dict[str, float]:
@@ -53,8 +56,8 @@ def per_message(counters: Counters, messages: int) -> dict[str, float]:
     return {label: 1e6 * seconds / messages for label, (seconds, _calls) in counters.items()} if messages else {}
 
 
-def messages_per_pass(counters: Counters, side: str, messages: int) -> float:
-    calls = counters.get(PASS_STAGES[side], [0.0, 0])[1]
+def messages_per_pass(counters: Counters, stage: str, messages: int) -> float:
+    calls = counters.get(stage, [0.0, 0])[1]
     return messages / calls if calls else 0.0
 
 
@@ -66,8 +69,8 @@ def report(first: Counters, last: Counters, messages: int, warm: float | None, b
         cells = [f"{values[label]:>16.2f}" if counters.get(label, [0.0, 0])[1] else f"{'-':>16}"  # never called
                  for values, counters in ((first_us, first), (last_us, last))]
         lines.append(f"{label:<28}{cells[0]}{cells[1]}")
-    lines.append(f"{'messages per pass':<28}{messages_per_pass(first, 'first', messages):>16.0f}"
-                 f"{messages_per_pass(last, 'last', messages):>16.0f}")
+    lines.append(f"{'messages per pass':<28}{messages_per_pass(first, FIRST_PASS, messages):>16.0f}"
+                 f"{messages_per_pass(last, LAST_PASS, messages):>16.0f}")
     both = first_us.get("loop", 0.0) + last_us.get("loop", 0.0)
     lines.append(f"both wrappers' loops, in the flood: {both:.2f} µs per message")
     if warm is not None and warm > 0:
@@ -139,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not messages:
         print(f"stages: nothing of the {summary.sent:,} messages was delivered; no figure to give", file=sys.stderr)
         return 1
-    burst = max(1, round(messages_per_pass(first, "first", messages)))
+    burst = max(1, round(messages_per_pass(first, FIRST_PASS, messages)))
     warm = None
     if not args.no_warm:
         stages = hotpath.measure(args.qos, args.size, burst, 5000, 5, args.publication_events == "on")

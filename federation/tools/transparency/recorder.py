@@ -338,7 +338,7 @@ class RecordingClient:
                 connection.client.disconnect()
                 connection.ended.wait(STOP_TIMEOUT)
         with contextlib.suppress(Exception):
-            connection.client.loop_stop()
+            stop_network_thread(connection.client)
 
     # -------------------------------------------------------------- paho's callbacks (its network thread)
 
