@@ -29,7 +29,7 @@ estimates from `neighbour_up` and `counters` events.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,33 @@ class NeighbourTable:
 
     def remove(self, transport: Address) -> None:
         self._by_transport.pop(transport, None)
+        self._reindex()
+
+    def set_configured(self, wanted: Iterable[Address]) -> tuple[list[Neighbour], list[Neighbour]]:
+        """The configured neighbours are now `wanted` (the embedder reloaded its configuration): those not in the
+        table are added, a dynamic one listed now becomes configured (keeping what was measured of it), and the
+        configured ones not listed any more become dynamic. Returns (added, no longer configured), for the node to
+        greet the first and take the second down."""
+        listed = set(wanted)
+        added = []
+        for transport in sorted(listed):
+            neighbour = self._by_transport.get(transport)
+            if neighbour is None:
+                neighbour = self._by_transport[transport] = Neighbour(transport, configured=True)
+                added.append(neighbour)
+            neighbour.configured = True
+        unlisted = [n for n in self.all() if n.configured and n.transport not in listed]
+        for neighbour in unlisted:
+            neighbour.configured = False
+        return added, unlisted
+
+    def take_down(self, neighbour: Neighbour) -> None:
+        """Mark an up neighbour down at once, as `expire` does after its silence, but not counted as a flap: the
+        embedder no longer lists it."""
+        neighbour.up = False
+        neighbour.overdue = neighbour.probed = False
+        neighbour.quiet_until = float("-inf")
+        neighbour.up_since = None
         self._reindex()
 
     def all(self) -> list[Neighbour]:

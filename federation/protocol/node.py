@@ -12,8 +12,9 @@ always passed in and randomness comes from the RNG given at construction,
 so a run replays exactly (the simulator relies on it). The embedder tells
 the node about its broker and its own queues through explicit methods
 (`injection_done`, `injection_failed`, `report_delivery_backlog`,
-`on_receive_backlog`, and `restore` after a restart) and reads what it
-needs from read-only properties and snapshots (`unacked_copies`,
+`on_receive_backlog`, `restore` after a restart, `set_configured_neighbours`
+when its configuration is reloaded) and reads what it needs from read-only
+properties and snapshots (`unacked_copies`,
 `held_publications`, `receive_busy`, `paced_until`, `stream_positions`,
 `known_filters`); it never writes the node's counters or flags.
 
@@ -620,6 +621,29 @@ class Node:
             if all(n.up for n in self.neighbours.all() if n.configured):
                 # Everything we can hear is syncing: claims need wait only for that exchange.
                 self.mesh.allow_claims_by(now + max(4 * answered.rtt, 0.01))
+
+    def set_configured_neighbours(self, addresses: Iterable[Address],
+                                  now: float) -> tuple[list[Address], list[Address]]:
+        """The embedder's list of neighbours changed (it reloaded its configuration): new ones get a hello at once
+        (the link comes up in one round trip if the peer answers); ones no longer listed are taken down now, as
+        after their silence (QoS 1/2 copies in flight to them go another way or wait: rule 7a), and forgotten. A
+        peer that still lists this node says hello again and is accepted as any unlisted one is (up to
+        `max_neighbours`): a link ends when neither side lists the other. Returns (added, removed)."""
+        if self.stopped:
+            return [], []
+        added, unlisted = self.neighbours.set_configured(a for a in addresses if a != self.address)
+        if self.started_at is not None:
+            for neighbour in added:
+                self.liveness.send(neighbour, now)
+        for neighbour in unlisted:
+            if neighbour.up:
+                self.neighbours.take_down(neighbour)
+                self._neighbour_down(neighbour, now)  # emits neighbour_down, forgets it (no longer configured)
+            else:
+                self.neighbours.remove(neighbour.transport)
+        if self.started_at is not None:
+            self._settle(now)
+        return [n.transport for n in added], [n.transport for n in unlisted]
 
     def _neighbour_down(self, neighbour: Neighbour, now: float) -> None:
         self.liveness.down(neighbour, now)
