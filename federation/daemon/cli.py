@@ -2,7 +2,7 @@
 
     wrapper.py [--config FILE.yaml] [--neighbors HOST[:PORT],...] [--bind HOST[:PORT]]
                [--broker HOST[:PORT]] [--id N] [--state-dir DIR] [--event-log FILE]
-               [--metrics-port N] [--log-level LEVEL]          run the wrapper
+               [--metrics-port N] [--log-level LEVEL] [--topic LINE]...   run the wrapper
     wrapper.py status [--node HOST[:PORT]] [--json]           ask a running wrapper
     wrapper.py genkey                                          print a new federation key
 
@@ -89,6 +89,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-port", dest="metrics_port", metavar="N", help="serve Prometheus metrics on port N")
     parser.add_argument("--log-level", dest="log_level", metavar="LEVEL",
                         help=f"stderr log level: {', '.join(LOG_LEVELS)} (default INFO)")
+    parser.add_argument("--topic", dest="topics", action="append", metavar="'PATTERN [out|in|both [QOS [L R]]]'",
+                        help="a topic policy line, as a Mosquitto bridge's `topic` option (repeatable; replaces the "
+                             "YAML file's `topics`; docs/topic-policies.md). Default: everything, both ways")
     parser.add_argument("--key-file", dest="key_file", metavar="FILE",
                         help="federation key(s), one per line, hex or base64; the first signs, all are accepted "
                              "(`wrapper.py genkey > FILE`). Without it the overlay is open: lab use only")

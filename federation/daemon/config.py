@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import ipaddress
 import socket
 import textwrap
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,7 @@ import yaml
 from federation.daemon import read_coalescing, wrapper_events
 from federation.daemon.broker_auth import DEFAULT_TLS_PORT, BrokerAuth, BrokerAuthError, load_broker_auth
 from federation.daemon.keys import KeyFileError, read_key_file
+from federation.daemon.topic_policy import EVERYTHING, SYNTAX, TopicLineError, TopicPolicy, parse_line
 from federation.envelope.config import ENCRYPTION_NONE, ENCRYPTIONS
 from federation.protocol import events
 from federation.protocol.placement import capability
@@ -46,6 +49,9 @@ MIN_SESSION_EXPIRY = 60
 MAX_SESSION_EXPIRY = 2**32 - 1
 """MQTT's largest session expiry interval: the session never expires"""
 DEFAULT_RESUBSCRIBE_GRACE = 30.0
+DEFAULT_RESOLVE_INTERVAL = 60.0
+"""seconds between resolutions of the neighbours given by name"""
+MAX_RESOLVE_INTERVAL = 86400.0
 MAX_RESUBSCRIBE_GRACE = 86400.0
 DEFAULT_PORT = 10500
 """UDP port of the overlay, for --bind and for neighbours given without a port."""
@@ -75,8 +81,19 @@ class Field:
 
 FIELDS: tuple[Field, ...] = (
     Field("neighbors", "--neighbors", [],
-          "neighbour wrappers, HOST[:PORT] each (port 10500 if omitted); names are resolved at start. "
-          "Alias: neighbours / --neighbours"),
+          "neighbour wrappers, HOST[:PORT] each (port 10500 if omitted); names are resolved at start, every "
+          "neighbour_resolve_interval and on SIGHUP, which also reads this list again. Alias: neighbours / "
+          "--neighbours"),
+    Field("neighbour_resolve_interval", None, DEFAULT_RESOLVE_INTERVAL,
+          f"seconds between resolutions of the neighbours given by name (0 to {MAX_RESOLVE_INTERVAL:g}; 0: only at "
+          f"start and on SIGHUP): a neighbour whose address changed is reached at the new one, the old link goes "
+          f"down"),
+    Field("topics", "--topic", [],
+          "topic policy: the lines of a Mosquitto bridge's `topic` option, one string each, quoted ('" + SYNTAX
+          + "'); the federation is the bridge's remote side. A publication leaves this broker only where an out or "
+          "both line matches it, and is injected here only where an in or both line does, its topic mapped through "
+          "the prefixes, its QoS at most the line's. [] is `# both 2`: everything, both ways, as it is. Read again "
+          "on SIGHUP (docs/topic-policies.md). --topic is repeatable; given, it replaces this list"),
     Field("bind", "--bind", DEFAULT_BIND,
           "UDP address HOST[:PORT] to listen on; it is also the address this node announces, "
           "unless it is 0.0.0.0 (then: the local address that reaches the first neighbour)"),
@@ -170,6 +187,19 @@ class DaemonConfig:
     """seconds to hold publications for the filters known before a broker restart"""
     broker_read_coalesce: float = read_coalescing.DEFAULT_SECONDS
     """seconds between read passes from the broker at high rates (federation.daemon.read_coalescing); 0: off"""
+    topic_policy: TopicPolicy = EVERYTHING
+    """what crosses in which direction, under which topic (federation.daemon.topic_policy); no lines: everything"""
+    neighbour_names: tuple[Address, ...] = ()
+    """the neighbours as given (names unresolved), for resolving them again; empty when built in code"""
+    neighbour_resolve_interval: float = DEFAULT_RESOLVE_INTERVAL
+    """seconds between resolutions of `neighbour_names` (0: only at start and on SIGHUP)"""
+    flags: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    """the command-line values `load_config` was given, to load the configuration again on SIGHUP; None for a
+    config built in code (SIGHUP then only reads the key and password files again)"""
+    config_hash: str | None = None
+    """SHA-256 of the YAML file as read (hex); None without one"""
+    loaded_at: float = field(default_factory=time.time, compare=False)
+    """unix time this configuration was read"""
 
     @property
     def family(self) -> socket.AddressFamily:
@@ -207,8 +237,16 @@ def route_source(target: Address, family: int) -> str:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """The YAML file as a mapping; ConfigError naming the file for a missing file or a syntax error."""
+    return read_yaml_and_hash(path)[0]
+
+
+def read_yaml_and_hash(path: Path) -> tuple[dict[str, Any], str]:
+    """`read_yaml`, and the SHA-256 of the bytes it read (hex): the running configuration's hash in status."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except FileNotFoundError:
         raise ConfigError(f"--config: file {str(path)!r} not found; give the path of a wrapper.yaml "
                           f"(a documented example is configs/wrapper.yaml)") from None
@@ -218,11 +256,12 @@ def read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}".replace("\n", " ")) from None
+    digest = hashlib.sha256(raw).hexdigest()
     if data is None:
-        return {}
+        return {}, digest
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings (key: value lines), got {type(data).__name__}")
-    return data
+    return data, digest
 
 
 def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
@@ -231,8 +270,9 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
 
     `flags` maps YAML keys to command-line values; None means "not given".
     """
+    loaded_at = time.time()
     config_path = Path(flags["config"]) if flags.get("config") else None
-    file_values = read_yaml(config_path) if config_path is not None else {}
+    file_values, config_hash = read_yaml_and_hash(config_path) if config_path is not None else ({}, None)
     where = str(config_path) if config_path is not None else "config"
     unknown = sorted(str(key) for key in file_values if key not in KNOWN_KEYS)
     if unknown:
@@ -303,6 +343,11 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
                                      read_coalescing.MAX_SECONDS,
                                      f"seconds from 0 to {read_coalescing.MAX_SECONDS:g} (0 turns the gathering off; "
                                      f"default {read_coalescing.DEFAULT_SECONDS:g})")
+    topic_policy = _topic_policy(value("topics"), origin("topics"))
+    resolve_interval = _seconds_or_zero(value("neighbour_resolve_interval"), origin("neighbour_resolve_interval"),
+                                        MAX_RESOLVE_INTERVAL,
+                                        f"seconds from 0 to {MAX_RESOLVE_INTERVAL:g} (0: resolve names only at start "
+                                        f"and on SIGHUP; default {DEFAULT_RESOLVE_INTERVAL:g})")
     keys: tuple[bytes, ...] = ()
     if key_file is not None:
         try:
@@ -326,8 +371,7 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
     bind = Address(bind_host, bind_raw.port)
     neighbours: list[Address] = []
     for text, raw in zip(neighbour_texts, neighbour_raw, strict=True):
-        host = _resolve(resolver, raw, family, origin("neighbors"), f"neighbour {text!r}")
-        resolved = Address(host, raw.port)
+        resolved = resolve_neighbour(resolver, raw, family, origin("neighbors"), text)
         if resolved not in neighbours:
             neighbours.append(resolved)
     if is_wildcard(bind.host):
@@ -354,8 +398,16 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
         max_qos=2 if max_qos is None else max_qos, settings=settings, config_file=config_path,
         key_file=key_file, broker_auth=broker_auth, keys=keys, encryption=encryption,
         broker_session_expiry=DEFAULT_SESSION_EXPIRY if session_expiry is None else session_expiry,
-        resubscribe_grace=resubscribe_grace, broker_read_coalesce=read_coalesce,
+        resubscribe_grace=resubscribe_grace, broker_read_coalesce=read_coalesce, topic_policy=topic_policy,
+        neighbour_names=tuple(neighbour_raw), neighbour_resolve_interval=resolve_interval, flags=dict(flags),
+        config_hash=config_hash, loaded_at=loaded_at,
     )
+
+
+def resolve_neighbour(resolver: Resolver, raw: Address, family: int, where: str, text: str | None = None) -> Address:
+    """A neighbour as given (`HOST[:PORT]`, the host a name or an address) as the numeric address datagrams come
+    from; ConfigError naming it when the name does not resolve."""
+    return Address(_resolve(resolver, raw, family, where, f"neighbour {text or str(raw)!r}"), raw.port)
 
 
 # ------------------------------------------------------------------ field validators
@@ -489,6 +541,27 @@ def _event_types(value: Any, where: str) -> frozenset[str] | None:
             raise ConfigError(f"{where}: unknown event type {item!r}; known types are: {', '.join(known)}")
         chosen.append(item)
     return frozenset(chosen)
+
+
+def _topic_policy(value: Any, where: str) -> TopicPolicy:
+    """The `topics` list (or `--topic` flags): each line parsed as Mosquitto parses a bridge's `topic` line."""
+    if value is None:
+        return EVERYTHING
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise ConfigError(f"{where}: expected a list of topic lines ('{SYNTAX}'), got {value!r}")
+    lines = []
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            hint = (": in YAML a line that starts with # is a comment, quote it ('# both 2')"
+                    if item is None else "")
+            raise ConfigError(f"{where}[{index}]: expected a topic line, a string '{SYNTAX}', got {item!r}{hint}")
+        try:
+            lines.append(parse_line(item))
+        except TopicLineError as error:
+            line = where if where.startswith("--") else f"{where}[{index}]"  # --topic, or wrapper.yaml: topics[2]
+            raise ConfigError(f"{line} {item!r}: {error}") from None
+    return TopicPolicy(tuple(lines))
 
 
 def _encryption(value: Any, where: str) -> str:
