@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a file (spark-submit): import the tree t
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from federation.spark import DATA_TYPES  # noqa: E402
+from federation.spark import DATA_TYPES, inputs  # noqa: E402
 from federation.spark import clocks as clock_estimation  # noqa: E402
 from federation.spark import timeline as timelines  # noqa: E402
 from federation.spark.replay import Replay  # noqa: E402
@@ -116,24 +116,30 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     """Run the job; `spark` is an existing session (tests share one), else one is built."""
     args = parse_args(argv)
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    from federation.spark.reader import InputError, resolve  # imports pyspark
+    from federation.spark.reader import InputError, is_local, resolve  # imports pyspark
 
     try:
         files = resolve(args.events)
-    except InputError as error:
+        # Compressed generations decompressed, unreadable files refused, before anything is counted.
+        scratch = args.scratch if args.scratch is not None and is_local(args.scratch) else None
+        prepared = inputs.prepare(files, is_local, scratch)
+    except (InputError, inputs.UnreadableInput) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    partitions = args.partitions or shuffle_partitions(files)
-    if spark is None:
-        from federation.spark.session import build_session
-        spark = build_session(args.master, partitions, args.driver_memory)
-    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
-    started = time.perf_counter()
     try:
-        report, extras = analyse(spark, files, args)
-    except (InputError, timelines.TimelineError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        partitions = args.partitions or shuffle_partitions(prepared.paths)
+        if spark is None:
+            from federation.spark.session import build_session
+            spark = build_session(args.master, partitions, args.driver_memory)
+        spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+        started = time.perf_counter()
+        try:
+            report, extras = analyse(spark, prepared, args)
+        except (InputError, timelines.TimelineError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    finally:
+        prepared.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     figures = [] if args.no_plots else draw(out, report, extras)
@@ -169,11 +175,13 @@ class Steps:
         self._last = now
 
 
-def analyse(spark: Any, files: list[str], args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+def analyse(spark: Any, prepared: inputs.Prepared,
+            args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     from federation.spark.reader import read_events
 
     steps = Steps()
-    log = read_events(spark, files, args.scratch)
+    log = read_events(spark, prepared.paths, args.scratch)
+    log.summary.files = prepared.given  # the files as given, not the decompressed copies read
     try:
         return _analyse(spark, log, steps, args)
     finally:

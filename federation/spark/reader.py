@@ -61,7 +61,7 @@ from pyspark.sql import DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from federation.spark import arrow_blocks
+from federation.spark import arrow_blocks, inputs
 from federation.spark.publications import ORIGINATED
 
 SUPPORTED_VERSIONS = ("1", "2")
@@ -228,23 +228,33 @@ def _has_scheme(pattern: str) -> bool:
     return head.endswith(":") and len(head) > 2  # hdfs:, s3a:, file: (not a Windows drive letter)
 
 
+def is_local(path: str) -> bool:
+    """A path the driver reads itself (no URL scheme, or file:)."""
+    return not _has_scheme(path) or path.startswith("file:")
+
+
 def resolve(patterns: list[str]) -> list[str]:
-    """Local patterns expanded and checked (clear errors for missing or empty input); remote ones as given."""
+    """Local patterns expanded and checked (clear errors for missing or empty input); remote ones as given.
+
+    A directory stands for its event logs with their rotated generations (`events.jsonl`, `events.jsonl.1`,
+    `events.jsonl.2.gz`: federation/spark/inputs.py), each log's oldest first."""
     files: list[str] = []
     for pattern in patterns:
-        if _has_scheme(pattern) and not pattern.startswith("file:"):
+        if not is_local(pattern):
             files.append(pattern)
             continue
         local = pattern[len("file:"):] if pattern.startswith("file:") else pattern
-        matched = sorted(glob.glob(local))
+        matched = inputs.order(glob.glob(local))
         if not matched:
             raise InputError(f"no event file matches {pattern!r} (quote the pattern so the shell does not "
                              "expand it, e.g. --events 'run/*.jsonl')")
         for path in matched:
             if os.path.isdir(path):
-                inner = sorted(glob.glob(os.path.join(path, "*.jsonl")))
+                inner = inputs.order(name for name in glob.glob(os.path.join(path, "*"))
+                                     if inputs.is_event_file(name) and not os.path.isdir(name))
                 if not inner:
-                    raise InputError(f"{path} is a directory with no *.jsonl event files in it")
+                    raise InputError(f"{path} is a directory with no event files in it (*.jsonl, with their "
+                                     f"rotated *.jsonl.N and *.jsonl.N.gz)")
                 files.extend(os.path.abspath(p) for p in inner)
             else:
                 files.append(os.path.abspath(path))
