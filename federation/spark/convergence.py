@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     try:
         files = resolve(args.events)
         # Compressed generations decompressed, unreadable files refused, before anything is counted.
-        scratch = args.scratch if args.scratch is not None and is_local(args.scratch) else None
+        scratch = args.scratch.removeprefix("file:") if args.scratch is not None and is_local(args.scratch) else None
         prepared = inputs.prepare(files, is_local, scratch)
     except (InputError, inputs.UnreadableInput) as error:
         print(f"error: {error}", file=sys.stderr)
