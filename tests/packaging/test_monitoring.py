@@ -1,6 +1,8 @@
 """The shipped Grafana dashboard and Prometheus alert rules (packaging/grafana, packaging/prometheus): the rules pass
-`promtool check rules`, and every metric either of them uses is in docs/metrics.md's table (which
-tests/real/test_metrics_real.py checks against what a wrapper serves)."""
+`promtool check rules`, every metric either of them uses is in docs/metrics.md's table (which
+tests/real/test_metrics_real.py checks against what a wrapper serves), the label values they name are the
+wrapper's, and the publication-loss alert covers every reason that loses a publication. A real Prometheus
+scraping live wrappers checks every selector in tests/real/test_monitoring_real.py."""
 
 from __future__ import annotations
 
@@ -9,14 +11,13 @@ import re
 import shutil
 import subprocess
 from functools import cache
-from pathlib import Path
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-RULES = REPO / "packaging" / "prometheus" / "mqtt-federation-rules.yml"
-DASHBOARD = REPO / "packaging" / "grafana" / "mqtt-federation.json"
+from federation.daemon.metrics import DROP_REASONS, INJECTION_RESULTS
+
+from monitoring_util import DASHBOARD, REPO, RULES, dashboard_expressions, rule_expressions, selectors
+
 METRICS_DOC = REPO / "docs" / "metrics.md"
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS_OWN = {"up"}
@@ -46,21 +47,6 @@ def used_metrics(expression: str) -> set[str]:
                 name = base
         names.add(name)
     return names
-
-
-def rule_expressions() -> list[tuple[str, str]]:
-    document = yaml.safe_load(RULES.read_text(encoding="utf-8"))
-    return [(rule["alert"], rule["expr"]) for group in document["groups"] for rule in group["rules"]]
-
-
-def dashboard_expressions() -> list[tuple[str, str]]:
-    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    found = [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel["targets"]]
-    for variable in dashboard["templating"]["list"]:
-        query = variable.get("query")
-        if isinstance(query, dict):
-            found.append((f"variable {variable['name']}", query["query"]))
-    return found
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="needs promtool: apt-get install --no-install-recommends prometheus "
@@ -111,3 +97,57 @@ def test_docs_list_every_alert() -> None:
     text = METRICS_DOC.read_text(encoding="utf-8")
     for alert, _expression in rule_expressions():
         assert f"`{alert}`" in text, f"docs/metrics.md does not describe {alert}"
+
+
+LOSS_ALERT = "MqttFedPublicationsLost"
+NOT_A_LOSS = {"retained_stale"}
+"""reported as publication_dropped, yet nothing is lost: the broker keeps the newer retained value"""
+LOSSES_COUNTED_ONLY = {"qos0_late", "max_hops", "mesh_copy_neighbour_down"}
+"""counted only (no publication_dropped event), yet a publication or a copy of it does not arrive"""
+
+
+def named_values(expressions: list[tuple[str, str]], metric: str, label: str) -> dict[str, set[str]]:
+    """where -> the values of `label` that the selectors of `metric` name (a `a|b` regex names a and b)."""
+    found: dict[str, set[str]] = {}
+    for where, expression in expressions:
+        for selector in selectors(expression):
+            if selector.metric != metric:
+                continue
+            for name, operator, value in selector.matchers:
+                if name == label and operator in ("=", "=~"):
+                    assert operator == "=" or re.fullmatch(r"[a-z0-9_]+(\|[a-z0-9_]+)*", value), \
+                        f"{where}: {label}=~{value!r} is a pattern; name the values, so a test can check each"
+                    found.setdefault(where, set()).update(value.split("|"))
+    return found
+
+
+def test_every_label_value_named_is_one_the_wrapper_exports() -> None:
+    expressions = rule_expressions() + dashboard_expressions()
+    for where, reasons in named_values(expressions, "mqttfed_drops_total", "reason").items():
+        assert reasons <= set(DROP_REASONS), f"{where}: {sorted(reasons - set(DROP_REASONS))} is never exported"
+    results = named_values(expressions, "mqttfed_injections_total", "result")
+    assert results, "the dashboard no longer shows injections"
+    for where, values in results.items():
+        assert values <= set(INJECTION_RESULTS), f"{where}: {sorted(values - set(INJECTION_RESULTS))} never exported"
+
+
+def documented_losses() -> set[str]:
+    """drop reasons docs/drops.md reports as `publication_dropped` (a publication that will not arrive)"""
+    reasons = set()
+    for line in (REPO / "docs" / "drops.md").read_text(encoding="utf-8").splitlines():
+        match = re.match(r"\| `([a-z0-9_]+)` \| [a-z]+ \| .* \| `publication_dropped`", line)
+        if match:
+            reasons.add(match.group(1))
+    assert len(reasons) > 10, "docs/drops.md: the table was not found"
+    return reasons
+
+
+def test_the_loss_alert_covers_every_reason_that_loses_a_publication() -> None:
+    (alerted,) = named_values([item for item in rule_expressions() if item[0] == LOSS_ALERT], "mqttfed_drops_total",
+                              "reason").values()
+    wanted = (documented_losses() - NOT_A_LOSS) | LOSSES_COUNTED_ONLY
+    assert wanted <= alerted, f"{LOSS_ALERT} misses {sorted(wanted - alerted)}"
+    # the five issue 40 found missing
+    assert {"no_subscriber_after_broker_restart", "spool_expired", "spool_age", "message_expired", "qos0_late"} <= \
+        alerted
+    assert not NOT_A_LOSS & alerted
