@@ -1,14 +1,26 @@
-"""The local broker's subscriptions as the node counts them.
+"""The local broker's subscriptions as the node counts them, and the filters it federates for them.
 
-Per client the raw filters it holds and their QoS; per federated filter
+Per client the raw filters it holds and their QoS; per raw federated filter
 (federation.protocol.topic_filter) how many (client, filter) pairs want it,
-since when, and an index that matches a topic against them. A federated
-filter's first pair and its last one are what the node's other parts hear
-of (`Change`): the mesh joins or leaves the filter's mesh. A shared
-subscription (`$share/G/F`) makes the broker a member of group G (rule 9):
-it is a `Change` too, for the shared groups, never a filter's mesh. The
-retained publications' own tree (`RETAINED_FILTER`) is reserved, and a
-filter the federation does not carry is ignored. Each pair added or
+since when, and an index that matches a topic against them (which
+publications the local broker gets). The filters the node federates are not
+always the raw ones: `federation.protocol.aggregation` federates a covering
+filter for many raw ones (`dev/+/cmd` for ten thousand `dev/<id>/cmd`), and
+nothing more for a raw filter another one of this broker covers. `wanted` is
+what the mesh reads: the federated filters and, for a moment, the ones being
+replaced. A federated filter that enters or leaves is what the node's other
+parts hear of (`Change`): the mesh joins or leaves the filter's mesh.
+
+A federated filter replaced by others (the aggregation changed its mind:
+a fan-out passed, a covering wildcard came or went) stays wanted until the
+meshes of the filters that replace it are ready (`release_replaced`, asked
+after every input with the mesh's judgement), at most `aggregate_linger`
+seconds: a publication must never fall between the old mesh and the new.
+
+A shared subscription (`$share/G/F`) makes the broker a member of group G
+(rule 9): it is a `Change` too, for the shared groups, never a filter's
+mesh. The retained publications' own tree (`RETAINED_FILTER`) is reserved,
+and a filter the federation does not carry is ignored. Each pair added or
 removed is emitted as an event.
 """
 
@@ -20,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from federation.protocol import events
+from federation.protocol.aggregation import Aggregation
 from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.topic_filter import SHARE_PREFIX, FilterIndex, federated_filter
 
@@ -37,16 +50,25 @@ class Change:
 class LocalSubscriptions:
     """Who subscribes to what on the local broker, and since when each federated filter is wanted here."""
 
-    def __init__(self, emit: Callable[..., Any]) -> None:
-        """`emit(type, now, **fields)`: an event (the node's outbox)."""
+    def __init__(self, emit: Callable[..., Any], aggregate_fanout: int = 0, aggregate_linger: float = 0.0) -> None:
+        """`emit(type, now, **fields)`: an event (the node's outbox); `aggregate_fanout`, `aggregate_linger`: the
+        settings of that name (0: no covering filters, only the covered ones left out)."""
         self._emit = emit
         self.clients: dict[str, dict[str, int]] = {}
         """client -> raw filter -> QoS"""
         self.filter_refs: Counter[str] = Counter()
-        """federated filter -> number of (client, filter) pairs"""
+        """raw federated filter -> number of (client, filter) pairs"""
         self.index = FilterIndex()
+        """the raw federated filters: which publications the local broker has subscribers for"""
         self.since: dict[str, float] = {}
-        """federated filter with local subscribers -> since when (-infinity: since before a restart)"""
+        """raw federated filter with local subscribers -> since when (-infinity: since before a restart)"""
+        self.aggregation = Aggregation(aggregate_fanout)
+        self.wanted: dict[str, int] = {}
+        """the filters the node federates (-> 1): the aggregation's, and those being replaced (the mesh's local
+        interest)"""
+        self.replaced: dict[str, tuple[float, tuple[str, ...]]] = {}
+        """federated filter being replaced -> (until when at most, the filters replacing it)"""
+        self._linger = aggregate_linger
 
     def subscribe(self, client: str, filter_: str, qos: int, now: float, restored: bool) -> list[Change] | None:
         """A client subscribed: what changed for the other parts (empty: a further pair of a wanted filter); None
@@ -69,7 +91,8 @@ class LocalSubscriptions:
             return []
         self.since[federated] = float("-inf") if restored else now
         self.index.add(federated)
-        return [Change(federated, added=True)]
+        self.aggregation.add(federated)
+        return self._federated_changes(now)
 
     def unsubscribe(self, client: str, filter_: str, now: float) -> list[Change] | None:
         """A client unsubscribed: what changed for the other parts; None when it held no such subscription."""
@@ -107,4 +130,45 @@ class LocalSubscriptions:
         del self.filter_refs[federated]
         self.since.pop(federated, None)
         self.index.discard(federated)
-        return [Change(federated, added=False)]
+        self.aggregation.remove(federated)
+        return self._federated_changes(now)
+
+    # ------------------------------------------------------------ the federated filters
+
+    def _federated_changes(self, now: float) -> list[Change]:
+        """What the aggregation's latest batches mean for `wanted`: filters that enter, filters that leave at once
+        (nothing replaces them) and filters kept until their replacements are ready."""
+        changes: list[Change] = []
+        wanted = self.wanted
+        for batch in self.aggregation.take_changes():
+            for filter_ in batch.added:
+                self.replaced.pop(filter_, None)
+                if filter_ not in wanted:
+                    wanted[filter_] = 1
+                    changes.append(Change(filter_, added=True))
+            for filter_ in batch.removed:
+                if batch.added and self._linger > 0:
+                    self.replaced[filter_] = (now + self._linger, batch.added)
+                elif wanted.pop(filter_, None) is not None:
+                    changes.append(Change(filter_, added=False))
+        return changes
+
+    def release_replaced(self, now: float, ready: Callable[[str], bool]) -> list[Change]:
+        """Federated filters being replaced whose replacements are all ready (`ready(filter)`: the mesh joined
+        them), or that waited `aggregate_linger`: they leave now."""
+        if not self.replaced:
+            return []
+        changes: list[Change] = []
+        effective = self.aggregation.effective
+        for filter_, (until, replacements) in sorted(self.replaced.items()):
+            # A replacement replaced in turn counts once it has left (its own replacements were ready).
+            if now >= until or all(ready(other) if other in effective else other not in self.wanted
+                                   for other in replacements):
+                del self.replaced[filter_]
+                if filter_ not in effective and self.wanted.pop(filter_, None) is not None:
+                    changes.append(Change(filter_, added=False))
+        return changes
+
+    def next_release(self) -> float | None:
+        """When the earliest filter being replaced leaves at the latest (None: none is)."""
+        return min((until for until, _ in self.replaced.values()), default=None)

@@ -116,6 +116,14 @@ class MeshEngine(CoreElection, PublicationRouting):
         self.dirty.add(state.filter)
         return state
 
+    def joined(self, filter_: str, now: float) -> bool:
+        """Do publications matching the filter reach this node now: a member of its mesh with a live core that
+        is this node or that a data parent leads to?"""
+        state = self.topics.get(filter_)
+        if state is None or not state.member or not self.core_alive(state, now):
+            return False
+        return self.is_own_core(state) or bool(state.data_parents)
+
     def on_local_change(self, filter_: str) -> None:
         if self.state(filter_) is not None:
             self.dirty.add(filter_)

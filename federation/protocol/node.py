@@ -142,10 +142,10 @@ class Node:
         self.reliable = ReliableForwarding(settings, self.neighbours, self.outbox, rng, delivery.route_again,
                                            delivery.track)
         """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
-        self.local = LocalSubscriptions(self.emit)
+        self.local = LocalSubscriptions(self.emit, settings.aggregate_fanout, settings.aggregate_linger)
         """the local broker's subscriptions: per client, per federated filter, since when"""
         local = self.local
-        self.mesh = MeshEngine(self.identity, self.table, self.neighbours, self.outbox, rng, local.filter_refs,
+        self.mesh = MeshEngine(self.identity, self.table, self.neighbours, self.outbox, rng, local.wanted,
                                self.pacing.paced_until, delivery.track, self.reliable.mesh_neighbour_added,
                                self.custody.held, self.custody.unheld, delivery.give_back)
         """topic cores, meshes and the routing of publications"""
@@ -367,7 +367,8 @@ class Node:
             candidates.append(self.publications.unpark_at(self.mesh.claim_allowed_at))
         for deadline in (*self.liveness.deadlines(self.mesh.watched_parents(), self.last_input_at),
                          self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
-                         self.sync.next_deadline(), self.publications.ordering.next_deadline()):
+                         self.sync.next_deadline(), self.publications.ordering.next_deadline(),
+                         self.local.next_release()):
             if deadline is not None:
                 candidates.append(deadline)
         return min(candidates)
@@ -668,6 +669,11 @@ class Node:
         table.run_due(now)
         self._update_routes(now)
         self.mesh.reconcile(now)
+        if self.local.replaced:
+            released = self.local.release_replaced(now, lambda filter_: self.mesh.joined(filter_, now))
+            if released:
+                self._apply(released)
+                self.mesh.reconcile(now)
         self.reliable.arm(now)  # the QoS 1/2 copies sent by this input get their retransmission deadline
 
     def _update_routes(self, now: float, pending: bool = False) -> None:

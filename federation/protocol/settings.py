@@ -80,6 +80,14 @@ class Settings:
     """bytes of payload held at most, with the same rule as `max_held_publications`"""
     max_hops: int = 64
     """a topic message is dropped after this many hops (a guard; meshes are loop-free by dedup)"""
+    aggregate_fanout: int = 32
+    """a level of the local subscriptions' filters with more distinct values than this is federated as `+`
+    (`dev/+/cmd` for ten thousand `dev/<id>/cmd`: one mesh instead of thousands; publications to devices with no
+    subscriber here then reach this broker's wrapper too, which injects only what a local subscription matches);
+    0: filters federated one by one (a filter another local one covers is never federated on its own)"""
+    aggregate_linger: float = 10.0
+    """seconds at most a federated filter the aggregation replaced stays, while the meshes replacing it are
+    joined (it leaves as soon as they are)"""
 
     # Reliable forwarding of QoS 1 and 2 publications (federation.protocol.reliable).
     retransmit_timeout: float = 0.2
@@ -208,7 +216,7 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{where}.{name}: must be greater than 0, got {getattr(self, name)!r}")
         for name in ("min_announce_gap", "publication_hold", "retained_tree_wait", "spf_delay", "spf_hold",
-                     "flood_delay", "reorder_start"):
+                     "flood_delay", "reorder_start", "aggregate_fanout", "aggregate_linger"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{where}.{name}: must not be negative, got {getattr(self, name)!r}")
         for name in ("capability", "capability_cpu_weight", "capability_memory_weight"):

@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from federation.protocol.aggregation import serving_core
 from federation.protocol.topic_filter import SHARE_PREFIX, federated_filter, matches
 from federation.protocol.types import Address, BrokerId
 
@@ -309,7 +310,7 @@ class ConvergenceTracker:
             return f"management core is {management_core}, expected the lowest id {lowest}"
         core_map = dict(cores)
         for federated in sorted(truth.needed_filters(component)):
-            core = core_map.get(federated)
+            core = serving_core(core_map, federated)
             if core is None:
                 return f"no topic core for subscribed filter {federated!r}"
             if core not in ids:

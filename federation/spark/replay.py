@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from federation.protocol.aggregation import serving_core
 from federation.spark.timeline import Phase
 
 BrokerKey = tuple[int, str, int]
@@ -454,7 +455,7 @@ class Replay:
         core_map = dict(cores)
         needed = sorted({federated for state in states for federated, _ in state.subscriptions.values()})
         for federated in needed:
-            core = core_map.get(federated)
+            core = serving_core(core_map, federated)
             if core is None:
                 return f"no topic core for subscribed filter {federated!r}"
             if core not in ids:
