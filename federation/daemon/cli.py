@@ -1,10 +1,10 @@
-"""Command line of the wrapper daemon (`python wrapper.py`, console script `federation-wrapper`).
+"""Command line of the wrapper daemon (console script `federation-wrapper`; `python wrapper.py` in a checkout).
 
-    wrapper.py [--config FILE.yaml] [--neighbors HOST[:PORT],...] [--bind HOST[:PORT]]
-               [--broker HOST[:PORT]] [--id N] [--state-dir DIR] [--event-log FILE]
-               [--metrics-port N] [--log-level LEVEL] [--topic LINE]...   run the wrapper
-    wrapper.py status [--node HOST[:PORT]] [--json]           ask a running wrapper
-    wrapper.py genkey                                          print a new federation key
+    federation-wrapper [--config FILE.yaml] [--neighbors HOST[:PORT],...] [--bind HOST[:PORT]]
+                       [--broker HOST[:PORT]] [--id N] [--state-dir DIR] [--event-log FILE]
+                       [--metrics-port N] [--log-level LEVEL] [--topic LINE]...   run the wrapper
+    federation-wrapper status [--node HOST[:PORT]] [--json]           ask a running wrapper
+    federation-wrapper genkey                                          print a new federation key
 
 Theory of operation: flags are parsed with no defaults of their own (None
 means "not given") so that `load_config` can apply the precedence flags >
@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from federation import __version__
+from federation.cli_version import add_version_option
 from federation.daemon.config import DEFAULT_PORT, LOG_LEVELS, ConfigError, load_config
 from federation.daemon.keys import generate_key
 from federation.daemon.runtime import Runtime
@@ -41,7 +41,8 @@ EXIT_NOT_READY = 1
 """`status`: the wrapper answered and is not ready (health.py; the reasons are printed)"""
 EXIT_USAGE = 2
 DEFAULT_STATUS_NODE = "127.0.0.1:10500"
-PROG = "wrapper.py"
+PROG = "federation-wrapper"
+"""the installed name, used in every message (in a checkout `python wrapper.py` is the same program)"""
 
 
 class UsageError(Exception):
@@ -57,10 +58,12 @@ def build_run_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Federation wrapper: runs beside one Mosquitto broker and federates it with its neighbours' "
-                    "brokers over UDP. `wrapper.py status --help` for the status command. Flags override the "
-                    "YAML file; the file configs/wrapper.yaml documents every key and protocol setting.",
+                    f"brokers over UDP. `{PROG} status --help` for the status command. Flags override the "
+                    "YAML file; `federation-configs show wrapper.yaml` prints every key and protocol setting "
+                    "with its default.",
     )
-    parser.add_argument("--config", metavar="FILE.yaml", help="YAML configuration file (see configs/wrapper.yaml)")
+    parser.add_argument("--config", metavar="FILE.yaml",
+                        help="YAML configuration file (every key: `federation-configs show wrapper.yaml`)")
     parser.add_argument("--neighbors", "--neighbours", dest="neighbors", metavar="HOST[:PORT],...",
                         help=f"comma-separated neighbour wrappers (port {DEFAULT_PORT} if omitted)")
     parser.add_argument("--bind", metavar="HOST[:PORT]",
@@ -94,11 +97,11 @@ def build_run_parser() -> argparse.ArgumentParser:
                              "YAML file's `topics`; docs/topic-policies.md). Default: everything, both ways")
     parser.add_argument("--key-file", dest="key_file", metavar="FILE",
                         help="federation key(s), one per line, hex or base64; the first signs, all are accepted "
-                             "(`wrapper.py genkey > FILE`). Without it the overlay is open: lab use only")
+                             f"(`{PROG} genkey > FILE`). Without it the overlay is open: lab use only")
     parser.add_argument("--encryption", metavar="CIPHER",
                         help="chacha20-poly1305 to encrypt what this wrapper sends (needs --key-file), "
                              "or none (default)")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_version_option(parser, PROG)
     return parser
 
 
@@ -149,7 +152,7 @@ def run_command(arguments: list[str]) -> NoReturn:
 def genkey_command(arguments: list[str]) -> int:
     _Parser(prog=f"{PROG} genkey",
             description="Print a new random federation key (32 bytes, hex) for --key-file: "
-                        "`wrapper.py genkey > federation.key; chmod 600 federation.key`, then copy the file "
+                        f"`{PROG} genkey > federation.key; chmod 600 federation.key`, then copy the file "
                         "to every wrapper of the federation.").parse_args(arguments)
     print(generate_key())
     return EXIT_OK

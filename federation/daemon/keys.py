@@ -1,4 +1,4 @@
-"""Federation key files: parse, check, generate (`python wrapper.py genkey > federation.key`).
+"""Federation key files: parse, check, generate (`federation-wrapper genkey > federation.key`).
 
 Theory of operation: a key file holds one or more keys, one per line, in
 hex or base64; blank lines and lines starting with `#` are ignored. The first
@@ -50,7 +50,7 @@ def parse_keys(text: str, where: str) -> tuple[bytes, ...]:
             raise KeyFileError(f"{where}, line {number}: repeats the key of an earlier line; remove it")
         keys.append(key)
     if not keys:
-        raise KeyFileError(f"{where}: no key in the file; put a key on one line (`python wrapper.py genkey > FILE`)")
+        raise KeyFileError(f"{where}: no key in the file; put a key on one line (`federation-wrapper genkey > FILE`)")
     return tuple(keys)
 
 
@@ -66,7 +66,7 @@ def _decode(line: str, where: str) -> bytes:
                 from None
     if not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
         raise KeyFileError(f"{where}: a key of {len(key)} bytes; keys have {MIN_KEY_BYTES} to {MAX_KEY_BYTES} "
-                           f"bytes (make one with `python wrapper.py genkey`)")
+                           f"bytes (make one with `federation-wrapper genkey`)")
     return key
 
 
@@ -76,7 +76,7 @@ def read_key_file(path: Path) -> tuple[bytes, ...]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise KeyFileError(f"key file {str(path)!r} not found; make one with "
-                           f"`python wrapper.py genkey > {path}` and copy it to every wrapper") from None
+                           f"`federation-wrapper genkey > {path}` and copy it to every wrapper") from None
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise KeyFileError(f"cannot read key file {str(path)!r}: {reason}") from None

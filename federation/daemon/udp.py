@@ -96,7 +96,7 @@ SECURITY_REASONS = frozenset({"unauthenticated", "no_key", "unknown_key", "bad_m
 OPEN_OVERLAY_WARNING = (
     "!!! NO FEDERATION KEY: the overlay on UDP %s is OPEN. Anyone who can send a datagram to this port can "
     "inject publications into broker %s and rewrite the federation's routing; nothing is authenticated or "
-    "encrypted. Use this only in a lab. To protect it: `python wrapper.py genkey > federation.key`, "
+    "encrypted. Use this only in a lab. To protect it: `federation-wrapper genkey > federation.key`, "
     "chmod 600, copy the file to every wrapper and start each with --key-file federation.key "
     "(docs/security.md).")
 

@@ -78,7 +78,7 @@ class EnvelopeConfig:
                                       f"got {self.encryption!r}")
         if self.encryption != ENCRYPTION_NONE and not self.keys:
             raise EnvelopeConfigError(f"encryption {self.encryption} needs a federation key: give --key-file "
-                                      f"(make a key with `python wrapper.py genkey > federation.key`)")
+                                      f"(make a key with `federation-wrapper genkey > federation.key`)")
         if not 256 <= self.max_datagram <= 65507:
             raise EnvelopeConfigError(f"max_datagram: expected 256 to 65507 bytes, got {self.max_datagram}")
         if self.reassembly_timeout <= 0:

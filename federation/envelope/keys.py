@@ -1,6 +1,6 @@
 """Federation keys: what one key derives (its wire id, its MAC key, its AEAD keys) and the table of the configured ones.
 
-A key is 16 to 64 secret bytes (`python wrapper.py genkey` makes one).
+A key is 16 to 64 secret bytes (`federation-wrapper genkey` makes one).
 Everything the envelope needs is derived from it with keyed BLAKE2b
 (`derive`): a 4-byte id that names the key on the wire, so a receiver
 picks the key at once and tells an unknown key from a forgery; a MAC key;
@@ -39,7 +39,7 @@ class FederationKey:
     def __init__(self, secret: bytes) -> None:
         if not MIN_KEY_BYTES <= len(secret) <= MAX_KEY_BYTES:
             raise EnvelopeConfigError(f"a federation key must have {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes, "
-                                      f"got {len(secret)}; make one with `python wrapper.py genkey`")
+                                      f"got {len(secret)}; make one with `federation-wrapper genkey`")
         self.key_id = int.from_bytes(derive(secret, b"key id v1", 4), "big")
         self.aead_root = derive(secret, b"aead v1", 32)
         # The keyed state is made once and copied per datagram: cheaper than keying BLAKE2b each time.

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from federation.cli_version import add_version_option
 from federation.lxd import host
 from federation.lxd.cluster import ClusterError, LxdCluster, delete_containers, ours
 from federation.lxd.image import DEFAULT_MIRROR, ImageError, default_recipe, ensure_image, image_exists
@@ -48,7 +49,7 @@ from federation.tools.launch import MOSQUITTO_CONF_TEMPLATE, REPO_ROOT
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-PROG = "lxc/provision.py"
+PROG = "federation-provision"
 
 
 class UsageError(Exception):
@@ -62,7 +63,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Build, inspect and remove a federation of LXD containers described "
-                                            "by a scenario/topology file (configs/topologies/*.yaml).")
+                                            "by a scenario/topology file (configs/topologies/*.yaml; in a "
+                                            "checkout also `python lxc/provision.py`).")
+    add_version_option(parser, PROG)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     def common(sub: argparse.ArgumentParser) -> None:
@@ -134,7 +137,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         print(f"{PROG}: error: {error}", file=err)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; `python {PROG} down FILE` removes what was created", file=err)
+        print(f"{PROG}: interrupted; `{PROG} down FILE` removes what was created", file=err)
         return EXIT_FAILED
 
 
@@ -201,7 +204,7 @@ def _up(arguments: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         cluster.delete()
     elif cluster.existing():
         raise ClusterError(f"containers of topology {plan.topology!r} already exist ({', '.join(cluster.existing())}); "
-                           f"`python {PROG} status {plan.source}` shows them; `down` it first, or `up --replace`")
+                           f"`{PROG} status {plan.source}` shows them; `down` it first, or `up --replace`")
     template = MOSQUITTO_CONF_TEMPLATE.read_text(encoding="utf-8")
     try:
         cluster.up(broker_template=template, log_level=arguments.log_level)
@@ -213,7 +216,7 @@ def _up(arguments: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             except Exception as error:  # noqa: BLE001 - the first failure is the one to report
                 progress(f"cleanup failed too: {error}")
         raise
-    progress(f"up: {len(plan.nodes)} nodes federated; `python {PROG} status {plan.source}` shows them")
+    progress(f"up: {len(plan.nodes)} nodes federated; `{PROG} status {plan.source}` shows them")
     _print_table(cluster, out)
     return EXIT_OK
 

@@ -26,9 +26,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from federation.cli_version import add_version_option
 from federation.scenario.loader import ScenarioError, load_scenario
 from federation.scenario.model import Scenario
 
+PROG = "federation-scenario"
+"""the console script; `python -m federation.scenario` in a checkout"""
 EXIT_OK = 0
 EXIT_INVARIANTS_FAILED = 1
 EXIT_USAGE = 2
@@ -58,8 +61,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m federation.scenario",
-                     description="Check scenario files or run one on a backend.")
+    parser = _Parser(prog=PROG, description="Check scenario files or run one on a backend (in a checkout also "
+                                            "`python -m federation.scenario`).")
+    add_version_option(parser, PROG)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     check = commands.add_parser("check", help="validate scenario files without running them")

@@ -45,6 +45,7 @@ if __package__ in (None, ""):  # run as a file (spark-submit): import the tree t
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from federation.cli_version import add_version_option  # noqa: E402
 from federation.spark import DATA_TYPES, inputs  # noqa: E402
 from federation.spark import clocks as clock_estimation  # noqa: E402
 from federation.spark import timeline as timelines  # noqa: E402
@@ -71,6 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog=PROG,
         description="Measure convergence, delivery and control overhead from federation event logs "
                     "(docs/spark.md). In a checkout also `python spark/convergence.py`.")
+    add_version_option(parser, PROG)
     parser.add_argument("--job-path", action=_JobPath,
                         help="print the path of the job file for spark-submit "
                              "(`spark-submit --master URL \"$(federation-analyze --job-path)\" --events ...`) and exit")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from federation import shipped
+from federation.cli_version import add_version_option
 
 PROG = "federation-configs"
 EXIT_OK = 0
@@ -40,6 +41,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="The example broker and wrapper configs, scenario topologies, examples "
                                             "and service files (systemd unit, logrotate) shipped with mqtt-federation.")
+    add_version_option(parser, PROG)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser("list", help="print every shipped file, one per line")
     show = commands.add_parser("show", help="print one shipped file")

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from federation.cli_version import add_version_option
 from federation.daemon.keys import generate_key
 from federation.tools.launch import (
     BROKER_PORT,
@@ -47,6 +48,8 @@ from federation.tools.launch import (
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+PROG = "federation-demo"
+"""the console script; `python -m federation.tools.demo` in a checkout"""
 DEFAULT_NODES = 5
 CONVERGE_TIMEOUT = 30.0
 DELIVERY_TIMEOUT = 10.0
@@ -354,9 +357,11 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m federation.tools.demo",
+        prog=PROG,
         description="Start a ring of real Mosquitto brokers with federation wrappers on 127.0.0.x, show "
-                    "publications crossing it exactly once, and keep it running until Ctrl-C. See docs/demo.md.")
+                    "publications crossing it exactly once, and keep it running until Ctrl-C. See docs/demo.md "
+                    "(in a checkout also `python -m federation.tools.demo`).")
+    add_version_option(parser, PROG)
     parser.add_argument("--nodes", type=int, default=DEFAULT_NODES, help=f"brokers in the ring, at least 4 "
                                                                          f"(default {DEFAULT_NODES})")
     parser.add_argument("--duration", type=float, metavar="N",
@@ -366,24 +371,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"address of the first broker; the others follow (default {FIRST_ADDRESS})")
     options = parser.parse_args(argv)
     if not 4 <= options.nodes <= 200:
-        print("demo: error: --nodes must be from 4 to 200", file=sys.stderr)
+        print(f"{PROG}: error: --nodes must be from 4 to 200", file=sys.stderr)
         return EXIT_USAGE
     if options.duration is not None and options.duration < 0:
-        print("demo: error: --duration must be 0 or more seconds", file=sys.stderr)
+        print(f"{PROG}: error: --duration must be 0 or more seconds", file=sys.stderr)
         return EXIT_USAGE
     try:
         find_mosquitto()
         mosquitto_client("mosquitto_sub")
         mosquitto_client("mosquitto_pub")
     except LaunchError as error:
-        print(f"demo: error: {error}", file=sys.stderr)
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     workdir = options.workdir or Path(tempfile.mkdtemp(prefix="federation-demo-"))
     try:
         demo = Demo(options.nodes, workdir, options.first_address)
         demo.federation.check_addresses_free()
     except (LaunchError, ValueError) as error:
-        print(f"demo: error: {error}", file=sys.stderr)
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     previous = signal.signal(signal.SIGTERM, _terminate)
     status = EXIT_OK
@@ -393,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(flush=True)
         demo.say("Interrupted.")
     except LaunchError as error:
-        demo.say(f"demo: error: {error}")
+        demo.say(f"{PROG}: error: {error}")
         status = EXIT_FAILED
     finally:
         demo.section("Stopping")

@@ -248,7 +248,7 @@ def test_bad_configuration_exits_2(tmp_path: Path, arguments: list[str], yaml_te
         arguments = [*arguments, "--config", str(tmp_path / "w.yaml")]
     result = subprocess.run([*WRAPPER, *arguments], capture_output=True, text=True, timeout=20, cwd=REPO)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("wrapper.py: error: ") and expected in result.stderr
+    assert result.stderr.startswith("federation-wrapper: error: ") and expected in result.stderr
     assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
 
 

@@ -239,7 +239,7 @@ def test_sample_file_is_generated_and_documents_every_setting() -> None:
 
 def test_cli_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--bind", "127.0.0.1:70000"]) == 2
-    assert "wrapper.py: error: --bind: bad port '70000'" in capsys.readouterr().err
+    assert "federation-wrapper: error: --bind: bad port '70000'" in capsys.readouterr().err
     assert cli.main(["--no-such-flag"]) == 2
     assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
     bad = tmp_path / "bad.yaml"

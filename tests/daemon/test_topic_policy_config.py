@@ -66,5 +66,5 @@ def test_the_command_line_takes_repeated_topic_flags(tmp_path: Path, capsys: pyt
     options = vars(cli.build_run_parser().parse_args(["--topic", "a/# out", "--topic", "b/# in 1"]))
     assert options["topics"] == ["a/# out", "b/# in 1"]
     assert cli.main(["--topic", "a/# sideways"]) == 2
-    assert "wrapper.py: error: --topic 'a/# sideways': Error: Invalid bridge topic direction 'sideways'." \
+    assert "federation-wrapper: error: --topic 'a/# sideways': Error: Invalid bridge topic direction 'sideways'." \
         in capsys.readouterr().err

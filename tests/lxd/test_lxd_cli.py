@@ -80,7 +80,7 @@ def test_argument_errors_exit_2_with_usage(argv: tuple[str, ...], message: str, 
     status, _, err = run(*argv)
     assert status == 2
     assert message in err
-    assert err.startswith("lxc/provision.py: error: ")
+    assert err.startswith("federation-provision: error: ")
 
 
 def test_missing_file(tmp_path: Path, offline: None) -> None:
