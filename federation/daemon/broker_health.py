@@ -130,13 +130,13 @@ class BrokerHealth:
                 log.info("broker %s takes at most %d unacknowledged QoS 1/2 publications (its Receive Maximum, "
                          "mosquitto.conf `max_inflight_messages`): at full rate this window limits how fast QoS 1/2 "
                          "publications from other brokers reach its subscribers; `max_inflight_messages %d`, as "
-                         "configs/mosquitto.conf has, widens it", broker, item.receive_maximum,
-                         ADVISED_RECEIVE_MAXIMUM)
+                         "`federation-configs show mosquitto-federation.conf` has, widens it", broker,
+                         item.receive_maximum, ADVISED_RECEIVE_MAXIMUM)
         elif isinstance(item, Subscribed):
             if item.refused:
                 log.error("broker %s refused subscriptions: %s; the wrapper needs both: the broker's ACL must let "
-                          "its user %s read $SYS/broker/log/# and read and write # (configs/mosquitto.conf, "
-                          "PRODUCTION)", broker, "; ".join(item.refused),
+                          "its user %s read $SYS/broker/log/# and read and write # (`federation-configs show "
+                          "mosquitto.acl`)", broker, "; ".join(item.refused),
                           repr(self.auth.username) if self.auth.username is not None else "(anonymous)")
             if self._silence_check is not None:
                 self._silence_check.cancel()
@@ -194,7 +194,8 @@ class BrokerHealth:
         if self.connected and self._log_lines_this_connection == 0:
             log.warning(
                 "!!! mosquitto at %s sent no log lines within %g s of the wrapper subscribing to "
-                "$SYS/broker/log/#: add `log_dest topic` and `log_type all` to its mosquitto.conf "
-                "(see configs/mosquitto.conf) and restart it. Until then the wrapper cannot learn local "
+                "$SYS/broker/log/#: add `log_dest topic` and `log_type all` to its mosquitto.conf (or the "
+                "lines of `federation-configs show mosquitto-federation.conf`) and restart it. Until then "
+                "the wrapper cannot learn local "
                 "subscriptions and nothing is federated to this broker's clients.",
                 self.broker, LOG_SILENCE_WARNING_AFTER)

@@ -208,6 +208,15 @@ def test_every_script_answers_help_and_the_job_path_is_installed(venv: Path, els
     assert "usage:" in run([scripts / "python", "-m", "federation.daemon.cli", "--help"], cwd=elsewhere).stdout
 
 
+def test_every_script_answers_version_with_its_own_name(venv: Path, elsewhere: Path) -> None:
+    version = python_in(venv, "import federation; print(federation.__version__)", elsewhere).strip()
+    for script in SCRIPTS:
+        answer = run([venv / "bin" / script, "--version"], cwd=elsewhere).stdout.strip()
+        assert answer == f"{script} {version}", script
+        shown = run([venv / "bin" / script, "--help"], cwd=elsewhere).stdout
+        assert f"usage: {script}" in shown, script  # the installed name, not wrapper.py or python -m ...
+
+
 def test_example_configs_print_and_copy(venv: Path, elsewhere: Path) -> None:
     configs = venv / "bin" / "federation-configs"
     shown = run([configs, "show", "mosquitto.conf"], cwd=elsewhere).stdout
