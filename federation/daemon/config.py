@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import hashlib
 import ipaddress
+import os
 import socket
 import textwrap
 import time
@@ -33,6 +34,7 @@ import yaml
 
 from federation.daemon import read_coalescing, wrapper_events
 from federation.daemon.broker_auth import DEFAULT_TLS_PORT, BrokerAuth, BrokerAuthError, load_broker_auth
+from federation.daemon.environment import EnvironmentSettingError, environment_values, variable
 from federation.daemon.keys import KeyFileError, read_key_file
 from federation.daemon.topic_policy import EVERYTHING, SYNTAX, TopicLineError, TopicPolicy, parse_line
 from federation.envelope.config import ENCRYPTION_NONE, ENCRYPTIONS
@@ -265,8 +267,10 @@ def read_yaml_and_hash(path: Path) -> tuple[dict[str, Any], str]:
 
 
 def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
-                source_for: Callable[[Address, int], str] = route_source) -> DaemonConfig:
-    """Merge defaults, the YAML file named by flags["config"] and the given flags; validate; resolve.
+                source_for: Callable[[Address, int], str] = route_source,
+                environ: Mapping[str, str] | None = None) -> DaemonConfig:
+    """Merge defaults, the YAML file named by flags["config"], the MQTT_FEDERATION_* environment variables
+    (`environ`, default os.environ: federation.daemon.environment) and the given flags; validate; resolve.
 
     `flags` maps YAML keys to command-line values; None means "not given".
     """
@@ -287,6 +291,11 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
     for key, given in file_values.items():
         if key != "settings":
             merged[key] = (given, f"{where}: {key}")
+    try:
+        environment = environment_values(os.environ if environ is None else environ, [f.key for f in FIELDS])
+    except EnvironmentSettingError as error:
+        raise ConfigError(str(error)) from None
+    merged.update(environment.values)
     for spec in FIELDS:
         if spec.flag is not None and flags.get(spec.key) is not None:
             merged[spec.key] = (flags[spec.key], spec.flag)
@@ -298,8 +307,10 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
         return merged[key][1]
 
     try:
-        settings = Settings.from_mapping(_mapping(file_values.get("settings"), f"{where}: settings"),
-                                         where=f"{where}: settings")
+        settings = Settings.from_mapping({**(_mapping(file_values.get("settings"), f"{where}: settings") or {}),
+                                          **environment.settings},
+                                         where=f"{where}: settings" if not environment.settings
+                                         else f"{where}: settings, with {variable('settings')}")
     except SettingsError as error:
         raise ConfigError(str(error)) from None
     settings = measured_capability(settings, f"{where}: settings")
