@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import errno
 import fcntl
 import ipaddress
@@ -180,6 +181,17 @@ def _unattached(*_arguments: Any) -> None:
     read before it, where the transport can pause reading)."""
 
 
+def _reading(transport: Any, method: str) -> None:
+    """Pause or resume reading where the transport can. CPython's datagram transports can from 3.11.3 on;
+    before (Debian 12's python3 is 3.11.2) the method is ReadTransport's, which raises NotImplementedError:
+    then reading is never paused, and nothing is lost, as the runtime attaches the handlers before the loop
+    runs again (runtime.py)."""
+    call = getattr(transport, method, None)
+    if call is not None:
+        with contextlib.suppress(NotImplementedError):
+            call()
+
+
 class OverlayProtocol(asyncio.DatagramProtocol):
     """Routes each datagram: status requests to `on_status`, the rest to `on_datagram`.
 
@@ -212,9 +224,8 @@ class OverlayProtocol(asyncio.DatagramProtocol):
         set_limits = getattr(transport, "set_write_buffer_limits", None)  # asyncio's; not in the typed ABC
         if set_limits is not None:
             set_limits(high=SEND_BUFFER_HIGH, low=SEND_BUFFER_LOW)
-        pause = getattr(transport, "pause_reading", None)
-        if not self._attached and pause is not None:
-            pause()
+        if not self._attached:
+            _reading(transport, "pause_reading")
 
     def attach(self, on_datagram: Callable[[bytes, Address], None], on_status: Callable[[Any], None],
                on_resume_writing: Callable[[], None]) -> None:
@@ -224,9 +235,7 @@ class OverlayProtocol(asyncio.DatagramProtocol):
         self.on_status = on_status
         self.on_resume_writing = on_resume_writing
         self._attached = True
-        resume = getattr(self.transport, "resume_reading", None)
-        if resume is not None:
-            resume()
+        _reading(self.transport, "resume_reading")
 
     def pause_writing(self) -> None:
         self.writing_paused = True
