@@ -80,11 +80,14 @@ def topology_links(kind: str, names: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def start_federation(workdir: Path, count: int, kind: str, settings: dict[str, Any] | None = FAST_SETTINGS,
-                     wrappers: bool = True) -> LocalFederation:
-    """A started and converged federation (only its brokers with `wrappers=False`); the caller stops it."""
+                     wrappers: bool = True, topics: dict[str, list[str]] | None = None,
+                     neighbours_in_file: bool = False) -> LocalFederation:
+    """A started and converged federation (only its brokers with `wrappers=False`); the caller stops it.
+    `topics`: topic policy lines by node name; `neighbours_in_file`: neighbours in the YAML files (LocalFederation)."""
     names = node_names(count)
     federation = LocalFederation(names, topology_links(kind, names), workdir, settings,
-                                 first_address=next_first_address())
+                                 first_address=next_first_address(), topics=topics,
+                                 neighbours_in_file=neighbours_in_file)
     federation.start_brokers()
     try:
         if wrappers:
@@ -98,13 +101,16 @@ def start_federation(workdir: Path, count: int, kind: str, settings: dict[str, A
 
 @pytest.fixture(name="make_federation")
 def make_federation_fixture(tmp_path: Path) -> Iterator[Callable[..., LocalFederation]]:
-    """`make_federation(count, "line" | "ring", settings=FAST_SETTINGS, wrappers=True)`: started and
-    converged (only the brokers with `wrappers=False`); stopped after the test."""
+    """`make_federation(count, "line" | "ring", settings=FAST_SETTINGS, wrappers=True, topics=None,
+    neighbours_in_file=False)`: started and converged (only the brokers with `wrappers=False`); stopped after the
+    test."""
     started: list[LocalFederation] = []
 
     def make(count: int, kind: str, settings: dict[str, Any] | None = FAST_SETTINGS,
-             wrappers: bool = True) -> LocalFederation:
-        federation = start_federation(tmp_path / f"federation-{len(started)}", count, kind, settings, wrappers)
+             wrappers: bool = True, topics: dict[str, list[str]] | None = None,
+             neighbours_in_file: bool = False) -> LocalFederation:
+        federation = start_federation(tmp_path / f"federation-{len(started)}", count, kind, settings, wrappers,
+                                      topics, neighbours_in_file)
         started.append(federation)
         return federation
 

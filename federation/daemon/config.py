@@ -191,8 +191,9 @@ class DaemonConfig:
     """seconds between read passes from the broker at high rates (federation.daemon.read_coalescing); 0: off"""
     topic_policy: TopicPolicy = EVERYTHING
     """what crosses in which direction, under which topic (federation.daemon.topic_policy); no lines: everything"""
-    neighbour_names: tuple[Address, ...] = ()
-    """the neighbours as given (names unresolved), for resolving them again; empty when built in code"""
+    neighbour_names: tuple[tuple[Address, Address], ...] = ()
+    """each neighbour as given (a name unresolved) with the address it resolved to, for resolving them again
+    (neighbour_names.py); empty when built in code"""
     neighbour_resolve_interval: float = DEFAULT_RESOLVE_INTERVAL
     """seconds between resolutions of `neighbour_names` (0: only at start and on SIGHUP)"""
     flags: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
@@ -381,8 +382,10 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
         bind_host = _resolve(resolver, bind_raw, family, origin("bind"), "bind")
     bind = Address(bind_host, bind_raw.port)
     neighbours: list[Address] = []
+    names: list[tuple[Address, Address]] = []
     for text, raw in zip(neighbour_texts, neighbour_raw, strict=True):
         resolved = resolve_neighbour(resolver, raw, family, origin("neighbors"), text)
+        names.append((raw, resolved))
         if resolved not in neighbours:
             neighbours.append(resolved)
     if is_wildcard(bind.host):
@@ -410,7 +413,7 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
         key_file=key_file, broker_auth=broker_auth, keys=keys, encryption=encryption,
         broker_session_expiry=DEFAULT_SESSION_EXPIRY if session_expiry is None else session_expiry,
         resubscribe_grace=resubscribe_grace, broker_read_coalesce=read_coalesce, topic_policy=topic_policy,
-        neighbour_names=tuple(neighbour_raw), neighbour_resolve_interval=resolve_interval, flags=dict(flags),
+        neighbour_names=tuple(names), neighbour_resolve_interval=resolve_interval, flags=dict(flags),
         config_hash=config_hash, loaded_at=loaded_at,
     )
 

@@ -21,6 +21,11 @@ with DUP) is acknowledged without being originated twice.
 A payload above `max_publication_bytes` is refused (`refuse`): it reaches
 the broker's own subscribers but is not federated, never truncated; it is
 counted, reported as an event and logged at most once a minute.
+
+With a topic policy (policy_edges.py) each publication is asked first: one
+no `out`/`both` line allows is acknowledged and goes no further, the others
+go on under their federation topic and at the QoS the lines allow at most
+(the spool keeps them so: it replays what the node was given).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from collections.abc import Callable
 from itertools import repeat
 
 from federation.daemon.broker_items import Publication, PublicationRun
+from federation.daemon.policy_edges import PolicyEdges
 from federation.daemon.retained import RetainedStore, stamp
 from federation.daemon.spool import Spool, SpooledPublication
 from federation.protocol import events
@@ -47,9 +53,11 @@ class LocalPublications:
     """The broker's publications of one batch after another, into the node, the spool and the retained store."""
 
     def __init__(self, node: Node, spool: Spool | None, retained: RetainedStore,
-                 record_event: Callable[[Event], None]) -> None:
-        """`record_event`: counts an event and writes it to the event log (a refusal's)."""
+                 record_event: Callable[[Event], None], edges: PolicyEdges | None = None) -> None:
+        """`record_event`: counts an event and writes it to the event log (a refusal's); `edges`: the topic policy
+        (none: everything leaves as it is)."""
         self.node = node
+        self.edges = edges if edges is not None else PolicyEdges()
         self.spool = spool
         self.retained = retained
         self._record_event = record_event
@@ -66,6 +74,9 @@ class LocalPublications:
     def add_run(self, item: PublicationRun, now: float) -> None:
         """Plain publications the client read as a run (`LeanClient.lean_run`): they join the run under way."""
         qos = item.qos
+        if self.edges.active:
+            self._add_run_through_policy(item, now)
+            return
         if self._run and qos != self._run_qos:
             self.flush(now)
         self._run += zip(item.topics, item.payloads, strict=True)
@@ -74,11 +85,39 @@ class LocalPublications:
             self._run_mids += item.mids
             self._acks += zip(item.mids, repeat(qos))
 
+    def _add_run_through_policy(self, item: PublicationRun, now: float) -> None:
+        """`add_run` with a topic policy: each publication acknowledged, and asked (it may stay here, change its
+        topic or its QoS: a change of QoS ends the run under way)."""
+        qos = item.qos
+        edges = self.edges
+        mids = item.mids if qos else repeat(0)
+        for topic, payload, mid in zip(item.topics, item.payloads, mids, strict=False):
+            if qos:
+                self._acks.append((mid, qos))
+            crossing = edges.export(topic, qos)
+            if crossing is None:
+                continue
+            if self._run and crossing.qos != self._run_qos:
+                self.flush(now)
+            self._run.append((crossing.topic, payload))
+            self._run_qos = crossing.qos
+            if crossing.qos:
+                self._run_mids.append(mid)
+
     def add(self, item: Publication, now: float) -> None:
         """One publication: it joins the run under way when plain, else goes to the node after that run."""
         qos = item.qos
         if qos:
             self._acks.append((item.mid, qos))
+        if self.edges.active:
+            crossing = self.edges.export(item.topic, qos)
+            if crossing is None:
+                return  # acknowledged: it stays on this broker
+            # The spool and the node know it by what the policy made of it (a DUP is compared with that too).
+            item = Publication(crossing.topic, item.payload, crossing.qos, item.retain, item.properties, item.mid,
+                               item.dup)
+            qos = item.qos
+        if qos:
             spool = self.spool
             if item.dup and spool is not None and spool.redelivery(item.mid, item.topic, item.payload):
                 return  # in custody since before a restart: acknowledged now, not originated twice
@@ -125,9 +164,9 @@ class LocalPublications:
         return acks, spooled
 
     def originate_held(self, items: list[Publication], now: float) -> int:
-        """Publications no client just made (the retained messages the broker held: retained_scan.py): each
-        refused above the limit or originated, the spool written at once (no acknowledgement waits on it).
-        Returns how many were originated."""
+        """Publications no client just made (the retained messages the broker held, as the topic policy lets
+        them out: retained_scan.py): each refused above the limit or originated, the spool written at once (no
+        acknowledgement waits on it). Returns how many were originated."""
         limit = self.node.settings.max_publication_bytes
         spooled: list[SpooledPublication] = []
         originated = 0

@@ -37,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from federation.daemon import wrapper_events
 from federation.daemon.broker_health import FAILURE_KINDS
+from federation.daemon.topic_policy import REASONS as POLICY_REASONS
 from federation.envelope.datagrams import DROP_REASONS as ENVELOPE_DROP_REASONS
 from federation.protocol import events, wire
 
@@ -141,8 +142,18 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("mqttfed_paced", "gauge", (), "1 while a neighbour asks this wrapper to hold its QoS 0 publications (rb)"),
     ("mqttfed_kernel_receive_drops", "counter", (),
      "datagrams the kernel dropped for this wrapper's full UDP receive buffer"),
-    ("mqttfed_reloads", "counter", (), "SIGHUPs handled (event log reopened, key and password files read again)"),
-    ("mqttfed_reload_failures", "counter", (), "files a SIGHUP could not use (the wrapper kept what it had)"),
+    ("mqttfed_reloads", "counter", (),
+     "SIGHUPs handled (configuration loaded again, event log reopened, key and password files read again)"),
+    ("mqttfed_reload_failures", "counter", (),
+     "files a SIGHUP could not use, a configuration refused included (the wrapper kept what it had)"),
+    ("mqttfed_config_info", "gauge", ("hash",),
+     "always 1; hash: the SHA-256 of the configuration file the running settings were read from (empty without "
+     "one)"),
+    ("mqttfed_config_loaded_timestamp_seconds", "gauge", (),
+     "when the running configuration was read (start, or the last SIGHUP that was taken up), unix seconds"),
+    ("mqttfed_topic_policy_filtered", "counter", ("direction", "reason"),
+     "publications the topic policy kept out: direction export (local, no out/both line allows it, or its mapped "
+     "topic is invalid: never sent) or import (from the federation, no in/both line: not injected)"),
 )
 PROCESS_METRICS: tuple[tuple[str, str, str], ...] = (
     # prometheus-client's process collector, on the same port: (name as exposed, kind, help)
@@ -251,4 +262,13 @@ def metric_families(snap: Snapshot) -> list[Metric]:
     out.append(_by_label("mqttfed_events", events.ALL + wrapper_events.ALL, events_counted))
     out.append(_by_label("mqttfed_broker_connect_failures", FAILURE_KINDS, snap["connect_failures"]))
     out.append(_by_label("mqttfed_broker_log_lines", LOG_OUTCOMES, snap["log_outcomes"]))
+    config = _family("mqttfed_config_info")
+    config.add_metric([snap["config_hash"]], 1)
+    out += [config, _single("mqttfed_config_loaded_timestamp_seconds", snap["config_loaded_at"])]
+    filtered = _family("mqttfed_topic_policy_filtered")
+    for direction, reasons in POLICY_REASONS.items():
+        counts = snap["topic_policy_filtered"].get(direction, {})
+        for reason in sorted(set(reasons) | set(counts)):
+            filtered.add_metric([direction, reason], counts.get(reason, 0))
+    out.append(filtered)
     return out

@@ -22,10 +22,12 @@ connection fails or ends (no reconnection; Mosquitto closes it when its ACL refu
 `SCAN_TIMEOUT`, `done` gets what was read, once, from the scan's own thread (paho's network thread), and the
 connection ends.
 
-Which of them to originate is `to_originate`, a pure rule (docs/protocol.md rule 10): a topic whose retained
-store entry changed while the scan ran is left alone (the store's value is newer than the reading, and the
-broker has been given it or took it from a client); otherwise a topic is originated when the store did not have
-it when the scan started, or had another payload (a tombstone included). A value the store holds, whether
+Under a topic policy the messages read are first seen as the federation would see them (`exported`: their
+federation topic, those the policy keeps here left out). Which of them to originate is `to_originate`, a pure
+rule (docs/protocol.md rule 10): a topic whose retained store entry changed while the scan ran is left alone
+(the store's value is newer than the reading, and the broker has been given it or took it from a client);
+otherwise a topic is originated when the store did not have it when the scan started, or had another payload
+(a tombstone included). A value the store holds, whether
 injected from the federation or taken from this broker before, is never originated again: that would give an
 old value a new version, and it would win over newer ones.
 """
@@ -51,6 +53,7 @@ from federation.daemon.config import DaemonConfig
 from federation.daemon.lean_client import stop_network_thread
 from federation.daemon.local_publications import LocalPublications
 from federation.daemon.mqtt_properties import properties_to_dict
+from federation.daemon.policy_edges import PolicyEdges
 from federation.daemon.retained import RetainedStore, RetainedValue
 from federation.protocol.types import Address
 
@@ -98,6 +101,20 @@ class ScanCounts:
     """retained messages read"""
     originated: int = 0
     """of them, originated (`to_originate`)"""
+
+
+def exported(held: list[HeldRetained], edges: PolicyEdges) -> list[HeldRetained]:
+    """The retained messages the broker held as the federation would know them: under their federation topic and
+    QoS, those the topic policy keeps on this broker left out (counted). The retained store holds federation
+    topics, so this comes before `to_originate`."""
+    if not edges.active:
+        return held
+    found = []
+    for message in held:
+        crossing = edges.export(message.topic, message.qos)
+        if crossing is not None:
+            found.append(HeldRetained(crossing.topic, message.payload, crossing.qos, message.properties))
+    return found
 
 
 def to_originate(held: list[HeldRetained], before: Mapping[str, RetainedValue],
@@ -297,7 +314,7 @@ class RetainedReading:
         self._helpers_subscribed(0, now)
         originated = self.local.originate_held(
             [Publication(message.topic, message.payload, message.qos, True, message.properties)
-             for message in to_originate(held, before, self.retained.values)], now)
+             for message in to_originate(exported(held, self.local.edges), before, self.retained.values)], now)
         counts = self.counts
         counts.scans += 1
         counts.read += len(held)

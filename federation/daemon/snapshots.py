@@ -43,6 +43,8 @@ from federation.daemon.flow_control import FlowControl
 from federation.daemon.health import Readiness, readiness
 from federation.daemon.injections import InjectionJournal
 from federation.daemon.metrics import Snapshot
+from federation.daemon.policy_edges import PolicyEdges
+from federation.daemon.policy_subscriptions import PolicySubscriptions
 from federation.daemon.reload import Reloads
 from federation.daemon.retained import RetainedStore
 from federation.daemon.retained_scan import RetainedReading
@@ -94,6 +96,10 @@ class WrapperParts(Protocol):
     def started_at(self) -> float: ...
     @property
     def reloads(self) -> Reloads: ...
+    @property
+    def edges(self) -> PolicyEdges: ...
+    @property
+    def subscription_sink(self) -> PolicySubscriptions: ...
     def unsent_bytes(self) -> int: ...
     def read_kernel_receive_drops(self) -> int | None: ...
 
@@ -146,9 +152,34 @@ def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
         "events": dict(sorted(wrapper.event_counts.items())),
         "udp_send_errors": protocol.send_errors,
         "reloads": dataclasses.asdict(wrapper.reloads),
+        "config": configuration_status(wrapper),
+        "topic_policy": topic_policy_status(wrapper),
         "ready": wrapper_readiness(wrapper).as_dict(),
     }
     return document
+
+
+NOT_IMPORTED_SHOWN = 50
+"""local filters listed at most in status as importing nothing (`topic_policy.subscriptions.not_imported`)"""
+
+
+def configuration_status(wrapper: WrapperParts) -> dict[str, Any]:
+    """The running configuration: its file, the file's hash when it was read, what waits for a restart."""
+    config = wrapper.config
+    return {"file": str(config.config_file) if config.config_file is not None else None,
+            "sha256": config.config_hash, "loaded_at": round(config.loaded_at, 3),
+            "pending_restart": list(wrapper.reloads.pending_restart),
+            "neighbours": [str(address) for address in config.neighbours],
+            "neighbour_resolve_interval": config.neighbour_resolve_interval}
+
+
+def topic_policy_status(wrapper: WrapperParts) -> dict[str, Any]:
+    """The topic policy's lines, what it kept out by direction and reason, the subscriptions it maps."""
+    sink = wrapper.subscription_sink
+    not_imported = sink.not_imported()
+    return {**wrapper.edges.status(),
+            "subscriptions": {"federated": sink.federated, "not_imported": not_imported[:NOT_IMPORTED_SHOWN],
+                              "not_imported_count": len(not_imported)}}
 
 
 def injection_counts(wrapper: WrapperParts) -> dict[str, int]:
@@ -221,6 +252,9 @@ def metrics_snapshot(wrapper: WrapperParts, now: float) -> Snapshot:
         "kernel_receive_drops": wrapper.read_kernel_receive_drops() or 0,
         "reloads": wrapper.reloads.signals,
         "reload_failures": wrapper.reloads.failures,
+        "config_hash": wrapper.config.config_hash or "",
+        "config_loaded_at": wrapper.config.loaded_at,
+        "topic_policy_filtered": {direction: dict(counts) for direction, counts in wrapper.edges.filtered.items()},
     }
 
 

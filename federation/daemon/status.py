@@ -179,6 +179,25 @@ def render(document: dict[str, Any]) -> str:
                        f"wrapper never saw; every publication is delivered to it")
         out.append(f"uptime {daemon.get('uptime_s', 0):.0f} s, pid {daemon.get('pid')}, "
                    f"version {daemon.get('version')}")
+        config = daemon.get("config") or {}
+        if config:
+            loaded = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(config.get("loaded_at") or 0))
+            digest = config.get("sha256")
+            out.append(f"configuration: {config.get('file') or 'command line only'}"
+                       + (f", sha256 {digest[:16]}..." if digest else "") + f", loaded {loaded}"
+                       + (f"; WAITING FOR A RESTART: {', '.join(config['pending_restart'])}"
+                          if config.get("pending_restart") else ""))
+        policy = daemon.get("topic_policy") or {}
+        if policy:
+            filtered = policy.get("filtered") or {}
+            kept = ", ".join(f"{direction} {reason} {count}" for direction, reasons in filtered.items()
+                             for reason, count in reasons.items() if count)
+            out.append(f"topic policy: {' | '.join(policy.get('lines') or [])}"
+                       + (f"; kept out: {kept}" if kept else ""))
+            missing = (policy.get("subscriptions") or {}).get("not_imported") or []
+            if missing:
+                out.append(f"local subscriptions no in/both line imports: {', '.join(missing[:10])}"
+                           + (" ..." if len(missing) > 10 else ""))
         ready = daemon.get("ready")
         if isinstance(ready, dict):
             out.append("ready" if ready.get("ready") else "NOT READY: " + "; ".join(ready.get("reasons", [])))

@@ -93,13 +93,20 @@ def render_mosquitto_conf(template: str, host: str, port: int, node_dir: Path, r
     return "\n".join(lines) + "\n"
 
 
-def wrapper_yaml(name: str, settings: Mapping[str, Any] | None, writer: str = "federation.tools.launch") -> str:
-    """The wrapper's YAML file: the protocol settings (sorted), or an empty mapping for the defaults."""
+def wrapper_yaml(name: str, settings: Mapping[str, Any] | None, writer: str = "federation.tools.launch", *,
+                 topics: Sequence[str] | None = None, neighbours: Sequence[str] | None = None) -> str:
+    """The wrapper's YAML file: the protocol settings (sorted), the topic policy lines and the neighbours when
+    given (None: left out), or an empty mapping for the defaults."""
     lines = [f"# written by {writer} for {name}"]
+    if neighbours is not None:
+        lines.append("neighbors: " + json.dumps(list(neighbours)))
+    if topics is not None:
+        lines.append("topics:" + ("" if topics else " []"))
+        lines += [f"  - {json.dumps(line)}" for line in topics]
     if settings:
         lines.append("settings:")
         lines += [f"  {key}: {json.dumps(value)}" for key, value in sorted(settings.items())]
-    else:
+    if len(lines) == 1:
         lines.append("{}")
     return "\n".join(lines) + "\n"
 

@@ -208,13 +208,17 @@ class LocalFederation:
     (default: index + 1, so n0 is the management core and runs repeat).
     `key_file`: a federation key file given to every wrapper (`--key-file`;
     None: an open overlay); `encryption`: their `--encryption` (None: default).
+    `topics`: topic policy lines by node name, written to its YAML file (`topics:`);
+    `neighbours_in_file`: the neighbours written to the YAML file instead of
+    `--neighbors`, so a SIGHUP after `write_wrapper_config` can change them.
     """
 
     def __init__(self, nodes: list[str] | int, links: Iterable[tuple[str, str]], workdir: Path,
                  settings: dict[str, Any] | None = None, *, first_address: str = FIRST_ADDRESS,
                  vids: dict[str, int] | None = None, log_level: str = "INFO",
                  mosquitto_template: Path | None = None, key_file: Path | None = None,
-                 encryption: str | None = None) -> None:
+                 encryption: str | None = None, topics: dict[str, list[str]] | None = None,
+                 neighbours_in_file: bool = False) -> None:
         names = node_names(nodes) if isinstance(nodes, int) else list(nodes)
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"node names must be unique and at least one: {names}")
@@ -223,6 +227,8 @@ class LocalFederation:
         self.log_level = log_level
         self.key_file = Path(key_file).resolve() if key_file is not None else None
         self.encryption = encryption
+        self.topics = dict(topics or {})
+        self.neighbours_in_file = neighbours_in_file
         self.vids = {name: index + 1 for index, name in enumerate(names)}
         self.vids.update(vids or {})
         self.mosquitto_template = mosquitto_template or MOSQUITTO_CONF_TEMPLATE
@@ -562,7 +568,27 @@ class LocalFederation:
         template = mosquitto_template(self.mosquitto_template)
         node.broker_conf.write_text(render_mosquitto_conf(template, node.host, BROKER_PORT, node.directory,
                                                           os.geteuid() == 0))
-        node.wrapper_config.write_text(wrapper_yaml(node.name, self.settings))
+        self.write_wrapper_config(node.name)
+
+    def write_wrapper_config(self, name: str, *, topics: list[str] | None = None,
+                             neighbours: list[str] | None = None) -> None:
+        """Write the node's wrapper YAML: its protocol settings, its topic lines (`topics`, else those given at
+        construction) and, with `neighbours_in_file`, its neighbours (names of nodes; else its links). A running
+        wrapper reads it again on SIGHUP (`signal_wrapper`)."""
+        node = self.node(name)
+        listed = None
+        if self.neighbours_in_file:
+            listed = [self.node(other).address for other in (node.neighbours if neighbours is None else neighbours)]
+        node.wrapper_config.write_text(wrapper_yaml(
+            node.name, self.settings, topics=self.topics.get(name) if topics is None else topics, neighbours=listed))
+
+    def signal_wrapper(self, name: str, signum: int = signal.SIGHUP) -> int:
+        """Send a signal to the node's running wrapper (SIGHUP: it loads its YAML file again); returns its pid."""
+        process = self.node(name).wrapper_process
+        if process is None or process.poll() is not None:
+            raise LaunchError(f"the wrapper of {name} is not running")
+        process.send_signal(signum)
+        return process.pid
 
     def _spawn_broker(self, node: FederationNode) -> int:
         """Start the broker; returns the size of its log before, to find this start's "running" line."""
@@ -589,7 +615,8 @@ class LocalFederation:
         command = wrapper_command(config=node.wrapper_config, bind=node.address, broker=f"{node.host}:{BROKER_PORT}",
                                   vid=self.vids[node.name], name=node.name, state_dir=node.state_dir,
                                   event_log=node.event_log,
-                                  neighbours=[self.node(name).address for name in node.neighbours],
+                                  neighbours=[] if self.neighbours_in_file else
+                                  [self.node(name).address for name in node.neighbours],
                                   log_level=self.log_level)
         if self.key_file is not None:
             command += ["--key-file", str(self.key_file)]

@@ -55,7 +55,8 @@ def test_the_configuration_carries_its_file_hash_and_what_reloads_it(tmp_path: P
     assert config.config_hash == hashlib.sha256(text.encode()).hexdigest()
     assert config.flags == {"config": path, "bind": "127.0.0.2"}
     assert config.neighbour_resolve_interval == 5.0
-    assert [str(address) for address in config.neighbour_names] == ["127.0.0.7:10500"]
+    assert [(str(given), str(address)) for given, address in config.neighbour_names] == [
+        ("127.0.0.7:10500", "127.0.0.7:10500")]
     assert load_config({}).config_hash is None and load_config({}).neighbour_resolve_interval == 60.0
     assert load_config({"config": write(tmp_path, "neighbour_resolve_interval: 0\n")}).neighbour_resolve_interval == 0
     with pytest.raises(ConfigError, match=r"neighbour_resolve_interval: expected seconds from 0 to 86400"):
