@@ -28,6 +28,8 @@ and the broker not read. The broker connection's health and warnings are
 `BrokerHealth` (broker_health.py); the status document and the metrics
 snapshot are built by snapshots.py.
 
+SIGHUP loads the configuration again and takes up what changed
+(reconfiguring.py, which also resolves the neighbours' names again).
 Shutdown (SIGINT/SIGTERM) leaves the federation cleanly: `node.shutdown`
 announces the departure, the datagrams are flushed, the subscription table
 and the event log are written, then the broker connection is closed.
@@ -36,14 +38,13 @@ and the event log are written, then the broker connection is closed.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import socket
 import time
 from collections import Counter
 from typing import Any
 
-from federation.daemon import neighbour_names, wrapper_events
+from federation.daemon import wrapper_events
 from federation.daemon.backpressure import PacketBacklog
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_health import BrokerHealth
@@ -61,7 +62,7 @@ from federation.daemon.broker_items import (
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon.broker_subscriptions import BrokerSubscriptions
 from federation.daemon.clock import Clock
-from federation.daemon.config import ConfigError, DaemonConfig, default_resolver, load_config
+from federation.daemon.config import DaemonConfig
 from federation.daemon.flow_control import FlowControl
 from federation.daemon.health import Readiness
 from federation.daemon.injections import InjectionJournal
@@ -70,16 +71,8 @@ from federation.daemon.metrics import Snapshot
 from federation.daemon.policy_edges import PolicyEdges
 from federation.daemon.policy_subscriptions import PolicySubscriptions
 from federation.daemon.receiving import Receiving
-from federation.daemon.reload import (
-    Reloads,
-    describe_neighbours,
-    install_keys,
-    install_password,
-    plan_reload,
-    reload_files,
-    reopen_event_log,
-    set_log_level,
-)
+from federation.daemon.reconfiguring import Reconfiguring
+from federation.daemon.reload import Reloads
 from federation.daemon.retained import RetainedStore, prepare
 from federation.daemon.retained_scan import RetainedReading, scan_client_id
 from federation.daemon.snapshots import metrics_snapshot, status_document, wrapper_readiness
@@ -184,13 +177,8 @@ class Running:
         self.started_at = clock.now()
         self.reloads = Reloads()
         """what SIGHUPs did (`reload`)"""
-        self._reloading = False
-        """a configuration is being loaded again in a worker thread"""
-        self._reload_again = False
-        """a SIGHUP came while it was: load once more when it is done"""
-        self._resolve_handle: asyncio.TimerHandle | None = None
-        """the next resolution of the neighbours given by name, while one is due"""
-        self._resolving = False
+        self.reconfiguring = Reconfiguring(self, self._drain_outputs)
+        """SIGHUP's loading of the configuration, and the neighbours' names resolved again"""
         self._rearm_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         """the node's timer, while it has a deadline"""
@@ -231,7 +219,7 @@ class Running:
         self._replay_spool(now)  # before anything new is read from the broker: order is kept
         self._drain_outputs(now)
         self.broker.start()
-        self._schedule_resolution()
+        self.reconfiguring.schedule_resolution()
         config = self.config
         log.info("wrapper %s (id %s, epoch %d) listening on UDP %s; neighbours: %s; broker %s as %r %s",
                  config.announced, node.broker_id, node.epoch, config.bind,
@@ -289,139 +277,15 @@ class Running:
         self.close()
 
     def reload(self) -> None:
-        """SIGHUP: reopen the event log at its path at once, then load the configuration again in a worker thread
-        and take up what changed (`_reloaded`); a configuration built in code re-reads its key and password files
-        only (reload.py)."""
-        if self.stopping:
-            return
-        if self.config.flags is None:
-            reload_files(self.config, self.event_log, self.envelope, self.broker, self.broker_health, self.reloads)
-            return
-        reopen_event_log(self.event_log, self.reloads)
-        if self._reloading:
-            self._reload_again = True  # the file may have changed again since the load under way read it
-            return
-        self._reloading = True
-        flags = self.config.flags
-        future = self.loop.run_in_executor(None, load_config, flags)
-        future.add_done_callback(self._reloaded)  # on the loop, once the thread is done
-
-    def _reloaded(self, future: asyncio.Future[DaemonConfig]) -> None:
-        """A configuration loaded again: refused with the start-up message when it does not validate, else what
-        can change at run time is taken up (`apply_configuration`)."""
-        self._reloading = False
-        counts = self.reloads
-        counts.signals += 1
-        where = self.config.config_file or "the command line"
-        try:
-            loaded = future.result()
-        except ConfigError as error:
-            counts.failures += 1
-            counts.last_error = str(error)
-            log.error("SIGHUP: %s refused; kept the running configuration (loaded %s, sha256 %s; federation keys "
-                      "in use: ids %s): wrapper.py: error: %s", where, _time_text(self.config.loaded_at),
-                      self.config.config_hash, ", ".join(self.envelope.key_ids()) or "none", error)
-        except Exception as error:  # noqa: BLE001 - a bug must not end the wrapper: it keeps what runs
-            counts.failures += 1
-            counts.last_error = f"{type(error).__name__}: {error}"
-            log.exception("SIGHUP: loading %s failed; the running configuration stays", where)
-        else:
-            if not self.stopping:
-                self.apply_configuration(loaded, self.clock.now())
-        if self._reload_again and not self.stopping:
-            self._reload_again = False
-            self.reload()
-
-    def apply_configuration(self, loaded: DaemonConfig, now: float) -> None:
-        """Take up a configuration loaded again (reload.py `plan_reload`): neighbours, topic policy, log level,
-        keys, password and the resolution interval now; the rest is reported as waiting for a restart."""
-        plan = plan_reload(self.config, loaded)
-        applied = plan.applied
-        counts = self.reloads
-        if plan.log_level:
-            set_log_level(applied.log_level)
-            log.info("SIGHUP: log level %s", applied.log_level)
-        if applied.key_file is not None:
-            install_keys(self.envelope, applied.keys, applied.key_file, counts)
-        if plan.password:
-            install_password(self.broker, self.broker_health, applied.broker_auth.password)
-        if plan.neighbours:
-            added, removed = self.node.set_configured_neighbours(applied.neighbours, now)
-            log.info("SIGHUP: neighbours %s (now: %s)", describe_neighbours(added, removed),
-                     ", ".join(str(address) for address in applied.neighbours) or "none")
-        if plan.policy:
-            self.set_topic_policy(applied, now)
-        self.config = applied
-        self.retained_reading.config = applied  # its connection logs in as the wrapper's does
-        if plan.resolve_interval:
-            self._schedule_resolution()
-        counts.configurations += 1
-        counts.pending_restart = list(plan.pending_restart)
-        if plan.pending_restart:
-            log.warning("SIGHUP: %s changes %s: they take effect at the next restart", applied.config_file,
-                        ", ".join(plan.pending_restart))
-        log.info("SIGHUP: configuration %s taken up (sha256 %s)", applied.config_file or "from the command line",
-                 applied.config_hash)
-        self._drain_outputs(now)
-
-    def set_topic_policy(self, config: DaemonConfig, now: float) -> None:
-        """A new topic policy: at both edges from the next publication on, and the subscriptions mapped again
-        (those the new policy imports joined first, then the others left)."""
-        policy = config.topic_policy
-        self.edges.set_policy(policy)
-        changed = self.subscription_sink.set_policy(policy, now)
-        log.info("SIGHUP: topic policy %s; %d federated subscriptions changed",
-                 "; ".join(policy.describe()), changed)
-
-    # ------------------------------------------------------------ neighbours given by name
-
-    def _schedule_resolution(self) -> None:
-        """Resolve the neighbours given by name again after `neighbour_resolve_interval` (none: nothing due)."""
-        if self._resolve_handle is not None:
-            self._resolve_handle.cancel()
-            self._resolve_handle = None
-        interval = self.config.neighbour_resolve_interval
-        if interval > 0 and neighbour_names.has_names(self.config.neighbour_names) and not self.stopping:
-            self._resolve_handle = self.loop.call_later(interval, self._resolve_names)
-
-    def _resolve_names(self) -> None:
-        self._resolve_handle = None
-        if self._resolving or self.stopping:
-            return
-        self._resolving = True
-        config = self.config
-        future = self.loop.run_in_executor(None, neighbour_names.resolve_again, config.neighbour_names,
-                                           config.family, default_resolver)
-        future.add_done_callback(lambda done: self._names_resolved(config, done))
-
-    def _names_resolved(self, asked: DaemonConfig,
-                        future: asyncio.Future[tuple[neighbour_names.Names, list[str]]]) -> None:
-        """Names resolved again: a neighbour that moved is reached at its new address (its old link goes down)."""
-        self._resolving = False
-        try:
-            names, problems = future.result()
-        except Exception as error:  # noqa: BLE001 - the next interval tries again
-            log.error("resolving the neighbours' names again failed: %s", error)
-            self._schedule_resolution()
-            return
-        for problem in problems:
-            log.warning("%s", problem)
-        config = self.config
-        if config.neighbour_names == asked.neighbour_names and not self.stopping:  # no reload changed them meanwhile
-            addresses = neighbour_names.addresses(names, config.announced)
-            if addresses != config.neighbours:
-                now = self.clock.now()
-                log.info("neighbours resolved again: %s", "; ".join(neighbour_names.moved(config.neighbour_names,
-                                                                                          names)))
-                self.node.set_configured_neighbours(addresses, now)
-                self._drain_outputs(now)
-            self.config = dataclasses.replace(config, neighbours=addresses, neighbour_names=names)
-        self._schedule_resolution()
+        """SIGHUP: the event log reopened at once, the configuration loaded again and what changed taken up
+        (reconfiguring.py)."""
+        self.reconfiguring.reload()
 
     def close(self) -> None:
         """Cancel every timer and release the resources (the socket through its transport)."""
+        self.reconfiguring.close()
         for handle in (self._flush_handle, self._drops_handle, self._housekeeping_handle, self._pace_handle,
-                       self._timer, self._resolve_handle):
+                       self._timer):
             if handle is not None:
                 handle.cancel()
         if self.saver is not None:
@@ -748,6 +612,3 @@ class Running:
         the loop thread; health.py)."""
         return wrapper_readiness(self)
 
-
-def _time_text(unix: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
