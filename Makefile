@@ -1,8 +1,9 @@
 PYTHON ?= python3
 
 # `make test` runs the linter and the type checker, then the default test selection (each step stops
-# the run when it fails); slow simulations, benchmarks, LXD, the long fault runs and the long live fuzz are opt-in.
-DEFAULT_MARKERS = not lxd and not bench and not slow and not faults_long and not fuzz_long
+# the run when it fails); slow simulations, benchmarks, LXD, the long fault runs, the long live fuzz and the
+# container image (podman) are opt-in.
+DEFAULT_MARKERS = not lxd and not bench and not slow and not faults_long and not fuzz_long and not container
 
 .PHONY: install test test-all lint demo
 
@@ -21,7 +22,7 @@ test: lint
 	$(PYTHON) -m pytest -q $(WORKERS) --durations=30 -m "$(DEFAULT_MARKERS)"
 
 test-all: lint
-	$(PYTHON) -m pytest -q $(WORKERS) -m "not lxd and not bench and not faults_long and not fuzz_long"
+	$(PYTHON) -m pytest -q $(WORKERS) -m "not lxd and not bench and not faults_long and not fuzz_long and not container"
 
 demo: install
 	$(PYTHON) -m federation.tools.demo
