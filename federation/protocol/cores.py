@@ -51,6 +51,7 @@ from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire import (
     FLAG_OWNER,
     FLAG_WITHDRAWN,
+    MAX_SEQ,
     RECONSIDER_TOPIC_CORE,
     TOPIC_CORE,
     further,
@@ -67,15 +68,20 @@ class CoreElection(TopicTable):
     """(routes, our vid) `_winners` was computed for"""
 
     def core_alive(self, state: TopicState, now: float) -> bool:
+        """Is the filter's core alive? Ours while we hold it; another node's while the table shows it reachable in
+        the life and with the id it claimed in (claims are not refreshed: rule 5a), or, while the table has no
+        record of that life yet, for an announcement lifetime after its claim was heard."""
         core = state.core
         if core is None:
             return False
         if core.address == self._identity.address:
             return core == self._identity.broker_id
-        if now - state.heard_at > self._settings.announcement_lifetime:
-            return False
         if state.provisional and core.address not in self._table.routes.members:
             return False
+        stored = self._table.lsdb.records.get(core.address)
+        if state.provisional or stored is None or stored.record.epoch < state.core_epoch:
+            # A placed core its claim has not confirmed yet, or a claim the table has not caught up with.
+            return now - state.heard_at <= self._settings.announcement_lifetime
         return self.plausible(core, state.core_epoch)
 
     def plausible(self, core: BrokerId, epoch: int) -> bool:
@@ -149,8 +155,9 @@ class CoreElection(TopicTable):
     # ------------------------------------------------------------ announcements
 
     def announce(self, state: TopicState, now: float, withdrawn: bool = False) -> None:
-        """Flood our own claim (or withdrawal) for a filter."""
-        state.own_seq += 1
+        """Flood our own claim (or withdrawal) for a filter: when it changes, never again to refresh it (rule 5a)."""
+        self.claim_seq += 1
+        state.own_seq = self.claim_seq
         message = TopicCore(state.filter, self._identity.broker_id, self._identity.epoch, state.own_seq, 0,
                             FLAG_WITHDRAWN if withdrawn else 0, 0 if withdrawn else state.core_rank)
         self._outbox.send_up(TOPIC_CORE, message, exclude=None)
@@ -165,12 +172,9 @@ class CoreElection(TopicTable):
                          state.core_rank)
 
     def announcements_for_sync(self, now: float) -> list[TopicCore]:
-        """What a neighbour that just came up must learn: every live core's claim and every ownership."""
+        """What a neighbour that just came up must learn at once: every ownership (the cores' claims it learns by
+        the digests of rule 5a, as fast and without a burst of every claim at once)."""
         found = []
-        for _, state in sorted(self.topics.items()):
-            announcement = self.current_announcement(state)
-            if announcement is not None and self.core_alive(state, now):
-                found.append(announcement)
         ownership = self.ownership
         if ownership.own:
             ownership.seq = max(ownership.seq, 1)
@@ -190,16 +194,21 @@ class CoreElection(TopicTable):
             return
         core = message.core
         if core.address == self._identity.address:
-            if core != self._identity.broker_id or not self.is_own_core(state):
-                # A claim of ours from an earlier id or life: answer with what we know now.
-                self._answer_with_current(state, from_transport)
+            if (core != self._identity.broker_id or not self.is_own_core(state)) and \
+                    not message.flags & FLAG_WITHDRAWN:
+                self._disown(state, message, from_transport, now)
             return
         if message.flags & FLAG_WITHDRAWN:
             self._on_withdrawal(state, message, from_transport, now)
             return
         if state.withdrawn is not None and state.withdrawn[0] == core and \
                 message.freshness <= state.withdrawn[1:]:
-            return  # an announcement older than that core's withdrawal
+            # An announcement older than that core's withdrawal: the sender missed the withdrawal (a digest
+            # brought its stale claim here), so it gets the withdrawal back.
+            withdrawn_core, epoch, seq = state.withdrawn
+            self._outbox.send(RECONSIDER_TOPIC_CORE, TopicCore(state.filter, withdrawn_core, epoch, seq, 0,
+                                                               FLAG_WITHDRAWN), [from_transport])
+            return
         if not self.plausible(core, message.epoch):
             # Not adopted nor forwarded (copies of a dead core's claims would flap forever), but
             # kept: the table may simply not have caught up yet (a link that just came up).
@@ -242,6 +251,26 @@ class CoreElection(TopicTable):
         self._forward_core(state, from_transport)
         self.dirty.add(state.filter)
 
+    def _disown(self, state: TopicState, message: TopicCore, from_transport: Address, now: float) -> None:
+        """A claim of ours we do not hold (of an earlier id or life, or one we withdrew and forgot): the sender
+        gets our current claim when we hold one, else the stale claim is withdrawn everywhere. We are the
+        authority on our own claims: nothing else would end a stale one that the digests keep bringing back."""
+        if self.is_own_core(state):
+            self._answer_with_current(state, from_transport)
+            return
+        if message.seq >= MAX_SEQ:
+            return
+        withdrawal = TopicCore(state.filter, message.core, message.epoch, message.seq + 1, 0, FLAG_WITHDRAWN)
+        if message.epoch == self._identity.epoch:
+            self.claim_seq = max(self.claim_seq, withdrawal.seq)  # our next claim must be newer than this
+        if state.withdrawn is not None and state.withdrawn[0] == message.core and \
+                withdrawal.freshness <= state.withdrawn[1:]:
+            withdrawal = TopicCore(state.filter, *state.withdrawn, 0, FLAG_WITHDRAWN)
+        else:
+            state.withdrawn = (message.core, withdrawal.epoch, withdrawal.seq)
+        self._outbox.send_up(TOPIC_CORE, withdrawal, exclude=None)
+        self._outbox.counters["stale_claims_withdrawn"] += 1
+
     def _answer_with_current(self, state: TopicState, to_transport: Address) -> None:
         announcement = self.current_announcement(state)
         if announcement is not None:
@@ -258,6 +287,7 @@ class CoreElection(TopicTable):
                 message.freshness <= state.withdrawn[1:]:
             return  # seen already
         state.withdrawn = marker
+        state.heard_at = max(state.heard_at, now)  # the tombstone is kept a lifetime from now (deletion waits)
         self._outbox.send_up(TOPIC_CORE, TopicCore(message.filter, message.core, message.epoch, message.seq,
                                                    further(message.distance), FLAG_WITHDRAWN), exclude=from_transport)
         if state.core == message.core and message.freshness >= state.freshness:
@@ -427,3 +457,4 @@ class CoreElection(TopicTable):
                 state.core = self._identity.broker_id
                 self.announce(state, now)
                 state.core_seq = state.own_seq
+                self.dirty.add(state.filter)

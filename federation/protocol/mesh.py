@@ -44,16 +44,31 @@ crosses it must not leave a part of it behind.
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 from federation.protocol import events
 from federation.protocol.cores import CoreElection
+from federation.protocol.digest_tree import DigestTree, entry_hash
 from federation.protocol.events import id_text
 from federation.protocol.forwarding import PublicationRouting
-from federation.protocol.topics import TopicState
+from federation.protocol.topics import INFINITY, TopicState
 from federation.protocol.types import Address
 from federation.protocol.wire import FLAG_PRUNE, FLAG_STANDBY, TOPIC_CORE, TOPIC_SUBSCRIBE
-from federation.protocol.wire_types import TopicSubscribe
+from federation.protocol.wire_types import TopicCore, TopicSubscribe
+
+
+def claim_hash(claim: TopicCore) -> int:
+    """A claim's entry in the claims' digest: the same on every node that holds that claim (distance left out)."""
+    core = claim.core
+    return entry_hash(f"c|{claim.filter}|{core.vid}|{core.address.host}|{core.address.port}|{claim.epoch}|"
+                      f"{claim.seq}")
+
+
+def membership_hash(entry: TopicSubscribe) -> int:
+    """A membership's entry in the digests of a child's memberships and of its parent's record of them."""
+    core = entry.core
+    return entry_hash(f"m|{entry.filter}|{core.vid}|{core.address.host}|{core.address.port}|{entry.flags}")
 
 
 class MeshEngine(CoreElection, PublicationRouting):
@@ -69,20 +84,19 @@ class MeshEngine(CoreElection, PublicationRouting):
             if state is None:
                 self._outbox.drop("ts_core_mismatch")
                 return
-        expires = now + self._settings.announcement_lifetime
+        self.dirty.add(state.filter)  # what the digests record of the child changes (rule 5a)
         if message.flags & (FLAG_PRUNE | FLAG_STANDBY):
-            if state.children.pop(from_announced, None) is not None:
-                self.dirty.add(state.filter)  # a data child no more: it left, or keeps us as a standby parent
+            # A data child no more (it left, or keeps us as a standby parent).
+            state.children.pop(from_announced, None)
             if message.flags & FLAG_PRUNE:
                 state.standby_children.pop(from_announced, None)
             else:
-                self._add_child(state.standby_children, from_announced, expires)
+                self._add_child(state.standby_children, from_announced, INFINITY)
             return
         state.standby_children.pop(from_announced, None)
         is_new = from_announced not in state.children
-        self._add_child(state.children, from_announced, expires)
+        self._add_child(state.children, from_announced, INFINITY)  # until it goes down: no refresh (rule 5a)
         if is_new:
-            self.dirty.add(state.filter)
             self._new_mesh_neighbour(state.filter, from_announced, now)  # QoS 1/2 repair
 
     def _add_child(self, children: dict[Address, float], child: Address, expires: float) -> None:
@@ -182,20 +196,122 @@ class MeshEngine(CoreElection, PublicationRouting):
             self.release_held(state, now)
         elif state.held_reliable and state.core is None and state.withdrawn_at > state.lost_at:
             self.end_withdrawn(state, now)
-        if state.core is None and state.lost_core is not None and state.lost_at > state.withdrawn_at \
-                and now - state.lost_at <= self._settings.reliable_hold \
-                and state.lost_core not in self._table.routes.members:
+        out_of_reach = state.core is None and state.lost_core is not None and state.lost_at > state.withdrawn_at \
+            and now - state.lost_at <= self._settings.reliable_hold \
+            and state.lost_core not in self._table.routes.members
+        if out_of_reach or state.out_of_reach:
             # Its core is out of reach (a partition: its subscribers may be behind it): kept, so that a publication
-            # read meanwhile is held (QoS 1/2 up to `reliable_hold`), never matched by nothing and released.
+            # read meanwhile is held (QoS 1/2 up to `reliable_hold`), never matched by nothing and released; then
+            # kept a lifetime more from when it was last out of reach.
             state.out_of_reach_at = now
+            state.out_of_reach = out_of_reach
         if state.core is None and not wants and not state.children and not state.standby_children \
-                and not state.held and not state.held_reliable and not state.pending and \
-                (state.withdrawn is None or now - state.heard_at > lifetime) and \
+                and not state.held and not state.held_reliable and not state.pending and not state.out_of_reach \
+                and (state.withdrawn is None or now - state.heard_at > lifetime) and \
                 now - max(state.lost_at, state.out_of_reach_at) > lifetime:
             del self.topics[state.filter]
             self.index.discard(state.filter)
             self._watching.pop(state.filter, None)
             self._watched = None
+            state.core, state.member, state.parents = None, False, ()
+            self._digest(state)
+            return
+        self._digest(state)
+        self._schedule(state, now)
+
+    # ------------------------------------------------------------ what the digests hold (rule 5a)
+
+    def _digest(self, state: TopicState) -> None:
+        """Bring the digests up to date with the topic's state: its claim, our memberships, our children's."""
+        claim, parents, children = state.digested
+        filter_ = state.filter
+        announcement = self.current_announcement(state) if state.core is not None else None
+        new_claim = claim_hash(announcement) if announcement is not None else None
+        if new_claim != claim:
+            self.claims.set(filter_, new_claim)
+        new_parents: dict[Address, int] = {}
+        if state.member and state.core is not None:
+            for parent in state.parents:
+                entry = TopicSubscribe(filter_, state.core, 0 if parent in state.data_parents else FLAG_STANDBY)
+                new_parents[parent] = membership_hash(entry)
+        new_children: dict[Address, int] = {}
+        if state.core is not None:
+            for kids, flags in ((state.children, 0), (state.standby_children, FLAG_STANDBY)):
+                for child in kids:
+                    new_children[child] = membership_hash(TopicSubscribe(filter_, state.core, flags))
+        if new_parents != parents:
+            self._move(self.memberships, filter_, parents, new_parents)
+        if new_children != children:
+            self._move(self.recorded, filter_, children, new_children)
+        if new_claim != claim or new_parents != parents or new_children != children:
+            state.digested = (new_claim, new_parents, new_children)
+
+    @staticmethod
+    def _move(trees: dict[Address, DigestTree[str]], filter_: str, old: dict[Address, int],
+              new: dict[Address, int]) -> None:
+        for neighbour in old.keys() - new.keys():
+            tree = trees.get(neighbour)
+            if tree is not None:
+                tree.set(filter_, None)
+                if not tree:
+                    del trees[neighbour]
+        for neighbour, value in new.items():
+            if old.get(neighbour) != value:
+                trees.setdefault(neighbour, DigestTree()).set(filter_, value)
+
+    def _schedule(self, state: TopicState, now: float) -> None:
+        """When the topic's state would change with time alone, reconcile it again then (nothing refreshes it)."""
+        settings = self._settings
+        lifetime = settings.announcement_lifetime
+        times = [received_at + lifetime for _, _, _, received_at in state.pending.values()]
+        core = state.core
+        if core is not None:
+            if core.address != self._identity.address:
+                stored = self._table.lsdb.records.get(core.address)
+                if state.provisional or stored is None or stored.record.epoch < state.core_epoch:
+                    times.append(state.heard_at + lifetime)  # believed that long unconfirmed (`core_alive`)
+            elif not self.wants(state.filter) and not state.children:
+                times.append(state.claimed_at + settings.announce_interval)  # a placed core's wait to withdraw
+        else:
+            if state.out_of_reach:
+                times.append(state.lost_at + settings.reliable_hold)
+            if state.withdrawn is not None:
+                times.append(state.heard_at + lifetime)
+            times.append(max(state.lost_at, state.out_of_reach_at) + lifetime)
+        due = min((t for t in times if t > now), default=INFINITY)
+        if due < INFINITY:
+            heapq.heappush(self._rechecks, (due + 1e-6, state.filter))
+
+    # ------------------------------------------------------------ the digests' other side (rule 5a)
+
+    def claim_of(self, filter_: str) -> TopicCore | None:
+        """The claim we hold for a filter, as we would announce it (None: none)."""
+        state = self.topics.get(filter_)
+        return self.current_announcement(state) if state is not None and state.core is not None else None
+
+    def membership_of(self, filter_: str, parent: Address) -> TopicSubscribe | None:
+        """Our membership toward a parent for a filter, as a `ts` carries it (None: it is not our parent)."""
+        state = self.topics.get(filter_)
+        if state is None or state.core is None or not state.member or parent not in state.parents:
+            return None
+        return TopicSubscribe(filter_, state.core, 0 if parent in state.data_parents else FLAG_STANDBY)
+
+    def replace_recorded(self, child: Address, filters: list[str], entries: tuple[TopicSubscribe, ...],
+                         now: float) -> None:
+        """A child's complete memberships toward us among `filters` (the ones we record in that bucket) are
+        `entries`: the ones it does not list are gone (their `ts` prune was lost), the ones it lists are taken as
+        `ts` (a `ts` lost, or our record lost in a restart)."""
+        listed = {entry.filter for entry in entries}
+        for filter_ in filters:
+            state = self.topics.get(filter_)
+            if filter_ in listed or state is None:
+                continue
+            if state.children.pop(child, None) is not None or state.standby_children.pop(child, None) is not None:
+                self._outbox.counters["memberships_repaired"] += 1
+                self.dirty.add(filter_)
+        for entry in entries:
+            self._outbox.counters["memberships_repaired"] += 1
+            self.on_topic_subscribe(entry, child, now)
 
     def _watch(self, state: TopicState) -> None:
         """Keep `watched_parents` current: the data parents that have a standby beside them."""
@@ -246,21 +362,36 @@ class MeshEngine(CoreElection, PublicationRouting):
         self._outbox.send(TOPIC_SUBSCRIBE, TopicSubscribe(state.filter, state.core, flags), [transport])
 
     def periodic(self, now: float) -> None:
-        """Every announce interval: refresh own claims, ownerships and memberships, expire children."""
+        """Every announce interval: refresh ownerships, expire the children of neighbours that went down. Claims
+        and memberships are not refreshed: the digests keep them (rule 5a), so this costs nothing per filter."""
         self.announce_ownership()
         if self.ownership.expire(self._settings.announcement_lifetime, now):
             self.mark_all_dirty()
-        for filter_, state in sorted(self.topics.items()):
+        for filter_ in sorted(self._expiring):
+            state = self.topics.get(filter_)
+            if state is None:
+                self._expiring.discard(filter_)
+                continue
+            finite = False
             for children in (state.children, state.standby_children):
-                for child in [child for child, until in children.items() if until < now]:
-                    del children[child]
-            if self.is_own_core(state):
-                self.announce(state, now)
-                state.core_seq, state.heard_at = state.own_seq, now
-            elif state.member:
-                for parent in state.parents:
-                    self._send_subscribe(state, parent, prune=False, standby=parent not in state.data_parents)
-            self.dirty.add(filter_)
+                for child, until in list(children.items()):
+                    if until < now:
+                        del children[child]
+                        self.dirty.add(filter_)
+                    elif until < INFINITY:
+                        finite = True
+            if not finite:
+                self._expiring.discard(filter_)
+
+    def neighbour_down(self, announced: Address, now: float) -> None:
+        """A neighbour went down: its memberships expire an announcement lifetime from now unless it comes back
+        (its `ts`, or the digests, renew them) — until then a QoS 1/2 copy for it is kept (rule 7a)."""
+        expires = now + self._settings.announcement_lifetime
+        for filter_, state in self.topics.items():
+            for children in (state.children, state.standby_children):
+                if children.get(announced) == INFINITY:
+                    children[announced] = expires
+                    self._expiring.add(filter_)
 
     def prune_all(self) -> None:
         """On a clean shutdown: leave every mesh at once."""
@@ -287,10 +418,13 @@ class MeshEngine(CoreElection, PublicationRouting):
             state.core is None and self.wants(filter_) for filter_, state in self.topics.items())
 
     def next_deadline(self, last_input_at: float) -> float | None:
-        """The earliest held publication's deadline, or when claims become allowed if a filter waits for them
-        (and that is after `last_input_at`, the time of the node's latest input)."""
+        """The earliest held publication's deadline, topic reconsidered with time (`_schedule`), or when claims
+        become allowed if a filter waits for them (and that is after `last_input_at`, the time of the node's
+        latest input)."""
         held = self.next_held_deadline()
         deadlines = [held] if held is not None else []
+        if self._rechecks:
+            deadlines.append(self._rechecks[0][0])
         if self.claim_allowed_at > last_input_at and self._waiting_to_claim():
             deadlines.append(self.claim_allowed_at)
         return min(deadlines) if deadlines else None
@@ -301,6 +435,9 @@ class MeshEngine(CoreElection, PublicationRouting):
     def on_timer(self, now: float) -> None:
         if now >= self.claim_allowed_at:
             self.dirty.update(self._waiting_to_claim())
+        rechecks = self._rechecks
+        while rechecks and rechecks[0][0] <= now:
+            self.dirty.add(heapq.heappop(rechecks)[1])
         self.expire_held(now)
 
     # ------------------------------------------------------------ status

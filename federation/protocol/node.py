@@ -71,6 +71,7 @@ from federation.protocol.settings import Settings
 from federation.protocol.shared import SharedGroups, split_shared
 from federation.protocol.stored_records import MakeStored, stored_record
 from federation.protocol.table import VID_RANGE, FederationTable
+from federation.protocol.topic_sync import TopicSync
 from federation.protocol.types import Address, BrokerId, Event, Injection, InjectionRun, PublicationId
 from federation.protocol.wire import DecodeError
 from federation.protocol.wire_types import (
@@ -93,9 +94,12 @@ from federation.protocol.wire_types import (
     TopicAcks,
     TopicBatch,
     TopicCore,
+    TopicDigest,
     TopicMessage,
     TopicReliableBatch,
+    TopicRequest,
     TopicSubscribe,
+    TopicSubscriptions,
     TopologyUpdate,
 )
 from federation.protocol.wire_types import (
@@ -152,6 +156,8 @@ class Node:
         self.sync = DatabaseSync(self.identity, self.table, self.neighbours, self.outbox,
                                  self._topic_announcements)
         """the database exchange with neighbours: sync when a link comes up, anti-entropy digests"""
+        self.topic_sync = TopicSync(self.neighbours, self.outbox, self.mesh)
+        """the digests of the topic cores' claims and of the mesh memberships with each neighbour (rule 5a)"""
         self.shared = SharedGroups(self.identity, self.table, self.neighbours, self.outbox, delivery.track)
         """the shared subscription groups with members federation-wide (`sg`, mode 2 copies: rule 9)"""
         self.publications = Publications(self.identity, self.outbox, self.mesh, local.index.matching,
@@ -513,6 +519,7 @@ class Node:
         if neighbour.up and (changed or (previous_epoch is not None and sender.epoch > previous_epoch)):
             # The neighbour restarted or renamed itself: it has lost what we taught it, and what we sent it.
             self.sync.resync(neighbour, now)
+            self.topic_sync.send_digests_to(neighbour)
             self.table.trigger_origination(now)
             self.reliable.neighbour_up(neighbour.transport, now)
 
@@ -583,6 +590,13 @@ class Node:
             self.retained_sync.on_request(body, neighbour)
         elif isinstance(body, RetainedValues):
             self.retained_sync.on_values(body, neighbour)
+        elif isinstance(body, TopicDigest):
+            self._update_routes(now, pending=True)  # claims pushed in answer are judged on current routes
+            self.topic_sync.on_digest(body, neighbour, now)
+        elif isinstance(body, TopicRequest):
+            self.topic_sync.on_request(body, neighbour)
+        elif isinstance(body, TopicSubscriptions):
+            self.topic_sync.on_subscriptions(body, neighbour, now)
 
     def _send_receiver_busy(self, neighbour: Address, hold: float) -> None:
         self.outbox.send(wire.RECEIVER_BUSY, ReceiverBusy(hold), [neighbour])
@@ -616,6 +630,7 @@ class Node:
             self.table.trigger_origination(now)
             self.table.originate_if_due(now)
             self.sync.sync(neighbour, now)
+            self.topic_sync.send_digests_to(neighbour)  # the claims and memberships it lacks (rule 5a)
             self.shared.neighbour_up(neighbour.transport)
             self.retained_sync.neighbour_up(neighbour)
             self.reliable.neighbour_up(neighbour.transport, now)  # what waits for it goes now
@@ -653,6 +668,8 @@ class Node:
         self.retained_sync.neighbour_down(neighbour.transport)
         self.pacing.forget(neighbour.transport)
         self.table.trigger_origination(now)
+        if neighbour.announced is not None:
+            self.mesh.neighbour_down(neighbour.announced.address, now)
         self.mesh.mark_all_dirty()  # a data parent down: a standby one takes over now, not after the routes
 
     # ------------------------------------------------------------ composing the parts
@@ -700,6 +717,7 @@ class Node:
         """Every announce interval: anti-entropy digests, management-core refresh, expiry, topics.
         Our own record is not re-flooded: it is originated only when our neighbours change."""
         self.sync.send_digests()
+        self.topic_sync.send_digests()
         self.retained_sync.send_digests()
         self.table.periodic(now)
         self.sync.expire_left_out(now)

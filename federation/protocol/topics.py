@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from federation.protocol.context import IdentityView, NeighboursView, Outbox, TableView
+from federation.protocol.digest_tree import DigestTree
 from federation.protocol.modes import RETAINED_FILTER, ModePolicy
 from federation.protocol.ownership import OwnershipTable
 from federation.protocol.topic_filter import FilterIndex
@@ -111,7 +112,7 @@ class ForwardingCache:
 
 # ---------------------------------------------------------------- one topic
 
-@dataclass
+@dataclass(slots=True)
 class TopicState:
     filter: str
     core: BrokerId | None = None
@@ -123,7 +124,8 @@ class TopicState:
     """announced addresses of the neighbours that delivered the freshest `tc` at the shortest distance"""
     own_seq: int = 0
     children: dict[Address, float] = field(default_factory=dict)
-    """child (announced address) -> time its membership expires: the children we send publications to"""
+    """child (announced address) -> when its membership expires (infinity while it is up: a membership is kept
+    by digests, not refreshed, rule 5a): the children we send publications to"""
     standby_children: dict[Address, float] = field(default_factory=dict)
     """children that keep us as a standby parent (`ts` with the standby flag) -> expiry: sent no publications
     until one subscribes without the flag (its data parent went down); they do not make us a member"""
@@ -159,6 +161,11 @@ class TopicState:
     out_of_reach_at: float = float("-inf")
     """when the lost core was last seen out of the table's reach: the filter is kept an announcement lifetime
     after that too, so a partition longer than the lifetime does not make the origin forget it"""
+    out_of_reach: bool = False
+    """the lost core was out of the table's reach at the last reconciliation (within `reliable_hold` of the loss)"""
+    digested: tuple[int | None, dict[Address, int], dict[Address, int]] = (None, {}, {})
+    """what the digests hold for this filter (rule 5a): the claim's hash, our membership's toward each parent and
+    each child's as we record it"""
     forwarding: ForwardingCache = field(default_factory=ForwardingCache, repr=False, compare=False)
     """where publications go next, kept while nothing it depends on changes (`federation.protocol.forwarding`)"""
 
@@ -213,6 +220,19 @@ class TopicTable:
         self.held_bytes = 0
         self.held_reliable_count = 0
         self.refused_topics = 0
+        self.claims: DigestTree[str] = DigestTree()
+        """filter -> the hash of the live core's claim we hold (rule 5a)"""
+        self.memberships: dict[Address, DigestTree[str]] = {}
+        """parent (announced address) -> filter -> the hash of our membership toward it"""
+        self.recorded: dict[Address, DigestTree[str]] = {}
+        """child (announced address) -> filter -> the hash of its membership as we record it"""
+        self.claim_seq = 0
+        """the sequence number of our latest claim or withdrawal, every filter together: a withdrawal made after
+        the filter's state was forgotten is still newer than any claim of this life"""
+        self._rechecks: list[tuple[float, str]] = []
+        """(when, filter): a topic whose state changes with time alone, reconciled again then (a heap)"""
+        self._expiring: set[str] = set()
+        """filters with a child whose membership expires (it went down)"""
         self.policy = ModePolicy.from_settings(settings)
         self.ownership = OwnershipTable(settings.owned, settings.max_topics)
         for filter_ in self.policy.replicated:

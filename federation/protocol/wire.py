@@ -50,6 +50,7 @@ from federation.protocol.wire_constants import (
     MAX_SEQ,
     MAX_TEXT,
     MAX_TIME,
+    MAX_TOPIC_DEPTH,
     MAX_U64,
     MESSAGE_TYPES,
     MODE_IN_MESH,
@@ -63,14 +64,20 @@ from federation.protocol.wire_constants import (
     RETAINED_REQUEST,
     RETAINED_SUMMARY,
     RETAINED_VALUES,
+    SET_CLAIMS,
+    SET_MEMBERSHIPS,
+    SET_RECORDED,
     SHARED_GROUPS,
     TOPIC_ACK,
     TOPIC_ACKS,
     TOPIC_BATCH,
     TOPIC_CORE,
+    TOPIC_DIGEST,
     TOPIC_MESSAGE,
     TOPIC_RELIABLE_BATCH,
+    TOPIC_REQUEST,
     TOPIC_SUBSCRIBE,
+    TOPIC_SUBSCRIPTIONS,
     TOPOLOGY_UPDATE,
     DecodeError,
     further,
@@ -103,9 +110,12 @@ from federation.protocol.wire_types import (  # the packet values, importable fr
     TopicAcks,
     TopicBatch,
     TopicCore,
+    TopicDigest,
     TopicMessage,
     TopicReliableBatch,
+    TopicRequest,
     TopicSubscribe,
+    TopicSubscriptions,
     TopologyUpdate,
 )
 
@@ -121,7 +131,9 @@ __all__ = [  # the wire format's face: its vocabulary, the packet values, encodi
     "LinkStateRecord", "Packet", "ReceiverBusy", "Reconsider", "RetainedCopy", "RetainedDigest", "RetainedEntry",
     "RetainedRequest", "RetainedSummary", "RetainedValues", "RetainedVersion", "Sender", "SharedGroups",
     "SummaryEntry", "TopicAck", "TopicAcks", "TopicBatch", "TopicCore", "TopicMessage", "TopicReliableBatch",
-    "TopicSubscribe", "TopologyUpdate", "encode", "record_size", "reliable_item_size", "reliable_items",
+    "TopicSubscribe", "TopologyUpdate", "TOPIC_DIGEST", "TOPIC_REQUEST", "TOPIC_SUBSCRIPTIONS", "SET_CLAIMS",
+    "SET_MEMBERSHIPS", "SET_RECORDED", "MAX_TOPIC_DEPTH", "TopicDigest", "TopicRequest", "TopicSubscriptions",
+    "subscription_entry_size", "encode", "record_size", "reliable_item_size", "reliable_items",
     "summary_entry_size", "address_size", "retained_entry_size", "retained_topic_size", "retained_value_size",
     "decode", "record_of", "Decoder", "DecodeFunction", "packet_type", "plain_topic_message_qos",
     "publication_ids_of",
@@ -219,6 +231,12 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
             fields.append(body.rank)  # optional trailing field: absent means 0
     elif isinstance(body, TopicSubscribe):
         fields = [body.filter, _bid(body.core), body.flags]
+    elif isinstance(body, TopicDigest):
+        fields = [body.set, body.depth, body.path, list(body.counts), list(body.hashes)]
+    elif isinstance(body, TopicRequest):
+        fields = [body.set, body.depth, body.path]
+    elif isinstance(body, TopicSubscriptions):
+        fields = [body.depth, body.path, body.complete, [[e.filter, _bid(e.core), e.flags] for e in body.entries]]
     elif isinstance(body, TopicMessage):
         fields = [body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq, body.mode,
                   body.hops, _prev(body), body.topic, body.payload, body.qos, body.retain, body.properties]
@@ -246,6 +264,12 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
         raise TypeError(f"cannot encode {body!r}")
     packed: bytes = _pack(_header(kind, sender) + fields)
     return packed
+
+
+def subscription_entry_size(entry: TopicSubscribe) -> int:
+    """Bytes one `tz` entry takes at most (for cutting a bucket's entries to fit datagrams)."""
+    core = entry.core
+    return 4 + _str_size(entry.filter) + 9 + _str_size(core.address.host) + 3 + 2
 
 
 def _uint_size(value: int) -> int:

@@ -8,10 +8,12 @@ the protocol imports them from `wire` as before.
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 3
-"""3: runs of QoS 1/2 publications (`tq`) and their acknowledgements (`tk`), docs/protocol.md rule 7e; 2: `tm`
-carries `prev` (rule 7d). Nodes of different versions refuse each other's packets (`version`), so their link never
-comes up: a version 2 node would drop every `tq` and its sender would retransmit it for ever"""
+PROTOCOL_VERSION = 4
+"""4: topic cores' claims and mesh memberships are announced when they change and kept by digests (`td`, `tr`,
+`tz`, docs/protocol.md rule 5a), not refreshed; 3: runs of QoS 1/2 publications (`tq`) and their acknowledgements
+(`tk`), rule 7e; 2: `tm` carries `prev` (rule 7d). Nodes of different versions refuse each other's packets
+(`version`), so their link never comes up: a version 3 node would expire every claim a version 4 node made, as
+nothing refreshes it"""
 
 HELLO = "hl"
 HELLO_BACK = "hb"
@@ -36,16 +38,25 @@ RETAINED_REQUEST = "rr"
 RETAINED_VALUES = "rv"
 TOPIC_RELIABLE_BATCH = "tq"
 TOPIC_ACKS = "tk"
+TOPIC_DIGEST = "td"
+TOPIC_REQUEST = "tr"
+TOPIC_SUBSCRIPTIONS = "tz"
 
 MESSAGE_TYPES = (HELLO, HELLO_BACK, FEDERATE, RECONSIDER, CORE_ANNOUNCEMENT, TOPIC_CORE,
                  RECONSIDER_TOPIC_CORE, TOPIC_SUBSCRIBE, TOPIC_MESSAGE, TOPOLOGY_UPDATE,
                  DATABASE_DIGEST, DATABASE_SUMMARY, DATABASE_REQUEST, TOPIC_ACK, RECEIVER_BUSY, TOPIC_BATCH,
                  SHARED_GROUPS, RETAINED_DIGEST, RETAINED_SUMMARY, RETAINED_REQUEST, RETAINED_VALUES,
-                 TOPIC_RELIABLE_BATCH, TOPIC_ACKS)
+                 TOPIC_RELIABLE_BATCH, TOPIC_ACKS, TOPIC_DIGEST, TOPIC_REQUEST, TOPIC_SUBSCRIPTIONS)
 DATA_TYPES = frozenset((TOPIC_MESSAGE, TOPIC_BATCH, TOPIC_RELIABLE_BATCH))
 """the packets that carry publications (data traffic); every other type is control traffic"""
 
-DIGEST_BUCKETS = 16   # dd, rd: bucket hashes per digest
+DIGEST_BUCKETS = 16   # dd, rd: bucket hashes per digest; td: children per bucket
+
+# The topic sets a `td` or `tr` names (rule 5a).
+SET_CLAIMS = 0        # the live topic cores' claims (every node of a component holds the same)
+SET_MEMBERSHIPS = 1   # the sender's memberships as a child, toward the receiver (the sender is their authority)
+SET_RECORDED = 2      # the receiver's memberships as the sender, its parent, records them (`td` only)
+MAX_TOPIC_DEPTH = 15  # td, tr, tz: nibbles in a bucket's path
 
 # Flag bits.
 FLAG_LEAVING = 1      # fd: the origin is shutting down cleanly

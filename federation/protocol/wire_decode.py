@@ -34,6 +34,7 @@ from federation.protocol.wire_constants import (
     MAX_HOLD,
     MAX_SEQ,
     MAX_TIME,
+    MAX_TOPIC_DEPTH,
     MAX_U64,
     MESSAGE_TYPES,
     MODE_TO_MEMBER,
@@ -45,14 +46,19 @@ from federation.protocol.wire_constants import (
     RETAINED_REQUEST,
     RETAINED_SUMMARY,
     RETAINED_VALUES,
+    SET_MEMBERSHIPS,
+    SET_RECORDED,
     SHARED_GROUPS,
     TOPIC_ACK,
     TOPIC_ACKS,
     TOPIC_BATCH,
     TOPIC_CORE,
+    TOPIC_DIGEST,
     TOPIC_MESSAGE,
     TOPIC_RELIABLE_BATCH,
+    TOPIC_REQUEST,
     TOPIC_SUBSCRIBE,
+    TOPIC_SUBSCRIPTIONS,
     TOPOLOGY_UPDATE,
     DecodeError,
 )
@@ -103,9 +109,12 @@ from federation.protocol.wire_types import (
     TopicAcks,
     TopicBatch,
     TopicCore,
+    TopicDigest,
     TopicMessage,
     TopicReliableBatch,
+    TopicRequest,
     TopicSubscribe,
+    TopicSubscriptions,
     TopologyUpdate,
 )
 
@@ -363,6 +372,35 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
             checked_seq(seq, f"tk.seqs[{index}]")
         return TopicAcks(checked_filter_or_shared(fields[0], "tk.filter"), checked_address(fields[1], "tk.origin"),
                          checked_epoch(fields[2], "tk.epoch"), seqs)
+    if kind in (TOPIC_DIGEST, TOPIC_REQUEST):
+        need(5 if kind == TOPIC_DIGEST else 3)
+        set_ = checked_int(fields[0], f"{kind}.set", 0, SET_RECORDED if kind == TOPIC_DIGEST else SET_MEMBERSHIPS)
+        depth, path = _bucket_of(fields[1], fields[2], kind)
+        if kind == TOPIC_REQUEST:
+            return TopicRequest(set_, depth, path)
+        if depth >= MAX_TOPIC_DEPTH:
+            raise DecodeError("out_of_range", f"td.depth: a digest's children lie at most {MAX_TOPIC_DEPTH} deep")
+        counts = checked_list(fields[3], "td.counts")
+        hashes = checked_list(fields[4], "td.hashes")
+        if len(counts) not in (1, DIGEST_BUCKETS) or len(hashes) != len(counts):
+            raise DecodeError("wrong_type", f"td: expected 1 count and hash (the bucket's) or {DIGEST_BUCKETS} "
+                                            f"(its children's), got {len(counts)} and {len(hashes)}")
+        for index in range(len(counts)):
+            checked_int(counts[index], f"td.counts[{index}]", 0, MAX_COUNT)
+            checked_int(hashes[index], f"td.hashes[{index}]")
+        return TopicDigest(set_, depth, path, tuple(counts), tuple(hashes))
+    if kind == TOPIC_SUBSCRIPTIONS:
+        need(4)
+        depth, path = _bucket_of(fields[0], fields[1], kind)
+        if type(fields[2]) is not bool:
+            raise DecodeError("wrong_type", "tz.complete: expected a boolean")
+        entries = []
+        for index, item in enumerate(checked_list(fields[3], "tz.entries")):
+            entry = checked_list(item, f"tz.entries[{index}]", 3)
+            entries.append(TopicSubscribe(checked_filter(entry[0], f"tz.entries[{index}].filter"),
+                                          checked_broker_id(entry[1], f"tz.entries[{index}].core"),
+                                          checked_int(entry[2], f"tz.entries[{index}].flags", 0, 255)))
+        return TopicSubscriptions(depth, path, fields[2], tuple(entries))
     if kind == RECEIVER_BUSY:
         need(1)
         return ReceiverBusy(checked_float(fields[0], "rb.hold", MAX_HOLD))
@@ -379,6 +417,12 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         return SharedGroups(checked_address(fields[0], "sg.origin"), checked_epoch(fields[1], "sg.epoch"),
                             checked_seq(fields[2], "sg.seq"), tuple(groups))
     raise DecodeError("unknown_type", repr(kind)[:40])
+
+
+def _bucket_of(depth_value: Any, path_value: Any, kind: str) -> tuple[int, int]:
+    """A bucket's (depth, path), checked: `path` has `depth` nibbles."""
+    depth = checked_int(depth_value, f"{kind}.depth", 0, MAX_TOPIC_DEPTH)
+    return depth, checked_int(path_value, f"{kind}.path", 0, 16**depth - 1)
 
 
 def _fast_topic_message(value: list[Any]) -> Packet | None:

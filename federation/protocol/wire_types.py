@@ -133,6 +133,39 @@ class TopicSubscribe:
     flags: int
 
 
+@dataclass(frozen=True)
+class TopicDigest:
+    """`td`: one bucket of a topic set (`set`: SET_CLAIMS, SET_MEMBERSHIPS or SET_RECORDED) in brief: the entry
+    count and hash XOR of the bucket itself (one of each: the periodic round's root), or of its 16 children
+    (docs/protocol.md rule 5a)."""
+
+    set: int
+    depth: int
+    path: int
+    counts: tuple[int, ...]
+    hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TopicRequest:
+    """`tr`: "send me your entries of this bucket": claims as `tc`, memberships as `tz` (rule 5a)."""
+
+    set: int
+    depth: int
+    path: int
+
+
+@dataclass(frozen=True)
+class TopicSubscriptions:
+    """`tz`: the sender's memberships toward the receiver in one bucket, each as a `ts` would carry it; `complete`:
+    all of them (the receiver forgets the ones it records there and this does not list), else some (rule 5a)."""
+
+    depth: int
+    path: int
+    complete: bool
+    entries: tuple[TopicSubscribe, ...]
+
+
 @dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender
 class TopicMessage:
     filter: str
@@ -314,7 +347,7 @@ class RetainedValues:
 Body = (Hello | HelloBack | Federate | TopologyUpdate | Reconsider | CoreAnnouncement | TopicCore | TopicSubscribe
         | TopicMessage | DatabaseDigest | DatabaseSummary | DatabaseRequest | TopicAck | ReceiverBusy | TopicBatch
         | SharedGroups | RetainedDigest | RetainedSummary | RetainedRequest | RetainedValues | TopicReliableBatch
-        | TopicAcks)
+        | TopicAcks | TopicDigest | TopicRequest | TopicSubscriptions)
 
 
 @dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender
