@@ -11,6 +11,12 @@ The cases today's code fails are marked xfail(strict=True) one by one, with the 
 status showed; a case that starts passing fails as XPASS until its mark is removed. Each setup is started once
 and runs every case on its own topic prefix; the whole module takes about two and a half minutes (the 16 MiB
 case included). Needs mosquitto; uses $FEDERATION_TEST_SUBNET's next three /24s.
+
+The policy cases of issue 38 (federation.tools.transparency.policies) run in the same module on two more
+setups, a bridge chain whose bridges have the cases' `topic` lines (the reference: one broker has no policy)
+and a federation whose wrappers have the same lines, counted at the subscribers; the federation's recording
+must equal the bridge chain's, with each duplicate left out where the case says the bridge chain delivers some
+twice (about 40 s more, two more /24s).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import pytest
 from federation.tools.transparency import report
 from federation.tools.transparency.catalogue import CASES, default_cases
 from federation.tools.transparency.cli import write_results
+from federation.tools.transparency.policies import POLICY_CASES, case_lines, policy_cases
+from federation.tools.transparency.runner import prefix_of
 from federation.tools.transparency.setups import SETUP_KINDS
 from federation.tools.transparency.suite import REFERENCE, SuiteResult, run_suite
 
@@ -69,6 +77,18 @@ def suite_fixture(out: Path, request: pytest.FixtureRequest) -> SuiteResult:
     print_summary_table(request.config, "transparency suite (issue 20): one broker, federation, bridge chain",
                         f"{report.setups_text(result)}\n{report.text_table(result)}\n"
                         f"differences, explanations and every recording: {out}/matrix.txt, {out}/transparency.json")
+    return result
+
+
+@pytest.fixture(scope="module", name="policy_suite")
+def policy_suite_fixture(out: Path, request: pytest.FixtureRequest) -> SuiteResult:
+    subnets = [int(next_first_address().split(".")[2]) for _ in (BRIDGE, FEDERATION)]
+    result = run_suite(policy_cases(), out / "policies", subnets, kinds=[BRIDGE, FEDERATION], reference=BRIDGE,
+                       topics=case_lines(policy_cases(), prefix_of))
+    write_results(out / "policies", result, ["(tests/real/test_transparency_real.py, policy cases)"])
+    print_summary_table(request.config, "transparency suite, topic policies (issue 38): bridge chain, federation",
+                        f"{report.setups_text(result)}\n{report.text_table(result)}\n"
+                        f"differences and every recording: {out}/policies/matrix.txt")
     return result
 
 
@@ -127,3 +147,31 @@ def test_no_wrapper_over_delivered(suite: SuiteResult, out: Path) -> None:
 
 def test_every_case_mark_names_a_case() -> None:
     assert set(XFAIL) <= set(CASES)
+
+
+# ------------------------------------------------------------------ the policy cases (issue 38)
+
+
+@pytest.mark.parametrize("case", list(POLICY_CASES))
+def test_the_federation_with_topic_lines_delivers_what_a_bridge_chain_with_them_delivers(
+        policy_suite: SuiteResult, case: str) -> None:
+    found = policy_suite.case(case)
+    assert not policy_suite.errors
+    assert found.recordings[BRIDGE].error is None, f"the bridge chain could not run {case}: " \
+                                                   f"{found.recordings[BRIDGE].error}"
+    assert not found.recordings[BRIDGE].notes, found.recordings[BRIDGE].notes  # every probe and settle as planned
+    assert found.reference not in ("nothing delivered", "not run"), "a case must deliver something to compare"
+    assert found.verdicts[FEDERATION].same, describe(policy_suite, case)
+
+
+def test_the_bridge_chain_duplicates_where_the_cases_say_so(policy_suite: SuiteResult) -> None:
+    """The duplicates the comparison leaves out are real: the bridge chain delivered each of those cases'
+    publications more than once somewhere, and the federation never did."""
+    for scenario in policy_cases():
+        recordings = policy_suite.case(scenario.name).recordings
+        counted = {setup: sum(len(messages) for messages in recordings[setup].messages.values())
+                   for setup in (BRIDGE, FEDERATION)}
+        if scenario.bridge_duplicates:
+            assert counted[BRIDGE] > counted[FEDERATION], (scenario.name, counted)
+        else:
+            assert counted[BRIDGE] == counted[FEDERATION], (scenario.name, counted)

@@ -307,3 +307,77 @@ def test_setups_map_sites_to_brokers(tmp_path: Any) -> None:
     assert federation.address("c")[0] == "127.0.211.12"
     with pytest.raises(ValueError, match="line"):
         Setup("bridge-chain", tmp_path, "127.0.212.10", "ring")
+
+
+# ------------------------------------------------------------ the policy cases (issue 38)
+
+
+def test_a_policy_case_line_is_put_under_the_case_prefix_keeping_what_it_says() -> None:
+    from federation.tools.transparency.policies import rewrite
+
+    assert rewrite('sensors/# out 1 "" site-a/', "tp/x") == "sensors/# out 1 tp/x/ tp/x/site-a/"
+    assert rewrite("cmd/# in 1", "tp/x") == "tp/x/cmd/# in 1"
+    assert rewrite("s/#", "tp/x") == "tp/x/s/# out 0"
+    assert rewrite('"" both 2 here there', "tp/x") == '"" both 2 tp/x/here tp/x/there'
+
+
+def test_every_case_gives_each_policy_site_its_lines_or_everything_under_its_prefix() -> None:
+    from federation.tools.transparency.policies import POLICY_CASES, case_lines, policy_cases
+
+    lines = case_lines(policy_cases(), prefix_of)
+    assert set(lines) == {"a", "c"}
+    for site in ("a", "c"):
+        expected = sum(len(case.topics.get(site) or ("# both 2",)) for case in policy_cases())
+        assert len(lines[site]) == expected
+    assert "tp/policy-private-topics/# both 2" in lines["c"]  # c has no lines in that case: everything
+    assert all(case.topics for case in POLICY_CASES.values())
+    with pytest.raises(ScenarioError, match="b is the bridge chain's hub"):
+        Scenario("x", "t", (), topics={"b": ("# both 2",)})
+    with pytest.raises(ScenarioError, match="Invalid bridge topic direction"):
+        Scenario("x", "t", (), topics={"a": ("# sideways",)})
+
+
+def test_probes_go_where_the_lines_let_them_through() -> None:
+    from federation.daemon.topic_policy import TopicPolicy
+    from federation.tools.transparency.policies import probe_topics
+
+    policies = {"a": TopicPolicy.parse(['sensors/# out 1 "" site-a/', "cmd/# in 1"]), "b": TopicPolicy(),
+                "c": TopicPolicy()}
+    brokers = {"a": "a", "b": "b", "c": "c"}
+    sites = ("a", "b", "c")
+    assert probe_topics(policies, brokers, sites, "c", "site-a/sensors/tp-probe") == {
+        "a": "sensors/tp-probe", "b": "site-a/sensors/tp-probe", "c": "site-a/sensors/tp-probe"}
+    assert probe_topics(policies, brokers, sites, "c", "sensors/tp-probe") == {
+        "b": "sensors/tp-probe", "c": "sensors/tp-probe"}  # a's sensors/ go out under site-a/
+    assert probe_topics(policies, brokers, sites, "a", "cmd/tp-probe") == {
+        "a": "cmd/tp-probe", "b": "cmd/tp-probe", "c": "cmd/tp-probe"}
+    assert probe_topics(policies, brokers, sites, "a", "other/tp-probe") == {"a": "other/tp-probe"}
+
+
+def test_a_bridge_chains_duplicates_are_left_out_at_the_highest_qos() -> None:
+    from federation.tools.transparency.compare import without_duplicates
+
+    scenario = Scenario("dups", "t", (Connect("s", "c"), Connect("m1", "b"), Connect("m2", "c")),
+                        groups={"g": ("m1", "m2")}, bridge_duplicates="overlapping lines")
+    recording = Recording("dups", "bridge-chain", {
+        "s": [message("s", "one", topic="t/x", qos=0, at=1.0), message("s", "one", topic="t/x", qos=2, at=1.1),
+              message("s", "two", topic="t/y", qos=0, at=1.2)],
+        "m1": [message("m1", "job", topic="t/j", at=2.0)], "m2": [message("m2", "job", topic="t/j", at=2.1)]})
+    once = without_duplicates(scenario, recording)
+    assert [(m.topic, m.qos) for m in once.messages["s"]] == [("t/x", 2), ("t/y", 0)]
+    assert [m.client for m in [*once.messages["m1"], *once.messages["m2"]]] == ["m1"]  # the group got it once
+    assert recording.messages["s"][0].qos == 0  # the recording itself is kept as it was
+
+
+def test_the_policy_bridge_chain_bridges_a_and_c_to_b_with_their_lines(tmp_path: Any) -> None:
+    setup = Setup("bridge-chain", tmp_path, "127.0.213.10", topics={"a": ["cmd/# in 1"]})
+    bridges = setup.brokers
+    conf = bridges.extra_conf(bridges.node("a"))  # type: ignore[attr-defined]
+    assert conf is not None and "address 127.0.213.11:1883" in conf and "topic cmd/# in 1" in conf
+    assert not [line for line in conf if line.startswith("topic #")]
+    assert "topic # both 2" in (bridges.extra_conf(bridges.node("c")) or [])  # type: ignore[attr-defined]
+    assert bridges.extra_conf(bridges.node("b")) is None  # type: ignore[attr-defined]
+    assert setup.policy("a").texts == ("cmd/# in 1",) and setup.policy("b").everything
+    assert not setup.settles_on_fence and Setup("one-broker", tmp_path, "127.0.214.10").settles_on_fence
+    with pytest.raises(ValueError, match="one broker has no topic policy"):
+        Setup("one-broker", tmp_path, "127.0.215.10", topics={"a": ["x"]})

@@ -3,6 +3,7 @@
     python -m federation.tools.transparency                      # every case, prints the matrix, writes JSON
     python -m federation.tools.transparency --cases will no-local --setups federation
     python -m federation.tools.transparency --topology ring      # the federation as a ring a-b-c-d
+    python -m federation.tools.transparency --policies            # the topic policy cases: bridge chain vs federation
     python -m federation.tools.transparency report OUT/transparency.json [--markdown]
     python -m federation.tools.transparency list                 # the cases and what their clients do
 
@@ -28,6 +29,8 @@ from pathlib import Path
 from federation.harness.signals import interrupt_on_sigterm
 from federation.tools.transparency import report
 from federation.tools.transparency.catalogue import CASES, default_cases
+from federation.tools.transparency.policies import POLICY_CASES, case_lines, policy_cases
+from federation.tools.transparency.runner import prefix_of
 from federation.tools.transparency.scenario import describe_action
 from federation.tools.transparency.setups import SETUP_KINDS, TOPOLOGIES
 from federation.tools.transparency.suite import REFERENCE, SuiteResult, run_suite
@@ -50,8 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"first loopback /24: 127.0.SUBNET.10 and up, one /24 per setup (default {DEFAULT_SUBNET})")
     run.add_argument("--topology", choices=TOPOLOGIES, default="line",
                      help="the federation's shape: line a-b-c or ring a-b-c-d (the bridge chain is always a line)")
-    run.add_argument("--cases", nargs="+", choices=list(CASES), metavar="CASE",
+    run.add_argument("--cases", nargs="+", choices=[*CASES, *POLICY_CASES], metavar="CASE",
                      help="only these cases (default: all; `list` names them)")
+    run.add_argument("--policies", action="store_true",
+                     help="the topic policy cases instead: each on a bridge chain given its topic lines (the "
+                          "reference) and on a federation given the same (docs/transparency.md)")
     run.add_argument("--setups", nargs="+", choices=[kind for kind in SETUP_KINDS if kind != REFERENCE],
                      default=[kind for kind in SETUP_KINDS if kind != REFERENCE],
                      help="besides the reference (one broker, always run)")
@@ -82,8 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         arguments.insert(0, "run")
     options = build_parser().parse_args(arguments)
     if options.command == "list":
-        for scenario in default_cases():
+        for scenario in [*default_cases(), *policy_cases()]:
             print(f"{scenario.name}: {scenario.title}")
+            for site, lines in scenario.topics.items():
+                print(f"    {site}'s topic lines: {' | '.join(lines)}")
             for action in scenario.actions:
                 print(f"    {describe_action(action)}")
         return 0
@@ -95,12 +103,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         print(report.markdown_table(result) if options.markdown else report.full_text(result))
         return 0
-    scenarios = [CASES[name] for name in options.cases] if options.cases else default_cases()
+    catalogue = POLICY_CASES if options.policies else CASES
+    unknown = [name for name in options.cases or () if name not in catalogue]
+    if unknown:
+        kind = "a policy case" if options.policies else "a case of the default run"
+        print(f"transparency: {', '.join(unknown)}: not {kind} (`list` names them all; --policies runs the policy "
+              f"cases)", file=sys.stderr)
+        return 2
+    scenarios = [catalogue[name] for name in options.cases] if options.cases else list(catalogue.values())
     out = options.out or Path(tempfile.mkdtemp(prefix="transparency-"))
     with interrupt_on_sigterm():
         subnets = [options.subnet + index for index in range(len(SETUP_KINDS))]
-        result = run_suite(scenarios, out.resolve(), subnets, topology=options.topology,
-                           kinds=options.setups, progress=lambda line: print(line, flush=True))
+        if options.policies:
+            result = run_suite(scenarios, out.resolve(), subnets, topology=options.topology,
+                               kinds=["bridge-chain", "federation"], reference="bridge-chain",
+                               topics=case_lines(scenarios, prefix_of), progress=lambda line: print(line, flush=True))
+        else:
+            result = run_suite(scenarios, out.resolve(), subnets, topology=options.topology,
+                               kinds=options.setups, progress=lambda line: print(line, flush=True))
     write_results(out, result, ["python", "-m", "federation.tools.transparency", *arguments[1:]])
     print()
     print(report.markdown_table(result) if options.markdown else report.full_text(result))

@@ -31,6 +31,7 @@ Everything is pure: recordings in, a `Verdict` out.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -217,7 +218,7 @@ def compare(scenario: Scenario, reference: Recording, other: Recording) -> Verdi
             ours = answers(other.controls.get(client, []), acks)
             if theirs == ours:
                 continue
-            lines = [line for line in difflib.unified_diff(theirs, ours, "one broker", other.setup, lineterm="",
+            lines = [line for line in difflib.unified_diff(theirs, ours, reference.setup, other.setup, lineterm="",
                                                            n=0) if not line.startswith(("---", "+++", "@@"))]
             if acks and not scenario.judge_acks:
                 notes.append(f"{client}'s acknowledgements differ (not judged in this case): " + "; ".join(lines))
@@ -255,6 +256,25 @@ def message_diff(reference: Sequence[Message], other: Sequence[Message], group: 
     if len(lines) > DIFF_LINES:
         lines = lines[:DIFF_LINES] + [f"... {len(lines) - DIFF_LINES} more lines"]
     return lines
+
+
+def without_duplicates(scenario: Scenario, recording: Recording) -> Recording:
+    """The recording with each receiver's later copies of a publication (same topic and payload) left out, the
+    first kept at the highest QoS any copy had: what one broker delivers where a bridge chain delivers twice
+    (overlapping topic lines, a shared group served by each member broker: policies.py). Subscription
+    identifiers differ from copy to copy (one per matching subscription), so they are not merged."""
+    kept: dict[tuple[str, str, str], Message] = {}
+    highest: dict[tuple[str, str, str], int] = {}
+    for message in sorted((m for messages in recording.messages.values() for m in messages), key=lambda m: m.at):
+        key = (scenario.receiver_of(message.client), message.topic, message.digest)
+        kept.setdefault(key, message)
+        highest[key] = max(highest.get(key, 0), message.qos)
+    messages: dict[str, list[Message]] = {client: [] for client in recording.messages}
+    for key, message in kept.items():
+        messages[message.client].append(dataclasses.replace(message, qos=highest[key]))
+    for found in messages.values():
+        found.sort(key=lambda message: message.at)
+    return dataclasses.replace(recording, messages=messages, setup=f"{recording.setup}, duplicates left out")
 
 
 def describe_reference(scenario: Scenario, recording: Recording) -> str:

@@ -20,12 +20,17 @@ LEGEND = ("cells: the one-broker column says what its subscribers received; else
 SHORT_NAMES = {"one-broker": "one broker", "federation": "federation", "bridge-chain": "bridge chain"}
 
 
+POLICY_LEGEND = ("cells: the bridge chain (a and c bridged to b with their topic lines) is the reference and "
+                 "says what its subscribers received, each duplicate left out where the case says it delivers some "
+                 "twice; `same` = the federation given the same lines delivered the same messages and answers")
+
+
 def columns(result: SuiteResult) -> list[str]:
-    return [REFERENCE, *[name for name in result.setups if name != REFERENCE]]
+    return [result.reference, *[name for name in result.setups if name != result.reference]]
 
 
-def cell(case: CaseResult, setup: str) -> str:
-    if setup == REFERENCE:
+def cell(case: CaseResult, setup: str, reference: str = REFERENCE) -> str:
+    if setup == reference:
         return case.reference
     verdict = case.verdicts.get(setup)
     return "-" if verdict is None else verdict.summary
@@ -34,7 +39,7 @@ def cell(case: CaseResult, setup: str) -> str:
 def text_table(result: SuiteResult) -> str:
     names = columns(result)
     header = ["case", *[SHORT_NAMES.get(name, name) for name in names]]
-    rows = [[case.name, *[cell(case, name) for name in names]] for case in result.cases]
+    rows = [[case.name, *[cell(case, name, result.reference) for name in names]] for case in result.cases]
     widths = [max(len(row[index]) for row in [header, *rows]) for index in range(len(header))]
     lines = [" | ".join(text.ljust(width) for text, width in zip(header, widths, strict=True)),
              "-+-".join("-" * width for width in widths)]
@@ -47,7 +52,7 @@ def markdown_table(result: SuiteResult) -> str:
     lines = ["| case | what the clients do | " + " | ".join(SHORT_NAMES.get(name, name) for name in names) + " |",
              "|---|---|" + "---|" * len(names)]
     for case in result.cases:
-        cells = [cell(case, name).replace("|", "\\|") for name in names]
+        cells = [cell(case, name, result.reference).replace("|", "\\|") for name in names]
         lines.append(f"| {case.name} | {case.title} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -86,7 +91,8 @@ def differences(result: SuiteResult, setups: list[str] | None = None) -> str:
 
 def full_text(result: SuiteResult) -> str:
     minutes = (result.ended - result.started) / 60
-    parts = [setups_text(result), "", text_table(result), "", LEGEND,
+    legend = LEGEND if result.reference == REFERENCE else POLICY_LEGEND
+    parts = [setups_text(result), "", text_table(result), "", legend,
              f"({len(result.cases)} cases in {minutes:.1f} min)"]
     if result.errors:
         parts += ["", "setup errors:", *[f"- {error}" for error in result.errors]]

@@ -18,11 +18,16 @@ How a `Settle` knows the deliveries are over depends on the setup:
   offline; then a quiet period in which nothing new arrives, so that extra
   copies are seen too. Either wait ends at `Scenario.settle_timeout`, with a
   note.
+* a reference no fence crosses (the bridge chain of the policy cases,
+  policies.py), and a setup compared with a recording whose duplicates are
+  left out (no counts to wait for): a longer quiet period alone.
 
 A new subscription is made ready with probes (`Subscribe.ready`): each
 site's probe client publishes on a topic the filter matches until the
 subscriber has a probe from every site, or `Timing.probe_timeout` passes
-(a note; the scenario goes on, and its recording shows what followed). A
+(a note; the scenario goes on, and its recording shows what followed). With
+topic lines a site's probe goes on the local topic there that arrives as the
+probe topic, and a site whose lines keep it away is not asked. A
 member of a shared group is reached when its group is: the probes meant
 for it count wherever in its group they arrive (a group is served once).
 
@@ -40,7 +45,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from federation.daemon.topic_policy import TopicPolicy
 from federation.harness.processes import LaunchError, poll
+from federation.tools.transparency.policies import probe_topics
 from federation.tools.transparency.recorder import Control, Message, ProbeClient, RecordingClient, digest
 from federation.tools.transparency.scenario import (
     Action,
@@ -62,7 +69,8 @@ TOPIC_ROOT = "tp"
 
 
 class SiteMap(Protocol):
-    """What the runner needs from a setup: where each site's clients connect, and which sites are distinct."""
+    """What the runner needs from a setup: where each site's clients connect, which sites are distinct, whether
+    a fence reaches every client (one broker), and each site's topic policy (where probes can come from)."""
 
     @property
     def name(self) -> str: ...
@@ -71,6 +79,13 @@ class SiteMap(Protocol):
 
     @property
     def probe_sites(self) -> tuple[str, ...]: ...
+
+    @property
+    def settles_on_fence(self) -> bool: ...
+
+    def policy(self, site: str) -> TopicPolicy: ...
+
+    def broker_of(self, site: str) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,9 @@ class Timing:
     """seconds without a new arrival that end a settle on the reference, after its fence"""
     quiet: float = 0.5
     """seconds without a new arrival that end a settle elsewhere, after the reference's counts"""
+    unfenced_quiet: float = 1.0
+    """seconds without a new arrival that end a settle of a reference no fence crosses (a bridge chain with
+    topic lines), or of a setup compared with one whose duplicates are left out (no counts to wait for)"""
     connect_timeout: float = 10.0
 
 
@@ -252,7 +270,15 @@ class _Run:
         def reached() -> set[str]:
             return set().union(*(member.probe_sites(client.name) for member in members))
 
-        sites = self.runner.setup.probe_sites
+        setup = self.runner.setup
+        sites = setup.probe_sites
+        # Each site's probe on the local topic that arrives as `topic` here; sites whose lines keep it away are
+        # not asked (a policy case: policies.py).
+        receiver_site = client.site or sites[0]
+        every = (*sites, receiver_site)
+        where = probe_topics({site: setup.policy(site) for site in every},
+                             {site: setup.broker_of(site) for site in every}, sites, receiver_site, topic)
+        sites = tuple(site for site in sites if site in where)
         began = time.monotonic()
         deadline = began + timing.probe_timeout
         while True:
@@ -266,7 +292,7 @@ class _Run:
                     f"{', '.join(missing)} within {timing.probe_timeout:g} s")
                 return
             for site in missing:
-                self.runner.probes[site].probe(topic, client.name)
+                self.runner.probes[site].probe(where[site], client.name)
                 self.recording.probes[site] = self.recording.probes.get(site, 0) + 1
 
             def arrived(sent: frozenset[str] = frozenset(missing)) -> bool:
@@ -289,8 +315,10 @@ class _Run:
 
     def settle(self) -> None:
         index = len(self.recording.settle_counts)
-        if self.expected is None:
+        if self.expected is None and self.runner.setup.settles_on_fence:
             self.settle_on_fence(index)
+        elif self.expected is None:  # a reference no fence crosses, or counts that include duplicates
+            self.wait_quiet(index, self.runner.timing.unfenced_quiet)
         else:
             self.settle_on_counts(index, self.expected[index] if index < len(self.expected) else {})
         self.recording.settle_counts.append(self.counts())

@@ -38,6 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from federation.daemon.topic_policy import TopicLineError, parse_line
+
 SITES = ("a", "b", "c")
 """the places a client can be; a setup maps each to a broker"""
 PREFIX_FIELD = "{p}"
@@ -244,10 +246,25 @@ class Scenario:
     they come at all; a case with large payloads gives more)"""
     ack_timeout: float = 10.0
     """seconds a QoS 1/2 publication waits for its acknowledgement"""
+    topics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """topic policy lines by site (a policy case, federation.tools.transparency.policies): given to that site's
+    wrapper and to its bridge alike, each under the case's prefix; only a and c (b is the bridge chain's hub)"""
+    bridge_duplicates: str | None = None
+    """why the bridge chain delivers some publications more than once in this case; its recording is then
+    compared with each duplicate left out (what one broker would do)"""
 
     def __post_init__(self) -> None:
         if not self.name or any(char in self.name for char in "/+#$ "):
             raise ScenarioError(f"scenario name {self.name!r}: non-empty, no / + # $ or space (it is a topic level)")
+        for site, lines in self.topics.items():
+            if site not in ("a", "c"):
+                raise ScenarioError(f"{self.name}: topic lines for site {site!r}: only a and c have their own (b is "
+                                    f"the bridge chain's hub, the federation's namespace)")
+            for line in lines:
+                try:
+                    parse_line(line)
+                except TopicLineError as error:
+                    raise ScenarioError(f"{self.name}: topic line {line!r} of {site}: {error}") from None
         connected: set[str] = set()
         seen: set[str] = set()
         for index, action in enumerate(self.actions):
@@ -300,8 +317,12 @@ class Scenario:
         return self.actions if self.actions and isinstance(self.actions[-1], Settle) else (*self.actions, Settle())
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "title": self.title, "groups": {k: list(v) for k, v in self.groups.items()},
-                "actions": [describe_action(action) for action in self.actions]}
+        document: dict[str, Any] = {"name": self.name, "title": self.title,
+                                    "groups": {k: list(v) for k, v in self.groups.items()},
+                                    "actions": [describe_action(action) for action in self.actions]}
+        if self.topics:
+            document["topics"] = {site: list(lines) for site, lines in self.topics.items()}
+        return document
 
 
 def describe_action(action: Action) -> str:

@@ -27,10 +27,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from federation.daemon.topic_policy import IMPORTS, TopicPolicy, parse_line
 from federation.harness.processes import LaunchError, poll
 from federation.tools.bench.setups import BenchBrokers, bridge_lines
 from federation.tools.launch import BROKER_PORT, FederationNode, LocalFederation, line, ring
@@ -86,19 +87,58 @@ class BridgeChain(BenchBrokers):
         return waiting
 
 
+class PolicyBridges(BenchBrokers):
+    """Brokers a, b, c where a and c are each bridged to b over MQTT v5 with their topic lines (`topic # both 2`
+    for a site without lines): the bridge chain of the policy cases (policies.py), b the remote side of both."""
+
+    def __init__(self, workdir: Path, first_address: str, topics: Mapping[str, Sequence[str]]) -> None:
+        super().__init__(list(SITES), [], workdir, first_address, bridges=True)
+        self.topics = {site: list(topics.get(site) or ["# both 2"]) for site in ("a", "c")}  # none: everything
+
+    def extra_conf(self, node: FederationNode) -> list[str] | None:
+        lines = self.topics.get(node.name)
+        if lines is None:
+            return None
+        bridge = bridge_lines(node.index, self.node("b").host, topic="#", qos=2, direction="both",
+                              protocol="mqttv50", label="transparency", restart_timeout=BRIDGE_RESTART)
+        return [line for line in bridge if not line.startswith("topic ")] + [f"topic {line}" for line in lines]
+
+    def bridges_subscribed(self) -> list[str]:
+        """The bridges b has not seen connect, or whose remote subscriptions (their in and both lines) it has
+        not logged yet (empty: all are up)."""
+        try:
+            text = self.node("b").broker_log.read_text(errors="replace")
+        except FileNotFoundError:
+            text = ""
+        waiting = []
+        for site, lines in self.topics.items():
+            connection = f"transparency-bridge-{self.node(site).index}"
+            wanted = [f"{connection} {line.qos} {line.remote_topic}" for line in map(parse_line, lines)
+                      if line.direction in IMPORTS]
+            connected = re.search(rf" as \S*\b{re.escape(connection)} \(", text)  # the client id: HOST.connection
+            if not connected or any(not re.search(rf"^\d+: \S*\b{re.escape(entry)}$", text, re.MULTILINE)
+                                    for entry in wanted):
+                waiting.append(f"{site}->b")
+        return waiting
+
+
 class Setup:
-    """One setup: its brokers, which broker each site uses, how to start and stop it."""
+    """One setup: its brokers, which broker each site uses, how to start and stop it; `topics`: topic policy
+    lines by site (the policy cases: a federation's wrappers and a bridge chain's bridges get them)."""
 
     def __init__(self, kind: str, workdir: Path, first_address: str, topology: str = "line",
-                 settings: Mapping[str, Any] | None = None) -> None:
+                 settings: Mapping[str, Any] | None = None, topics: Mapping[str, Sequence[str]] | None = None) -> None:
         if kind not in SETUP_KINDS:
             raise ValueError(f"setup {kind!r}: one of {', '.join(SETUP_KINDS)}")
         if topology not in TOPOLOGIES:
             raise ValueError(f"topology {topology!r}: line or ring")
         if kind == "bridge-chain" and topology != "line":
             raise ValueError("a bridge chain is a line (bridges in a ring loop forever)")
+        if topics and kind == "one-broker":
+            raise ValueError("one broker has no topic policy: the policy cases run on a bridge chain and a federation")
         self.kind = kind
         self.topology = topology if kind == "federation" else ("line" if kind == "bridge-chain" else "-")
+        self.topics = {site: list(lines) for site, lines in (topics or {}).items()}
         directory = workdir / kind
         self.brokers: LocalFederation
         if kind == "one-broker":
@@ -108,7 +148,10 @@ class Setup:
             names = ["a", "b", "c", "d"] if topology == "ring" else ["a", "b", "c"]
             links = ring(names) if topology == "ring" else line(names)
             self.brokers = LocalFederation(names, links, directory, dict(settings or DEFAULT_SETTINGS),
-                                           first_address=first_address)
+                                           first_address=first_address, topics=self.topics)
+            self.site_nodes = {site: site for site in SITES}
+        elif topics is not None:
+            self.brokers = PolicyBridges(directory, first_address, self.topics)
             self.site_nodes = {site: site for site in SITES}
         else:
             self.brokers = BridgeChain(list(SITES), [], directory, first_address, bridges=True)
@@ -122,13 +165,29 @@ class Setup:
     def reference(self) -> bool:
         return self.kind == "one-broker"
 
+    @property
+    def settles_on_fence(self) -> bool:
+        """A `$` fence reaches every client only on one broker (no bridge or wrapper carries `$` topics)."""
+        return self.kind == "one-broker"
+
+    def policy(self, site: str) -> TopicPolicy:
+        """The topic policy of a site's broker (every site's is everything without topic lines)."""
+        return TopicPolicy.parse(self.topics.get(self.site_nodes[site], ()))
+
+    def broker_of(self, site: str) -> str:
+        return self.site_nodes[site]
+
     def describe(self) -> str:
         if self.kind == "one-broker":
             return "one Mosquitto broker, every client on it"
         order = list(self.brokers.nodes)
+        lines = "; ".join(f"{site}: {len(lines)} topic lines" for site, lines in sorted(self.topics.items()))
         if self.kind == "federation":
             shape = "-".join(order) + ("-" + order[0] if self.topology == "ring" else "")
-            return f"federation {self.topology} {shape} (wrappers with the default settings)"
+            extra = f"; {lines}" if lines else ""
+            return f"federation {self.topology} {shape} (wrappers with the default settings{extra})"
+        if isinstance(self.brokers, PolicyBridges):
+            return f"bridge chain a->b<-c (a and c bridged to b with their topic lines, # both 2 without; {lines})"
         return f"bridge chain {'<->'.join(order)} (topic # both 2, bridge_protocol_version mqttv50)"
 
     def address(self, site: str) -> tuple[str, int]:
@@ -150,7 +209,7 @@ class Setup:
                 self.brokers.wait_converged(timeout=CONVERGE_TIMEOUT)
             else:
                 self.brokers.start_brokers(timeout=START_TIMEOUT)
-            if isinstance(self.brokers, BridgeChain):
+            if isinstance(self.brokers, (BridgeChain, PolicyBridges)):
                 chain = self.brokers
                 poll(lambda: not chain.bridges_subscribed(), BRIDGE_TIMEOUT,
                      lambda: f"the bridges {', '.join(chain.bridges_subscribed())} to subscribe")

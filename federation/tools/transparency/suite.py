@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from federation.harness.processes import LaunchError
-from federation.tools.transparency.compare import Verdict, compare, describe_reference
+from federation.tools.transparency.compare import Verdict, compare, describe_reference, without_duplicates
 from federation.tools.transparency.recorder import ProbeClient, RecordingClient
 from federation.tools.transparency.runner import Recording, ScenarioRunner, Timing, prefix_of
 from federation.tools.transparency.scenario import Scenario, scenario_names
@@ -69,6 +69,8 @@ class SuiteResult:
     ended: float
     errors: list[str] = field(default_factory=list)
     """setups that could not start or broke"""
+    reference: str = REFERENCE
+    """the setup every other is compared with: one broker, or the bridge chain of the policy cases"""
 
     def case(self, name: str) -> CaseResult:
         for case in self.cases:
@@ -78,12 +80,13 @@ class SuiteResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"setups": self.setups, "started": self.started, "ended": self.ended, "errors": self.errors,
-                "cases": [case.to_json() for case in self.cases]}
+                "reference": self.reference, "cases": [case.to_json() for case in self.cases]}
 
     @staticmethod
     def from_json(document: dict[str, Any]) -> SuiteResult:
         return SuiteResult(document["setups"], [CaseResult.from_json(item) for item in document["cases"]],
-                           document["started"], document["ended"], document.get("errors", []))
+                           document["started"], document["ended"], document.get("errors", []),
+                           document.get("reference", REFERENCE))
 
 
 def connect_probes(setup: Setup, timing: Timing) -> dict[str, ProbeClient]:
@@ -106,7 +109,7 @@ class _SetupRun:
 
 
 def _run_cases(run: _SetupRun, scenarios: Sequence[Scenario], timing: Timing,
-               expected: dict[str, list[dict[str, int]]] | None, progress: Progress) -> None:
+               expected: dict[str, list[dict[str, int]] | None] | None, progress: Progress) -> None:
     """Every case on one started setup (in the calling thread); errors end up in `run`, never raised."""
     setup = run.setup
     probes: dict[str, ProbeClient] = {}
@@ -138,16 +141,19 @@ def _run_cases(run: _SetupRun, scenarios: Sequence[Scenario], timing: Timing,
 
 def run_suite(scenarios: Sequence[Scenario], workdir: Path, subnets: Sequence[int], *, topology: str = "line",
               kinds: Sequence[str] = SETUP_KINDS, timing: Timing | None = None,
-              progress: Progress | None = None) -> SuiteResult:
-    """Run `scenarios` on the setups `kinds` (the reference always, first) and compare; see the module
-    docstring. Setup i uses the loopback addresses 127.0.<subnets[i]>.10 and up."""
+              progress: Progress | None = None, reference: str = REFERENCE,
+              topics: Mapping[str, Sequence[str]] | None = None) -> SuiteResult:
+    """Run `scenarios` on the setups `kinds` (the `reference` always, first) and compare; see the module
+    docstring. Setup i uses the loopback addresses 127.0.<subnets[i]>.10 and up. `topics`: topic policy lines by
+    site for every setup (the policy cases, whose reference is the bridge chain: policies.py)."""
     say = progress or (lambda line: None)
     timing = timing or Timing()
     scenario_names(scenarios)
-    kinds = [REFERENCE, *[kind for kind in kinds if kind != REFERENCE]]
+    kinds = [reference, *[kind for kind in kinds if kind != reference]]
     if len(subnets) < len(kinds) or len(set(subnets)) != len(subnets):
         raise ValueError(f"{len(kinds)} setups need as many distinct subnets, got {list(subnets)}")
-    setups = [Setup(kind, workdir, f"127.0.{subnets[index]}.10", topology) for index, kind in enumerate(kinds)]
+    setups = [Setup(kind, workdir, f"127.0.{subnets[index]}.10", topology, topics=topics)
+              for index, kind in enumerate(kinds)]
     runs = {setup.name: _SetupRun(setup) for setup in setups}
     started = time.time()
     try:
@@ -159,13 +165,16 @@ def run_suite(scenarios: Sequence[Scenario], workdir: Path, subnets: Sequence[in
                 message = f"{setup.name} did not start: {error}"
                 runs[setup.name].error = message
                 say(message)
-        reference = runs[REFERENCE]
-        if reference.error is None:
-            _run_cases(reference, scenarios, timing, None, say)
-        expected = {name: recording.settle_counts for name, recording in reference.recordings.items()}
+        first = runs[reference]
+        if first.error is None:
+            _run_cases(first, scenarios, timing, None, say)
+        # A case whose reference delivers duplicates has no counts to wait for (they include the duplicates).
+        expected: dict[str, list[dict[str, int]] | None] = {
+            scenario.name: None if scenario.bridge_duplicates else first.recordings[scenario.name].settle_counts
+            for scenario in scenarios if scenario.name in first.recordings}
         threads = []
         for run in runs.values():
-            if run.setup.reference:
+            if run.setup.name == reference:
                 continue
             if run.error is not None:
                 run.recordings = {scenario.name: Recording(scenario.name, run.setup.name, error=run.error)
@@ -195,21 +204,26 @@ def run_suite(scenarios: Sequence[Scenario], workdir: Path, subnets: Sequence[in
         for setup in reversed(setups):
             setup.stop()
     return SuiteResult({setup.name: setup.describe() for setup in setups},
-                       judge(scenarios, {name: run.recordings for name, run in runs.items()}), started, time.time(),
-                       [error for error in (run.error for run in runs.values()) if error is not None])
+                       judge(scenarios, {name: run.recordings for name, run in runs.items()}, reference), started,
+                       time.time(), [error for error in (run.error for run in runs.values()) if error is not None],
+                       reference)
 
 
-def judge(scenarios: Sequence[Scenario], recordings: dict[str, dict[str, Recording]]) -> list[CaseResult]:
-    """Each case's recordings compared with the reference's."""
+def judge(scenarios: Sequence[Scenario], recordings: dict[str, dict[str, Recording]],
+          reference_setup: str = REFERENCE) -> list[CaseResult]:
+    """Each case's recordings compared with the reference's (with its duplicates left out where the case says
+    the bridge chain delivers some twice: compare.without_duplicates)."""
     results = []
     for scenario in scenarios:
-        reference = recordings.get(REFERENCE, {}).get(scenario.name) or Recording(scenario.name, REFERENCE,
-                                                                                  error="not run")
+        reference = recordings.get(reference_setup, {}).get(scenario.name) or Recording(
+            scenario.name, reference_setup, error="not run")
+        if scenario.bridge_duplicates and reference_setup != REFERENCE and not reference.error:
+            reference = without_duplicates(scenario, reference)
         case = CaseResult(scenario.name, scenario.title, describe_reference(scenario, reference))
         for setup, by_case in recordings.items():
             recording = by_case.get(scenario.name) or Recording(scenario.name, setup, error="not run")
             case.recordings[setup] = recording
-            if setup != REFERENCE:
+            if setup != reference_setup:
                 case.verdicts[setup] = compare(scenario, reference, recording)
         results.append(case)
     return results
