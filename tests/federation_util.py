@@ -229,6 +229,38 @@ class PahoSubscriber:
         self.client.loop_stop()
 
 
+class Streamer:
+    """A paho MQTT v5 publisher in a thread: `count` publications on `topic`, payloads "1", "2", ..., each waited
+    for (its PUBACK or PUBCOMP) and `pace` seconds apart; `close()` waits for the end."""
+
+    def __init__(self, host: str, topic: str, count: int, qos: int = 1, pace: float = 0.005) -> None:
+        self.topic = topic
+        self.count = count
+        self.qos = qos
+        self.pace = pace
+        self.acknowledged = 0
+        self.error: BaseException | None = None
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"streamer-{topic}", protocol=mqtt.MQTTv5)
+        self.client.connect(host, BROKER_PORT)
+        self.client.loop_start()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for number in range(1, self.count + 1):
+                self.client.publish(self.topic, str(number).encode(), qos=self.qos).wait_for_publish(30)
+                self.acknowledged = number
+                time.sleep(self.pace)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            self.error = error
+
+    def close(self) -> None:
+        self.thread.join(60)
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
 class Clients:
     """Real MQTT clients of a test, against the brokers of its federations; all stopped at teardown."""
 

@@ -9,22 +9,20 @@ YAML file (not on its command line, which would win over the file) and the topic
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
-from federation.tools.launch import BROKER_PORT, LocalFederation
+from federation.tools.launch import LocalFederation
 
 from broker_util import requires_mosquitto, wait_for
 from federation_util import (  # noqa: F401 - the fixtures
     FAST_SETTINGS,
     Clients,
+    Streamer,
     Subscriber,
     clients_fixture,
     next_first_address,
@@ -36,36 +34,7 @@ pytestmark = requires_mosquitto
 BEFORE = ["stream/# out 1", "cmd/# in 1"]
 AFTER = [*BEFORE, "news/# out 1"]
 STREAM = 600
-"""QoS 1 publications of the stream, about 3 s of it at the pace below"""
-PACE = 0.005
-
-
-class Streamer:
-    """A paho MQTT v5 publisher in a thread: `stream/s` with payloads 1..count at QoS 1, each waited for."""
-
-    def __init__(self, host: str, count: int) -> None:
-        self.count = count
-        self.acknowledged = 0
-        self.error: BaseException | None = None
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="streamer", protocol=mqtt.MQTTv5)
-        self.client.connect(host, BROKER_PORT)
-        self.client.loop_start()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            for number in range(1, self.count + 1):
-                self.client.publish("stream/s", str(number).encode(), qos=1).wait_for_publish(10)
-                self.acknowledged = number
-                time.sleep(PACE)
-        except BaseException as error:  # noqa: BLE001 - reported by the test
-            self.error = error
-
-    def close(self) -> None:
-        self.thread.join(60)
-        self.client.disconnect()
-        self.client.loop_stop()
+"""QoS 1 publications of the stream, about 3 s of it at the Streamer's pace"""
 
 
 def status_of(federation: LocalFederation, name: str) -> dict[str, Any]:
@@ -119,7 +88,7 @@ def test_a_reload_adds_a_neighbour_and_an_export_while_a_stream_crosses(federati
     assert pid == federation.node("n1").wrapper_process.pid
     assert not neighbour_up(federation, "n1", "n2")
 
-    streamer = Streamer(federation.node("n1").host, STREAM)
+    streamer = Streamer(federation.node("n1").host, "stream/s", STREAM, qos=1)
     try:
         wait_for(lambda: streamer.acknowledged >= STREAM // 3, timeout=30, message="a third of the stream")
         federation.write_wrapper_config("n1", topics=AFTER, neighbours=["n0", "n2"])
