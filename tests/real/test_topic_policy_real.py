@@ -159,11 +159,13 @@ def test_custody_order_and_transit_keep_their_guarantees_under_policies(make_fed
 SAME_AS_MOSQUITTO = [
     'sensors/# out 1 "" site-a/', "cmd/# in 1", "x", "x OUT 1", "x out 1 # a comment", "x out # a comment",
     '"" both 0 a/ b/', 'x both 0 "" ""', "sensors/# up 1", "x out 3", "x out -1", '"" both 0 a/ ""',
-    "x both 0 a# b/", "a/+ both 2 lo/ re/+/", "# both 0 loc rem",
+    "x both 0 a# b/", "a/+ both 2 lo/ re/+/", "# both 0 loc rem", "topic sensors/# out",
 ]
 """lines the wrapper reads as Mosquitto 2.0.11 does: accepted by both, or refused by both with its message"""
-STRICTER = ["x both 0 a/", "x out 1x", "x out 256", "a/#/b out", "x out 1 a/ b/ extra"]
+STRICTER = ["x both 0 a/", "x out 1x", "x out 256", "a/#/b out", "x out 1 a/ b/ extra", "$SYS/# out"]
 """lines Mosquitto starts with and the wrapper refuses (docs/topic-policies.md, "Where the wrapper is stricter")"""
+REMOTE_NAMED = {'# both 0 "" rem': "Error: Invalid bridge topic remote prefix and pattern combination 'rem#'."}
+"""lines both refuse, where Mosquitto 2.0.11 calls the remote prefix the local one"""
 
 
 def mosquitto_verdict(mosquitto: str, directory: Path, line: str) -> str | None:
@@ -188,7 +190,7 @@ def mosquitto_verdict(mosquitto: str, directory: Path, line: str) -> str | None:
                 output)
 
 
-@pytest.mark.parametrize("line", SAME_AS_MOSQUITTO + STRICTER)
+@pytest.mark.parametrize("line", SAME_AS_MOSQUITTO + STRICTER + list(REMOTE_NAMED))
 def test_a_line_is_read_as_mosquitto_reads_it(tmp_path: Path, line: str) -> None:
     verdict = mosquitto_verdict(find_mosquitto(), tmp_path, line)
     try:
@@ -198,5 +200,7 @@ def test_a_line_is_read_as_mosquitto_reads_it(tmp_path: Path, line: str) -> None
         ours = error.mosquitto
     if line in STRICTER:
         assert verdict is None and ours is not None, (verdict, ours)
+    elif line in REMOTE_NAMED:
+        assert ours == REMOTE_NAMED[line] and verdict == ours.replace("remote prefix", "local prefix")
     else:
         assert ours == verdict

@@ -152,8 +152,8 @@ def run_suite(scenarios: Sequence[Scenario], workdir: Path, subnets: Sequence[in
     kinds = [reference, *[kind for kind in kinds if kind != reference]]
     if len(subnets) < len(kinds) or len(set(subnets)) != len(subnets):
         raise ValueError(f"{len(kinds)} setups need as many distinct subnets, got {list(subnets)}")
-    setups = [Setup(kind, workdir, f"127.0.{subnets[index]}.10", topology, topics=topics)
-              for index, kind in enumerate(kinds)]
+    setups = [Setup(kind, workdir, f"127.0.{subnets[index]}.10", topology if kind == "federation" else "line",
+                    topics=topics) for index, kind in enumerate(kinds)]  # the topology is the federation's
     runs = {setup.name: _SetupRun(setup) for setup in setups}
     started = time.time()
     try:
