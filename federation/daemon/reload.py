@@ -27,6 +27,7 @@ The running wrapper (running.py) hands over the parts and counts the outcome (`R
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 from dataclasses import dataclass, field
 
@@ -102,6 +103,10 @@ def plan_reload(running: DaemonConfig, loaded: DaemonConfig) -> ReloadPlan:
     if loaded.announced != running.announced and "bind" not in pending:
         pending.append(f"bind (this node would announce {loaded.announced}, not {running.announced})")
     neighbours = tuple(address for address in loaded.neighbours if address != running.announced)
+    if not loaded.settings.max_datagram and _loopback_only(running) and not _loopback_only(loaded):
+        # The node sized its datagrams at start for loopback neighbours only (Settings.with_datagram_for).
+        pending.append("settings.max_datagram (chosen at start for loopback neighbours only; a neighbour on "
+                       "another host needs datagrams sized for a network path)")
     password = running.broker_auth.password
     if loaded.broker_auth.password_file == running.broker_auth.password_file:
         password = loaded.broker_auth.password
@@ -115,6 +120,10 @@ def plan_reload(running: DaemonConfig, loaded: DaemonConfig) -> ReloadPlan:
                       loaded.log_level != running.log_level, loaded.keys != running.keys,
                       password != running.broker_auth.password,
                       loaded.neighbour_resolve_interval != running.neighbour_resolve_interval, tuple(pending))
+
+
+def _loopback_only(config: DaemonConfig) -> bool:
+    return all(ipaddress.ip_address(address.host).is_loopback for address in (config.announced, *config.neighbours))
 
 
 def set_log_level(level: str) -> None:

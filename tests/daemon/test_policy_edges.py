@@ -107,3 +107,20 @@ def test_a_new_policy_joins_the_new_filters_first_then_leaves_the_old() -> None:
     assert node.calls == [("unsubscribe", "c", "a/#")]
     node.calls.clear()
     assert sink.set_policy(TopicPolicy.parse(["b/# in 2"]), 3.0) == 0 and node.calls == []
+
+
+def test_status_shows_the_configuration_and_what_the_policy_kept_out() -> None:
+    from federation.daemon.status import render
+
+    document = {"node": "127.0.0.1:10500", "broker_id": "1@127.0.0.1:10500", "management_core": None,
+                "daemon": {"config": {"file": "/etc/mqtt-federation/wrapper.yaml", "sha256": "ab" * 32,
+                                      "loaded_at": 0.0, "pending_restart": ["max_qos"]},
+                           "topic_policy": {"lines": list(SITE_A.texts),
+                                            "filtered": {"export": {"no_out_line": 3, "mapped_topic_invalid": 0},
+                                                         "import": {"no_in_line": 0, "mapped_topic_invalid": 0}},
+                                            "subscriptions": {"not_imported": ["sensors/#"]}}}}
+    rendered = render(document)
+    assert "configuration: /etc/mqtt-federation/wrapper.yaml, sha256 abababababababab..." in rendered
+    assert "WAITING FOR A RESTART: max_qos" in rendered
+    assert 'topic policy: sensors/# out 1 "" site-a/ | cmd/# in 1; kept out: export no_out_line 3' in rendered
+    assert "local subscriptions no in/both line imports: sensors/#" in rendered

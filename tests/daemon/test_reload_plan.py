@@ -69,3 +69,9 @@ def test_names_resolved_again_keep_their_address_when_they_fail() -> None:
     assert neighbour_names.addresses(found, Address("10.1.0.7", 10501)) == (Address("10.1.0.5", 10500),
                                                                             Address("10.3.0.1", 10500))
     assert neighbour_names.has_names(names) and not neighbour_names.has_names(names[2:])
+
+
+def test_a_first_neighbour_on_another_host_needs_network_sized_datagrams(tmp_path: Path) -> None:
+    running = load(tmp_path, "neighbors: [127.0.0.7]\n", bind="127.0.0.9")
+    plan = plan_reload(running, load(tmp_path, "neighbors: [127.0.0.7, alpha.example]\n", bind="127.0.0.9"))
+    assert plan.neighbours and plan.pending_restart[0].startswith("settings.max_datagram")
