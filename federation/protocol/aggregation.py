@@ -149,7 +149,9 @@ class Aggregation:
         self.effective: dict[str, str] = {}
         """federated filter not covered by another (rule 3) -> itself; the mesh's local interest"""
         self._covered_by: dict[str, str] = {}
-        """federated filter covered by another -> the one that covers it"""
+        """federated filter covered by another -> the one that covers it (the top of a chain)"""
+        self._covering: dict[str, set[str]] = {}
+        """the other way: federated filter -> the ones it covers"""
         self._wildcards = FilterIndex()
         """the federated filters with a wildcard: the only ones that can cover another"""
         self._batches: list[Batch] = []
@@ -444,39 +446,52 @@ class Aggregation:
 
     def _recover(self, entered: list[str], left: list[str]) -> None:
         """Rule 3 after federated filters entered and left: which are effective now, and the batch of changes."""
-        was = set(self.effective)
-        for form in left:
-            self._covered_by.pop(form, None)
-            self.effective.pop(form, None)
-        # Filters covered by one that left, or that a new one may cover: judge them again.
+        effective = self.effective
         judge = set(entered)
-        for form, cover in list(self._covered_by.items()):
-            if cover in left:
-                del self._covered_by[form]
-                judge.add(form)
+        for form in left:
+            judge |= self._covering.get(form, set())  # what it covered is judged again
         for form in entered:
-            if MULTI in form or SINGLE in form:
-                for other in list(self.effective):
-                    if other != form and covers(form, other):
-                        judge.add(other)
-        for form in sorted(judge):
+            if MULTI in form or SINGLE in form:  # what it may cover
+                judge.update(other for other in effective if other != form and covers(form, other))
+        touched = judge | set(left)
+        was = {form for form in touched if form in effective}
+        for form in left:
+            self._set_cover(form, None)
+            effective.pop(form, None)
+            self._covering.pop(form, None)
+        pending = sorted(judge - set(left), reverse=True)
+        while pending:
+            form = pending.pop()
             covering_form = self._cover_of(form)
-            if covering_form is None:
-                self.effective[form] = form
-                self._covered_by.pop(form, None)
-            else:
-                self.effective.pop(form, None)
-                self._covered_by[form] = covering_form
-        # A filter covered by one that is itself covered points at the top of the chain.
-        for form, cover in list(self._covered_by.items()):
-            top = cover
-            while top in self._covered_by:
-                top = self._covered_by[top]
-            self._covered_by[form] = top
-        now = set(self.effective)
+            if covering_form is not None and self._covering.get(form):
+                # It covered others and is covered now: they point at the top of the chain instead.
+                pending.extend(sorted(self._covering[form], reverse=True))
+                touched |= self._covering[form]
+            self._set_cover(form, covering_form)
+        now = {form for form in touched if form in effective}
         added, removed = tuple(sorted(now - was)), tuple(sorted(was - now))
         if added or removed:
             self._batches.append(Batch(added, removed))
+
+    def _set_cover(self, form: str, covering_form: str | None) -> None:
+        """`form` is covered by `covering_form` (None: by nothing; it is effective if it is federated)."""
+        old = self._covered_by.get(form)
+        if old == covering_form and (old is not None or form in self.effective):
+            return
+        if old is not None:
+            covered = self._covering.get(old)
+            if covered is not None:
+                covered.discard(form)
+                if not covered:
+                    del self._covering[old]
+        if covering_form is None:
+            self._covered_by.pop(form, None)
+            if form in self.federated:
+                self.effective[form] = form
+        else:
+            self._covered_by[form] = covering_form
+            self._covering.setdefault(covering_form, set()).add(form)
+            self.effective.pop(form, None)
 
     def _cover_of(self, form: str) -> str | None:
         """A federated filter other than `form` that covers it (the first in sorted order), or None. Two equal

@@ -228,7 +228,7 @@ class CoreElection(TopicTable):
                     state.core_distance, state.via = distance, {from_announced}
                     self._forward_core(state, from_transport)
                 elif distance == state.core_distance and len(state.via) < self._settings.max_neighbours:
-                    state.via.add(from_announced)  # bounded: only neighbours deliver it (fake ids cannot grow it)
+                    state.via = {*state.via, from_announced}  # bounded: only neighbours deliver it
             self.dirty.add(state.filter)
             return
         current_alive = self.core_alive(state, now)
@@ -339,7 +339,7 @@ class CoreElection(TopicTable):
         previous = state.core
         state.core = None
         state.forget_children()
-        state.via.clear()
+        state.via = frozenset()
         if reason == "lost":
             state.lost_at = now
             state.lost_core = previous.address if previous is not None else None
@@ -356,7 +356,7 @@ class CoreElection(TopicTable):
         state.core = self._identity.broker_id
         state.core_epoch, state.core_distance, state.heard_at = self._identity.epoch, 0, now
         state.core_rank, state.provisional, state.claimed_at = self.policy.rank(state.filter), False, now
-        state.via.clear()
+        state.via = frozenset()
         state.withdrawn = None
         self._outbox.view_changed()
         self._outbox.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=id_text(state.core),
@@ -372,7 +372,7 @@ class CoreElection(TopicTable):
         state.core_epoch, state.core_seq, state.core_rank = (stored.record.epoch if stored else 0), 0, 0
         state.core_distance = self._table.routes.distance.get(core.address, 0)
         state.heard_at, state.provisional = now, True
-        state.via.clear()
+        state.via = frozenset()
         state.forget_children()
         self._outbox.view_changed()
         self._outbox.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=id_text(core),

@@ -61,6 +61,7 @@ from federation.protocol.topics import (
     INFINITY,
     LEAF,
     NO_ROUTE,
+    NOTHING_HELD,
     Decision,
     Forward,
     HeldPublication,
@@ -319,11 +320,15 @@ class PublicationRouting(TopicTable):
                or self.held_bytes + size > settings.max_held_bytes) and self._drop_oldest_held(now):
             pass
         if message.qos:
+            if not state.held_reliable:
+                state.held_reliable = deque()  # a topic holds nothing most of its life: made when needed
             state.held_reliable.append(HeldPublication(now + settings.reliable_hold, message, source, size,
                                                        self._table.routes))
             self.held_reliable_count += 1
             self._held(message)
         else:
+            if not state.held:
+                state.held = deque()
             state.held.append(HeldPublication(now + settings.publication_hold, message, source, size))
         self.held_count += 1
         self.held_bytes += size
@@ -361,7 +366,7 @@ class PublicationRouting(TopicTable):
     def end_withdrawn(self, state: TopicState, now: float) -> None:
         """The filter's core withdrew (nobody subscribes any more) while QoS 1/2 publications waited for it: they
         end here, as a publication matching no filter does (custody ends; not a loss)."""
-        held, state.held_reliable = state.held_reliable, deque()
+        held, state.held_reliable = state.held_reliable, NOTHING_HELD
         for item in held:
             self._unhold(item)
             self._unheld(item.message)
@@ -369,7 +374,7 @@ class PublicationRouting(TopicTable):
 
     def release_held(self, state: TopicState, now: float) -> None:
         """The topic can route again: its held publications go on, QoS 1/2 first, each in the order held."""
-        reliable, state.held_reliable = state.held_reliable, deque()
+        reliable, state.held_reliable = state.held_reliable, NOTHING_HELD
         routes = self._table.routes
         for item in reliable:
             self._unhold(item)
@@ -380,7 +385,7 @@ class PublicationRouting(TopicTable):
                 message, source = replace(message, hops=message.hops + 1), None
             self.route(state, message, source, now)  # its copies tracked, or held again
             self._unheld(item.message)
-        held, state.held = state.held, deque()
+        held, state.held = state.held, NOTHING_HELD
         for item in held:
             self._unhold(item)
             self.route(state, item.message, item.source, now)
@@ -392,17 +397,24 @@ class PublicationRouting(TopicTable):
     def expire_held(self, now: float) -> None:
         """Drop the publications held past `publication_hold` (QoS 0) or `reliable_hold` (QoS 1/2: custody ends
         with this reported drop, the origin's spool lets it go)."""
+        if not self.held_count:  # counts both kinds: nothing to walk the topics for (every timer asks)
+            return
         for state in list(self.topics.values()):
+            if not state.held and not state.held_reliable:
+                continue
+            dropped = False
             while state.held and state.held[0].deadline <= now:
                 item = state.held.popleft()
                 self._unhold(item)
                 self._report_held_drop(state, item.message, now, "no_core")
+                dropped = True
             while state.held_reliable and state.held_reliable[0].deadline <= now:
                 item = state.held_reliable.popleft()
                 self._unhold(item)
                 self._report_held_drop(state, item.message, now, "no_core")
                 self._unheld(item.message)
-            if not state.held:
+                dropped = True
+            if dropped:
                 self.dirty.add(state.filter)
 
     def next_held_deadline(self) -> float | None:

@@ -215,9 +215,35 @@ class MeshEngine(CoreElection, PublicationRouting):
             self._watched = None
             state.core, state.member, state.parents = None, False, ()
             self._digest(state)
+            self._index(state)
             return
         self._digest(state)
+        self._index(state)
         self._schedule(state, now)
+
+    def _index(self, state: TopicState) -> None:
+        """Keep `by_core` current for the topic: the nodes whose records decide whether its claims are alive."""
+        wanted = frozenset(core.address for core in state.pending) if state.pending else frozenset()
+        if state.core is not None and state.core.address != self._identity.address and state.filter in self.topics:
+            wanted |= {state.core.address}
+        if wanted == state.indexed:
+            return
+        by_core = self.by_core
+        for address in state.indexed - wanted:
+            filters = by_core.get(address)
+            if filters is not None:
+                filters.discard(state.filter)
+                if not filters:
+                    del by_core[address]
+        for address in wanted - state.indexed:
+            by_core.setdefault(address, set()).add(state.filter)
+        state.indexed = wanted
+
+    def records_changed(self, origins: set[Address]) -> None:
+        """New records of these nodes were stored: the topics whose cores they are are judged again (a claim the
+        table now contradicts, or no longer does)."""
+        for origin in origins:
+            self.dirty.update(self.by_core.get(origin, ()))
 
     # ------------------------------------------------------------ what the digests hold (rule 5a)
 

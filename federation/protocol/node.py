@@ -685,6 +685,8 @@ class Node:
             self._update_routes(now, pending=True)
         table.run_due(now)
         self._update_routes(now)
+        if table.stored_origins:
+            self.mesh.records_changed(table.take_stored_origins())
         self.mesh.reconcile(now)
         if self.local.replaced:
             released = self.local.release_replaced(now, lambda filter_: self.mesh.joined(filter_, now))

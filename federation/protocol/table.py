@@ -92,6 +92,8 @@ class FederationTable:
         self.core_seq = 0
         self.changes = 0
         """counts table changes, for caches of what is derived from the table"""
+        self.stored_origins: set[Address] = set()
+        """the origins of the newer records stored since the node last took them (`take_stored_origins`)"""
         self.last_origination = float("-inf")
         self.origination_due: float | None = None
         self.flood_queue: dict[Address, tuple[StoredRecord, set[Address]]] = {}
@@ -205,6 +207,7 @@ class FederationTable:
                     queued[1].add(neighbour.transport)
                 continue
             self.changed(now)
+            self.stored_origins.add(record.origin.address)
             stored = self.lsdb.records[record.origin.address]
             if self._settings.flood_delay > 0:
                 self.flood_queue[record.origin.address] = (stored, {neighbour.transport})
@@ -219,6 +222,11 @@ class FederationTable:
             self._outbox.send_records(forward, others)
         else:
             self._outbox.send(wire.FEDERATE, Federate(forward[0].record), others)
+
+    def take_stored_origins(self) -> set[Address]:
+        """The origins of the records stored since the last call (the node tells the mesh)."""
+        origins, self.stored_origins = self.stored_origins, set()
+        return origins
 
     def flush_floods(self) -> None:
         """Forward the records that waited `flood_delay`: one `fd` or `tu` bundle per group of neighbours

@@ -56,6 +56,22 @@ address, now), which is sent the recent QoS 1/2 publications of the filter"""
 INFINITY = float("inf")
 
 
+class _NothingHeld(deque["HeldPublication"]):
+    """What a topic that never held a publication holds: shared by all of them (a deque is 600 bytes, a topic holds
+    nothing most of its life), so nothing may be added to it; `_hold` gives the topic a deque of its own first."""
+
+    def append(self, item: HeldPublication) -> None:
+        raise TypeError("the shared empty hold: give the topic a deque of its own first")
+
+    appendleft = extend = extendleft = insert = append  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]  # shared and never changing: a default must hash
+        return id(self)
+
+
+NOTHING_HELD: deque[HeldPublication] = _NothingHeld()
+
+
 @dataclass(slots=True)
 class HeldPublication:
     deadline: float
@@ -120,8 +136,9 @@ class TopicState:
     core_seq: int = 0
     core_distance: int = 0
     heard_at: float = float("-inf")
-    via: set[Address] = field(default_factory=set)
-    """announced addresses of the neighbours that delivered the freshest `tc` at the shortest distance"""
+    via: set[Address] | frozenset[Address] = frozenset()
+    """announced addresses of the neighbours that delivered the freshest `tc` at the shortest distance (a frozenset
+    while empty: made a set when one is added)"""
     own_seq: int = 0
     children: dict[Address, float] = field(default_factory=dict)
     """child (announced address) -> when its membership expires (infinity while it is up: a membership is kept
@@ -136,10 +153,10 @@ class TopicState:
     member: bool = False
     withdrawn: tuple[BrokerId, int, int] | None = None
     """the last withdrawal heard (core, epoch, seq): older claims of that core are ignored"""
-    held: deque[HeldPublication] = field(default_factory=deque)
-    """QoS 0 publications held, oldest first (each until its deadline)"""
-    held_reliable: deque[HeldPublication] = field(default_factory=deque)
-    """QoS 1/2 publications held, oldest first (until they can go on)"""
+    held: deque[HeldPublication] = NOTHING_HELD
+    """QoS 0 publications held, oldest first (each until its deadline); NOTHING_HELD while it held none"""
+    held_reliable: deque[HeldPublication] = NOTHING_HELD
+    """QoS 1/2 publications held, oldest first (until they can go on); NOTHING_HELD while it held none"""
     pending: dict[BrokerId, tuple[TopicCore, Address, Address, float]] = field(default_factory=dict)
     """claims of cores the table does not show reachable yet: retried when routes change"""
     core_rank: int = 0
@@ -163,6 +180,8 @@ class TopicState:
     after that too, so a partition longer than the lifetime does not make the origin forget it"""
     out_of_reach: bool = False
     """the lost core was out of the table's reach at the last reconciliation (within `reliable_hold` of the loss)"""
+    indexed: frozenset[Address] = frozenset()
+    """the addresses of its core and pending claims' cores as `TopicTable.by_core` holds them"""
     digested: tuple[int | None, dict[Address, int], dict[Address, int]] = (None, {}, {})
     """what the digests hold for this filter (rule 5a): the claim's hash, our membership's toward each parent and
     each child's as we record it"""
@@ -233,6 +252,9 @@ class TopicTable:
         """(when, filter): a topic whose state changes with time alone, reconciled again then (a heap)"""
         self._expiring: set[str] = set()
         """filters with a child whose membership expires (it went down)"""
+        self.by_core: dict[Address, set[str]] = {}
+        """core address -> the filters whose core, or a pending claim's core, it is: what a new record of that
+        node may change (`records_changed`)"""
         self.policy = ModePolicy.from_settings(settings)
         self.ownership = OwnershipTable(settings.owned, settings.max_topics)
         for filter_ in self.policy.replicated:
