@@ -33,10 +33,16 @@ Two ways to drive paho:
 
 Subscriptions are made in `on_connect`, so every reconnect subscribes again:
 
-* `$SYS/broker/log/#` (QoS 2): the broker's log lines, from which
+* `$SYS/broker/log/#` (QoS 1): the broker's log lines, from which
   `BrokerLogTracker` learns local subscriptions. The broker logs the
   wrapper's own SUBSCRIBE on that topic, so a first line proves the broker
-  has `log_dest topic` and `log_type all`.
+  has `log_dest topic` and `log_type all`. QoS 1, not 2: a line is handed
+  over at its PUBLISH and acknowledged once the node took it either way (at
+  least once: a line the broker sends again after a reconnection is read
+  again, which the tracker's table takes as it took it), and QoS 2 costs
+  twice the packets (PUBREC, PUBREL, PUBCOMP) and a write per PUBREL; with
+  100,000 subscribe lines in a burst it also met Mosquitto 2.0.11's reused
+  packet ids (lean_client.py) at every line.
 * `#` with no_local, retain-as-published and retain handling 2, at QoS 2 so
   each publication arrives with the QoS it was published with, with its
   live retain flag, and without the stored retained messages at subscribe
@@ -54,7 +60,7 @@ the broker may have unacknowledged toward us.
 
 The session is persistent (clean start 0, session expiry
 `broker_session_expiry`, 3600 s by default): when the connection drops, or
-the wrapper restarts, the broker queues the log lines (QoS 2, which it
+the wrapper restarts, the broker queues the log lines (QoS 1, which it
 expires after 20 s) and the QoS 1/2 publications meanwhile and delivers them
 on reconnection, and it keeps its half of our unfinished QoS 1/2 injections.
 A CONNACK without the session after this run had one (`Connected.session_lost`:
@@ -131,6 +137,8 @@ log = logging.getLogger("federation.daemon.broker")
 
 PUBLICATION_FILTER = "#"
 SUBSCRIPTION_COUNT_TOPIC = "$SYS/broker/subscriptions/count"
+LOG_QOS = 1
+"""QoS of the wrapper's subscription to the broker's log (module docstring: why 1, not 2)"""
 OWN_SUBSCRIPTIONS = 3
 """subscriptions the wrapper's own connection holds (the log, `#`, the count), all three in the broker's count"""
 RECONNECT_MIN_DELAY = 0.25
@@ -547,7 +555,7 @@ class BrokerAdapter:
         self._retry_delay = RECONNECT_MIN_DELAY
         self._deliver(Connected(session_present, session_lost, receive_maximum, resent, tuple(reinjected)))
         client.subscribe([
-            (LOG_TOPIC_FILTER, SubscribeOptions(qos=2)),
+            (LOG_TOPIC_FILTER, SubscribeOptions(qos=LOG_QOS)),
             (PUBLICATION_FILTER, SubscribeOptions(qos=2, noLocal=True, retainAsPublished=True, retainHandling=2)),
             (SUBSCRIPTION_COUNT_TOPIC, SubscribeOptions(qos=0)),
         ])

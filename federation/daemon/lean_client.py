@@ -54,6 +54,31 @@ the wrapper publishes) and shortens the data path:
   again, and any other reaches the caller with its DUP flag set, for the
   runtime to recognise (federation/daemon/spool.py). A PUBLISH with DUP
   set never takes the short path below, so that flag reaches the caller;
+* log lines: Mosquitto gives each `$SYS/broker/log/...` message a message
+  expiry, so every one carries properties and would take paho's path (a
+  `Properties` object decoded per line; with the log at QoS 2 as it was,
+  that path and the PUBRELs took 40% of the wrapper's samples while it learnt
+  30,000 subscriptions in a burst, 5% after). The wrapper never uses the
+  properties of a `$` topic (they are never federated), so `read_packets`
+  skips them and hands such a QoS 0/1 PUBLISH to `lean_publish` like one
+  without;
+* reused packet ids: Mosquitto 2.0.11 numbers a message for a client when it
+  queues it, and lets more than its Receive Maximum into flight (fixed in
+  2.0.13: "Various fixes around inflight quota management"), so with more
+  than 65,535 messages queued for the wrapper (100,000 subscribe lines in a
+  burst) a packet id comes again while the message that had it still waits
+  for its PUBREL. MQTT says such a PUBLISH is a repeat; from Mosquitto,
+  without DUP, it is a new message, and acknowledging it at once would make
+  the broker complete the earlier one (a second PUBREL, then a PUBCOMP it
+  takes for a protocol error: the connection closed; or a PUBACK for a QoS 2
+  message: the same). So such a message is handed over, and `send_acks` holds
+  its acknowledgement until the PUBREL of the one before has been answered
+  (`_release_held`); `acks_held` counts them. Before, the wrapper answered
+  it as a repeat and dropped it (33,441 of a burst of 100,000 log lines),
+  and the broker closed the connection for a protocol error 19-36 s later:
+  the lines came back when that was within their 20 s message expiry, and
+  were lost when it was not (both measured: docs/daemon.md, "Learning
+  subscriptions in bulk");
 * a PUBREL is answered with PUBCOMP at once (`_handle_pubrel`): with
   `manual_ack` paho would never answer one it does not hold (a previous
   run's, or one repeated after a reconnection), and the broker would keep
@@ -115,6 +140,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from collections import deque
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
@@ -200,6 +226,22 @@ RestoredMessage = tuple[int, str, bytes, int, bool, Properties | None, bool]
 """what `LeanClient.restore` takes: mid, topic, payload, qos, retain, properties, past PUBREC (QoS 2)"""
 
 
+def _skip_properties(data: bytes, position: int, stop: int) -> int:
+    """Where the payload of a PUBLISH starts whose property length (a variable byte integer) is at `position`;
+    -1 when the length is malformed or runs past `stop`, the packet's end."""
+    length = 0
+    shift = 0
+    while position < stop and shift <= 21:
+        byte = data[position]
+        position += 1
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            end = position + length
+            return end if end <= stop else -1
+        shift += 7
+    return -1
+
+
 class _SharedInfo(mqtt.MQTTMessageInfo):
     """The `info` of every message `send_reliable` registers: nobody waits on it (the adapter learns of completions
     from `publish_completed`), so completing one message need not take a `threading.Condition`."""
@@ -253,10 +295,17 @@ class LeanClient(mqtt.Client):
     """set while `_take_qos2` lets paho decode a QoS 2 PUBLISH: its PUBREC waits for `send_acks`"""
     _qos2_answered: set[int] = frozenset()  # type: ignore[assignment]  # replaced per client in __init__
     """packet ids of received QoS 2 messages whose PUBREC we wrote and whose PUBREL has not come yet"""
+    _held_acks: dict[int, deque[int]] = {}  # replaced per client in __init__
+    """packet id -> the QoS of acknowledgements that wait for that id's PUBREL, in order (`send_acks`)"""
+    _held_on: object = None
+    """the connection (socket) the held acknowledgements belong to"""
+    acks_held = 0
+    """acknowledgements held because the broker reused a packet id before finishing its previous message"""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._qos2_answered = set()
+        self._held_acks = {}
 
     def buffered(self) -> int:
         """Bytes read from the socket that have not been consumed yet."""
@@ -311,10 +360,11 @@ class LeanClient(mqtt.Client):
         return count
 
     def _parse_publishes_and_acks(self, limit: int, runs: bool = False) -> int:
-        """At most `limit` complete QoS 0/1 PUBLISH packets without properties from the front of the read
-        buffer, to `lean_publish`, and successful PUBACKs (`_complete_lean`); how many. Stops at the first
-        packet that is anything else, and with `runs` (`lean_run` takes plain runs) at a plain QoS 0/1 PUBLISH
-        after the first packet: `parse_plain_run` may take it."""
+        """At most `limit` complete QoS 0/1 PUBLISH packets without properties (or on a `$` topic, whose
+        properties are skipped) from the front of the read buffer, to `lean_publish`, and successful PUBACKs
+        (`_complete_lean`); how many. Stops at the first packet that is anything else, and with `runs`
+        (`lean_run` takes plain runs) at a plain QoS 0/1 PUBLISH after the first packet: `parse_plain_run` may
+        take it."""
         publish = self.lean_publish
         assert publish is not None
         acknowledge = not self._manual_ack
@@ -333,8 +383,6 @@ class LeanClient(mqtt.Client):
                     count += 1
                     continue
                 if command & 0xFC != 0x30 or end - pos < 6:  # not a PUBLISH, DUP, QoS 2 (or 3), or too short
-                    break
-                if runs and count and (command == 0x30 or command == 0x32):
                     break
                 length = data[pos + 1]
                 start = pos + 2
@@ -359,15 +407,27 @@ class LeanClient(mqtt.Client):
                 topic_end = start + 2 + ((data[start] << 8) | data[start + 1])
                 qos = (command >> 1) & 1
                 properties = topic_end + 2 * qos
-                if properties >= stop or data[properties] or topic_end == start + 2:
-                    break  # properties (paho decodes them), an empty topic (an alias), or malformed
+                if properties >= stop or topic_end == start + 2:
+                    break  # an empty topic (an alias: paho's), or malformed
+                dollar = data[start + 2] == 0x24
+                if runs and count and (command == 0x30 or command == 0x32) and not dollar and not data[properties]:
+                    break  # a plain one: `parse_plain_run` may take it with those after it
+                payload_start = properties + 1
+                if data[properties]:
+                    if not dollar:
+                        break  # a publication's properties: paho decodes them (they are federated)
+                    # A `$` topic (the broker's log lines: Mosquitto gives each a message expiry): its properties
+                    # are never used, so they are skipped, not decoded (module docstring, "log lines").
+                    payload_start = _skip_properties(data, properties, stop)
+                    if payload_start < 0:
+                        break  # malformed: paho's to refuse
                 if qos:
-                    publish(data[start + 2:topic_end], data[properties + 1:stop], 1, bool(command & 0x01),
+                    publish(data[start + 2:topic_end], data[payload_start:stop], 1, bool(command & 0x01),
                             (data[topic_end] << 8) | data[topic_end + 1])
                     if acknowledge:
                         acks += bytes((0x40, 2, data[topic_end], data[topic_end + 1]))  # as `_send_puback`
                 else:
-                    publish(data[start + 2:topic_end], data[properties + 1:stop], 0, bool(command & 0x01), 0)
+                    publish(data[start + 2:topic_end], data[payload_start:stop], 0, bool(command & 0x01), 0)
                 pos = stop
                 count += 1
                 if self.paused:
@@ -544,11 +604,46 @@ class LeanClient(mqtt.Client):
             return MQTTErrorCode.MQTT_ERR_NO_CONN if self._sock is None else MQTTErrorCode.MQTT_ERR_SUCCESS
         data = bytearray()
         answered = self._qos2_answered
+        held = self._current_held_acks()
         for mid, qos in acks:
+            if mid in answered or mid in held:
+                # An earlier message with this packet id still waits for its PUBREL: the broker reused the id
+                # (module docstring, "reused packet ids"). Acknowledged now, this would complete that one.
+                held.setdefault(mid, deque()).append(qos)
+                self.acks_held += 1
+                continue
             data += bytes((0x40 if qos == 1 else 0x50, 2, mid >> 8, mid & 0xFF))  # as `_send_puback`, `_send_pubrec`
             if qos == 2:
                 answered.add(mid)
+        if not data:
+            return MQTTErrorCode.MQTT_ERR_SUCCESS
         return self._packet_queue(mqtt.PUBACK, data, 0, 0)
+
+    def _current_held_acks(self) -> dict[int, deque[int]]:
+        """The held acknowledgements of this connection: those of an earlier one are forgotten (the broker sends
+        their messages again, DUP, after the PUBREL of the message before them)."""
+        if self._held_on is not self._sock:
+            self._held_on = self._sock
+            self._held_acks.clear()
+        return self._held_acks
+
+    def _release_held(self, mid: int) -> None:
+        """The PUBREL of `mid` came and its PUBCOMP is written: the acknowledgements held behind it follow, up to
+        and including the next PUBREC (which waits for a PUBREL of its own)."""
+        held = self._current_held_acks()
+        waiting = held.get(mid)
+        if not waiting:
+            return
+        data = bytearray()
+        while waiting:
+            qos = waiting.popleft()
+            data += bytes((0x40 if qos == 1 else 0x50, 2, mid >> 8, mid & 0xFF))
+            if qos == 2:
+                self._qos2_answered.add(mid)
+                break
+        if not waiting:
+            del held[mid]
+        self._packet_queue(mqtt.PUBACK, data, 0, 0)
 
     def _do_on_publish(self, mid: int, reason_code: ReasonCode, properties: Properties) -> MQTTErrorCode:
         completed = self.publish_completed
@@ -579,7 +674,10 @@ class LeanClient(mqtt.Client):
                 held = mid in self._in_messages
             if not held:
                 self._qos2_answered.discard(mid)
-                return self._send_pubcomp(mid)
+                rc = self._send_pubcomp(mid)
+                if self._held_acks:
+                    self._release_held(mid)
+                return rc
         return super()._handle_pubrel()
 
     def _send_pubrec(self, mid: int) -> MQTTErrorCode:
@@ -590,14 +688,16 @@ class LeanClient(mqtt.Client):
         return super()._send_pubrec(mid)
 
     def _take_qos2(self) -> MQTTErrorCode:
-        """A QoS 2 PUBLISH with manual acknowledgement: its PUBREC again if we answered its packet id already (a
-        repeat after a reconnection), else the message to `on_message` now (paho's decoding, no PUBREC yet)."""
+        """A QoS 2 PUBLISH with manual acknowledgement: its PUBREC again if it is sent again (DUP) with a packet id
+        we answered already (a repeat after a reconnection), else the message to `on_message` now (paho's
+        decoding, no PUBREC yet). Without DUP, an id we answered is a new message under a reused id (module
+        docstring): `send_acks` holds its PUBREC until the PUBREL of the one before."""
         data = self._in_packet["packet"]
         topic_end = 2 + ((data[0] << 8) | data[1]) if len(data) >= 2 else len(data)
         if topic_end + 2 > len(data):
             return super()._handle_publish()  # malformed: paho's to refuse
         mid = (data[topic_end] << 8) | data[topic_end + 1]
-        if mid in self._qos2_answered:
+        if mid in self._qos2_answered and self._in_packet["command"] & 0x08:
             return super()._send_pubrec(mid)
         self._deferring_pubrec = True
         try:

@@ -18,7 +18,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from federation.daemon.broker import BrokerAdapter
-from federation.daemon.broker_items import BrokerItem, Connected, Publication
+from federation.daemon.broker_items import BrokerItem, Connected, LogLine, Publication
 from federation.daemon.flow_control import FlowControl
 from federation.protocol.node import Node
 from federation.protocol.types import Address, Injection
@@ -259,6 +259,78 @@ def test_a_refusal_counts_as_refused_not_delivered(side: Side) -> None:
     side.receive(ack(0x70, 2))  # paho sends the PUBREL anyway; the broker completes it
     assert side.adapter.counts["refused"] == 2 and side.adapter.counts["acknowledged"] == 0
     assert side.adapter.backlog() == 0
+
+
+# ------------------------------------------------------------------ packet ids the broker reuses
+
+
+def qos2_publish(mid: int, payload: bytes, dup: bool = False) -> bytes:
+    return bytes([0x3C if dup else 0x34, 8 + len(payload), 0, 3]) + b"q/2" + mid.to_bytes(2, "big") + b"\0" + payload
+
+
+def log_line(mid: int, text: bytes) -> bytes:
+    """A QoS 1 log line as Mosquitto sends it: with a message expiry property."""
+    topic = b"$SYS/broker/log/M/subscribe"
+    body = len(topic).to_bytes(2, "big") + topic + mid.to_bytes(2, "big") + bytes([5, 0x02, 0, 0, 0, 20]) + text
+    return bytes([0x32, len(body)]) + body
+
+
+def test_a_reused_packet_id_is_a_new_message_whose_pubrec_waits_for_the_previous_pubrel(side: Side) -> None:
+    """Mosquitto 2.0.11 numbers messages when it queues them: with more than 65,535 queued for the wrapper an id
+    comes again (without DUP) while the message that had it waits for its PUBREL. It is handed over, and its
+    PUBREC goes out only after the earlier one's PUBCOMP: at once, the broker would take it for the earlier
+    message's and later see a PUBCOMP for a message it still waits a PUBREC for (protocol error)."""
+    assert side.receive(qos2_publish(5, b"first")) == b""
+    side.adapter.acknowledge([(5, 2)])
+    assert read_all(side.peer) == ack(0x50, 5)
+    assert side.receive(qos2_publish(5, b"second")) == b""  # the id again before its PUBREL, no DUP
+    assert [item.payload for item in side.items if isinstance(item, Publication)] == [b"first", b"second"]
+    side.adapter.acknowledge([(5, 2)])
+    assert read_all(side.peer) == b"" and side.client.acks_held == 1  # held: 5 still waits for its PUBREL
+    assert side.receive(ack(0x62, 5)) == ack(0x70, 5) + ack(0x50, 5)  # the first completed, then the second's
+    assert side.receive(ack(0x62, 5)) == ack(0x70, 5)
+    assert side.receive(qos2_publish(5, b"third")) == b""  # a new message again, nothing held now
+    side.adapter.acknowledge([(5, 2)])
+    assert read_all(side.peer) == ack(0x50, 5)
+
+
+def test_a_repeat_with_dup_of_an_answered_id_is_answered_again_and_not_handed_over(side: Side) -> None:
+    side.receive(qos2_publish(6, b"once"))
+    side.adapter.acknowledge([(6, 2)])
+    read_all(side.peer)
+    assert side.receive(qos2_publish(6, b"once", dup=True)) == ack(0x50, 6)  # the broker missed our PUBREC
+    assert [item.payload for item in side.items if isinstance(item, Publication)] == [b"once"]
+
+
+def test_a_log_line_reusing_the_id_of_a_qos2_publication_is_acknowledged_after_its_pubcomp(side: Side) -> None:
+    """A PUBACK for an id whose oldest message is a QoS 2 one is a protocol error to Mosquitto: it waits too, and
+    several acknowledgements held for one id go out in order, each PUBREC waiting for a PUBREL of its own."""
+    side.receive(qos2_publish(7, b"publication"))
+    side.adapter.acknowledge([(7, 2)])
+    assert read_all(side.peer) == ack(0x50, 7)
+    side.receive(log_line(7, b"1700000000: c 1 a/b") + qos2_publish(7, b"again") + log_line(7, b"1700000000: c 1 a/c"))
+    lines = [item for item in side.items if isinstance(item, LogLine)]
+    assert [(line.payload, line.mid, line.qos) for line in lines] == [(b"1700000000: c 1 a/b", 7, 1),
+                                                                       (b"1700000000: c 1 a/c", 7, 1)]
+    side.adapter.acknowledge([(7, 1), (7, 2), (7, 1)])
+    assert read_all(side.peer) == b""
+    assert side.receive(ack(0x62, 7)) == ack(0x70, 7) + ack(0x40, 7) + ack(0x50, 7)
+    assert side.receive(ack(0x62, 7)) == ack(0x70, 7) + ack(0x40, 7)
+    assert side.client.acks_held == 3
+
+
+def test_acknowledgements_held_on_a_connection_that_dropped_are_forgotten(side: Side) -> None:
+    """The broker sends their messages again (DUP) after the PUBREL of the one before: they are handed over again
+    and acknowledged then, not with a PUBREC left from the old connection."""
+    side.receive(qos2_publish(8, b"a"))
+    side.adapter.acknowledge([(8, 2)])
+    side.receive(qos2_publish(8, b"b"))
+    side.adapter.acknowledge([(8, 2)])
+    read_all(side.peer)
+    side.reconnect(session_present=True)
+    assert side.receive(ack(0x62, 8)) == ack(0x70, 8)  # the first's PUBREL again: nothing held any more
+    assert side.receive(qos2_publish(8, b"b", dup=True)) == b""  # the second again, handed over again
+    assert [item.payload for item in side.items if isinstance(item, Publication)] == [b"a", b"b", b"b"]
 
 
 # ------------------------------------------------------------------ the broker's Receive Maximum

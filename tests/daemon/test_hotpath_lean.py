@@ -201,6 +201,26 @@ def _with_properties(topic: str, payload: bytes, qos: int, mid: int) -> bytes:
     return bytes([0x30 | qos << 1, len(body)]) + body
 
 
+def _log_line(payload: bytes, qos: int, mid: int, user_properties: int = 0) -> bytes:
+    """A log line as Mosquitto sends it to a v5 client: with the message expiry it gives every one (and
+    `user_properties` more, for a property length of more than one byte)."""
+    properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    properties.MessageExpiryInterval = 20
+    if user_properties:
+        properties.UserProperty = [(f"key{i}", "v" * 20) for i in range(user_properties)]
+    topic = "$SYS/broker/log/M/subscribe"
+    body = len(topic).to_bytes(2, "big") + topic.encode() + (mid.to_bytes(2, "big") if qos else b"")
+    body += properties.pack() + payload
+    length = len(body)
+    encoded = bytearray()
+    while True:
+        encoded.append((length & 0x7F) | (0x80 if length > 0x7F else 0))
+        length >>= 7
+        if not length:
+            break
+    return bytes([0x30 | qos << 1]) + bytes(encoded) + body
+
+
 PUBREL = 0x62
 
 
@@ -226,6 +246,9 @@ PACKETS = {
     "puback_unknown": bytes([0x40, 2, 0, 99]),
     "pingresp": bytes([0xD0, 0]),
     "utf8_topic": publish_packet("é/ü", b"u", 1, 13),
+    "log_line_expiry": _log_line(b"1700000000: sub-1 1 dev/1/cmd", 1, 14),
+    "log_line_expiry0": _log_line(b"1700000000: sub-1 0 dev/2/cmd", 0, 0),
+    "log_line_long_properties": _log_line(b"1700000000: sub-1 1 dev/3/cmd", 1, 15, user_properties=8),
 }
 
 
@@ -302,6 +325,7 @@ def _through_lean(chunks: Sequence[bytes]) -> tuple[list[BrokerItem], bytes, int
     ("two_length_bytes", "three_length_bytes", "qos1"),
     ("qos0", "properties", "qos1", "properties1", "qos1"),
     ("qos1", "qos2", "qos0", "puback_unknown", "pingresp", "retained1"),
+    ("log_line_expiry", "qos1", "log_line_long_properties", "log_line_expiry0", "properties1", "log_line_expiry"),
 ])
 def test_the_lean_path_hands_over_and_acknowledges_what_paho_does(names: tuple[str, ...]) -> None:
     stream = b"".join(PACKETS[name] for name in names)
@@ -314,7 +338,8 @@ def test_the_lean_path_hands_over_and_acknowledges_what_paho_does(names: tuple[s
 
 
 def test_plain_publishes_never_take_pahos_read_path_and_the_rest_do() -> None:
-    plain = ("qos0", "qos1", "retained0", "retained1", "log_line", "two_length_bytes", "three_length_bytes")
+    plain = ("qos0", "qos1", "retained0", "retained1", "log_line", "two_length_bytes", "three_length_bytes",
+             "log_line_expiry", "log_line_expiry0", "log_line_long_properties")  # a `$` topic's properties skipped
     _items, _written, paho_reads = _through_lean([b"".join(PACKETS[name] for name in plain)])
     assert paho_reads == 0
     others = ("properties", "qos2", "pingresp")  # the QoS 2 one is two packets (PUBLISH, PUBREL)
