@@ -67,6 +67,8 @@ STATE_VERSION = 1
 MAX_TRACKED_CONNECTIONS = 100_000
 STATE_SAVE_DELAY = 0.5
 """seconds: while running, writes of the state file are debounced to at most one per this delay"""
+SAVE_COST_RATIO = 10.0
+"""a save waits at least this many times as long as the last write took (`StateSaver.delay`)"""
 
 
 class StateError(Exception):
@@ -108,8 +110,19 @@ def next_epoch(previous: int | None, now_seconds: float) -> int:
     return epoch
 
 
+SHARED_PREFIX = "$share/"
+
+
+def _shared(filters: Mapping[str, int]) -> int:
+    return sum(1 for filter_ in filters if filter_.startswith(SHARED_PREFIX))
+
+
 class LocalSubscriptions:
-    """client -> ClientRecord, updated from broker-log events; every change is passed on to a sink."""
+    """client -> ClientRecord, updated from broker-log events; every change is passed on to a sink.
+
+    The number of (client, filter) pairs, and of shared ones, are kept as the table changes (`filter_count`,
+    `shared_count`): the subscription audit reads them after every pass of log lines, and counting 100,000
+    filters each time cost more than learning them (docs/daemon.md, "Learning subscriptions in bulk")."""
 
     def __init__(self, clients: Mapping[str, ClientRecord] | None = None) -> None:
         self.clients: dict[str, ClientRecord] = {
@@ -118,6 +131,25 @@ class LocalSubscriptions:
         }
         self._connected: dict[str, bool] = {}
         """client id -> clean flag, for connections seen in this run (oldest first, bounded)"""
+        self.filter_count = sum(len(record.filters) for record in self.clients.values())
+        """(client, filter) pairs in the table"""
+        self.shared_count = sum(_shared(record.filters) for record in self.clients.values())
+        """of those, shared subscriptions (`$share/<group>/<filter>`)"""
+
+    def copy(self) -> LocalSubscriptions:
+        """An independent copy of the table (its records and counts; not the connections seen)."""
+        copied = LocalSubscriptions.__new__(LocalSubscriptions)
+        copied.clients = {client: ClientRecord(dict(record.filters), record.persistent)
+                          for client, record in self.clients.items()}
+        copied._connected = {}
+        copied.filter_count, copied.shared_count = self.filter_count, self.shared_count
+        return copied
+
+    def _forget(self, client: str) -> None:
+        """Remove `client` and its filters from the table (and the counts)."""
+        filters = self.clients.pop(client).filters
+        self.filter_count -= len(filters)
+        self.shared_count -= _shared(filters)
 
     def replay(self, sink: SubscriptionSink, now: float) -> int:
         """Tell the sink every filter held; returns the number of (client, filter) pairs."""
@@ -139,6 +171,9 @@ class LocalSubscriptions:
             persistent = self._connected.get(event.client) is False or (
                 event.client not in self._connected and record.persistent)
             changed = record.filters.get(event.filter) != event.qos or record.persistent != persistent
+            if event.filter not in record.filters:
+                self.filter_count += 1
+                self.shared_count += event.filter.startswith(SHARED_PREFIX)
             record.filters[event.filter] = event.qos
             record.persistent = persistent
             sink.local_subscribe(event.client, event.filter, event.qos, now)
@@ -148,6 +183,8 @@ class LocalSubscriptions:
             if record is None or event.filter not in record.filters:
                 return False
             del record.filters[event.filter]
+            self.filter_count -= 1
+            self.shared_count -= event.filter.startswith(SHARED_PREFIX)
             if not record.filters:
                 del self.clients[event.client]
             sink.local_unsubscribe(event.client, event.filter, now)
@@ -163,7 +200,7 @@ class LocalSubscriptions:
         if record is None:
             return False
         if connect_discards_session(event):
-            del self.clients[event.client]
+            self._forget(event.client)
             sink.local_disconnect(event.client, now)
             return True
         if not record.persistent:
@@ -182,7 +219,7 @@ class LocalSubscriptions:
             event = replace(event, clean=not record.persistent)
         if not filters_end_with_session(event):
             return False
-        del self.clients[event.client]
+        self._forget(event.client)
         sink.local_disconnect(event.client, now)
         return True
 
@@ -204,10 +241,6 @@ class LocalSubscriptions:
                 raise ValueError(f"{where}: bad filters for client {client!r}")
             clients[client] = ClientRecord(dict(filters), bool(entry.get("persistent", False)))
         return cls(clients)
-
-    @property
-    def filter_count(self) -> int:
-        return sum(len(record.filters) for record in self.clients.values())
 
 
 @dataclass
@@ -338,15 +371,19 @@ class BackgroundWriter:
         self.on_error = on_error
         self.executor = executor
         self._running: asyncio.Future[None] | None = None
-        self._waiting: bytes | None = None
+        self._waiting: bytes | Callable[[], bytes] | None = None
         self.superseded = 0
         """snapshots replaced by a newer one before they were written"""
+        self.last_seconds = 0.0
+        """how long the last write took in the writer's thread, encoding included"""
 
     @property
     def busy(self) -> bool:
         return self._running is not None or self._waiting is not None
 
-    def submit(self, content: bytes) -> None:
+    def submit(self, content: bytes | Callable[[], bytes]) -> None:
+        """Write `content`, or what `content()` returns: called in the writer's thread, so the loop does not
+        encode a large table (it hands over a copy)."""
         if self._running is not None:
             if self._waiting is not None:
                 self.superseded += 1
@@ -354,9 +391,15 @@ class BackgroundWriter:
             return
         self._start(content)
 
-    def _start(self, content: bytes) -> None:
-        running = self._running = self.loop.run_in_executor(self.executor, self.store.write, content)
+    def _start(self, content: bytes | Callable[[], bytes]) -> None:
+        running = self._running = self.loop.run_in_executor(self.executor, self._write, content)
         running.add_done_callback(self._done)
+
+    def _write(self, content: bytes | Callable[[], bytes]) -> None:
+        """In the writer's thread: encode (when given a callable) and write; `last_seconds` says how long."""
+        started = time.perf_counter()
+        self.store.write(content() if callable(content) else content)
+        self.last_seconds = time.perf_counter() - started
 
     def _done(self, future: asyncio.Future[None]) -> None:
         self._running = None
@@ -378,11 +421,15 @@ class BackgroundWriter:
 
 
 class StateSaver:
-    """A running wrapper's `PersistedState`, saved at most once per `STATE_SAVE_DELAY` after a change.
+    """A running wrapper's `PersistedState`, saved at most once per `delay` after a change.
 
-    Used from the event loop's thread. The snapshot is encoded on the loop (it must see a consistent table)
-    and written by a `BackgroundWriter`; `save_now` writes on the calling thread once the writer is idle
-    (shutdown). `epoch` reads the node's epoch, which the file never lags behind."""
+    Used from the event loop's thread. The loop copies the table (a consistent snapshot: a few milliseconds at
+    100,000 filters) and a `BackgroundWriter` encodes and writes the copy in its thread; `save_now` writes on
+    the calling thread once the writer is idle (shutdown). Encoded on the loop, 100,000 filters took 0.16-0.33 s,
+    every `STATE_SAVE_DELAY` while a burst of subscriptions was learnt: the loop answered nothing meanwhile. The
+    writer's thread still takes the GIL and a CPU, so `delay` grows with the time the last write took
+    (`SAVE_COST_RATIO`): the writes take at most about a tenth of the time. `epoch` reads the node's epoch,
+    which the file never lags behind."""
 
     def __init__(self, store: StateStore, state: PersistedState, loop: asyncio.AbstractEventLoop,
                  epoch: Callable[[], int], now: Callable[[], float],
@@ -396,20 +443,32 @@ class StateSaver:
         self._writer = BackgroundWriter(store, loop, self._failed)
         self._handle: asyncio.TimerHandle | None = None
 
+    @property
+    def delay(self) -> float:
+        """seconds from a change to the save that takes it: `STATE_SAVE_DELAY`, or `SAVE_COST_RATIO` times the
+        last write when that is longer"""
+        return max(STATE_SAVE_DELAY, SAVE_COST_RATIO * self._writer.last_seconds)
+
     def schedule(self) -> None:
-        """The state changed: save it within `STATE_SAVE_DELAY`, once for every change made meanwhile."""
+        """The state changed: save it within `delay`, once for every change made meanwhile."""
         if self._handle is None:
-            self._handle = self._loop.call_later(STATE_SAVE_DELAY, self._save)
+            self._handle = self._loop.call_later(self.delay, self._save)
 
     def _save(self) -> None:
         self._handle = None
-        self._writer.submit(self._content())  # the fsync must not stall the loop
+        snapshot, now = self._snapshot(), self._now()
+        self._writer.submit(lambda: self.store.encode(snapshot, now))  # encoding and fsync off the loop
+
+    def _snapshot(self) -> PersistedState:
+        """A copy of the state as it is now, for the writer's thread (the table goes on changing on the loop)."""
+        state = self.state
+        state.epoch = max(state.epoch or 0, self._epoch())
+        if self._filters is not None:
+            state.filters = self._filters()
+        return replace(state, subscriptions=state.subscriptions.copy(), filters=list(state.filters))
 
     def _content(self) -> bytes:
-        self.state.epoch = max(self.state.epoch or 0, self._epoch())
-        if self._filters is not None:
-            self.state.filters = self._filters()
-        return self.store.encode(self.state, self._now())
+        return self.store.encode(self._snapshot(), self._now())
 
     async def save_now(self) -> None:
         """Write the state on this thread, after the writer thread's write (one writer at a time)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from federation.daemon import wrapper_events
+from federation.daemon.broker_log import ClientSubscribed
 from federation.daemon.broker_subscriptions import (
     DROP_REASON,
     HOLD_FULL_REASON,
@@ -187,7 +188,7 @@ def test_over_delivery_is_a_pseudo_subscription_to_everything() -> None:
     guard.counted(6, now=1.0)  # 2 known + 3 own + 1 unseen
     guard.tick(3.0)
     assert sink.filters[UNACCOUNTED_CLIENT] == {OVER_DELIVERY_FILTER}
-    table.clients["s3"] = ClientRecord({"c/d": 0})  # the unseen one subscribes again and is seen
+    table.apply(ClientSubscribed("s3", "c/d", 0), sink, now=2.0)  # the unseen one subscribes again and is seen
     guard.table_changed(now=2.0)
     guard.tick(33.0)
     assert sink.filters[UNACCOUNTED_CLIENT] == set()
