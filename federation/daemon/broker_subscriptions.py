@@ -37,7 +37,7 @@ holds: it tells the node (through `SubscriptionSink`) and reports (through `Drop
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -97,6 +97,85 @@ class Expired:
     unresubscribed: list[str]
 
 
+class _TopicNode:
+    """One topic level of `HeldTopics`: how many held publications have the topic that ends here."""
+
+    __slots__ = ("children", "count", "topic")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _TopicNode] = {}
+        self.count = 0
+        self.topic = ""
+
+
+class HeldTopics:
+    """The topics of the held publications, with how many of each, in a trie of their levels: the topics a new
+    filter matches are found by walking the filter down the trie (`matching`), not by testing every held
+    publication. A subscribe line did that test for every held one: with 1,000 held, 0.9 ms a line, so the
+    100,000 subscriptions of a restarted broker coming back would have taken the loop minutes, and the grace
+    would have run out on publications whose subscribers were back but not yet read."""
+
+    def __init__(self) -> None:
+        self._root = _TopicNode()
+
+    def add(self, topic: str) -> None:
+        node = self._root
+        for level in topic.split("/"):
+            found = node.children.get(level)
+            if found is None:
+                found = node.children[level] = _TopicNode()
+            node = found
+        node.count += 1
+        node.topic = topic
+
+    def remove(self, topic: str) -> None:
+        """One held publication of `topic` less (one that was added)."""
+        path: list[tuple[_TopicNode, str]] = []
+        node = self._root
+        for level in topic.split("/"):
+            path.append((node, level))
+            node = node.children[level]
+        node.count -= 1
+        for parent, level in reversed(path):  # prune what leads to no held topic any more
+            child = parent.children[level]
+            if child.count or child.children:
+                break
+            del parent.children[level]
+
+    def clear(self) -> None:
+        self._root = _TopicNode()
+
+    def matching(self, filter_: str) -> set[str]:
+        """The held topics `filter_` (a valid federated filter) matches."""
+        found: set[str] = set()
+        levels = filter_.split("/")
+        pending = [(self._root, 0)]
+        while pending:
+            node, depth = pending.pop()
+            if depth == len(levels):
+                if node.count:
+                    found.add(node.topic)
+                continue
+            level = levels[depth]
+            if level == "#":
+                if node.count and depth:  # `a/#` matches `a` too
+                    found.add(node.topic)
+                below = [child for name, child in node.children.items() if depth or not name.startswith("$")]
+                while below:
+                    child = below.pop()
+                    if child.count:
+                        found.add(child.topic)
+                    below.extend(child.children.values())
+            elif level == "+":
+                pending.extend((child, depth + 1) for name, child in node.children.items()
+                               if depth or not name.startswith("$"))
+            else:
+                literal = node.children.get(level)
+                if literal is not None:
+                    pending.append((literal, depth + 1))
+        return found
+
+
 class ResubscribeHold:
     """The filters known before the broker restarted, and the publications held for them (module docstring)."""
 
@@ -113,12 +192,27 @@ class ResubscribeHold:
         """federated filters subscribed since the restart"""
         self.fresh_subscriptions: set[tuple[str, str]] = set()
         """(client, filter) subscribed since the restart that the broker counts (not shared ones)"""
-        self.held: deque[tuple[Injection, str]] = deque()
+        self._held: OrderedDict[int, tuple[Injection, str]] = OrderedDict()
+        """arrival number -> a held publication and the filter it waits for, oldest first"""
+        self._arrivals = 0
+        self._by_topic: dict[str, deque[int]] = {}
+        """topic -> the arrival numbers of its held publications, oldest first"""
+        self._held_topics = HeldTopics()
+        """the topics of `held`: which of them a new filter releases"""
         self.held_bytes = 0
         self.overflowed: list[tuple[Injection, str]] = []
         """held publications pushed out by the bounds, for the caller to report (`take_overflowed`)"""
         self.released = 0
         self.dropped = 0
+
+    @property
+    def held(self) -> list[tuple[Injection, str]]:
+        """The held publications, oldest first, with the filter each waits for."""
+        return list(self._held.values())
+
+    @property
+    def held_count(self) -> int:
+        return len(self._held)
 
     @property
     def active(self) -> bool:
@@ -155,13 +249,25 @@ class ResubscribeHold:
         waiting_for = self._pending_index.matching(topic)
         if not waiting_for:
             return True
-        self.held.append((injection, waiting_for[0]))
+        self._arrivals += 1
+        self._held[self._arrivals] = (injection, waiting_for[0])
+        self._by_topic.setdefault(topic, deque()).append(self._arrivals)
+        self._held_topics.add(topic)
         self.held_bytes += len(injection.payload)
-        while len(self.held) > self.max_held or self.held_bytes > self.max_held_bytes:
-            oldest = self.held.popleft()
-            self.held_bytes -= len(oldest[0].payload)
+        while len(self._held) > self.max_held or self.held_bytes > self.max_held_bytes:
+            arrival, oldest = self._held.popitem(last=False)
+            self._forget(arrival, oldest[0])
             self.overflowed.append(oldest)
         return False
+
+    def _forget(self, arrival: int, injection: Injection) -> None:
+        """`injection` (held as `arrival`, now out of `_held`) leaves the indexes and the byte count."""
+        self.held_bytes -= len(injection.payload)
+        arrivals = self._by_topic[injection.topic]
+        arrivals.remove(arrival)  # the oldest of its topic when the hold overflows: at the front
+        if not arrivals:
+            del self._by_topic[injection.topic]
+        self._held_topics.remove(injection.topic)
 
     def take_overflowed(self) -> list[tuple[Injection, str]]:
         out, self.overflowed = self.overflowed, []
@@ -185,16 +291,17 @@ class ResubscribeHold:
             ended = federated
         self._fresh.add(federated)
         released: list[Injection] = []
-        kept: deque[tuple[Injection, str]] = deque()
-        for injection, waiting_for in self.held:
-            if self._fresh.matching(injection.topic):
+        # Only what this filter matches can be released now: a held publication matches no filter subscribed
+        # before it (`admit`), nor one subscribed since (it was released then).
+        topics = self._held_topics.matching(federated) if self._held else set()
+        if topics:
+            arrivals = sorted(arrival for topic in topics for arrival in self._by_topic[topic])  # in their order
+            for arrival in arrivals:
+                injection, _filter = self._held.pop(arrival)
+                self._forget(arrival, injection)
                 released.append(injection)
-                self.held_bytes -= len(injection.payload)
-            else:
-                kept.append((injection, waiting_for))
-        self.held = kept
         self.released += len(released)
-        if not self.pending and not self.held:
+        if not self.pending and not self._held:
             self.deadline = None  # everything known is back: the grace is over early
         return released, ended
 
@@ -219,8 +326,10 @@ class ResubscribeHold:
 
     def _end(self) -> tuple[list[tuple[Injection, str]], list[str]]:
         """No grace any more: what was held (with the filter it was held for) and the filters still pending."""
-        held, pending = list(self.held), sorted(self.pending)
-        self.held.clear()
+        held, pending = self.held, sorted(self.pending)
+        self._held.clear()
+        self._by_topic.clear()
+        self._held_topics.clear()
         self.held_bytes = 0
         self.pending.clear()
         self._pending_index = FilterIndex()
@@ -474,7 +583,7 @@ class BrokerSubscriptions:
         hold, audit = self.hold, self.audit
         return {
             "resubscribe_grace": {"active": hold.active, "seconds": hold.grace, "deadline": hold.deadline,
-                                  "pending_filters": sorted(hold.pending), "held": len(hold.held),
+                                  "pending_filters": sorted(hold.pending), "held": hold.held_count,
                                   "held_bytes": hold.held_bytes, "released": hold.released, "dropped": hold.dropped},
             "subscription_count": {"broker": audit.broker_count, "known": audit.known, "own": audit.own,
                                    "unaccounted_subscriptions": audit.unaccounted,

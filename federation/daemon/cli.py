@@ -101,6 +101,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--encryption", metavar="CIPHER",
                         help="chacha20-poly1305 to encrypt what this wrapper sends (needs --key-file), "
                              "or none (default)")
+    parser.add_argument("--allow-other-wrappers", dest="allow_other_wrappers", action="store_true", default=None,
+                        help="start even when another federation wrapper holds a record on this broker (refused "
+                             "otherwise: both would federate everything twice)")
     add_version_option(parser, PROG)
     return parser
 

@@ -150,6 +150,10 @@ FIELDS: tuple[Field, ...] = (
           f"seconds the wrapper lets its broker's packets gather between read passes while they come faster than "
           f"{read_coalescing.MIN_RATE:,.0f} a second (0 to {read_coalescing.MAX_SECONDS:g}; 0: read each as soon as "
           f"it comes): less CPU per publication at high rates, for at most this much latency at those rates only"),
+    Field("allow_other_wrappers", "--allow-other-wrappers", False,
+          "start even when another federation wrapper holds a record on this broker (false: refuse, exit status 2, "
+          "naming it; two wrappers on one broker each take the other's subscription to # for a client's: "
+          "federation.daemon.other_wrappers)"),
 )
 KNOWN_KEYS = frozenset(f.key for f in FIELDS) | {"neighbours", "settings"}
 
@@ -203,6 +207,8 @@ class DaemonConfig:
     """SHA-256 of the YAML file as read (hex); None without one"""
     loaded_at: float = field(default_factory=time.time, compare=False)
     """unix time this configuration was read"""
+    allow_other_wrappers: bool = False
+    """start even when another wrapper holds a record on the broker (federation.daemon.other_wrappers)"""
 
     @property
     def family(self) -> socket.AddressFamily:
@@ -356,6 +362,7 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
                                      f"seconds from 0 to {read_coalescing.MAX_SECONDS:g} (0 turns the gathering off; "
                                      f"default {read_coalescing.DEFAULT_SECONDS:g})")
     topic_policy = _topic_policy(value("topics"), origin("topics"))
+    allow_other_wrappers = _boolean(value("allow_other_wrappers"), origin("allow_other_wrappers"))
     resolve_interval = _seconds_or_zero(value("neighbour_resolve_interval"), origin("neighbour_resolve_interval"),
                                         MAX_RESOLVE_INTERVAL,
                                         f"seconds from 0 to {MAX_RESOLVE_INTERVAL:g} (0: resolve names only at start "
@@ -414,7 +421,7 @@ def load_config(flags: Mapping[str, Any], resolver: Resolver = default_resolver,
         broker_session_expiry=DEFAULT_SESSION_EXPIRY if session_expiry is None else session_expiry,
         resubscribe_grace=resubscribe_grace, broker_read_coalesce=read_coalesce, topic_policy=topic_policy,
         neighbour_names=tuple(names), neighbour_resolve_interval=resolve_interval, flags=dict(flags),
-        config_hash=config_hash, loaded_at=loaded_at,
+        config_hash=config_hash, loaded_at=loaded_at, allow_other_wrappers=allow_other_wrappers,
     )
 
 
@@ -526,6 +533,15 @@ def _seconds_or_zero(value: Any, where: str, high: float, expected: str) -> floa
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
         return 0.0
     return _seconds(value, where, high, expected)
+
+
+def _boolean(value: Any, where: str) -> bool:
+    """true or false; also as text (an environment variable): true/false, yes/no, 1/0."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "1", "false", "no", "0"):
+        return value.strip().lower() in ("true", "yes", "1")
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
 
 
 def _optional_text(value: Any, where: str) -> str | None:

@@ -5,7 +5,10 @@ node, the envelope, the UDP endpoint, the broker connection, the
 queues), and each needs others to be built. So they are built together,
 once, in `build`: `open_resources` and `boot` (startup.py) take what the
 configuration names and boot the node, failing with exit status 2 before
-the epoch is advanced or anything is sent; then the UDP endpoint is opened
+the epoch is advanced or anything is sent; between the two, the look for
+another wrapper on the same broker (other_wrappers.py) refuses the start
+the same way, unless allowed, and this wrapper's record on the broker is
+held from then on until `run` ends; then the UDP endpoint is opened
 and one `Running` (running.py) is made of it all, whose fields are never
 None. `run` starts it, waits for SIGINT/SIGTERM (or `request_stop`), and
 has it shut down: the node announces its departure, the last datagrams and
@@ -31,14 +34,16 @@ import asyncio
 import signal
 import socket
 
+from federation.daemon import other_wrappers
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig, is_wildcard
 from federation.daemon.health import Readiness
 from federation.daemon.metrics import Snapshot
 from federation.daemon.metrics_server import PROBE_TIMEOUT
+from federation.daemon.other_wrappers import Presence
 from federation.daemon.running import Running
 from federation.daemon.snapshots import on_loop
-from federation.daemon.startup import boot, open_resources
+from federation.daemon.startup import StartupError, boot, open_resources
 from federation.daemon.systemd import service_notifications
 from federation.daemon.udp import LocalAddresses, OverlayProtocol
 
@@ -53,6 +58,8 @@ class Runtime:
         """the started wrapper, from `build` on"""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = asyncio.Event()
+        self.presence = Presence(config)
+        """this wrapper's record on its broker, and the look at other wrappers' (other_wrappers.py)"""
 
     async def run(self, handle_signals: bool = True) -> int:
         """Run until SIGINT/SIGTERM (or `request_stop`); returns 0 after a clean shutdown.
@@ -75,6 +82,7 @@ class Runtime:
             finally:
                 await running.shutdown()
         finally:
+            await loop.run_in_executor(None, self.presence.close)  # the record goes after the wrapper left
             for signum in signals:
                 loop.remove_signal_handler(signum)
             if handle_signals:  # SIGHUP stays ignored until the process exits
@@ -90,6 +98,10 @@ class Runtime:
         resources = open_resources(config, self)
         transport: asyncio.DatagramTransport | None = None
         try:
+            try:  # another wrapper on this broker? (other_wrappers.py: after the local checks, before the epoch)
+                await loop.run_in_executor(None, other_wrappers.check, self.presence, config.allow_other_wrappers)
+            except other_wrappers.OtherWrapperError as error:
+                raise StartupError(str(error)) from None
             node, envelope, persisted = boot(config, resources.store)
             # Linux reports twice the receive buffer it accepted; bulk transfers may fill half of what it accepted
             envelope.set_receive_window(resources.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4)

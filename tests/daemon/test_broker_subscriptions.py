@@ -3,6 +3,8 @@ restart and the audit of the broker's subscription count, in virtual time."""
 
 from __future__ import annotations
 
+import random
+import time
 from collections import Counter
 
 from federation.daemon import wrapper_events
@@ -14,11 +16,13 @@ from federation.daemon.broker_subscriptions import (
     RESTART_CLIENT,
     UNACCOUNTED_CLIENT,
     BrokerSubscriptions,
+    HeldTopics,
     ResubscribeHold,
     SubscriptionAudit,
     broker_counted,
 )
 from federation.daemon.state import ClientRecord, LocalSubscriptions
+from federation.protocol.topic_filter import matches
 from federation.protocol.types import Address, Injection
 
 ORIGIN = Address("10.0.0.9", 10500)
@@ -65,6 +69,42 @@ def test_publications_for_known_filters_wait_until_a_matching_subscription_and_k
     released, ended = hold.subscribed("c1", "a/#")
     assert released == [] and ended == "a/#"
     assert not hold.active and hold.released == 4  # everything known is back: the grace ended early
+
+
+def test_held_topics_a_filter_matches_are_those_mqtt_matching_gives() -> None:
+    """`HeldTopics.matching` walks the filter down a trie of the held topics; it must give what testing each
+    held topic with `matches` gives, through additions and removals."""
+    generator = random.Random(7)
+    levels = ["a", "b", "c", ""]
+    topics = ["/".join(generator.choice(levels) for _ in range(generator.randint(1, 3))) for _ in range(40)]
+    topics = [topic for topic in topics if topic] + ["$SYS/a", "a/$b"]  # an empty topic is no topic
+    filters = ["#", "+", "a/#", "a/+", "+/+", "+/b/#", "a/b", "/#", "+/", "a/+/c", "$SYS/#", "+/+/+", "a//c"]
+    trie, held = HeldTopics(), Counter[str]()
+    for step in range(2000):
+        topic = generator.choice(topics)
+        if held[topic] and generator.random() < 0.4:
+            trie.remove(topic)
+            held[topic] -= 1
+        else:
+            trie.add(topic)
+            held[topic] += 1
+        if step % 20 == 0:
+            for filter_ in filters:
+                assert trie.matching(filter_) == {t for t, n in held.items() if n and matches(filter_, t)}, filter_
+
+
+def test_a_subscribe_line_costs_little_however_much_is_held() -> None:
+    """What a restarted broker's 100,000 subscriptions coming back cost: each line looks only at what its own
+    filter matches (a test of every held publication per line took 0.9 ms a line with 1,000 held)."""
+    hold = ResubscribeHold(grace=30.0, max_held=5000)
+    hold.start({f"dev/{number}/cmd": 1 for number in range(20_000)}, now=0.0)
+    for seq in range(5000):
+        hold.admit(injection(seq, f"dev/{seq * 3}/cmd"))
+    started = time.perf_counter()
+    released = [each for number in range(20_000) for each in hold.subscribed("c", f"dev/{number}/cmd")[0]]
+    took = time.perf_counter() - started
+    assert released == [injection(seq, f"dev/{seq * 3}/cmd") for seq in range(5000) if seq * 3 < 20_000]
+    assert took < 5.0, f"20,000 subscribe lines with 5,000 publications held took {took:.1f} s"
 
 
 def test_at_the_end_of_the_grace_what_is_held_is_dropped_and_unresubscribed_filters_forgotten() -> None:

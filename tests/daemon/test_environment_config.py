@@ -42,6 +42,14 @@ def test_null_unsets_and_brackets_read_yaml(tmp_path: Path) -> None:
     assert [str(n) for n in config.neighbours] == ["127.0.0.9:10500"]
 
 
+def test_a_yes_or_no_setting_from_text() -> None:
+    assert load_config({}, environ={"MQTT_FEDERATION_ALLOW_OTHER_WRAPPERS": "true"}).allow_other_wrappers is True
+    assert load_config({}, environ={"MQTT_FEDERATION_ALLOW_OTHER_WRAPPERS": "no"}).allow_other_wrappers is False
+    assert load_config({}, environ={}).allow_other_wrappers is False
+    with pytest.raises(ConfigError, match="MQTT_FEDERATION_ALLOW_OTHER_WRAPPERS: expected true or false, got 'maybe'"):
+        load_config({}, environ={"MQTT_FEDERATION_ALLOW_OTHER_WRAPPERS": "maybe"})
+
+
 @pytest.mark.parametrize(("environ", "message"), [
     ({"MQTT_FEDERATION_NEIGHBOURZ": "a"}, "MQTT_FEDERATION_NEIGHBOURZ: no such setting; the variables are "
                                           "MQTT_FEDERATION_ and a wrapper.yaml key in capitals: "),
