@@ -137,7 +137,7 @@ class Reconfiguring:
             counts.failures += 1
             counts.last_error = str(error)
             log.error("SIGHUP: %s refused; kept the running configuration (loaded %s, sha256 %s; federation keys "
-                      "in use: %s): wrapper.py: error: %s", where, _time_text(running.loaded_at),
+                      "in use: %s): federation-wrapper: error: %s", where, _time_text(running.loaded_at),
                       running.config_hash, "ids " + ", ".join(wrapper.envelope.key_ids()) if running.keys else
                       "none, the overlay is open", error)
         except Exception as error:  # noqa: BLE001 - a bug must not end the wrapper: it keeps what runs

@@ -132,7 +132,7 @@ def test_a_reload_adds_a_neighbour_and_an_export_while_a_stream_crosses(federati
         f"{federation.node('n1').wrapper_config}: topics[0] 'news/# sideways 1': Error: Invalid bridge topic "
         f"direction 'sideways'. Write out, in or both after the pattern.")
     log = federation.node("n1").wrapper_log.read_text()
-    assert f"wrapper.py: error: {refused['reloads']['last_error']}" in log
+    assert f"federation-wrapper: error: {refused['reloads']['last_error']}" in log
     assert neighbour_up(federation, "n1", "n2")
     clients.publish(federation, "n1", "news/after-refusal", b"unchanged", qos=1)
     news_c.wait_for_message("news/after-refusal", b"unchanged")
