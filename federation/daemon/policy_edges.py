@@ -35,16 +35,14 @@ class PolicyEdges:
 
     def __init__(self, policy: TopicPolicy = EVERYTHING) -> None:
         self.policy = policy
+        self.active = not policy.everything
+        """the policy has lines: publications must be asked about (an attribute: read per publication)"""
         self.filtered: dict[str, Counter[str]] = {direction: Counter() for direction in REASONS}
         """direction ("export", "import") -> reason -> publications kept out"""
 
-    @property
-    def active(self) -> bool:
-        """The policy has lines: publications must be asked about."""
-        return not self.policy.everything
-
     def set_policy(self, policy: TopicPolicy) -> None:
         self.policy = policy
+        self.active = not policy.everything
 
     def export(self, topic: str, qos: int) -> Crossing | None:
         """A local publication: its federation topic and QoS, or None (counted) when it stays here."""
