@@ -345,13 +345,16 @@ def test_probes_go_where_the_lines_let_them_through() -> None:
                 "c": TopicPolicy()}
     brokers = {"a": "a", "b": "b", "c": "c"}
     sites = ("a", "b", "c")
-    assert probe_topics(policies, brokers, sites, "c", "site-a/sensors/tp-probe") == {
+    assert probe_topics(policies, brokers, sites, "c", "site-a/sensors/#") == {
         "a": "sensors/tp-probe", "b": "site-a/sensors/tp-probe", "c": "site-a/sensors/tp-probe"}
-    assert probe_topics(policies, brokers, sites, "c", "sensors/tp-probe") == {
+    assert probe_topics(policies, brokers, sites, "c", "sensors/#") == {
         "b": "sensors/tp-probe", "c": "sensors/tp-probe"}  # a's sensors/ go out under site-a/
-    assert probe_topics(policies, brokers, sites, "a", "cmd/tp-probe") == {
+    assert probe_topics(policies, brokers, sites, "a", "cmd/+") == {
         "a": "cmd/tp-probe", "b": "cmd/tp-probe", "c": "cmd/tp-probe"}
-    assert probe_topics(policies, brokers, sites, "a", "other/tp-probe") == {"a": "other/tp-probe"}
+    assert probe_topics(policies, brokers, sites, "a", "other/x") == {"a": "other/x"}
+    # A subscriber of # on a is reached from elsewhere inside what a imports (cmd/#), from a on its own topic.
+    assert probe_topics(policies, brokers, sites, "a", "$share/g/#") == {
+        "a": "tp-probe", "b": "cmd/tp-probe", "c": "cmd/tp-probe"}
 
 
 def test_a_bridge_chains_duplicates_are_left_out_at_the_highest_qos() -> None:

@@ -27,7 +27,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from federation.daemon.topic_policy import EMPTY, EVERYTHING, EXPORTS, IMPORTS, Crossing, TopicPolicy, parse_line, remap
+from federation.daemon.topic_policy import (
+    EMPTY,
+    EVERYTHING,
+    EXPORTS,
+    IMPORTS,
+    Crossing,
+    TopicPolicy,
+    intersect,
+    parse_line,
+    remap,
+)
 from federation.protocol.topic_filter import matches
 from federation.tools.transparency.scenario import (
     Action,
@@ -97,19 +107,37 @@ def _source(policy: TopicPolicy, target: str, outward: bool) -> str | None:
 
 
 def probe_topics(policies: Mapping[str, TopicPolicy], brokers: Mapping[str, str], sites: Sequence[str],
-                 receiver_site: str, topic: str) -> dict[str, str]:
-    """Where to publish a probe at each site so that it arrives on `topic` at `receiver_site` (`brokers`: site ->
-    its broker; sites of one broker publish `topic` itself); sites the lines keep away are left out."""
+                 receiver_site: str, topic_filter: str) -> dict[str, str]:
+    """Where to publish a probe at each site so that it arrives at a subscriber of `topic_filter` at
+    `receiver_site` (`brokers`: site -> its broker): the filter's probe topic, or one inside the part of it an
+    `in`/`both` line of the receiver imports (a subscriber of `#` behind `site-a/# in` is reached on
+    `site-a/tp-probe`); sites of the receiver's broker publish the first; sites the lines keep away are left
+    out."""
+    inner = topic_filter.split("/", 2)[2] if topic_filter.startswith("$share/") else topic_filter
+    receiver = policies.get(receiver_site, EVERYTHING)
+    candidates = [probe_topic(inner)]
+    for line in receiver.lines:
+        common = intersect(inner, line.local_topic) if line.direction in IMPORTS else None
+        if common is not None and probe_topic(common) not in candidates:
+            candidates.append(probe_topic(common))
     found: dict[str, str] = {}
-    federation_topic = _source(policies.get(receiver_site, EVERYTHING), topic, outward=False)
     for site in sites:
         if brokers[site] == brokers[receiver_site]:
-            found[site] = topic
-        elif federation_topic is not None:
-            local = _source(policies.get(site, EVERYTHING), federation_topic, outward=True)
+            found[site] = candidates[0]
+            continue
+        for candidate in candidates:
+            federation_topic = _source(receiver, candidate, outward=False)
+            local = None if federation_topic is None else \
+                _source(policies.get(site, EVERYTHING), federation_topic, outward=True)
             if local is not None:
                 found[site] = local
+                break
     return found
+
+
+def probe_topic(topic_filter: str) -> str:
+    """A topic that `topic_filter` matches: its wildcards become a `tp-probe` level (as runner.probe_topic)."""
+    return "/".join("tp-probe" if level in ("+", "#") else level for level in topic_filter.split("/"))
 
 
 # ------------------------------------------------------------------ the cases

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from federation.daemon.topic_policy import TopicPolicy
 from federation.harness.processes import LaunchError, poll
+from federation.tools.transparency import policies
 from federation.tools.transparency.policies import probe_topics
 from federation.tools.transparency.recorder import Control, Message, ProbeClient, RecordingClient, digest
 from federation.tools.transparency.scenario import (
@@ -114,7 +115,7 @@ def probe_topic(topic_filter: str) -> str:
     group is left out)."""
     if topic_filter.startswith("$share/"):
         topic_filter = topic_filter.split("/", 2)[2]
-    return "/".join("tp-probe" if level in ("+", "#") else level for level in topic_filter.split("/"))
+    return policies.probe_topic(topic_filter)
 
 
 @dataclass
@@ -259,7 +260,6 @@ class _Run:
     def make_ready(self, client: RecordingClient, topic_filter: str) -> None:
         """Probe from every site until `client` has a probe from each (see the module docstring)."""
         timing = self.runner.timing
-        topic = probe_topic(topic_filter)
         # A member of a shared group is reached when its group is: a probe meant for it may go to any member.
         receiver = self.scenario.receiver_of(client.name)
         members = [client] if not topic_filter.startswith("$share/") else \
@@ -277,7 +277,7 @@ class _Run:
         receiver_site = client.site or sites[0]
         every = (*sites, receiver_site)
         where = probe_topics({site: setup.policy(site) for site in every},
-                             {site: setup.broker_of(site) for site in every}, sites, receiver_site, topic)
+                             {site: setup.broker_of(site) for site in every}, sites, receiver_site, topic_filter)
         sites = tuple(site for site in sites if site in where)
         began = time.monotonic()
         deadline = began + timing.probe_timeout
