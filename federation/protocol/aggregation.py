@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from federation.protocol.topic_filter import FilterIndex
 
@@ -92,17 +92,23 @@ def covering(index: FilterIndex, filter_: str) -> list[str]:
     return [other for other in index.matching(_probe(filter_)) if covers(other, filter_)]
 
 
-def serving_core(cores: Mapping[str, Core], filter_: str) -> Core | None:
-    """The core of `filter_` in `cores` (filter -> core) or, when it has none, of a filter there that covers it
-    (the first in sorted order: a broker federates a covering filter for the ones it covers): who serves a
-    subscription to `filter_`. None when nothing does."""
-    core = cores.get(filter_)
-    if core is not None:
-        return core
-    for other in sorted(other for other in cores if SINGLE in other or MULTI in other):
-        if covers(other, filter_):
-            return cores[other]
-    return None
+class ServingCores(Generic[Core]):
+    """Who serves a subscription to a filter in a view of the cores (filter -> core): the filter's own core or, when
+    it has none, the core of a filter there that covers it (the first in sorted order: a broker federates a covering
+    filter for the ones it covers). For checks over many filters: the covering filters are indexed once."""
+
+    def __init__(self, cores: Mapping[str, Core]) -> None:
+        self._cores = cores
+        self._wildcards: FilterIndex | None = None
+
+    def __call__(self, filter_: str) -> Core | None:
+        core = self._cores.get(filter_)
+        if core is not None:
+            return core
+        if self._wildcards is None:
+            self._wildcards = FilterIndex(other for other in self._cores if SINGLE in other or MULTI in other)
+        found = covering(self._wildcards, filter_)
+        return self._cores[found[0]] if found else None
 
 
 def _probe(filter_: str) -> str:

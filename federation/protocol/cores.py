@@ -185,7 +185,10 @@ class CoreElection(TopicTable):
         return found
 
     def on_topic_core(self, kind: str, message: TopicCore, from_transport: Address, from_announced: Address,
-                      now: float) -> None:
+                      now: float, kept: bool = False) -> None:
+        """A claim (`tc`, or `rt` answering one of ours); `kept`: one kept pending since it arrived, now taken
+        (forwarded to its sender too: that neighbour may have lost it meanwhile, and nothing refreshes it)."""
+        forward_except = None if kept else from_transport
         if message.flags & FLAG_OWNER:
             self._on_ownership(message, from_transport, now)
             return
@@ -221,12 +224,12 @@ class CoreElection(TopicTable):
                 state.core_epoch, state.core_seq = message.freshness
                 state.core_distance, state.via, state.heard_at = distance, {from_announced}, now
                 state.core_rank, state.provisional = message.rank, False
-                self._forward_core(state, from_transport)
+                self._forward_core(state, forward_except)
             elif message.freshness == state.freshness:
                 state.heard_at = max(state.heard_at, now)
                 if distance < state.core_distance:
                     state.core_distance, state.via = distance, {from_announced}
-                    self._forward_core(state, from_transport)
+                    self._forward_core(state, forward_except)
                 elif distance == state.core_distance and len(state.via) < self._settings.max_neighbours:
                     state.via = {*state.via, from_announced}  # bounded: only neighbours deliver it
             self.dirty.add(state.filter)
@@ -248,7 +251,7 @@ class CoreElection(TopicTable):
         self._outbox.view_changed()
         self._outbox.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=id_text(core),
                           previous=id_text(previous), reason="stood_down" if was_own else "announced")
-        self._forward_core(state, from_transport)
+        self._forward_core(state, forward_except)
         self.dirty.add(state.filter)
 
     def _disown(self, state: TopicState, message: TopicCore, from_transport: Address, now: float) -> None:
@@ -343,6 +346,9 @@ class CoreElection(TopicTable):
         if reason == "lost":
             state.lost_at = now
             state.lost_core = previous.address if previous is not None else None
+            # A claim this node turned down as inferior to the one lost may still live elsewhere: the neighbours'
+            # claims are asked for at once (`TopicSync.ask_claims`), not at the next digest round.
+            self.cores_lost = True
         elif reason == "withdrawn":
             state.withdrawn_at = now
         self._outbox.view_changed()

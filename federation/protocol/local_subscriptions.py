@@ -11,6 +11,12 @@ what the mesh reads: the federated filters and, for a moment, the ones being
 replaced. A federated filter that enters or leaves is what the node's other
 parts hear of (`Change`): the mesh joins or leaves the filter's mesh.
 
+The mesh hears of the federated filters `aggregate_delay` after a change:
+a burst of subscriptions (a device fleet reconnecting, a wrapper reading a
+backlog of log lines) is judged whole, so the aggregation's passing states
+(the first filters of a prefix, before the fan-out passes) never become
+claims that are withdrawn a moment later.
+
 A federated filter replaced by others (the aggregation changed its mind:
 a fan-out passed, a covering wildcard came or went) stays wanted until the
 meshes of the filters that replace it are ready (`release_replaced`, asked
@@ -50,9 +56,11 @@ class Change:
 class LocalSubscriptions:
     """Who subscribes to what on the local broker, and since when each federated filter is wanted here."""
 
-    def __init__(self, emit: Callable[..., Any], aggregate_fanout: int = 0, aggregate_linger: float = 0.0) -> None:
-        """`emit(type, now, **fields)`: an event (the node's outbox); `aggregate_fanout`, `aggregate_linger`: the
-        settings of that name (0: no covering filters, only the covered ones left out)."""
+    def __init__(self, emit: Callable[..., Any], aggregate_fanout: int = 0, aggregate_linger: float = 0.0,
+                 aggregate_delay: float = 0.0) -> None:
+        """`emit(type, now, **fields)`: an event (the node's outbox); `aggregate_fanout`, `aggregate_linger`,
+        `aggregate_delay`: the settings of that name (0: no covering filters, only the covered ones left out;
+        no lingering; changes told at once)."""
         self._emit = emit
         self.clients: dict[str, dict[str, int]] = {}
         """client -> raw filter -> QoS"""
@@ -69,6 +77,10 @@ class LocalSubscriptions:
         self.replaced: dict[str, tuple[float, tuple[str, ...]]] = {}
         """federated filter being replaced -> (until when at most, the filters replacing it)"""
         self._linger = aggregate_linger
+        self._delay = aggregate_delay
+        self._touched: set[str] = set()
+        """federated filters that entered or left the aggregation's effective set since the last flush"""
+        self._flush_at: float | None = None
 
     def subscribe(self, client: str, filter_: str, qos: int, now: float, restored: bool) -> list[Change] | None:
         """A client subscribed: what changed for the other parts (empty: a further pair of a wanted filter); None
@@ -136,22 +148,49 @@ class LocalSubscriptions:
     # ------------------------------------------------------------ the federated filters
 
     def _federated_changes(self, now: float) -> list[Change]:
-        """What the aggregation's latest batches mean for `wanted`: filters that enter, filters that leave at once
-        (nothing replaces them) and filters kept until their replacements are ready."""
-        changes: list[Change] = []
-        wanted = self.wanted
+        """The federated filters that entered or left since the last flush are told after `aggregate_delay` (a burst
+        of subscriptions is judged whole: the aggregation's passing states never reach the mesh); at once without
+        a delay."""
         for batch in self.aggregation.take_changes():
-            for filter_ in batch.added:
+            self._touched.update(batch.added)
+            self._touched.update(batch.removed)
+        if not self._touched:
+            return []
+        if self._delay <= 0:
+            return self.flush(now)
+        if self._flush_at is None:
+            self._flush_at = now + self._delay
+        return []
+
+    def flush(self, now: float) -> list[Change]:
+        """What the federated filters touched since the last flush mean for `wanted`: filters that enter, filters
+        that leave at once (nothing replaces them) and filters kept until their replacements are ready."""
+        touched, self._touched = sorted(self._touched), set()
+        self._flush_at = None
+        effective = self.aggregation.effective
+        wanted = self.wanted
+        changes: list[Change] = []
+        added: list[str] = []
+        for filter_ in touched:
+            if filter_ in effective:
                 self.replaced.pop(filter_, None)
                 if filter_ not in wanted:
                     wanted[filter_] = 1
+                    added.append(filter_)
                     changes.append(Change(filter_, added=True))
-            for filter_ in batch.removed:
-                if batch.added and self._linger > 0:
-                    self.replaced[filter_] = (now + self._linger, batch.added)
-                elif wanted.pop(filter_, None) is not None:
-                    changes.append(Change(filter_, added=False))
+        for filter_ in touched:
+            if filter_ in effective or filter_ not in wanted or filter_ in self.replaced:
+                continue
+            if added and self._linger > 0:
+                self.replaced[filter_] = (now + self._linger, tuple(added))
+            else:
+                del wanted[filter_]
+                changes.append(Change(filter_, added=False))
         return changes
+
+    def next_flush(self) -> float | None:
+        """When the federated filters touched lately are told (None: none waits)."""
+        return self._flush_at
 
     def release_replaced(self, now: float, ready: Callable[[str], bool]) -> list[Change]:
         """Federated filters being replaced whose replacements are all ready (`ready(filter)`: the mesh joined

@@ -158,7 +158,7 @@ class MeshEngine(CoreElection, PublicationRouting):
                 del state.pending[core]
             elif self.plausible(core, message.epoch):
                 del state.pending[core]
-                self.on_topic_core(TOPIC_CORE, message, transport, announced, now)
+                self.on_topic_core(TOPIC_CORE, message, transport, announced, now, kept=True)
         wants = self.wants(state.filter)
         if state.core is not None and not self.core_alive(state, now):
             self._keep_unreachable_claim(state, now)

@@ -146,7 +146,8 @@ class Node:
         self.reliable = ReliableForwarding(settings, self.neighbours, self.outbox, rng, delivery.route_again,
                                            delivery.track)
         """unacknowledged QoS 1/2 `tm` copies and their retransmission timers"""
-        self.local = LocalSubscriptions(self.emit, settings.aggregate_fanout, settings.aggregate_linger)
+        self.local = LocalSubscriptions(self.emit, settings.aggregate_fanout, settings.aggregate_linger,
+                                        settings.aggregate_delay)
         """the local broker's subscriptions: per client, per federated filter, since when"""
         local = self.local
         self.mesh = MeshEngine(self.identity, self.table, self.neighbours, self.outbox, rng, local.wanted,
@@ -374,7 +375,7 @@ class Node:
         for deadline in (*self.liveness.deadlines(self.mesh.watched_parents(), self.last_input_at),
                          self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
                          self.sync.next_deadline(), self.publications.ordering.next_deadline(),
-                         self.local.next_release()):
+                         self.local.next_release(), self.local.next_flush()):
             if deadline is not None:
                 candidates.append(deadline)
         return min(candidates)
@@ -395,6 +396,9 @@ class Node:
             self.emit(events.COUNTERS, now, **self._counter_snapshot(), clocks=self.neighbours.clock_report())
             self.next_stats = now + self.settings.stats_interval
         self.reliable.on_timer(now)
+        flush = self.local.next_flush()
+        if flush is not None and now >= flush:
+            self._apply(self.local.flush(now))
         self.mesh.on_timer(now)
         publications = self.publications
         for message in publications.ordering.expire(now):  # gaps waited for long enough
@@ -688,6 +692,9 @@ class Node:
         if table.stored_origins:
             self.mesh.records_changed(table.take_stored_origins())
         self.mesh.reconcile(now)
+        if self.mesh.cores_lost:
+            self.mesh.cores_lost = False
+            self.topic_sync.ask_claims()
         if self.local.replaced:
             released = self.local.release_replaced(now, lambda filter_: self.mesh.joined(filter_, now))
             if released:

@@ -85,6 +85,9 @@ class Settings:
     (`dev/+/cmd` for ten thousand `dev/<id>/cmd`: one mesh instead of thousands; publications to devices with no
     subscriber here then reach this broker's wrapper too, which injects only what a local subscription matches);
     0: filters federated one by one (a filter another local one covers is never federated on its own)"""
+    aggregate_delay: float = 0.02
+    """seconds from a change of the local subscriptions to the mesh hearing of the federated filters it changes:
+    a burst is judged whole (its first filters are not claimed, then withdrawn when the fan-out passes); 0: at once"""
     aggregate_linger: float = 10.0
     """seconds at most a federated filter the aggregation replaced stays, while the meshes replacing it are
     joined (it leaves as soon as they are)"""
@@ -216,7 +219,8 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{where}.{name}: must be greater than 0, got {getattr(self, name)!r}")
         for name in ("min_announce_gap", "publication_hold", "retained_tree_wait", "spf_delay", "spf_hold",
-                     "flood_delay", "reorder_start", "aggregate_fanout", "aggregate_linger"):
+                     "flood_delay", "reorder_start", "aggregate_fanout", "aggregate_linger",
+                     "aggregate_delay"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{where}.{name}: must not be negative, got {getattr(self, name)!r}")
         for name in ("capability", "capability_cpu_weight", "capability_memory_weight"):

@@ -107,6 +107,14 @@ class TopicSync:
         return ((SET_CLAIMS, sets.claims), (SET_MEMBERSHIPS, sets.memberships.get(announced, _EMPTY)),
                 (SET_RECORDED, sets.recorded.get(announced, _EMPTY)))
 
+    def ask_claims(self) -> None:
+        """A core was lost here: every up neighbour gets the digest of our claims at once, so a claim we turned
+        down for the lost one (it lost to it when the lost one was alive), which nothing floods again, comes back
+        within a few round trips instead of at the next round."""
+        tree = self._sets.claims
+        count, xor = tree.digest(0, 0)
+        self._outbox.send_up(TOPIC_DIGEST, TopicDigest(SET_CLAIMS, 0, 0, (count,), (xor,)), exclude=None)
+
     # ------------------------------------------------------------ receiving
 
     def on_digest(self, digest: TopicDigest, neighbour: Neighbour, now: float) -> None:

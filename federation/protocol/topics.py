@@ -252,6 +252,8 @@ class TopicTable:
         """(when, filter): a topic whose state changes with time alone, reconciled again then (a heap)"""
         self._expiring: set[str] = set()
         """filters with a child whose membership expires (it went down)"""
+        self.cores_lost = False
+        """a core was lost since the node last looked (it asks the neighbours for their claims)"""
         self.by_core: dict[Address, set[str]] = {}
         """core address -> the filters whose core, or a pending claim's core, it is: what a new record of that
         node may change (`records_changed`)"""

@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from federation.protocol.aggregation import serving_core
+from federation.protocol.aggregation import ServingCores
 from federation.protocol.topic_filter import SHARE_PREFIX, federated_filter, matches
 from federation.protocol.types import Address, BrokerId
 
@@ -308,9 +308,9 @@ class ConvergenceTracker:
         lowest = min(ids)
         if management_core != lowest:
             return f"management core is {management_core}, expected the lowest id {lowest}"
-        core_map = dict(cores)
+        serving = ServingCores(dict(cores))
         for federated in sorted(truth.needed_filters(component)):
-            core = serving_core(core_map, federated)
+            core = serving(federated)
             if core is None:
                 return f"no topic core for subscribed filter {federated!r}"
             if core not in ids:

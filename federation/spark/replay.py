@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from federation.protocol.aggregation import serving_core
+from federation.protocol.aggregation import ServingCores
 from federation.spark.timeline import Phase
 
 BrokerKey = tuple[int, str, int]
@@ -452,10 +452,10 @@ class Replay:
         if management_core != lowest:
             return (f"management core is {broker_text(management_core)}, "
                     f"expected the lowest id {broker_text(lowest)}")
-        core_map = dict(cores)
+        serving = ServingCores(dict(cores))
         needed = sorted({federated for state in states for federated, _ in state.subscriptions.values()})
         for federated in needed:
-            core = serving_core(core_map, federated)
+            core = serving(federated)
             if core is None:
                 return f"no topic core for subscribed filter {federated!r}"
             if core not in ids:

@@ -21,6 +21,11 @@ virtual time:
    the subscriber nodes) and against flooding to every broker (N-1 copies,
    what a spanning tree that replicates everything, MQTT-ST style, sends).
 
+With `--node-filters K` every broker also subscribes K filters of its own
+(`site<k>/dev/<i>/cmd`, a site's devices) right after the cold start, and the
+bench measures how long until every node agrees on a core serving each of
+them, then delivers a publication to a random device of random sites.
+
 Wall-clock and CPU seconds are printed too; they measure the simulator and
 the node code together (CPU seconds are the fairer figure on a shared machine).
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import resource
 import sys
 import time
 from collections import deque
@@ -69,6 +75,9 @@ class BenchOptions:
     """True: every subscriber subscribes at t=0 (cores contend during the cold start); False: one by one
     after the cold start, `subscribe_gap` apart, measured as its own convergence phase"""
     subscribe_gap: float = 0.2
+    node_filters: int = 0
+    """per-device filters every broker subscribes after the cold start (`site<k>/dev/<i>/cmd`, i < node_filters),
+    each broker at once, measured as their own convergence phase ("the brokers' own filters")"""
 
 
 def build_overlay(count: int, degree: float, rng: random.Random) -> list[tuple[int, int]]:
@@ -124,6 +133,11 @@ def name_of(index: int) -> str:
     return f"b{index:05d}"
 
 
+def node_filter(index: int, device: int) -> str:
+    """A per-device filter of broker `index` (`--node-filters`)."""
+    return f"site{index}/dev/{device}/cmd"
+
+
 class Bench:
     def __init__(self, options: BenchOptions, progress: Callable[[str], None] | None = None) -> None:
         self.options = options
@@ -149,6 +163,7 @@ class Bench:
         self.results: dict[str, Any] = {
             "nodes": options.nodes, "links": len(self.edges), "degree": round(2 * len(self.edges) / options.nodes, 3),
             "seed": options.seed, "filters": options.filters, "subscribers_per_filter": options.subscribers,
+            "node_filters": options.node_filters,
         }
 
     def progress(self, text: str) -> None:
@@ -177,8 +192,8 @@ class Bench:
         self.started = time.perf_counter()
         cpu_started = time.process_time()
         results = self.results
-        for key in ("cold_start_seconds", "subscriptions_seconds", "partition_cut_links", "partition_seconds",
-                    "heal_seconds", "steady_window_seconds", "steady_delay_seconds",
+        for key in ("cold_start_seconds", "node_filters_seconds", "subscriptions_seconds", "partition_cut_links",
+                    "partition_seconds", "heal_seconds", "steady_window_seconds", "steady_delay_seconds",
                     "control_packets_per_node_per_second", "control_bytes_per_node_per_second", "publications",
                     "copies_per_publication", "optimum_copies_per_publication", "deliveries"):
             results[key] = None
@@ -208,6 +223,15 @@ class Bench:
             for federated, index in subscriptions:
                 simulation.apply(Subscribe(0.0, name_of(index), f"client-{index}", federated))
         results["cold_start_seconds"] = self.converge("cold start")
+        if options.node_filters:
+            with simulation.simultaneously():
+                for index in range(options.nodes):
+                    for device in range(options.node_filters):
+                        simulation.apply(Subscribe(simulation.now, name_of(index), f"devices-{index}",
+                                                   node_filter(index, device)))
+            simulation.tracker.begin_phase("the brokers' own filters", simulation.now)
+            results["node_filters_seconds"] = self.converge(
+                f"{options.nodes} x {options.node_filters} filters of the brokers' own")
         if not options.subscribe_at_start:
             # One subscription every `subscribe_gap` seconds, in random order; then the seconds from the
             # last one until every topic core is agreed.
@@ -259,6 +283,12 @@ class Bench:
         for number in range(options.publications):
             federated = filters[number % len(filters)]
             plan.append((self.rng.randrange(options.nodes), federated, federated.replace("#", f"m{number}")))
+        if options.node_filters:
+            for _ in range(options.publications):
+                site = self.rng.randrange(options.nodes)
+                topic = node_filter(site, self.rng.randrange(options.node_filters))
+                self.subscribers[topic] = {site}
+                plan.append((self.rng.randrange(options.nodes), topic, topic))
         for number, (publisher, _, topic) in enumerate(plan):
             simulation.run_until(simulation.now + (0.1 if number else 0.0))
             simulation.publish(Publish(simulation.now, name_of(publisher), topic), 0)
@@ -294,6 +324,8 @@ def format_table(results: dict[str, Any]) -> str:
         ("nodes / links / average degree", f"{results['nodes']} / {results['links']} / {results['degree']}"),
         ("filters x subscriber nodes", f"{results['filters']} x {results['subscribers_per_filter']}"),
         ("cold-start convergence (virtual s)", show(results["cold_start_seconds"])),
+        ("filters of the brokers' own, per broker", str(results["node_filters"])),
+        ("  their convergence (virtual s)", plain(results["node_filters_seconds"])),
         ("last subscription: topic-core convergence (s)", plain(results["subscriptions_seconds"])),
         (f"partition of {plain(results['partition_cut_links'])} links: convergence (s)",
          show(results["partition_seconds"])),
@@ -308,6 +340,7 @@ def format_table(results: dict[str, Any]) -> str:
         ("virtual seconds simulated", str(results["virtual_seconds"])),
         ("wall-clock seconds", str(results["wall_seconds"])),
         ("CPU seconds", str(results["cpu_seconds"])),
+        ("peak memory of the process (MB)", plain(results.get("max_rss_mb"))),
     ]
     width = max(len(label) for label, _ in rows)
     lines = [f"{label.ljust(width)}  {value}" for label, value in rows]
@@ -339,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--subscribe-at-start", action="store_true",
                         help="subscribe everyone at t=0 (topic cores contend) instead of one by one "
                              "after the cold start")
+    parser.add_argument("--node-filters", type=int, default=defaults.node_filters,
+                        help="per-device filters every broker subscribes after the cold start (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
@@ -349,12 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     options = BenchOptions(nodes=args.nodes, degree=args.degree, seed=args.seed, filters=max(1, args.filters),
                            subscribers=max(1, args.subscribers), publications=max(1, args.publications),
                            limit=args.limit, window=args.window, steady_delay=max(0.0, args.steady_delay),
-                           subscribe_at_start=args.subscribe_at_start)
+                           subscribe_at_start=args.subscribe_at_start, node_filters=max(0, args.node_filters))
 
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
     results = Bench(options, None if args.quiet else progress).run()
+    results["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     print(json.dumps(results, indent=2) if args.json else format_table(results))
     return 0
 
