@@ -224,13 +224,13 @@ class Reconfiguring:
         config = wrapper.config
         if config.neighbour_names == asked.neighbour_names and not wrapper.stopping:  # no SIGHUP changed them
             addresses = neighbour_names.addresses(names, config.announced)
+            wrapper.config = dataclasses.replace(config, neighbours=addresses, neighbour_names=names)
             if addresses != config.neighbours:
                 now = wrapper.clock.now()
                 log.info("neighbours resolved again: %s",
                          "; ".join(neighbour_names.moved(config.neighbour_names, names)))
                 wrapper.node.set_configured_neighbours(addresses, now)
                 self._drain(now)
-            wrapper.config = dataclasses.replace(config, neighbours=addresses, neighbour_names=names)
         self.schedule_resolution()
 
 

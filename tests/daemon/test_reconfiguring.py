@@ -47,9 +47,10 @@ def test_a_neighbour_that_moved_is_greeted_at_its_new_address(tmp_path: Path,
         old.recv(65536)  # a hello at the old address
         hosts["peer.example"] = "127.0.0.2"
         new.recv(65536)  # ... and, once resolved again, at the new one: greeted at once
-        wait_for(lambda: [str(n.transport) for n in wrapper.node.neighbours.all()] == [f"127.0.0.2:{port}"],
+        # Read from the test's thread while the loop's thread changes them: waited for, not asserted at once.
+        wait_for(lambda: [str(n.transport) for n in wrapper.node.neighbours.all()] == [f"127.0.0.2:{port}"]
+                 and wrapper.config.neighbours == (Address("127.0.0.2", port),),
                  timeout=5, message="the old address to be forgotten")
-        assert wrapper.config.neighbours == (Address("127.0.0.2", port),)
         del hosts["peer.example"]  # the name stops resolving: the address it had stays, with a warning
         wait_for(lambda: f"still using 127.0.0.2:{port}" in caplog.text, timeout=5, message="the warning")
         assert wrapper.config.neighbours == (Address("127.0.0.2", port),)
