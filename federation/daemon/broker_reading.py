@@ -42,8 +42,12 @@ from federation.daemon.lean_client import LeanClient, PublicClient
 
 MAX_PACKETS_PER_WAKEUP = 256
 """packets read from the broker in one pass before the event loop gets to run other callbacks"""
-MIN_PACKETS_PER_WAKEUP = 16
-"""the smallest budget of a pass, however much its packets cost"""
+MIN_PACKETS_PER_WAKEUP = 1
+"""the smallest budget of a pass: one packet, when one takes `PASS_SECONDS` or more (a subscription that costs the
+node that much; the loop answers its hellos between two)"""
+MEASURED_PASS = 16
+"""packets a pass must have read, or `PASS_SECONDS` it must have taken, to change the budget: a quick pass of a few
+packets is mostly the pass's fixed cost, and says little about theirs"""
 PASS_SECONDS = 0.02
 """what a read pass may take, handing over its items included, before the loop answers anything else (hellos,
 status, timers): the budget of the next pass is what took that long in the last one"""
@@ -70,9 +74,9 @@ class PassBudget:
         """the smallest budget so far (status, tests)"""
 
     def after_pass(self, read: int, took: float) -> None:
-        """A pass read `read` packets in `took` seconds, handing over included. One that read few packets says
-        little about their cost (the pass's fixed part dominates): the budget is kept."""
-        if read < self.smallest or took <= 0:
+        """A pass read `read` packets in `took` seconds, handing over included. A quick one that read fewer than
+        `MEASURED_PASS` says little about their cost (the pass's fixed part dominates): the budget is kept."""
+        if read <= 0 or took <= 0 or (read < MEASURED_PASS and took <= self.seconds):
             return
         fits = int(self.seconds * read / took)
         grown = int(self.packets * BUDGET_GROWTH) + 1

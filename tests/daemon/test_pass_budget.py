@@ -38,14 +38,19 @@ def test_costly_packets_get_a_pass_of_about_pass_seconds_and_cheap_ones_win_it_b
     assert budget.smallest_seen == 20
 
 
-def test_the_budget_has_a_floor_and_small_passes_say_nothing() -> None:
+def test_one_packet_a_pass_when_one_takes_the_whole_pass_and_quick_small_passes_say_nothing() -> None:
     budget = PassBudget()
-    budget.after_pass(256, 10.0)
-    assert budget.packets == MIN_PACKETS_PER_WAKEUP  # however slow: some progress per pass
-    budget.after_pass(3, 0.0001)  # a pass of a few packets is mostly the pass's fixed cost
-    assert budget.packets == MIN_PACKETS_PER_WAKEUP
+    budget.after_pass(256, 10.0)  # 40 ms a subscription: a node whose cost grows with its table
+    assert budget.packets == MIN_PACKETS_PER_WAKEUP == 1  # however slow: one a pass, hellos answered between
+    budget.after_pass(1, 0.05)
+    assert budget.packets == 1
+    budget = PassBudget()
+    budget.after_pass(3, 0.0001)  # a quick pass of a few packets is mostly the pass's fixed cost
+    assert budget.packets == MAX_PACKETS_PER_WAKEUP
+    budget.after_pass(3, 0.06)  # but three that took three passes' time do tell
+    assert budget.packets == 1
     budget.after_pass(100, 0.0)
-    assert budget.packets == MIN_PACKETS_PER_WAKEUP
+    assert budget.packets == 1
 
 
 def test_a_burst_of_costly_log_lines_is_read_in_short_passes_every_line_in_order() -> None:
