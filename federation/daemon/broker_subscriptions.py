@@ -72,8 +72,8 @@ CLEAR_AFTER = 30.0
 """seconds the counts must agree before over-delivery ends"""
 SETTLE = 2.0
 """seconds the broker must count more than the wrapper knows before over-delivery starts: the count (QoS 0)
-can arrive before the log line of a subscription it counts, which paho hands over only after the QoS 2
-exchange (PUBREC, PUBREL); under load that took long enough to start over-delivery for nothing"""
+can arrive before the log line of a subscription it counts (measured when the log was read at QoS 2 and paho
+handed a line over only after its PUBREL; under load that took long enough to start over-delivery for nothing)"""
 DROP_REASON = "no_subscriber_after_broker_restart"
 HOLD_FULL_REASON = "resubscribe_hold_full"
 
