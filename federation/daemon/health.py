@@ -35,9 +35,10 @@ class Readiness:
 
 
 def readiness(broker: Address, connected: bool, log_flowing: bool, problem: str | None,
-              neighbours_configured: int, neighbours_up: int) -> Readiness:
-    """The wrapper's readiness from the state of its broker connection and of its neighbours."""
-    reasons = []
+              neighbours_configured: int, neighbours_up: int, node_problems: tuple[str, ...] = ()) -> Readiness:
+    """The wrapper's readiness from the state of its broker connection and of its neighbours, and what the node
+    says it cannot serve (`Node.limits_problem`)."""
+    reasons = list(node_problems)
     if not connected:
         reasons.append(f"not connected to broker {broker}" + (f": {problem}" if problem else ""))
     elif not log_flowing:

@@ -29,15 +29,26 @@ class PolicySubscriptions:
         """client -> local filter -> QoS, as told"""
         self._told: dict[str, dict[str, int]] = {}
         """client -> federation filter -> QoS, as the node has them"""
+        self._sources: dict[str, dict[str, dict[str, int]]] = {}
+        """client -> federation filter -> the local filters mapped to it -> their QoS capped by the lines"""
 
     # ------------------------------------------------------------ SubscriptionSink
 
     def local_subscribe(self, client: str, filter_: str, qos: int, now: float) -> None:
         self._local.setdefault(client, {})[filter_] = qos
-        wanted = self._wanted(client)
-        # Every filter this subscription maps to is told again, as the node was told every SUBSCRIBE before.
-        again = self.policy.import_filters(filter_)
-        self._tell(client, wanted, now, again)
+        imports = self.policy.import_filters(filter_)
+        sources = self._sources.setdefault(client, {})
+        told = self._told.setdefault(client, {})
+        # Every filter this subscription maps to is told again, as the node was told every SUBSCRIBE before. Only
+        # the filters it maps to are looked at: a client may hold a hundred thousand (a gateway, a bench).
+        for federated, cap in sorted(imports.items()):
+            sources.setdefault(federated, {})[filter_] = min(qos, cap)
+            told[federated] = max(sources[federated].values())
+            self.node.local_subscribe(client, federated, told[federated], now)
+        if not told:
+            del self._told[client]
+        if not sources:
+            del self._sources[client]
 
     def local_unsubscribe(self, client: str, filter_: str, now: float) -> None:
         filters = self._local.get(client)
@@ -45,11 +56,30 @@ class PolicySubscriptions:
             return
         if not filters:
             del self._local[client]
-        self._tell(client, self._wanted(client), now)
+        sources = self._sources.get(client, {})
+        told = self._told.get(client, {})
+        for federated in sorted(self.policy.import_filters(filter_)):
+            from_filters = sources.get(federated)
+            if from_filters is None or from_filters.pop(filter_, None) is None:
+                continue
+            if from_filters:
+                qos = max(from_filters.values())
+                if told.get(federated) != qos:
+                    told[federated] = qos
+                    self.node.local_subscribe(client, federated, qos, now)
+            else:
+                del sources[federated]
+                told.pop(federated, None)
+                self.node.local_unsubscribe(client, federated, now)
+        if not told:
+            self._told.pop(client, None)
+        if not sources:
+            self._sources.pop(client, None)
 
     def local_disconnect(self, client: str, now: float) -> None:
         self._local.pop(client, None)
         self._told.pop(client, None)
+        self._sources.pop(client, None)
         self.node.local_disconnect(client, now)
 
     # ------------------------------------------------------------ the policy
@@ -61,6 +91,12 @@ class PolicySubscriptions:
         changed = 0
         for client in sorted(set(self._local) | set(self._told)):
             changed += self._tell(client, self._wanted(client), now)
+        self._sources = {}
+        for client, filters in self._local.items():
+            sources = self._sources[client] = {}
+            for filter_, qos in filters.items():
+                for federated, cap in policy.import_filters(filter_).items():
+                    sources.setdefault(federated, {})[filter_] = min(qos, cap)
         return changed
 
     def not_imported(self) -> list[str]:
@@ -82,8 +118,8 @@ class PolicySubscriptions:
         return wanted
 
     def _tell(self, client: str, wanted: dict[str, int], now: float, again: dict[str, int] | None = None) -> int:
-        """The node gets `wanted` for `client`: new or changed filters subscribed (and those in `again`), then
-        those no longer wanted unsubscribed. Returns how many were added or removed."""
+        """The node gets `wanted` for `client` (a new policy): new or changed filters subscribed (and those in
+        `again`), then those no longer wanted unsubscribed. Returns how many were added or removed."""
         told = self._told.get(client, {})
         changed = 0
         for federated, qos in sorted(wanted.items()):

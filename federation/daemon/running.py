@@ -475,6 +475,8 @@ class Running:
                 counts[event.type] += 1
                 if event.type == events.EPOCH_CHANGED and self.saver is not None:
                     self.saver.schedule()
+                elif event.type == events.TOPIC_TABLE_FULL:  # at most one per stats_interval (the node's)
+                    log.warning("%s", node.limits_problem(now) or f"the topic table is full: {event.fields}")
             if self.event_log is not None:
                 self.event_log.write(emitted)
 

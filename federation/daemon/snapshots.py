@@ -199,11 +199,12 @@ def injection_counts(wrapper: WrapperParts) -> dict[str, int]:
 
 def wrapper_readiness(wrapper: WrapperParts) -> Readiness:
     """health.py's judgement on the running wrapper: broker connected, its log flowing, a neighbour up when
-    neighbours are configured."""
+    neighbours are configured, every federated filter served (the topic table not full)."""
     health = wrapper.broker_health
     up = sum(1 for neighbour in wrapper.node.neighbours.all() if neighbour.up)
+    limits = wrapper.node.limits_problem(wrapper.node.last_input_at)
     return readiness(wrapper.config.broker, health.connected, health.log_flowing, health.problem,
-                     len(wrapper.config.neighbours), up)
+                     len(wrapper.config.neighbours), up, () if limits is None else (limits,))
 
 
 def metrics_snapshot(wrapper: WrapperParts, now: float) -> Snapshot:

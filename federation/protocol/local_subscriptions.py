@@ -42,6 +42,9 @@ from federation.protocol.aggregation import Aggregation
 from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.topic_filter import SHARE_PREFIX, FilterIndex, federated_filter
 
+COVER_ALL = "#"
+"""what a node federates for the filters its topic table has no room for (`max_topics`): over-delivery, not loss"""
+
 
 @dataclass(frozen=True, slots=True)
 class Change:
@@ -78,6 +81,8 @@ class LocalSubscriptions:
         """federated filter being replaced -> (until when at most, the filters replacing it)"""
         self._linger = aggregate_linger
         self._delay = aggregate_delay
+        self.refused: set[str] = set()
+        """federated filters the mesh had no room for (`max_topics`): `COVER_ALL` is wanted in their place"""
         self._touched: set[str] = set()
         """federated filters that entered or left the aggregation's effective set since the last flush"""
         self._flush_at: float | None = None
@@ -187,6 +192,38 @@ class LocalSubscriptions:
                 del wanted[filter_]
                 changes.append(Change(filter_, added=False))
         return changes
+
+    def cover_refused(self, refused: list[str]) -> list[Change]:
+        """Filters the mesh had no room for: they are served by `COVER_ALL` (every publication comes here and the
+        broker keeps what its subscribers match), never silently not at all."""
+        wanted = [filter_ for filter_ in refused if filter_ in self.wanted and filter_ != COVER_ALL]
+        if not wanted:
+            return []
+        self.refused.update(wanted)
+        if COVER_ALL in self.wanted:
+            self.replaced.pop(COVER_ALL, None)
+            return []
+        self.wanted[COVER_ALL] = 1
+        return [Change(COVER_ALL, added=True)]
+
+    def retry_refused(self, now: float, accepted: Callable[[str], bool]) -> list[Change]:
+        """The refused filters the mesh takes now (`accepted(filter)`), or that are no longer wanted, leave the
+        list; when none is left, `COVER_ALL` goes once those it covered are joined (as a filter replaced)."""
+        if not self.refused:
+            return []
+        taken = []
+        for filter_ in sorted(self.refused):
+            if filter_ not in self.wanted or accepted(filter_):
+                self.refused.discard(filter_)
+                taken.append(filter_)
+        if self.refused or COVER_ALL not in self.wanted or COVER_ALL in self.aggregation.effective:
+            return []
+        replacements = tuple(filter_ for filter_ in taken if filter_ in self.wanted)
+        if replacements and self._linger > 0:
+            self.replaced[COVER_ALL] = (now + self._linger, replacements)
+            return []
+        del self.wanted[COVER_ALL]
+        return [Change(COVER_ALL, added=False)]
 
     def next_flush(self) -> float | None:
         """When the federated filters touched lately are told (None: none waits)."""

@@ -138,9 +138,13 @@ class MeshEngine(CoreElection, PublicationRouting):
             return False
         return self.is_own_core(state) or bool(state.data_parents)
 
-    def on_local_change(self, filter_: str) -> None:
-        if self.state(filter_) is not None:
-            self.dirty.add(filter_)
+    def on_local_change(self, filter_: str, beyond_limit: bool = False) -> bool:
+        """A filter the local subscriptions started or stopped wanting; False when the table has no room for it
+        (`max_topics`: the node covers it by `#`, `LocalSubscriptions.cover_refused`)."""
+        if self.state(filter_, beyond_limit=beyond_limit) is None:
+            return False
+        self.dirty.add(filter_)
+        return True
 
     def reconcile(self, now: float) -> None:
         """Bring every changed topic to its consistent state: cores, membership, parents, held publications."""

@@ -58,7 +58,7 @@ from federation.protocol.events import addresses_text, id_text
 from federation.protocol.forwarding import SENT_TO_PACED
 from federation.protocol.linkstate import Routes
 from federation.protocol.liveness import Liveness
-from federation.protocol.local_subscriptions import Change, LocalSubscriptions
+from federation.protocol.local_subscriptions import COVER_ALL, Change, LocalSubscriptions
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.neighbours import Neighbour, NeighbourTable
 from federation.protocol.node_status import NodeView, counter_snapshot, status_document
@@ -178,6 +178,10 @@ class Node:
         self.stopped = False
         self.next_announce = float("inf")
         self.next_stats = float("inf")
+        self._refused_reported = 0
+        """`mesh.refused_topics` when the last `topic_table_full` event was made"""
+        self._refused_at = float("-inf")
+        self._next_limits_event = float("-inf")
 
     # ------------------------------------------------------------ identity, view, counters (read-only)
 
@@ -433,15 +437,55 @@ class Node:
         self._settle(now)
 
     def _apply(self, changes: list[Change]) -> None:
-        """What a change of the local subscriptions means: a group membership (rule 9), or a filter's mesh."""
+        """What a change of the local subscriptions means: a group membership (rule 9), or a filter's mesh (one the
+        topic table has no room for is served by `#` instead: `LocalSubscriptions.cover_refused`)."""
+        refused = []
         for change in changes:
             if change.shared:
                 if change.added:
                     self.shared.local_add(split_shared(change.filter))
                 else:
                     self.shared.local_remove(split_shared(change.filter))
-            else:
-                self.mesh.on_local_change(change.filter)
+            elif not self.mesh.on_local_change(change.filter, beyond_limit=change.filter == COVER_ALL) and \
+                    change.added:
+                refused.append(change.filter)
+        for change in self.local.cover_refused(refused):
+            self.mesh.on_local_change(change.filter, beyond_limit=True)
+
+    def local_interest(self) -> dict[str, Any]:
+        """What the node federates for its local subscriptions (status): how many raw filters, the filters it
+        federates for them (`aggregation`: covering ones, `dev/+/cmd` for a fleet), those being replaced, and
+        the ones the table had no room for."""
+        local = self.local
+        return {**local.aggregation.describe(), "federated_filters": sorted(local.wanted)[:100],
+                "replaced": sorted(local.replaced), "refused": sorted(local.refused)[:100]}
+
+    def limits_problem(self, now: float) -> str | None:
+        """Why the node does not serve every filter as it should, when its topic table is full (`max_topics`):
+        for the status, the readiness and the log. None when it is not (and has not been for an announcement
+        lifetime)."""
+        limit = self.settings.max_topics
+        if self.local.refused:
+            return (f"the topic table is full (max_topics {limit}): {len(self.local.refused)} of this broker's "
+                    f"federated filters are served by '#' (every publication comes here); raise max_topics")
+        if now - self._refused_at <= self.settings.announcement_lifetime:
+            return (f"the topic table is full (max_topics {limit}): {self.mesh.refused_topics} filters refused, "
+                    f"the latest {self.mesh.last_refused!r}; publications from this broker do not reach their "
+                    f"subscribers elsewhere; raise max_topics")
+        return None
+
+    def _report_limits(self, now: float) -> None:
+        """A filter refused since the last look: an event (at most one per `stats_interval`) and the time."""
+        refused = self.mesh.refused_topics
+        if refused == self._refused_reported:
+            return
+        self._refused_at = now
+        if now < self._next_limits_event:
+            return
+        self._refused_reported = refused
+        self._next_limits_event = now + self.settings.stats_interval
+        self.emit(events.TOPIC_TABLE_FULL, now, limit=self.settings.max_topics, refused=refused,
+                  latest=self.mesh.last_refused, covered_by=COVER_ALL if self.local.refused else None)
 
     # ------------------------------------------------------------ local publications
 
@@ -701,6 +745,8 @@ class Node:
                 self._apply(released)
                 self.mesh.reconcile(now)
         self.reliable.arm(now)  # the QoS 1/2 copies sent by this input get their retransmission deadline
+        if self.mesh.refused_topics != self._refused_reported:
+            self._report_limits(now)
 
     def _update_routes(self, now: float, pending: bool = False) -> None:
         """Compute the routes when due (`pending`: whenever a computation is pending), and tell the parts
@@ -731,6 +777,8 @@ class Node:
         self.table.periodic(now)
         self.sync.expire_left_out(now)
         self.mesh.periodic(now)
+        if self.local.refused:  # filters the table had no room for: it may have some now
+            self._apply(self.local.retry_refused(now, self.mesh.on_local_change))
         self.shared.periodic(now)
         self.next_announce = now + self.settings.announce_interval
 

@@ -21,6 +21,7 @@ from federation.protocol.neighbours import NeighbourTable
 from federation.protocol.pacing import Pacing
 from federation.protocol.publications import Publications
 from federation.protocol.reliable import ReliableForwarding
+from federation.protocol.settings import Settings
 from federation.protocol.shared import SharedGroups
 from federation.protocol.types import Address, BrokerId
 
@@ -62,6 +63,12 @@ class StatusSource(Protocol):
     def routes(self) -> Routes: ...
     @property
     def clients(self) -> dict[str, dict[str, int]]: ...
+    @property
+    def settings(self) -> Settings: ...
+
+    def local_interest(self) -> dict[str, Any]: ...
+
+    def limits_problem(self, now: float) -> str | None: ...
 
 
 def counter_snapshot(outbox: Outbox, received: Mapping[str, int], received_bytes: Mapping[str, int]) -> dict[str, Any]:
@@ -95,6 +102,10 @@ def status_document(node: StatusSource, now: float) -> dict[str, Any]:
             "next_hops": [str(h) for h in sorted(routes.next_hops.get(a, ()))],
         } for a in sorted(routes.members)],
         "topics": node.mesh.describe(now),
+        "topic_table": {"known": len(node.mesh.topics), "limit": node.settings.max_topics,
+                        "refused": node.mesh.refused_topics, "latest_refused": node.mesh.last_refused,
+                        "problem": node.limits_problem(now)},
+        "federated": node.local_interest(),
         "ownership": node.mesh.ownership.status(),
         "shared_groups": node.shared.status(),
         "reliable": node.reliable.status(),

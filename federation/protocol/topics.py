@@ -239,6 +239,9 @@ class TopicTable:
         self.held_bytes = 0
         self.held_reliable_count = 0
         self.refused_topics = 0
+        """filters refused for want of room (`max_topics`), since the start"""
+        self.last_refused: str | None = None
+        """the latest filter refused"""
         self.claims: DigestTree[str] = DigestTree()
         """filter -> the hash of the live core's claim we hold (rule 5a)"""
         self.memberships: dict[Address, DigestTree[str]] = {}
@@ -263,11 +266,15 @@ class TopicTable:
             if self.state(filter_) is not None:  # every node is a member of a replicated filter's mesh
                 self.dirty.add(filter_)
 
-    def state(self, filter_: str, create: bool = True) -> TopicState | None:
+    def state(self, filter_: str, create: bool = True, beyond_limit: bool = False) -> TopicState | None:
+        """The filter's state, made if `create`; None when `max_topics` filters are known (counted: drop
+        `topic_table_full`, and `last_refused`), unless `beyond_limit` (the `#` that covers what was refused)."""
         state = self.topics.get(filter_)
         if state is None and create:
-            if len(self.topics) >= self._settings.max_topics:
+            if len(self.topics) >= self._settings.max_topics and not beyond_limit:
                 self.refused_topics += 1
+                self.last_refused = filter_
+                self._outbox.drop("topic_table_full")
                 return None
             state = TopicState(filter_)
             self.topics[filter_] = state
