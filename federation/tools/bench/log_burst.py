@@ -46,6 +46,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from federation.daemon.lean_client import stop_network_thread
 from federation.daemon.status import query
 from federation.protocol.settings import Settings
 from federation.tools.launch import BROKER_PORT, FederationNode, LocalFederation, line, node_names
@@ -167,7 +168,7 @@ class Subscriber:
 
     def close(self) -> None:
         self.client.disconnect()
-        self.client.loop_stop()
+        stop_network_thread(self.client)
 
 
 def burst(subscriber: Subscriber, kind: str, count: int) -> int:
