@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from federation.protocol.aggregation import covers
 from federation.protocol.types import Address, BrokerId
 
 StatusDocument = dict[str, Any]
@@ -77,6 +78,19 @@ def convergence_problems(documents: Mapping[str, StatusDocument | None],
     return problems
 
 
+def serving_filter(documents: Mapping[str, StatusDocument | None], filter_: str) -> str:
+    """The filter whose mesh carries publications for a subscription to `filter_`: itself when the nodes know it,
+    else one every node knows that covers it (a broker federates nothing more for a filter its own covering
+    filter serves, nor for a fleet's filters past `aggregate_fanout`: federation.protocol.aggregation)."""
+    known = [{t.get("filter") for t in document.get("topics", [])} for document in documents.values()
+             if document is not None]
+    if not known or all(filter_ in filters for filters in known):
+        return filter_
+    common = set.intersection(*known)
+    covering = sorted(other for other in common if isinstance(other, str) and covers(other, filter_))
+    return covering[0] if covering else filter_
+
+
 def mesh_problems(documents: Mapping[str, StatusDocument | None], addresses: Mapping[str, str],
                   filter_: str) -> list[str]:
     """Why the mesh of `filter_` cannot yet carry a publication to every subscriber; empty when it can.
@@ -86,6 +100,7 @@ def mesh_problems(documents: Mapping[str, StatusDocument | None], addresses: Map
     """
     rows: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
+    filter_ = serving_filter(documents, filter_)
     for name, document in documents.items():
         if document is None:
             problems.append(f"{name}: no status reply")

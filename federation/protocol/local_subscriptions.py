@@ -11,11 +11,12 @@ what the mesh reads: the federated filters and, for a moment, the ones being
 replaced. A federated filter that enters or leaves is what the node's other
 parts hear of (`Change`): the mesh joins or leaves the filter's mesh.
 
-The mesh hears of the federated filters `aggregate_delay` after a change:
-a burst of subscriptions (a device fleet reconnecting, a wrapper reading a
-backlog of log lines) is judged whole, so the aggregation's passing states
-(the first filters of a prefix, before the fan-out passes) never become
-claims that are withdrawn a moment later.
+The mesh hears of a change of the federated filters at once when none came
+in the last `aggregate_delay`, else when that spell ends: a burst of
+subscriptions (a device fleet reconnecting, a wrapper reading a backlog of
+log lines) is judged whole, so the aggregation's passing states (the first
+filters of a prefix, before the fan-out passes) do not become claims that
+are withdrawn a moment later, and a lone subscription waits for nothing.
 
 A federated filter replaced by others (the aggregation changed its mind:
 a fan-out passed, a covering wildcard came or went) stays wanted until the
@@ -86,6 +87,7 @@ class LocalSubscriptions:
         self._touched: set[str] = set()
         """federated filters that entered or left the aggregation's effective set since the last flush"""
         self._flush_at: float | None = None
+        self._flushed_at = float("-inf")
 
     def subscribe(self, client: str, filter_: str, qos: int, now: float, restored: bool) -> list[Change] | None:
         """A client subscribed: what changed for the other parts (empty: a further pair of a wanted filter); None
@@ -153,18 +155,18 @@ class LocalSubscriptions:
     # ------------------------------------------------------------ the federated filters
 
     def _federated_changes(self, now: float) -> list[Change]:
-        """The federated filters that entered or left since the last flush are told after `aggregate_delay` (a burst
-        of subscriptions is judged whole: the aggregation's passing states never reach the mesh); at once without
-        a delay."""
+        """The federated filters that entered or left: told at once after a quiet spell of `aggregate_delay`, else
+        when it ends (a burst of subscriptions is judged whole: the aggregation's passing states never reach the
+        mesh, and a lone subscription is not delayed)."""
         for batch in self.aggregation.take_changes():
             self._touched.update(batch.added)
             self._touched.update(batch.removed)
         if not self._touched:
             return []
-        if self._delay <= 0:
-            return self.flush(now)
+        if self._flush_at is None and now - self._flushed_at >= self._delay:
+            return self.flush(now)  # the first change after a quiet spell goes at once: a lone subscription waits not
         if self._flush_at is None:
-            self._flush_at = now + self._delay
+            self._flush_at = self._flushed_at + self._delay
         return []
 
     def flush(self, now: float) -> list[Change]:
@@ -172,6 +174,7 @@ class LocalSubscriptions:
         that leave at once (nothing replaces them) and filters kept until their replacements are ready."""
         touched, self._touched = sorted(self._touched), set()
         self._flush_at = None
+        self._flushed_at = now
         effective = self.aggregation.effective
         wanted = self.wanted
         changes: list[Change] = []

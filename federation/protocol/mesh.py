@@ -437,6 +437,7 @@ class MeshEngine(CoreElection, PublicationRouting):
     def allow_claims_at(self, when: float) -> None:
         """No claims before `when` (the node, at its start: neighbours first tell it of the live cores)."""
         self.claim_allowed_at = when
+        self._claims_open = False
 
     def allow_claims_by(self, when: float) -> None:
         """Claims are allowed at `when` at the latest (the node, when every neighbour it hears is syncing)."""
@@ -455,16 +456,16 @@ class MeshEngine(CoreElection, PublicationRouting):
         deadlines = [held] if held is not None else []
         if self._rechecks:
             deadlines.append(self._rechecks[0][0])
-        if self.claim_allowed_at > last_input_at and self._waiting_to_claim():
+        if not self._claims_open and self.claim_allowed_at > last_input_at:
             deadlines.append(self.claim_allowed_at)
         return min(deadlines) if deadlines else None
 
-    def _waiting_to_claim(self) -> list[str]:
-        return [f for f, s in self.topics.items() if s.core is None and self.wants(f)]
-
     def on_timer(self, now: float) -> None:
-        if now >= self.claim_allowed_at:
-            self.dirty.update(self._waiting_to_claim())
+        if not self._claims_open and now >= self.claim_allowed_at:
+            # Claims are allowed from now: every topic is judged once (a subscribed filter without a core claims,
+            # a better root takes a replicated filter over); after that, a topic is judged when it changes.
+            self._claims_open = True
+            self.mark_all_dirty()
         rechecks = self._rechecks
         while rechecks and rechecks[0][0] <= now:
             self.dirty.add(heapq.heappop(rechecks)[1])

@@ -86,8 +86,9 @@ class Settings:
     subscriber here then reach this broker's wrapper too, which injects only what a local subscription matches);
     0: filters federated one by one (a filter another local one covers is never federated on its own)"""
     aggregate_delay: float = 0.02
-    """seconds from a change of the local subscriptions to the mesh hearing of the federated filters it changes:
-    a burst is judged whole (its first filters are not claimed, then withdrawn when the fan-out passes); 0: at once"""
+    """seconds: a change of the federated filters after a quiet spell this long reaches the mesh at once, the
+    changes within it when it ends (a burst of subscriptions is judged whole: its first filters are not claimed,
+    then withdrawn when the fan-out passes); 0: every change at once"""
     aggregate_linger: float = 10.0
     """seconds at most a federated filter the aggregation replaced stays, while the meshes replacing it are
     joined (it leaves as soon as they are)"""

@@ -203,6 +203,8 @@ class TopicState:
 class TopicTable:
     """The topics of one node and the context the mesh engine is given (see the module docstring)."""
 
+    _claims_open = False
+    """claims have been allowed since `claim_allowed_at`, and every topic was judged then"""
     claim_allowed_at = float("inf")
     """no topic core is claimed before this (the node has just started: its neighbours first tell it the live
     ones); publications matching no filter before it may match one the node is about to learn"""
