@@ -405,10 +405,11 @@ class Running:
             self.outbox.emit(wrapper_events.BROKER_DISCONNECTED, now, reason=item.reason,
                              unfinished=item.unfinished)
 
-    def _answer_status(self, addr: Any) -> None:
-        """A status request from this host (udp.py checked): the status document, to `addr`."""
+    def _answer_status(self, addr: Any, brief: bool = False) -> None:
+        """A status request from this host (udp.py checked): the status document, to `addr` (`brief`: without
+        the bulky lists)."""
         try:
-            reply = encode_reply(self.status_document())
+            reply = encode_reply(self.status_document(brief))
         except (TypeError, ValueError) as error:  # a bug, not a reason to stop the daemon
             log.error("cannot build the status reply: %s", error)
             return
@@ -602,8 +603,8 @@ class Running:
 
     # ------------------------------------------------------------ status and metrics
 
-    def status_document(self) -> dict[str, Any]:
-        return status_document(self, self.clock.now())
+    def status_document(self, brief: bool = False) -> dict[str, Any]:
+        return status_document(self, self.clock.now(), brief)
 
     def metrics_snapshot(self) -> Snapshot:
         """Copies of every number the metrics expose (runs on the loop thread)."""

@@ -104,10 +104,11 @@ class WrapperParts(Protocol):
     def read_kernel_receive_drops(self) -> int | None: ...
 
 
-def status_document(wrapper: WrapperParts, now: float) -> dict[str, Any]:
-    """`Node.status(now)` plus the envelope's status and the wrapper's own `daemon` section."""
+def status_document(wrapper: WrapperParts, now: float, brief: bool = False) -> dict[str, Any]:
+    """`Node.status(now)` plus the envelope's status and the wrapper's own `daemon` section (`brief`: the node's
+    without its bulky lists)."""
     config = wrapper.config
-    document = wrapper.node.status(now)
+    document = wrapper.node.status(now, brief)
     broker = wrapper.broker
     health = wrapper.broker_health
     flow = wrapper.flow

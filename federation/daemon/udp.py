@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from federation.daemon.keys import permission_warning
-from federation.daemon.status import STATUS_MAGIC
+from federation.daemon.status import STATUS_BRIEF, STATUS_MAGIC
 from federation.envelope.datagrams import Envelope
 from federation.protocol.types import Address, Event
 
@@ -200,7 +200,7 @@ class OverlayProtocol(asyncio.DatagramProtocol):
 
     def __init__(self, local: LocalAddresses, sock: socket.socket | None = None) -> None:
         self.on_datagram: Callable[[bytes, Address], None] = _unattached
-        self.on_status: Callable[[Any], None] = _unattached
+        self.on_status: Callable[[Any, bool], None] = _unattached
         self.on_resume_writing: Callable[[], None] = _unattached
         self._attached = False
         self.local = local
@@ -227,9 +227,10 @@ class OverlayProtocol(asyncio.DatagramProtocol):
         if not self._attached:
             _reading(transport, "pause_reading")
 
-    def attach(self, on_datagram: Callable[[bytes, Address], None], on_status: Callable[[Any], None],
+    def attach(self, on_datagram: Callable[[bytes, Address], None], on_status: Callable[[Any, bool], None],
                on_resume_writing: Callable[[], None]) -> None:
-        """Hand datagrams to `on_datagram` and status requests (their source) to `on_status` from now on, and
+        """Hand datagrams to `on_datagram` and status requests (their source, and whether the brief document is
+        asked: `STATUS_BRIEF`) to `on_status` from now on, and
         call `on_resume_writing` when the send side drains; starts reading."""
         self.on_datagram = on_datagram
         self.on_status = on_status
@@ -253,7 +254,7 @@ class OverlayProtocol(asyncio.DatagramProtocol):
         """False for a status request (handled here), True for a datagram for the node."""
         if data.startswith(STATUS_MAGIC):
             if addr[0] in self.local:
-                self.on_status(addr)
+                self.on_status(addr, data[len(STATUS_MAGIC):] == STATUS_BRIEF)
             else:
                 self.status_refused += 1
                 log.debug("status request from %s refused: not from this host", addr[0])

@@ -787,6 +787,7 @@ class Node:
     def _counter_snapshot(self) -> dict[str, Any]:
         return counter_snapshot(self.outbox, self.received_by_type, self.received_bytes_by_type)
 
-    def status(self, now: float) -> dict[str, Any]:
-        """Everything a person asks a running wrapper (`wrapper.py status`): federation.protocol.node_status."""
-        return status_document(self, now)
+    def status(self, now: float, brief: bool = False) -> dict[str, Any]:
+        """Everything a person asks a running wrapper (`wrapper.py status`): federation.protocol.node_status
+        (`brief`: without the lists that grow with the filters, subscriptions and members)."""
+        return status_document(self, now, brief)

@@ -82,9 +82,17 @@ def counter_snapshot(outbox: Outbox, received: Mapping[str, int], received_bytes
     }
 
 
-def status_document(node: StatusSource, now: float) -> dict[str, Any]:
+def status_document(node: StatusSource, now: float, brief: bool = False) -> dict[str, Any]:
     """Everything a person asks a running wrapper: who it is, its neighbours, the federation it sees, its topics
-    and what each part holds, its local subscriptions and counters."""
+    and what each part holds, its local subscriptions and counters (`brief`: the topics, local subscriptions and
+    federation table left empty, not built: cheap at a hundred thousand subscriptions)."""
+    document = _document(node, now, brief)
+    if brief:
+        document["brief"] = True
+    return document
+
+
+def _document(node: StatusSource, now: float, brief: bool) -> dict[str, Any]:
     routes = node.routes
     pacing = node.pacing
     return {
@@ -96,12 +104,12 @@ def status_document(node: StatusSource, now: float) -> dict[str, Any]:
             "clock_offset_ms": None if n.clock_offset is None else round(n.clock_offset * 1000, 3),
             "flaps": n.flaps,
         } for n in node.neighbours.all()],
-        "federation": [{
+        "federation": [] if brief else [{
             "address": str(a), "id": id_text(routes.ids.get(a)) if a != node.address else id_text(node.broker_id),
             "distance": routes.distance.get(a),
             "next_hops": [str(h) for h in sorted(routes.next_hops.get(a, ()))],
         } for a in sorted(routes.members)],
-        "topics": node.mesh.describe(now),
+        "topics": [] if brief else node.mesh.describe(now),
         "topic_table": {"known": len(node.mesh.topics), "limit": node.settings.max_topics,
                         "refused": node.mesh.refused_topics, "latest_refused": node.mesh.last_refused,
                         "problem": node.limits_problem(now)},
@@ -113,7 +121,7 @@ def status_document(node: StatusSource, now: float) -> dict[str, Any]:
         "order": node.publications.ordering.status(),
         "pacing": {"busy": pacing.busy, "paced_by": sorted(str(n) for n in pacing.paced_until),
                    "told": sorted(str(n) for n in pacing.told), "sent": pacing.sent, "received": pacing.received},
-        "local_subscriptions": {client: dict(sorted(filters.items()))
-                                for client, filters in sorted(node.clients.items())},
+        "local_subscriptions": {} if brief else {client: dict(sorted(filters.items()))
+                                                 for client, filters in sorted(node.clients.items())},
         **counter_snapshot(node.outbox, node.received_by_type, node.received_bytes_by_type),
     }
