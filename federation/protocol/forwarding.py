@@ -64,6 +64,7 @@ from federation.protocol.topics import (
     NOTHING_HELD,
     Decision,
     Forward,
+    ForwardingCache,
     HeldPublication,
     TopicState,
     TopicTable,
@@ -129,6 +130,8 @@ class PublicationRouting(TopicTable):
     def _decision(self, state: TopicState, from_announced: Address | None) -> Decision:
         """`_decide`, taken from the topic's cache while its inputs are unchanged."""
         cache = state.forwarding
+        if cache is None:  # made on the first publication: most topics a node knows never see one
+            cache = state.forwarding = ForwardingCache()
         routes = self._table.routes
         core = state.core
         assert core is not None

@@ -185,7 +185,7 @@ class TopicState:
     digested: tuple[int | None, dict[Address, int], dict[Address, int]] = (None, {}, {})
     """what the digests hold for this filter (rule 5a): the claim's hash, our membership's toward each parent and
     each child's as we record it"""
-    forwarding: ForwardingCache = field(default_factory=ForwardingCache, repr=False, compare=False)
+    forwarding: ForwardingCache | None = field(default=None, repr=False, compare=False)
     """where publications go next, kept while nothing it depends on changes (`federation.protocol.forwarding`)"""
 
     @property

@@ -20,7 +20,8 @@ settings: `setups.py`) the bench:
 5. measures an idle window: control bytes per link per second (the wrappers'
    packets, all types, sent by both ends; for bridges, the bridge
    connections' TCP bytes both ways from `ss`), each wrapper's CPU in percent
-   of a core and RSS, and the wrappers' memory per filter above step 1;
+   of a core and RSS; the memory per filter is taken once converged, before
+   the sweep, against step 1;
 6. reads the wrappers' brief status: hello round trips, neighbours ever
    declared down, and what each federates for the subscriptions.
 
@@ -59,6 +60,8 @@ PROBES = 200
 """publications per convergence round: half to the filters subscribed last, half to random ones"""
 PROBE_WAIT = 1.5
 """seconds a convergence round waits for its probes"""
+PROBE_GAP = 0.2
+"""seconds between convergence rounds"""
 CONVERGE_LIMIT = 120.0
 """seconds after the last SUBACK a setup gets to deliver a whole round"""
 SWEEP_STALL = 30.0
@@ -93,8 +96,9 @@ class Result:
     cpu_percent: dict[str, float] = field(default_factory=dict)
     """per wrapper (per broker for bridges): CPU in percent of one core over the idle window"""
     rss_mb: dict[str, float] = field(default_factory=dict)
+    """per wrapper (broker): RSS at the end of the idle window, after the sweep"""
     rss_bytes_per_filter: dict[str, float] = field(default_factory=dict)
-    """per wrapper: (RSS after - RSS before subscribing) / filters"""
+    """per wrapper (broker): (RSS once converged - RSS before subscribing) / filters"""
     broker_rss_mb: dict[str, float] = field(default_factory=dict)
     hello_rtt_ms_max: float | None = None
     neighbours_down: int | None = None
@@ -180,21 +184,25 @@ def publisher_client(host: str) -> mqtt.Client:
 
 def converge(publisher: mqtt.Client, subscriber: Counting, kind: str, count: int, last_suback: float,
              rng: random.Random) -> float | None:
-    """Seconds from the last SUBACK to the first probe round that arrived whole (None: none within the limit)."""
+    """Seconds from the last SUBACK to the first probe round that arrived whole (None: none within the limit).
+    A round leaves every PROBE_GAP seconds and is judged PROBE_WAIT after it left, so the answer is within a gap."""
     recent = list(range(max(0, count - PROBES // 2), count))
-    round_ = 0
+    rounds: list[tuple[str, float, set[int]]] = []
+    number = 0
     while time.monotonic() - last_suback < CONVERGE_LIMIT:
-        round_ += 1
-        label = f"p{round_}"
-        sample = sorted(set(recent) | {rng.randrange(count) for _ in range(PROBES - len(recent))})
+        number += 1
+        label = f"p{number}"
+        sample = set(recent) | {rng.randrange(count) for _ in range(PROBES - len(recent))}
         sent_at = time.monotonic()
-        for index in sample:
+        for index in sorted(sample):
             publisher.publish(topic_of(kind, index), label.encode(), qos=0)
-        deadline = sent_at + PROBE_WAIT
-        while time.monotonic() < deadline and len(subscriber.got(label)) < len(sample):
-            time.sleep(0.02)
-        if subscriber.got(label) >= set(sample):
-            return round(max(0.0, sent_at - last_suback), 3)
+        rounds.append((label, sent_at, sample))
+        time.sleep(PROBE_GAP)
+        while rounds and (time.monotonic() - rounds[0][1] >= PROBE_WAIT
+                          or subscriber.got(rounds[0][0]) >= rounds[0][2]):
+            label, sent_at, sample = rounds.pop(0)
+            if subscriber.got(label) >= sample:
+                return round(max(0.0, sent_at - last_suback), 3)
     return None
 
 
@@ -271,6 +279,9 @@ def run_case(setup: Setup, kind: str, count: int, idle: float, seed: int) -> Res
         print(f"  {spec.name} {kind}: {count} filters subscribed in {result.subscribe_seconds} s", flush=True)
         result.converged_seconds = converge(publisher, subscriber, kind, count, last_suback, rng)
         print(f"  {spec.name} {kind}: converged {result.converged_seconds} s after the last SUBACK", flush=True)
+        subscribed = {name: rss_bytes(pid) for name, pid in processes.items()}
+        result.rss_bytes_per_filter = {name: round((subscribed[name] - before[name]) / count, 1)
+                                       for name in subscribed}
         result.swept, result.sweep_seconds = sweep(publisher, subscriber, kind, count)
         print(f"  {spec.name} {kind}: sweep {result.swept} of {count} in {result.sweep_seconds} s", flush=True)
         time.sleep(5.0)  # the sweep's acknowledgements and digests settle
@@ -287,9 +298,7 @@ def run_case(setup: Setup, kind: str, count: int, idle: float, seed: int) -> Res
         result.control_bytes_per_link_per_second = round((bytes_end - bytes_start) / links / seconds, 1)
         result.cpu_percent = {name: round(100 * (cpu_seconds(pid) - cpu_start[name]) / seconds, 2)
                               for name, pid in processes.items()}
-        after = {name: rss_bytes(pid) for name, pid in processes.items()}
-        result.rss_mb = {name: round(size / 2**20, 1) for name, size in after.items()}
-        result.rss_bytes_per_filter = {name: round((after[name] - before[name]) / count, 1) for name in after}
+        result.rss_mb = {name: round(rss_bytes(pid) / 2**20, 1) for name, pid in processes.items()}
         result.broker_rss_mb = {name: round(rss_bytes(pid) / 2**20, 1) for name, pid in brokers.items()}
         if federation:
             rtts = [n["rtt_ms"] for d in documents_end.values() for n in d.get("neighbours", [])
