@@ -53,7 +53,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from federation.protocol.topic_filter import FilterIndex
+from federation.protocol.topic_filter import MATCH_CACHE_SIZE, FilterIndex
 
 SEPARATOR = "/"
 SINGLE = "+"
@@ -90,6 +90,17 @@ def _rest(levels: list[str]) -> str:
 def covering(index: FilterIndex, filter_: str) -> list[str]:
     """The filters of `index` that cover `filter_` (itself included when it is there), sorted."""
     return [other for other in index.matching(_probe(filter_)) if covers(other, filter_)]
+
+
+def _rest_matches(rest: list[str], levels: list[str], start: int) -> bool:
+    """Do the filter levels `rest` match the topic levels from `start` on (MQTT rules)?"""
+    for offset, level in enumerate(rest):
+        if level == MULTI:
+            return True  # also when the topic ended one level earlier
+        position = start + offset
+        if position >= len(levels) or (level != SINGLE and level != levels[position]):
+            return False
+    return start + len(rest) == len(levels)
 
 
 class ServingCores(Generic[Core]):
@@ -161,6 +172,9 @@ class Aggregation:
         self._wildcards = FilterIndex()
         """the federated filters with a wildcard: the only ones that can cover another"""
         self._batches: list[Batch] = []
+        self._matches: dict[str, list[str]] = {}
+        """topic -> `matching(topic)`: publications repeat their topics; emptied whenever a raw filter comes or
+        goes"""
 
     def __len__(self) -> int:
         return self._raw
@@ -174,6 +188,7 @@ class Aggregation:
         if path is None:
             return  # already there
         self._raw += 1
+        self._matches.clear()
         before: Counter[str] = Counter()
         after: Counter[str] = Counter()
         collapsed_at = self._topmost_collapsed(path)
@@ -204,6 +219,7 @@ class Aggregation:
         collapsed_at = self._topmost_collapsed(path)
         self._delete(levels)
         self._raw -= 1
+        self._matches.clear()
         if collapsed_at is not None:
             node, depth = collapsed_at
             suffixes = node.suffixes
@@ -232,6 +248,51 @@ class Aggregation:
         """The effective filter whose mesh brings the publications `raw` matches."""
         form = self.form_of(raw)
         return self._covered_by.get(form, form)
+
+    def matching(self, topic: str) -> list[str]:
+        """The raw filters held here that match `topic`, sorted (a new list), as `FilterIndex.matching` gives them:
+        the trie that aggregates the filters also answers which publications the local broker wants, so the raw
+        filters are held once (a `FilterIndex` of them cost 400 bytes a filter more)."""
+        cached = self._matches.get(topic)
+        if cached is not None:
+            return cached.copy()
+        found = self._find(topic)
+        if len(self._matches) >= MATCH_CACHE_SIZE:
+            self._matches.clear()
+        self._matches[topic] = found
+        return found.copy()
+
+    def _find(self, topic: str) -> list[str]:
+        if not topic or SINGLE in topic or MULTI in topic or "\0" in topic:
+            return []
+        levels = topic.split(SEPARATOR)
+        depth_of_topic = len(levels)
+        wildcards_at_root = not topic.startswith("$")  # `#` and `+` first never match a `$` topic
+        found: list[str] = []
+        # (node, depth, the filter's levels down to it: the topic's, or `+` where it went through one)
+        pending: list[tuple[_Node, int, tuple[str, ...]]] = [(self._root, 0, ())]
+        while pending:
+            node, depth, prefix = pending.pop()
+            wildcards = depth > 0 or wildcards_at_root
+            children = node.children
+            if wildcards and MULTI in children:
+                found.append(SEPARATOR.join((*prefix, MULTI)))  # `#` takes the rest, even none
+            if depth == depth_of_topic:
+                if node.ends:
+                    found.append(SEPARATOR.join(prefix))
+                continue
+            for key in (levels[depth], SINGLE) if wildcards else (levels[depth],):
+                child = children.get(key)
+                if child is None:
+                    continue
+                if isinstance(child, str):
+                    rest = child[1:].split(SEPARATOR) if child else []
+                    if _rest_matches(rest, levels, depth + 1):
+                        found.append(SEPARATOR.join((*prefix, key, *rest)))
+                else:
+                    pending.append((child, depth + 1, (*prefix, key)))
+        found.sort()
+        return found
 
     def describe(self) -> dict[str, object]:
         """For status: how many raw filters, federated and effective filters, and the collapsed prefixes."""

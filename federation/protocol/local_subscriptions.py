@@ -2,8 +2,8 @@
 
 Per client the raw filters it holds and their QoS; per raw federated filter
 (federation.protocol.topic_filter) how many (client, filter) pairs want it,
-since when, and an index that matches a topic against them (which
-publications the local broker gets). The filters the node federates are not
+since when, and which of them match a topic (which publications the local
+broker gets: `aggregation.matching`). The filters the node federates are not
 always the raw ones: `federation.protocol.aggregation` federates a covering
 filter for many raw ones (`dev/+/cmd` for ten thousand `dev/<id>/cmd`), and
 nothing more for a raw filter another one of this broker covers. `wanted` is
@@ -41,7 +41,7 @@ from typing import Any
 from federation.protocol import events
 from federation.protocol.aggregation import Aggregation
 from federation.protocol.modes import RETAINED_FILTER
-from federation.protocol.topic_filter import SHARE_PREFIX, FilterIndex, federated_filter
+from federation.protocol.topic_filter import SHARE_PREFIX, federated_filter
 
 COVER_ALL = "#"
 """what a node federates for the filters its topic table has no room for (`max_topics`): over-delivery, not loss"""
@@ -70,8 +70,6 @@ class LocalSubscriptions:
         """client -> raw filter -> QoS"""
         self.filter_refs: Counter[str] = Counter()
         """raw federated filter -> number of (client, filter) pairs"""
-        self.index = FilterIndex()
-        """the raw federated filters: which publications the local broker has subscribers for"""
         self.since: dict[str, float] = {}
         """raw federated filter with local subscribers -> since when (-infinity: since before a restart)"""
         self.aggregation = Aggregation(aggregate_fanout)
@@ -109,7 +107,6 @@ class LocalSubscriptions:
         if self.filter_refs[federated] > 1:
             return []
         self.since[federated] = float("-inf") if restored else now
-        self.index.add(federated)
         self.aggregation.add(federated)
         return self._federated_changes(now)
 
@@ -133,7 +130,8 @@ class LocalSubscriptions:
     def interest_since(self, topic: str) -> float:
         """Since when a local subscription matches `topic` (the oldest that does)."""
         since = self.since
-        return min((since.get(filter_, float("inf")) for filter_ in self.index.matching(topic)), default=float("inf"))
+        return min((since.get(filter_, float("inf")) for filter_ in self.aggregation.matching(topic)),
+                   default=float("inf"))
 
     def _release(self, client: str, filter_: str, now: float) -> list[Change]:
         federated = federated_filter(filter_)
@@ -148,7 +146,6 @@ class LocalSubscriptions:
             return []
         del self.filter_refs[federated]
         self.since.pop(federated, None)
-        self.index.discard(federated)
         self.aggregation.remove(federated)
         return self._federated_changes(now)
 

@@ -161,7 +161,7 @@ class Node:
         """the digests of the topic cores' claims and of the mesh memberships with each neighbour (rule 5a)"""
         self.shared = SharedGroups(self.identity, self.table, self.neighbours, self.outbox, delivery.track)
         """the shared subscription groups with members federation-wide (`sg`, mode 2 copies: rule 9)"""
-        self.publications = Publications(self.identity, self.outbox, self.mesh, local.index.matching,
+        self.publications = Publications(self.identity, self.outbox, self.mesh, local.aggregation.matching,
                                          self.custody, Ordering(settings, self.outbox, local.interest_since,
                                                                 self.custody.held, self.custody.unheld),
                                          self.shared)

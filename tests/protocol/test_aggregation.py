@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from federation.protocol.aggregation import Aggregation, covers
-from federation.protocol.topic_filter import matches, validate_filter
+from federation.protocol.topic_filter import FilterIndex, matches, validate_filter
 
 
 def replay(aggregation: Aggregation, seen: set[str]) -> set[str]:
@@ -157,3 +157,21 @@ def test_churn_of_many_devices_keeps_everything_served() -> None:
         if step % 50 == 0:
             seen = check(aggregation, raws, seen)
     check(aggregation, raws, seen)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["a", "b", "$x", "+", "#", ""]), min_size=1, max_size=4), max_size=40),
+       st.lists(st.lists(st.sampled_from(["a", "b", "$x", "c", ""]), min_size=1, max_size=5), max_size=20),
+       st.sampled_from([0, 1, 2]))
+def test_matching_gives_what_a_filter_index_gives(filters: list[list[str]], topics: list[list[str]],
+                                                  fanout: int) -> None:
+    aggregation = Aggregation(fanout)
+    index = FilterIndex()
+    for levels in filters:
+        raw = "/".join(levels)
+        if validate_filter(raw) is None and not raw.startswith("$"):
+            aggregation.add(raw)
+            index.add(raw)
+    for levels in topics:
+        topic = "/".join(levels)
+        assert aggregation.matching(topic) == index.matching(topic), topic

@@ -315,6 +315,108 @@ def run_case(setup: Setup, kind: str, count: int, idle: float, seed: int) -> Res
     return result
 
 
+@dataclass
+class ChurnResult:
+    setup: str
+    seconds: float
+    rate: int
+    subscribed: int = 0
+    unsubscribed: int = 0
+    probes: int = 0
+    """QoS 1 publications to a filter subscribed 1 to 3 s before (held 5 s)"""
+    missed: int = 0
+    cpu_percent: dict[str, float] = field(default_factory=dict)
+    hello_rtt_ms_max: float | None = None
+    neighbours_down: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+CHURN_TICK = 0.01
+"""seconds between churn steps"""
+CHURN_LIFETIME = 5.0
+"""seconds each churned filter stays subscribed"""
+PROBE_AGES = (1.0, 3.0)
+"""a probe goes to a filter subscribed this long before (it stays 2 s more: time to arrive)"""
+
+
+def run_churn(setup: Setup, seconds: float, rate: int, seed: int) -> ChurnResult:
+    """Subscribe `rate` new filters a second and unsubscribe as many (each held CHURN_LIFETIME) on the last broker,
+    while the first broker publishes to filters subscribed for PROBE_AGES: how many of those never arrive."""
+    nodes = list(setup.brokers.nodes.values())
+    federation = setup.spec.kind == "federation"
+    result = ChurnResult(setup.spec.name, seconds, rate)
+    processes = {node.name: pid for node, pid in zip(nodes, setup.wrapper_pids() if federation
+                                                      else setup.broker_pids(), strict=True)}
+    rng = random.Random(seed)
+
+    def documents() -> dict[str, dict[str, Any]]:
+        found = {}
+        for node in nodes:
+            try:
+                found[node.name] = query(node.host, WRAPPER_PORT, timeout=10, brief=True)
+            except StatusError as error:
+                result.problems.append(f"{node.name}: {error}")
+        return found
+
+    def flaps(found: dict[str, dict[str, Any]]) -> int:
+        return sum(n.get("flaps", 0) for d in found.values() for n in d.get("neighbours", []))
+
+    time.sleep(2.0)
+    flaps_before = flaps(documents()) if federation else 0
+    subscriber = Counting(f"bench-churn-{time.monotonic_ns()}", nodes[-1].host)
+    publisher = publisher_client(nodes[0].host)
+    alive: list[tuple[float, int]] = []  # (subscribed at, index), oldest first
+    expected: list[str] = []
+    rtts: list[float] = []
+    try:
+        cpu_start = {name: cpu_seconds(pid) for name, pid in processes.items()}
+        started = time.monotonic()
+        next_poll = started + 1.0
+        made = 0
+        per_tick = rate * CHURN_TICK
+        owed = 0.0
+        while time.monotonic() - started < seconds:
+            now = time.monotonic()
+            owed += per_tick
+            batch = list(range(made, made + int(owed)))
+            owed -= len(batch)
+            if batch:
+                subscriber.client.subscribe([(f"bench/churn/{index}/cmd", 1) for index in batch])
+                alive += [(now, index) for index in batch]
+                made += len(batch)
+            gone = []
+            while alive and now - alive[0][0] >= CHURN_LIFETIME:
+                gone.append(alive.pop(0)[1])
+            if gone:
+                subscriber.client.unsubscribe([f"bench/churn/{index}/cmd" for index in gone])
+                result.unsubscribed += len(gone)
+            ready = [index for at, index in alive if PROBE_AGES[0] <= now - at <= PROBE_AGES[1]]
+            if ready:
+                label = f"c{len(expected)}"
+                publisher.publish(f"bench/churn/{rng.choice(ready)}/cmd", label.encode(), qos=1)
+                expected.append(label)
+            if federation and now >= next_poll:
+                next_poll = now + 1.0
+                rtts += [n["rtt_ms"] for d in documents().values() for n in d.get("neighbours", [])
+                         if n.get("rtt_ms") is not None]
+            time.sleep(max(0.0, CHURN_TICK - (time.monotonic() - now)))
+        elapsed = time.monotonic() - started
+        result.cpu_percent = {name: round(100 * (cpu_seconds(pid) - cpu_start[name]) / elapsed, 1)
+                              for name, pid in processes.items()}
+        result.subscribed = made
+        time.sleep(PROBE_AGES[1] + 2.0)  # the last probes arrive
+        result.probes = len(expected)
+        result.missed = sum(1 for label in expected if not subscriber.got(label))
+        if federation:
+            result.hello_rtt_ms_max = max(rtts) if rtts else None
+            result.neighbours_down = flaps(documents()) - flaps_before
+    finally:
+        subscriber.close()
+        publisher.loop_stop()
+        publisher.disconnect()
+    return result
+
+
 def table(results: Sequence[Result]) -> str:
     headers = ["setup", "filters", "kind", "subscribe s", "converged s", "swept", "idle B/s/link", "CPU % (max)",
                "RSS/filter B (last)", "hello RTT ms", "down"]
@@ -340,7 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--subnet", type=int, default=230, help="first loopback /24 used (127.0.<subnet>.x)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
+                        help="instead: churn of --rate subscribes and unsubscribes a second for SECONDS, probed")
+    parser.add_argument("--rate", type=int, default=1000, help="churn: subscribes (and unsubscribes) a second")
     args = parser.parse_args(argv)
+    if args.churn > 0:
+        return churn_main(args)
     specs = [SetupSpec.parse(name) for name in args.setups]
     results: list[Result] = []
     workdir = Path(tempfile.mkdtemp(prefix="federation-bench-subscriptions-"))
@@ -361,6 +468,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r.setup} {r.kind} {r.filters}: CPU % {r.cpu_percent}, RSS MB {r.rss_mb}, RSS/filter B "
               f"{r.rss_bytes_per_filter}, brokers' RSS MB {r.broker_rss_mb}, federated {r.federated}"
               + (f", problems {r.problems}" if r.problems else ""))
+    return 0
+
+
+def churn_main(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="federation-bench-churn-"))
+    print(f"bench subscriptions churn: {args.rate}/s for {args.churn} s; work files in {workdir}", flush=True)
+    results = []
+    for offset, name in enumerate(args.setups):
+        setup = Setup(SetupSpec.parse(name), workdir / name, args.subnet + offset)
+        setup.start()
+        try:
+            results.append(run_churn(setup, args.churn, args.rate, args.seed))
+        finally:
+            setup.stop()
+        print(f"  {results[-1]}", flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    for r in results:
+        print(f"{r.setup}: {r.subscribed} subscribed, {r.unsubscribed} unsubscribed in {r.seconds} s; probes "
+              f"{r.probes}, missed {r.missed}; CPU % {r.cpu_percent}; hello RTT max {r.hello_rtt_ms_max} ms; "
+              f"neighbours down {r.neighbours_down}" + (f"; problems {r.problems}" if r.problems else ""))
     return 0
 
 
