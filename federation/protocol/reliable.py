@@ -335,7 +335,7 @@ class ReliableForwarding:
             entry.retransmissions += 1
             message = entry.message
             outbox.emit(events.PUBLICATION_RETRANSMITTED, now, pub=publication_text(message.publication),
-                        filter=message.filter, to=str(entry.transport), attempt=entry.retransmissions)
+                        filter=message.filter, to=[str(entry.transport)], attempt=entry.retransmissions)
             if not _plain(message):
                 outbox.send(wire.TOPIC_MESSAGE, message, [entry.transport])
                 continue

@@ -24,11 +24,9 @@ SECTIONS = {"node": "Node events", "wrapper": "Wrapper events", "sim": "Simulato
             "run": "Scenario driver records"}
 HEADER = {"v", "t", "node", "type", "name"}
 
-KNOWN_SPARK_MISMATCHES = {"to"}
-"""Fields whose documented type Spark's schema cannot read. `to` is one string in
-`publication_retransmitted` and `publication_dropped` (`unacknowledged`) but a list elsewhere, and
-federation/spark/reader.py reads it as a list of strings, so Spark counts those two kinds of lines as corrupt.
-Remove the entry when the code writes one type."""
+KNOWN_SPARK_MISMATCHES: set[str] = set()
+"""Fields whose documented type Spark's schema cannot read (none: `to`, once one string in
+`publication_retransmitted`, is a list there as everywhere)."""
 
 
 @cache

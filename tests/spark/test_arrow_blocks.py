@@ -69,6 +69,7 @@ ODD_LINES: list[tuple[bytes, bool]] = [
     (b'{"v":2,"t":9.7,' + NODE.encode() + b',"type":"mesh_left","type":"mesh_joined"}', False),
     (b'{"v":2,"t":9.8,"node":"caf\xe9","type":"mesh_left"}', False),  # not UTF-8
     (b'{"v":2,"t":9.9,' + NODE.encode() + b',"type":"publication_retransmitted","to":"10.0.0.3:10500"}', False),
+    (b'{"v":2,"t":9.95,' + NODE.encode() + b',"type":"publication_retransmitted","to":["10.0.0.3:10500"]}', True),
     (b'{"v":2,"t":10.0,' + NODE.encode() + b',"type":"mesh_left"} {"v":2}', False),  # two objects
     (b'{"v":2,"t":10.1,' + NODE.encode() + b',"type":"mesh_left"}\r', False),
     (b"null", False),
