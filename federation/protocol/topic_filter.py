@@ -34,6 +34,10 @@ MAX_LENGTH = 65535
 """bytes: the longest topic or filter MQTT can carry (UTF-8, two-byte length prefix)"""
 
 SHARE_PREFIX = "$share/"
+REPAIR_PREFIX = "$repair/"
+"""the filter of a repair copy (a mode 3 `tm` and its acknowledgements, docs/protocol.md rule 7f):
+`$repair/<host>/<port>/<filter>`. A `$` filter never federates, so it never collides with a real one, and a copy
+repairing one publication for one broker has a key of its own at every hop"""
 
 _LEVEL_SEPARATOR = "/"
 _SINGLE_LEVEL = "+"
@@ -142,6 +146,22 @@ def matches(filter_: str, topic: str) -> bool:
     return len(filter_levels) == len(topic_levels)
 
 
+def repair_filter(host: str, port: int, filter_: str) -> str:
+    """The filter a repair copy of `filter_`'s publication for the broker at host:port carries (rule 7f)."""
+    return f"{REPAIR_PREFIX}{host}/{port}/{filter_}"
+
+
+def split_repair(text: str) -> tuple[str, int, str] | None:
+    """(host, port, filter) of a repair filter, or None when `text` is not one (a host never holds a `/`)."""
+    if not text.startswith(REPAIR_PREFIX):
+        return None
+    host, _, rest = text[len(REPAIR_PREFIX):].partition(_LEVEL_SEPARATOR)
+    port, _, filter_ = rest.partition(_LEVEL_SEPARATOR)
+    if not host or not port.isdigit() or len(port) > 5 or not filter_:
+        return None
+    return host, int(port), filter_
+
+
 def federated_filter(filter_: str) -> str | None:
     """The filter a local subscription asks the federation for, or None if it stays local.
 
@@ -159,17 +179,41 @@ def federated_filter(filter_: str) -> str | None:
 
 
 class _TrieNode:
-    """One filter level. `filter` is set when a stored filter ends here."""
+    """One filter level. `filter` is set when a stored filter ends here. A child that leads to one stored filter
+    only is that filter itself (a string), not a chain of nodes: a filter costs a dictionary entry where no other
+    shares its levels (four nodes for `site7/dev/+/cmd` made the index of a thousand-node simulation gigabytes)."""
 
     __slots__ = ("children", "filter")
 
     def __init__(self) -> None:
-        self.children: dict[str, _TrieNode] = {}
+        self.children: dict[str, _TrieNode | str] = {}
         self.filter: str | None = None
 
 
 MATCH_CACHE_SIZE = 4096
 """topics whose matching filters a `FilterIndex` remembers (the memory is emptied when full)"""
+
+
+def _expanded(held: str, depth: int) -> _TrieNode:
+    """A node for a child that held one filter whole: the filter goes one level down (or ends at the node)."""
+    node = _TrieNode()
+    levels = held.split(_LEVEL_SEPARATOR)
+    if depth == len(levels):
+        node.filter = held
+    else:
+        node.children[levels[depth]] = held
+    return node
+
+
+def _rest_matches(filter_levels: list[str], levels: list[str], start: int) -> bool:
+    """Do a filter's levels from `start` on match the topic's from `start` on (those before matched already)?"""
+    for position in range(start, len(filter_levels)):
+        level = filter_levels[position]
+        if level == _MULTI_LEVEL:
+            return True  # also when the topic ended one level earlier
+        if position >= len(levels) or (level != _SINGLE_LEVEL and level != levels[position]):
+            return False
+    return len(filter_levels) == len(levels)
 
 
 class FilterIndex:
@@ -200,11 +244,15 @@ class FilterIndex:
         if validate_filter(filter_) is not None:
             self._unmatchable.add(filter_)
             return
+        levels = filter_.split(_LEVEL_SEPARATOR)
         node = self._root
-        for level in filter_.split(_LEVEL_SEPARATOR):
+        for depth, level in enumerate(levels):
             child = node.children.get(level)
             if child is None:
-                child = node.children[level] = _TrieNode()
+                node.children[level] = filter_  # the rest of its levels stay in the string
+                return
+            if isinstance(child, str):
+                child = node.children[level] = _expanded(child, depth + 1)
             node = child
         node.filter = filter_
 
@@ -220,11 +268,18 @@ class FilterIndex:
         node = self._root
         for level in filter_.split(_LEVEL_SEPARATOR):
             path.append((node, level))
-            node = node.children[level]
-        node.filter = None
+            child = node.children[level]
+            if isinstance(child, str):  # the filter itself, held whole below this level
+                del node.children[level]
+                path.pop()
+                break
+            node = child
+        else:
+            node.filter = None
         # Prune the nodes that no longer lead to any filter, deepest first.
         for parent, level in reversed(path):
             child = parent.children[level]
+            assert isinstance(child, _TrieNode)
             if child.filter is not None or child.children:
                 break
             del parent.children[level]
@@ -267,18 +322,22 @@ class FilterIndex:
             wildcards_allowed = depth > 0 or wildcards_allowed_at_root
             if wildcards_allowed:
                 rest = node.children.get(_MULTI_LEVEL)
-                if rest is not None and rest.filter is not None:
-                    found.append(rest.filter)  # `#` takes the remaining levels, even none
+                if rest is not None:  # `#` takes the remaining levels, even none
+                    held = rest if isinstance(rest, str) else rest.filter
+                    if held is not None:
+                        found.append(held)
             if depth == depth_of_topic:
                 if node.filter is not None:
                     found.append(node.filter)
                 continue
-            literal = node.children.get(levels[depth])
-            if literal is not None:
-                pending.append((literal, depth + 1))
-            if wildcards_allowed:
-                single = node.children.get(_SINGLE_LEVEL)
-                if single is not None:
-                    pending.append((single, depth + 1))
+            for child in (node.children.get(levels[depth]),
+                          node.children.get(_SINGLE_LEVEL) if wildcards_allowed else None):
+                if child is None:
+                    continue
+                if isinstance(child, str):  # one filter, its levels below this one still to compare
+                    if _rest_matches(child.split(_LEVEL_SEPARATOR), levels, depth + 1):
+                        found.append(child)
+                else:
+                    pending.append((child, depth + 1))
         found.sort()
         return found
