@@ -53,6 +53,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -150,8 +151,9 @@ class BenchBrokers(LocalFederation):
     event type but the per-publication ones (so the nodes do not make those: docs/daemon.md "Event log")."""
 
     def __init__(self, names: Sequence[str], links: Sequence[tuple[str, str]], workdir: Path, first_address: str,
-                 bridges: bool, publication_events: bool = True, max_inflight: int | None = None) -> None:
-        super().__init__(list(names), links, workdir, first_address=first_address)
+                 bridges: bool, publication_events: bool = True, max_inflight: int | None = None,
+                 settings: dict[str, Any] | None = None) -> None:
+        super().__init__(list(names), links, workdir, settings, first_address=first_address)
         self.bridges = bridges
         self.publication_events = publication_events
         self.max_inflight = max_inflight
@@ -181,13 +183,14 @@ class Setup:
     """One started setup: where to publish and subscribe, and which processes to charge CPU time to."""
 
     def __init__(self, spec: SetupSpec, workdir: Path, subnet: int, publication_events: bool = True,
-                 max_inflight: int | None = None) -> None:
+                 max_inflight: int | None = None, settings: dict[str, Any] | None = None) -> None:
+        """`settings`: protocol settings for a federation's wrappers (None: the defaults)."""
         self.spec = spec
         names = node_names(spec.brokers)
         links = line(names) if spec.kind == "federation" else []
         self.brokers = BenchBrokers(names, links, workdir / spec.name, f"127.0.{subnet}.10",
                                     bridges=spec.kind == "bridge", publication_events=publication_events,
-                                    max_inflight=max_inflight)
+                                    max_inflight=max_inflight, settings=settings)
         self.relays: list[subprocess.Popen[bytes]] = []
         """a relay setup's clients for the case under way (`begin_case`)"""
 

@@ -440,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setups", nargs="+", default=["bridge-3", "federation-3"])
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of the idle window (default 30)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--settings", type=json.loads, default=None, metavar="JSON",
+                        help="the wrappers' protocol settings (default: the shipped ones), e.g. "
+                             "'{\"aggregate_fanout\": 0, \"max_topics\": 200000}': every filter federated as it "
+                             "is, the control plane's own cost")
     parser.add_argument("--subnet", type=int, default=230, help="first loopback /24 used (127.0.<subnet>.x)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
@@ -455,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     for count in args.filters:
         for kind in args.kind:
             for offset, spec in enumerate(specs):
-                setup = Setup(spec, workdir / f"{kind}-{count}", args.subnet + offset)
+                setup = Setup(spec, workdir / f"{kind}-{count}", args.subnet + offset, settings=settings(args))
                 setup.start()
                 try:
                     results.append(run_case(setup, kind, count, args.idle, args.seed))
@@ -471,12 +475,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The wrappers' protocol settings the arguments ask for (None: the defaults)."""
+    return dict(args.settings) if args.settings else None
+
+
 def churn_main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="federation-bench-churn-"))
     print(f"bench subscriptions churn: {args.rate}/s for {args.churn} s; work files in {workdir}", flush=True)
     results = []
     for offset, name in enumerate(args.setups):
-        setup = Setup(SetupSpec.parse(name), workdir / name, args.subnet + offset)
+        setup = Setup(SetupSpec.parse(name), workdir / name, args.subnet + offset, settings=settings(args))
         setup.start()
         try:
             results.append(run_churn(setup, args.churn, args.rate, args.seed))
