@@ -548,6 +548,7 @@ class BrokerAdapter:
         self._had_session = True
         if session_lost:
             self.sessions_lost += 1
+        self.client.session_started(session_present)  # before any packet of the new session is read
         resent, reinjected = self.injector.connected(session_present)
         self.connected = True
         self.session_present = session_present

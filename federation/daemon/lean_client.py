@@ -619,6 +619,19 @@ class LeanClient(mqtt.Client):
             return MQTTErrorCode.MQTT_ERR_SUCCESS
         return self._packet_queue(mqtt.PUBACK, data, 0, 0)
 
+    def session_started(self, session_present: bool) -> None:
+        """A CONNACK: without the session, what the broker's earlier session left here is forgotten. MQTT 5 (section
+        4.1.0) has a client that gets Session Present 0 discard its session state, and the QoS 2 packet ids we
+        answered with PUBREC and whose PUBREL had not come are part of it: a broker restarted without persistence
+        numbers its messages from 1 again, and kept, those ids made a new message with one of them wait for a
+        PUBREL that never comes (its PUBREC held for ever, a slot of our Receive Maximum lost), or, sent again
+        with DUP after a later reconnection, taken for a repeat and not handed over (issue 39)."""
+        if session_present:
+            return
+        self._qos2_answered.clear()
+        self._held_acks.clear()
+        self._held_on = self._sock
+
     def _current_held_acks(self) -> dict[int, deque[int]]:
         """The held acknowledgements of this connection: those of an earlier one are forgotten (the broker sends
         their messages again, DUP, after the PUBREL of the message before them)."""
@@ -763,6 +776,10 @@ class PublicClient(mqtt.Client):
                 completed(mid, reason_code.value if reason_code is not None else 0)
 
         self.on_publish = published
+
+    def session_started(self, session_present: bool) -> None:
+        """Nothing: paho keeps a received QoS 2 message until its PUBREL and replaces it when its packet id comes
+        again (it calls `on_message` at the PUBREL), so no id answered in an earlier session is taken for a repeat."""
 
     def send_acks(self, acks: Sequence[tuple[int, int]]) -> MQTTErrorCode:
         """Nothing: paho acknowledged them when it handed them over."""

@@ -333,6 +333,54 @@ def test_acknowledgements_held_on_a_connection_that_dropped_are_forgotten(side: 
     assert [item.payload for item in side.items if isinstance(item, Publication)] == [b"a", b"b", b"b"]
 
 
+def test_a_broker_that_lost_the_session_numbers_anew_and_no_id_of_the_old_session_is_held(side: Side) -> None:
+    """Issue 39: a QoS 2 publication answered with PUBREC whose PUBREL never came (the broker was killed) leaves
+    its packet id answered. A broker restarted without persistence gives Session Present 0 and numbers its
+    messages from 1 again; MQTT 5 (section 4.1.0) has the client discard its session state then. A new message
+    under that id is acknowledged at once, not held for a PUBREL that will never come (a Receive Maximum slot
+    lost, the message left unacknowledged at the broker)."""
+    assert side.receive(qos2_publish(5, b"old life")) == b""
+    side.adapter.acknowledge([(5, 2)])
+    assert read_all(side.peer) == ack(0x50, 5)  # PUBREC; the broker dies before its PUBREL
+    side.reconnect(session_present=False)
+    read_all(side.peer)  # the subscriptions of the new session
+    assert side.receive(qos2_publish(5, b"new life")) == b""  # handed over ...
+    side.adapter.acknowledge([(5, 2)])
+    assert read_all(side.peer) == ack(0x50, 5)  # ... and acknowledged at once: nothing held
+    assert side.client.acks_held == 0
+    assert side.receive(ack(0x62, 5)) == ack(0x70, 5)
+    assert [item.payload for item in side.items if isinstance(item, Publication)] == [b"old life", b"new life"]
+
+
+def test_after_a_lost_session_a_dup_copy_under_an_old_answered_id_is_handed_over(side: Side) -> None:
+    """The repeat rule (a DUP PUBLISH under an id we answered is the broker missing our PUBREC) holds only within
+    one broker session: in a new one, that id answered before names nothing, and a DUP copy (the new session's
+    message sent again after a reconnection that kept it) is a message to hand over, not to drop."""
+    side.receive(qos2_publish(9, b"old life"))
+    side.adapter.acknowledge([(9, 2)])
+    read_all(side.peer)
+    side.reconnect(session_present=False)
+    read_all(side.peer)
+    side.reconnect(session_present=True)  # the new session, kept across a second reconnection
+    read_all(side.peer)
+    assert side.receive(qos2_publish(9, b"new life", dup=True)) == b""
+    assert [item.payload for item in side.items if isinstance(item, Publication)] == [b"old life", b"new life"]
+
+
+def test_acknowledgements_held_behind_a_lost_session_are_forgotten(side: Side) -> None:
+    """A reused id's acknowledgement held for the PUBREL of the message before it: without the session that
+    message is gone, and so is what waited for it."""
+    side.receive(qos2_publish(3, b"a"))
+    side.adapter.acknowledge([(3, 2)])
+    side.receive(qos2_publish(3, b"b"))  # reused before its PUBREL: its PUBREC is held
+    side.adapter.acknowledge([(3, 2)])
+    read_all(side.peer)
+    assert side.client.acks_held == 1
+    side.reconnect(session_present=False)
+    read_all(side.peer)
+    assert side.receive(ack(0x62, 3)) == ack(0x70, 3)  # a stray PUBREL completes, and releases nothing held
+
+
 # ------------------------------------------------------------------ the broker's Receive Maximum
 
 
