@@ -125,7 +125,8 @@ class Running:
         self.stopping = False
         """set when the shutdown starts: nothing received is handled any more"""
         self.subscriptions = persisted.subscriptions
-        self.saver = (StateSaver(resources.store, persisted, loop, lambda: node.epoch, clock.now, node.known_filters)
+        self.saver = (StateSaver(resources.store, persisted, loop, lambda: node.epoch, clock.now, node.known_filters,
+                                 node.receivers_known)
                       if resources.store is not None else None)
         """writes the subscription table and the epoch; None without a state directory"""
         self.tracker = BrokerLogTracker(config.client_id, helper_client_ids=(scan_client_id(config.client_id),))
@@ -139,6 +140,10 @@ class Running:
         node.attach_retained(self.retained)  # the node compares it with the neighbours' stores (rule 10)
         self.restored_filters = persisted.filters
         """the filters the node knew in its previous life (`Node.restore`)"""
+        self.restored_receivers = persisted.receivers
+        """the brokers known to subscribe to each filter in its previous life (`Node.restore`, rule 7f)"""
+        self._receivers_saved = 0
+        """`Node.receivers_changes` when the state was last scheduled for saving"""
         self.outbox = wrapper_events.WrapperEvents(str(node.address))
         """the daemon's own events, written with the node's"""
         self.edges = PolicyEdges(config.topic_policy)
@@ -207,9 +212,9 @@ class Running:
         spooled publications) and the broker connection."""
         node = self.node
         now = self.clock.now()
-        if self.journal is not None or self.restored_filters:
+        if self.journal is not None or self.restored_filters or self.restored_receivers:
             node.restore(streams=self.journal.stream_positions() if self.journal is not None else None,
-                         filters=self.restored_filters)
+                         filters=self.restored_filters, receivers=self.restored_receivers)
         node.start(now)
         replayed = self.subscriptions.replay(self.subscription_sink, now)
         if replayed:
@@ -586,6 +591,9 @@ class Running:
         now = self.clock.now()
         self.broker_subscriptions.tick(now)
         self.retained_reading.start_if_due(now)
+        if self.saver is not None and self.node.receivers_changes != self._receivers_saved:
+            self._receivers_saved = self.node.receivers_changes  # who subscribes where: kept across a restart
+            self.saver.schedule()
         self._drain_outputs(now)
 
     def _check_kernel_drops(self) -> None:

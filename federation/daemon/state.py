@@ -253,6 +253,9 @@ class PersistedState:
     filters: list[str] = field(default_factory=list)
     """the federated filters the node knew (`Node.known_filters`): a restarted node holds its spooled QoS 1/2
     publications on them until their core is heard of (`Node.restore`)"""
+    receivers: dict[str, list[str]] = field(default_factory=dict)
+    """the brokers known to subscribe to each filter ("host:port", `Node.receivers_known`): a restarted node's
+    spooled publications still await those behind a partition (`Node.restore`, docs/protocol.md rule 7f)"""
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -329,8 +332,14 @@ class StateStore:
             filters = data.get("filters", [])
             if not isinstance(filters, list) or not all(isinstance(f, str) for f in filters):
                 raise ValueError(f"bad filters {filters!r}")
+            receivers = data.get("receivers", {})
+            if not isinstance(receivers, dict) or not all(
+                    isinstance(f, str) and isinstance(brokers, list) and all(isinstance(b, str) for b in brokers)
+                    for f, brokers in receivers.items()):
+                raise ValueError(f"bad receivers {receivers!r}")
             return PersistedState(epoch, broker if isinstance(broker, str) else None, subscriptions,
-                                  float(saved_at) if isinstance(saved_at, (int, float)) else None, filters), None
+                                  float(saved_at) if isinstance(saved_at, (int, float)) else None, filters,
+                                  receivers), None
         except ValueError as error:
             aside = self.path.with_name(f"{STATE_FILE}.unreadable-{int(time.time())}")
             os.replace(self.path, aside)
@@ -344,6 +353,7 @@ class StateStore:
         data = {
             "version": STATE_VERSION, "epoch": state.epoch, "broker": state.broker, "saved_at": round(now, 3),
             "clients": state.subscriptions.to_json(), "filters": sorted(state.filters),
+            "receivers": {f: sorted(brokers) for f, brokers in sorted(state.receivers.items())},
         }
         return (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("utf-8")
 
@@ -433,13 +443,15 @@ class StateSaver:
 
     def __init__(self, store: StateStore, state: PersistedState, loop: asyncio.AbstractEventLoop,
                  epoch: Callable[[], int], now: Callable[[], float],
-                 filters: Callable[[], list[str]] | None = None) -> None:
+                 filters: Callable[[], list[str]] | None = None,
+                 receivers: Callable[[], dict[str, list[str]]] | None = None) -> None:
         self.store = store
         self.state = state
         self._loop = loop
         self._epoch = epoch
         self._now = now
         self._filters = filters
+        self._receivers = receivers
         self._writer = BackgroundWriter(store, loop, self._failed)
         self._handle: asyncio.TimerHandle | None = None
 
@@ -465,7 +477,10 @@ class StateSaver:
         state.epoch = max(state.epoch or 0, self._epoch())
         if self._filters is not None:
             state.filters = self._filters()
-        return replace(state, subscriptions=state.subscriptions.copy(), filters=list(state.filters))
+        if self._receivers is not None:
+            state.receivers = self._receivers()
+        return replace(state, subscriptions=state.subscriptions.copy(), filters=list(state.filters),
+                       receivers={f: list(brokers) for f, brokers in state.receivers.items()})
 
     def _content(self) -> bytes:
         return self.store.encode(self._snapshot(), self._now())

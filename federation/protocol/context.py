@@ -160,8 +160,10 @@ def _seq_size(seq: int) -> int:
     return 1 if seq < 128 else 3 if seq < 65536 else 5 if seq < 2**32 else 9
 
 
-AckKey = tuple[Address, str, Address, int]
-"""(transport of the neighbour acknowledged, filter, origin, epoch): the acknowledgements one `tk` can carry"""
+AckKey = tuple[Address, str, Address, int, frozenset[Address]]
+"""(transport of the neighbour acknowledged, filter, origin, epoch, reach): the acknowledgements one `tk` can carry"""
+NO_REACH: frozenset[Address] = frozenset()
+"""the reach of an acknowledgement that names no subscribing broker (docs/protocol.md rule 7f)"""
 
 
 class Outbox:
@@ -225,11 +227,13 @@ class Outbox:
         self.sent_by_type[kind] += len(transports)
         self.sent_bytes_by_type[kind] += len(data) * len(transports)
 
-    def acknowledge(self, transport: Address, filter_: str, origin: Address, epoch: int, seq: int) -> None:
-        """Owe `transport` the acknowledgement of a QoS 1/2 (publication, filter) (docs/protocol.md rule 7a). The
-        acknowledgements owed to one neighbour for one (filter, origin, epoch) leave together when the packets are
-        taken: one `ta`, or a `tk` for several (rule 7e), so a run of publications costs a packet, not one each."""
-        key = (transport, filter_, origin, epoch)
+    def acknowledge(self, transport: Address, filter_: str, origin: Address, epoch: int, seq: int,
+                    reach: frozenset[Address] = NO_REACH) -> None:
+        """Owe `transport` the acknowledgement of a QoS 1/2 (publication, filter) (docs/protocol.md rule 7a), naming
+        the subscribing brokers that have it (`reach`, rule 7f). The acknowledgements owed to one neighbour for one
+        (filter, origin, epoch) with one reach leave together when the packets are taken: one `ta`, or a `tk` for
+        several (rule 7e), so a run of publications costs a packet, not one each."""
+        key = (transport, filter_, origin, epoch, reach)
         seqs = self._acks.get(key)
         if seqs is None:
             self._acks[key] = [seq]
@@ -238,14 +242,18 @@ class Outbox:
 
     def _send_acks(self) -> None:
         acks, self._acks = self._acks, {}
-        for (transport, filter_, origin, epoch), seqs in acks.items():  # in the order they were first owed
+        sorted_reach: dict[frozenset[Address], tuple[Address, ...]] = {}
+        for (transport, filter_, origin, epoch, reach), seqs in acks.items():  # in the order they were first owed
+            listed = sorted_reach.get(reach)
+            if listed is None:
+                listed = sorted_reach[reach] = tuple(sorted(reach))
             if len(seqs) == 1:
-                self.send(TOPIC_ACK, TopicAck(filter_, origin, epoch, seqs[0]), [transport])
+                self.send(TOPIC_ACK, TopicAck(filter_, origin, epoch, seqs[0], listed), [transport])
                 continue
-            empty = TopicAcks(filter_, origin, epoch, [])
+            empty = TopicAcks(filter_, origin, epoch, [], listed)
             header = len(encode(TOPIC_ACKS, self._header(), empty)) + 2  # + the seqs array's header growing
             for part in self.split(seqs, _seq_size, header):
-                self.send(TOPIC_ACKS, TopicAcks(filter_, origin, epoch, part), [transport])
+                self.send(TOPIC_ACKS, TopicAcks(filter_, origin, epoch, part, listed), [transport])
 
     def send_run(self, messages: list[TopicMessage], transports: list[Address]) -> None:
         """Copies of QoS 1/2 publications that share their origin, epoch, filter, mode, hops and QoS, none retained

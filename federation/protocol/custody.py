@@ -22,6 +22,19 @@ At the origin the "upstream" is the embedder's spool: when every filter's
 obligations are done the publication id goes to `released`, which the
 embedder drains (`Node.custody_released`) to let the spool forget it.
 
+An acknowledgement also names the subscribing brokers that have the
+publication (its *reach*: the node itself when it has subscribers to the
+filter, and the reach of every copy it sent, docs/protocol.md rule 7f), so
+the origin learns who has it. An own entry that closes goes to the node's
+`own_closed` first (federation.protocol.receivers): when a broker that
+subscribed when the publication was made is not in its reach (cut off by a
+partition, restarting, not yet in the mesh again), the publication stays
+in custody, *awaiting* that broker, and the receivers part repairs it
+(a mode 3 copy, whose own entries close through `repair_closed`) and
+resolves it later (`own_resolved`): released when every one of those
+brokers has it, given up (counted, reported there) when one cannot get it
+within `receiver_hold`.
+
 A copy of a (publication, filter) the node took before is acknowledged at
 once (it has it, so every copy it must send is sent or owed already),
 except (the node decides it: `ReliableDelivery.receive`) a retransmission from
@@ -54,20 +67,28 @@ acknowledged, send their copies again, and the node takes them anew.
 
 from __future__ import annotations
 
-from federation.protocol.context import Outbox
+from collections.abc import Callable
+
+from federation.protocol.context import NO_REACH, Outbox
 from federation.protocol.types import Address, PublicationId
+from federation.protocol.wire import MODE_REPAIR
 from federation.protocol.wire_types import TopicMessage
 
 EntryKey = tuple[PublicationId, str]
 """(publication, filter)"""
+Interested = Callable[[str], bool]
+"""does this node have subscribers to the filter (it counts itself in the reach of what it takes)?"""
+Targets = Callable[[str], frozenset[Address]]
+"""the brokers known to subscribe to a filter (federation.protocol.receivers): what an own entry must reach"""
 
 
 class Entry:
     """One (publication, filter) this node has taken and not yet acknowledged."""
 
-    __slots__ = ("message", "upstream", "copies", "held", "inject")
+    __slots__ = ("message", "upstream", "copies", "held", "inject", "reach", "targets", "ack_filter")
 
-    def __init__(self, message: TopicMessage, upstream: Address | None) -> None:
+    def __init__(self, message: TopicMessage, upstream: Address | None, reach: frozenset[Address] = NO_REACH,
+                 targets: frozenset[Address] = NO_REACH) -> None:
         self.message = message
         self.upstream = upstream
         """the neighbour (transport) owed the acknowledgement; None at the origin (the spool)"""
@@ -77,17 +98,38 @@ class Entry:
         """times the publication is held here (for want of a core or a route)"""
         self.inject = False
         """the local injection is ours to wait for (`Node.injection_done`)"""
+        self.reach = reach
+        """the subscribing brokers known to have it: this node (when it subscribes to the filter) and the reach of
+        each copy acknowledged (rule 7f)"""
+        self.targets = targets
+        """an own entry: the brokers known to subscribe to the filter when it was made (what it must reach)"""
+        self.ack_filter: str | None = None
+        """the filter the acknowledgement names when not the message's (a repair taken here: its repair filter)"""
 
     @property
     def done(self) -> bool:
         return not self.copies and not self.held and not self.inject
 
 
+def _no_targets(filter_: str) -> frozenset[Address]:
+    return NO_REACH
+
+
 class Custody:
     """The (publication, filter) entries this node holds in custody, and the origin's releases."""
 
-    def __init__(self, outbox: Outbox) -> None:
+    def __init__(self, outbox: Outbox, me: Address, interested: Interested) -> None:
         self._outbox = outbox
+        self._me = frozenset((me,))
+        self._interested = interested
+        self.targets: Targets = _no_targets
+        """the receivers part's `targets` (bound by the node)"""
+        self.own_closed: Callable[[Entry], bool] = lambda entry: False
+        """the receivers part's answer when an own entry closed: True while the publication awaits a target"""
+        self.repair_closed: Callable[[Entry], None] = lambda entry: None
+        """the receivers part's, when an own repair copy's entry closed"""
+        self._gave_up: set[PublicationId] = set()
+        """own publications some target will not get (given up): released without counting `custody_released`"""
         self.entries: dict[EntryKey, Entry] = {}
         self.injecting: dict[PublicationId, Entry] = {}
         """publications whose injection some entry waits for, by publication"""
@@ -104,13 +146,25 @@ class Custody:
     def open(self, message: TopicMessage, upstream: Address | None) -> Entry:
         """Take a (publication, filter) into custody, owing its acknowledgement to `upstream` (None: we originated
         it). The caller routes it (which adds the obligations) and then calls `settle`."""
-        entry = Entry(message, upstream)
+        if upstream is not None:
+            entry = Entry(message, upstream, self._me if self._interested(message.filter) else NO_REACH)
+        elif message.mode == MODE_REPAIR:
+            entry = Entry(message, None)  # our repair copy: the awaiting publication keeps it open
+        else:
+            entry = Entry(message, None, NO_REACH, self.targets(message.filter))
         key = (message.publication, message.filter)
         assert key not in self.entries, key
         self.entries[key] = entry
-        if upstream is None:
+        if upstream is None and message.mode != MODE_REPAIR:
             publication = message.publication
             self._origin_open[publication] = self._origin_open.get(publication, 0) + 1
+        return entry
+
+    def open_repair(self, message: TopicMessage, upstream: Address, ack_filter: str) -> Entry:
+        """A repair for us (rule 7f), taken as a copy of its filter's (`message`, in mode 1) from `upstream`, whose
+        acknowledgement names `ack_filter` (the repair filter the copy came with)."""
+        entry = self.open(message, upstream)
+        entry.ack_filter = ack_filter
         return entry
 
     def open_run(self, messages: list[TopicMessage], upstream: Address) -> list[Entry] | None:
@@ -120,7 +174,8 @@ class Custody:
         entries = self.entries
         if not entries.keys().isdisjoint(keys):
             return None
-        opened = [Entry(message, upstream) for message in messages]
+        reach = self._me if messages and self._interested(messages[0].filter) else NO_REACH  # one filter: `tq`
+        opened = [Entry(message, upstream, reach) for message in messages]
         entries.update(zip(keys, opened, strict=True))
         return opened
 
@@ -148,15 +203,36 @@ class Custody:
         del self.entries[(publication, message.filter)]
         outbox = self._outbox
         if entry.upstream is not None:
-            outbox.acknowledge(entry.upstream, message.filter, message.origin, message.epoch, message.seq)
+            outbox.acknowledge(entry.upstream, entry.ack_filter or message.filter, message.origin, message.epoch,
+                               message.seq, entry.reach)
             return
+        if message.mode == MODE_REPAIR:
+            self.repair_closed(entry)
+            return
+        if self.own_closed(entry):
+            return  # it awaits a broker that subscribed when it was made (rule 7f): `own_resolved` ends that
+        self._own_done(publication)
+
+    def own_resolved(self, publication: PublicationId, given_up: bool) -> None:
+        """A publication of ours no longer awaits the brokers one of its entries did not reach: they have it now,
+        or (`given_up`) one of them will not get it (the receivers part counted and reported that)."""
+        if given_up:
+            self._gave_up.add(publication)
+        if publication in self._origin_open:
+            self._own_done(publication)
+
+    def _own_done(self, publication: PublicationId) -> None:
         left = self._origin_open[publication] - 1
         if left:
             self._origin_open[publication] = left
+            return
+        del self._origin_open[publication]
+        self.released.append(publication)
+        if publication in self._gave_up:
+            self._gave_up.discard(publication)
+            self._outbox.counters["custody_given_up"] += 1
         else:
-            del self._origin_open[publication]
-            self.released.append(publication)
-            outbox.counters["custody_released"] += 1
+            self._outbox.counters["custody_released"] += 1
 
     def abandon(self, publication: PublicationId, filter_: str) -> Entry | None:
         """Give an entry up without acknowledging it (its upstream still holds the publication and sends it
@@ -197,12 +273,15 @@ class Custody:
                 owned.append(True)
         return owned
 
-    def copy_done(self, transport: Address, publication: PublicationId, filter_: str) -> None:
-        """The next hop acknowledged our copy, has the publication itself, or our copy was routed elsewhere
-        (after the new copies were added)."""
+    def copy_done(self, transport: Address, publication: PublicationId, filter_: str,
+                  reach: frozenset[Address] = NO_REACH) -> None:
+        """The next hop acknowledged our copy (and `reach` have it, rule 7f), has the publication itself, or our copy
+        was routed elsewhere (after the new copies were added)."""
         entry = self.entries.get((publication, filter_))
         if entry is not None and transport in entry.copies:
             entry.copies.discard(transport)
+            if reach and not reach <= entry.reach:
+                entry.reach = entry.reach | reach
             if entry.done:
                 self._close(entry)
 
@@ -239,6 +318,10 @@ class Custody:
         if entry.done and self.entries.get((publication, message.filter)) is entry:
             self._close(entry)
         return True
+
+    def reach_of(self, filter_: str) -> frozenset[Address]:
+        """The reach of a copy this node has (a duplicate, acknowledged at once): itself if it subscribes."""
+        return self._me if self._interested(filter_) else NO_REACH
 
     def status(self) -> dict[str, int]:
         return {"open": len(self.entries), "injecting": len(self.injecting), "own_open": len(self._origin_open)}

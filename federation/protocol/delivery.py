@@ -17,16 +17,22 @@ they are given its methods, as they are given the node's.
 
 from __future__ import annotations
 
-from federation.protocol.context import NeighboursView, Outbox
+from dataclasses import replace
+
+from federation.protocol.context import NO_REACH, NeighboursView, Outbox
 from federation.protocol.custody import Custody, Entry
 from federation.protocol.forwarding import NOT_SENT, Routed
 from federation.protocol.mesh import MeshEngine
 from federation.protocol.publications import Publications
+from federation.protocol.receivers import Receivers, repair_of
 from federation.protocol.reliable import ReliableForwarding
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, PublicationId
-from federation.protocol.wire import MODE_IN_MESH, MODE_TO_MEMBER, MODE_TOWARD_CORE
+from federation.protocol.wire import MODE_IN_MESH, MODE_REPAIR, MODE_TO_MEMBER, MODE_TOWARD_CORE
 from federation.protocol.wire_types import TopicAck, TopicAcks, TopicMessage, TopicReliableBatch
+
+REACH_SETS_KEPT = 256
+"""distinct reaches of acknowledgements kept as frozensets: every acknowledgement of a run names the same"""
 
 
 class ReliableDelivery:
@@ -40,9 +46,24 @@ class ReliableDelivery:
         self._reliable: ReliableForwarding | None = None
         self._mesh: MeshEngine | None = None
         self._publications: Publications | None = None
+        self._receivers: Receivers | None = None
+        self._reach_sets: dict[tuple[Address, ...], frozenset[Address]] = {}
 
-    def bind(self, reliable: ReliableForwarding, mesh: MeshEngine, publications: Publications) -> None:
+    def bind(self, reliable: ReliableForwarding, mesh: MeshEngine, publications: Publications,
+             receivers: Receivers) -> None:
         self._reliable, self._mesh, self._publications = reliable, mesh, publications
+        self._receivers = receivers
+
+    def _reach(self, listed: tuple[Address, ...]) -> frozenset[Address]:
+        """An acknowledgement's reach as a frozenset, one object per distinct reach (runs repeat theirs)."""
+        if not listed:
+            return NO_REACH
+        found = self._reach_sets.get(listed)
+        if found is None:
+            if len(self._reach_sets) >= REACH_SETS_KEPT:
+                self._reach_sets.clear()
+            found = self._reach_sets[listed] = frozenset(listed)
+        return found
 
     @property
     def _parts(self) -> tuple[ReliableForwarding, MeshEngine, Publications]:
@@ -54,6 +75,8 @@ class ReliableDelivery:
 
     def receive(self, message: TopicMessage, sender: Address, announced: Address, now: float) -> Routed:
         """A QoS 1/2 `tm` from neighbour `sender` (transport; `announced` its address): custody's rules."""
+        if message.mode == MODE_REPAIR:
+            return self._receive_repair(message, sender, announced, now)
         reliable, mesh, publications = self._parts
         custody = self.custody
         entry = custody.get(message.publication, message.filter)
@@ -95,7 +118,52 @@ class ReliableDelivery:
                 return routed
             routed = mesh.route_again(message, now, exclude=announced)  # joins the entry we hold
         self._copy_arrived(sender, message)
-        reliable.acknowledge(message, sender)
+        reliable.acknowledge(message, sender, custody.reach_of(message.filter))
+        return routed
+
+    def _receive_repair(self, message: TopicMessage, sender: Address, announced: Address, now: float) -> Routed:
+        """A repair copy (mode 3, rule 7f): on toward its target, with custody; at the target, taken as a copy of its
+        filter's and injected in its stream's order (not flooded: each receiver gets its own), its acknowledgement
+        naming the target when it subscribes to the filter (else none: the origin forgets it as a receiver)."""
+        reliable, _mesh, publications = self._parts
+        receivers = self._receivers
+        assert receivers is not None
+        custody = self.custody
+        parts = repair_of(message)
+        if parts is None:
+            return NOT_SENT
+        target, filter_ = parts
+        entry = custody.get(message.publication, message.filter)
+        if entry is not None:  # ours to relay already: its acknowledgement comes with the target's answer
+            if entry.upstream == sender:
+                self._outbox.counters["retransmissions_absorbed"] += 1
+                self._copy_arrived(sender, message)
+            return NOT_SENT
+        if target == publications.address:
+            plain = replace(message, filter=filter_, mode=MODE_IN_MESH, target=None)
+            if custody.get(message.publication, filter_) is not None or publications.handled(plain) \
+                    or not custody.reach_of(filter_):
+                reliable.acknowledge(message, sender, custody.reach_of(filter_))  # has it, or subscribes no more
+                return NOT_SENT
+            refusal = reliable.pressure()
+            if refusal is not None:
+                self._outbox.drop(refusal)  # its sender sends it again
+                return NOT_SENT
+            taken = custody.open_repair(plain, sender, message.filter)
+            publications.take_repair(plain, now)
+            custody.settle(taken)
+            return NOT_SENT
+        refusal = reliable.pressure()
+        if refusal is not None:
+            self._outbox.drop(refusal)
+            return NOT_SENT
+        relay = custody.open(message, sender)
+        routed = receivers.relay(message, announced, now)
+        if routed is None or routed == NOT_SENT:
+            custody.abandon(message.publication, message.filter)  # no way on: given back, its sender tries again
+            self._outbox.drop("repair_no_route")
+            return NOT_SENT
+        custody.settle(relay)
         return routed
 
     def receive_run(self, batch: TopicReliableBatch, sender: Address, announced: Address, now: float) -> Routed:
@@ -162,7 +230,7 @@ class ReliableDelivery:
         if entry is None:
             self.custody.settle(relay)
         else:
-            reliable.acknowledge(message, sender)
+            reliable.acknowledge(message, sender, self.custody.reach_of(message.filter))
         return routed
 
     def _copy_arrived(self, sender: Address, message: TopicMessage) -> None:
@@ -179,7 +247,7 @@ class ReliableDelivery:
         if copy is None:
             return False
         if copy.owned:
-            self.custody.copy_done(sender, ack.publication, ack.filter)
+            self.custody.copy_done(sender, ack.publication, ack.filter, self._reach(ack.reach))
         return True
 
     def on_acks(self, acks: TopicAcks, sender: Address) -> bool:
@@ -190,9 +258,10 @@ class ReliableDelivery:
             return False
         copy_done = self.custody.copy_done
         origin, epoch, filter_ = acks.origin, acks.epoch, acks.filter
+        reach = self._reach(acks.reach)
         for seq, copy in settled:
             if copy.owned:
-                copy_done(sender, (origin, epoch, seq), filter_)
+                copy_done(sender, (origin, epoch, seq), filter_, reach)
         return True
 
     # ------------------------------------------------------------ what the parts hand back
@@ -208,6 +277,8 @@ class ReliableDelivery:
         a mesh neighbour that still is one (True), else route the publication again from here (new copies,
         or held) and settle that copy (False)."""
         reliable, mesh, publications = self._parts
+        if message.mode == MODE_REPAIR:
+            return self._repair_again(message, transport, now)
         if message.mode == MODE_TO_MEMBER:  # toward a shared group's member broker: the next one, or here
             publications.to_member(message, None, now)
             if (transport, message.publication, message.filter) in reliable.unacked:
@@ -221,6 +292,25 @@ class ReliableDelivery:
         mesh.route_again(message, now)
         if (transport, message.publication, message.filter) in reliable.unacked:
             return True  # routed to the same neighbour again: still its copy
+        self.custody.copy_done(transport, message.publication, message.filter)
+        return False
+
+    def _repair_again(self, message: TopicMessage, transport: Address, now: float) -> bool:
+        """A repair copy whose next hop is down: on by another way, or (none) given up here: at a relay given back
+        unacknowledged, at the origin called back (the receivers part sends it again once the target is in reach)."""
+        reliable, _, _ = self._parts
+        receivers = self._receivers
+        assert receivers is not None
+        routed = receivers.relay(replace(message, hops=max(0, message.hops - 1)), None, now)
+        if (transport, message.publication, message.filter) in reliable.unacked:
+            return True  # routed to the same neighbour again: still its copy
+        if routed is None or routed == NOT_SENT:
+            entry = self.custody.abandon(message.publication, message.filter)
+            if entry is not None:
+                reliable.disown(entry.copies, message.publication, message.filter)
+                if entry.upstream is None:
+                    receivers.repair_called_back(message)
+            return False
         self.custody.copy_done(transport, message.publication, message.filter)
         return False
 

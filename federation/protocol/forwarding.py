@@ -185,6 +185,8 @@ class PublicationRouting(TopicTable):
             if message.qos and state.withdrawn_at > state.lost_at:
                 return NOT_SENT  # its core withdrew (nobody subscribes): nothing to wait for
             return self._hold(state, message, from_announced, now)
+        if message.mode == MODE_IN_MESH and from_announced is not None and not state.member:
+            return NOT_SENT  # a mesh neighbour's copy that reached us after we left its mesh: nobody beyond us wants it
         decision = self._decision(state, from_announced)
         if type(decision) is not Forward:
             if decision is HOLD or (decision is NO_ROUTE and message.qos):
@@ -228,6 +230,8 @@ class PublicationRouting(TopicTable):
                     now: float) -> Routed:
         """`route` for a run of publications (federation.protocol.publications): one decision and one `tb` for
         the run; where the run cannot go on whole (no core, no route), each publication is routed alone."""
+        if batch.mode == MODE_IN_MESH and from_announced is not None and not state.member and state.core is not None:
+            return NOT_SENT  # as `route`: we left the mesh this run was spreading through
         decision = self._decision(state, from_announced) if state.core is not None else HOLD
         if decision is LEAF:
             return NOT_SENT
@@ -260,6 +264,9 @@ class PublicationRouting(TopicTable):
         """`route` for a run of QoS 1/2 publications of one origin, epoch and filter, in seq order, none retained or
         with properties (docs/protocol.md rule 7e): one decision and `tq` runs, each copy tracked as `route` tracks
         it; where the run cannot go on whole (no core, no route, every mesh neighbour down) each goes alone."""
+        if messages[0].mode == MODE_IN_MESH and from_announced is not None and not state.member \
+                and state.core is not None:
+            return NOT_SENT  # as `route`: we left the mesh this run was spreading through
         decision = self._decision(state, from_announced) if state.core is not None else HOLD
         if decision is LEAF:
             return NOT_SENT

@@ -65,6 +65,7 @@ from federation.protocol.node_status import NodeView, counter_snapshot, status_d
 from federation.protocol.ordering import Ordering, Position, StreamKey
 from federation.protocol.pacing import Pacing
 from federation.protocol.publications import Publications
+from federation.protocol.receivers import Receivers
 from federation.protocol.reliable import ReliableForwarding
 from federation.protocol.retained_sync import RetainedIndex, RetainedSync
 from federation.protocol.settings import Settings
@@ -136,7 +137,7 @@ class Node:
         what it stores a record as (the simulator passes a `stored_records.RecordPool` its nodes share)"""
         self.pacing = Pacing(self._send_receiver_busy)
         """QoS 0 pacing with the neighbours (`rb`): see `on_receive_backlog` and `paced_until`"""
-        self.custody = Custody(self.outbox)
+        self.custody = Custody(self.outbox, address, lambda filter_: self.mesh.wants(filter_))
         """the QoS 1/2 (publication, filter) pairs taken and not yet acknowledged, and what each waits for"""
         self.delivery = ReliableDelivery(settings, self.outbox, self.neighbours, self.custody)
         """what QoS 1/2 work means across the parts (custody): bound to them below"""
@@ -166,7 +167,13 @@ class Node:
                                                                 self.custody.held, self.custody.unheld),
                                          self.shared)
         """our publications and the ones received: numbering, duplicate caches, order, local delivery"""
-        delivery.bind(self.reliable, self.mesh, self.publications)
+        self.receivers = Receivers(self.identity, self.table, self.neighbours, self.outbox, self.custody,
+                                   delivery.track, self.reliable.cancel)
+        """our publications' receivers, what awaits those it did not reach, and its repair (rule 7f)"""
+        custody = self.custody
+        custody.targets, custody.own_closed = self.receivers.targets, self.receivers.own_closed
+        custody.repair_closed = self.receivers.repair_closed
+        delivery.bind(self.reliable, self.mesh, self.publications, self.receivers)
         self.retained_sync = RetainedSync(self.outbox, self.publications.mark_injected)
         """the anti-entropy of the embedder's retained store with the neighbours' (`attach_retained`)"""
         self._restored_filters: list[str] = []
@@ -290,22 +297,29 @@ class Node:
     def injection_done(self, publication: PublicationId, now: float) -> None:
         """The local broker has this injected QoS 1/2 publication (PUBACK, or PUBREC for QoS 2): the node's
         custody of it may be complete, and the copy it came in acknowledged. Unknown ids (QoS 0) are ignored."""
+        self.receivers.now = now
         self.delivery.injection_done(publication)
 
     def injection_failed(self, publication: PublicationId, now: float) -> None:
         """This injection will not happen (the embedder dropped it): the copy it came in is given back
         unacknowledged, so its sender's next retransmission is taken and injected again."""
+        self.receivers.now = now
         self.delivery.injection_failed(publication)
 
     def restore(self, injected: Iterable[PublicationId] = (),
-                streams: Mapping[StreamKey, Position] | None = None, filters: Iterable[str] = ()) -> None:
+                streams: Mapping[StreamKey, Position] | None = None, filters: Iterable[str] = (),
+                receivers: Mapping[str, Iterable[str]] | None = None) -> None:
         """After a restart, before `start`: what the embedder's journal says the local broker already has
         (`injected`: those ids are never injected again), how far each QoS 1/2 stream had passed
         (`streams`: (origin, filter) -> (epoch, seq), the latest `Injection.publication` of each
         `Injection.filter` journaled, or `stream_positions()` saved), so order goes on where it was, and the
         filters the earlier life knew (`filters`, `known_filters()` saved): QoS 1/2 publications on them are
-        held until their core is heard of, even if that takes a partition's healing."""
+        held until their core is heard of, even if that takes a partition's healing; and the receivers of our
+        filters it knew (`receivers`, `receivers_known()` saved), so that what it replays from its spool still
+        awaits the brokers behind a partition (rule 7f)."""
         self.publications.mark_injected(list(injected))
+        if receivers:
+            self.receivers.restore(receivers, 0.0)
         if streams:
             self.publications.ordering.restore(dict(streams))
         self._restored_filters = sorted(set(filters))
@@ -322,6 +336,16 @@ class Node:
         """The federated filters this node knows (a core, or one lost lately), for the embedder to save and give
         back to `restore`."""
         return self.mesh.known_filters()
+
+    @property
+    def receivers_changes(self) -> int:
+        """Moves whenever `receivers_known` changed (the embedder saves it then)."""
+        return self.receivers.changes
+
+    def receivers_known(self) -> dict[str, list[str]]:
+        """The brokers known to subscribe to each filter we publish on ("host:port"), for the embedder to save and
+        give back to `restore` (rule 7f)."""
+        return self.receivers.snapshot()
 
     def stream_positions(self) -> dict[StreamKey, Position]:
         """How far each QoS 1/2 stream has passed here, for the embedder to save and give back to `restore`."""
@@ -349,6 +373,7 @@ class Node:
 
     def start(self, now: float) -> None:
         self.started_at = now
+        self.receivers.now = now
         self.mesh.allow_claims_at(now + 2 * self.settings.hello_interval)
         self.mesh.remember_filters(self._restored_filters, now)
         self.emit(events.NODE_STARTED, now, broker_id=id_text(self.broker_id), epoch=self.epoch, name=self.name,
@@ -379,6 +404,7 @@ class Node:
         for deadline in (*self.liveness.deadlines(self.mesh.watched_parents(), self.last_input_at),
                          self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
                          self.sync.next_deadline(), self.publications.ordering.next_deadline(),
+                         self.receivers.next_deadline(),
                          self.local.next_release(), self.local.next_flush()):
             if deadline is not None:
                 candidates.append(deadline)
@@ -387,6 +413,7 @@ class Node:
     def handle_timer(self, now: float) -> None:
         if self.started_at is None or self.stopped:
             return
+        self.receivers.now = now
         for neighbour in self.neighbours.expire(self.settings.neighbour_dead_after, now):
             self._neighbour_down(neighbour, now)
         if self.liveness.probe_late(now, self.mesh.watched_parents()):
@@ -400,6 +427,7 @@ class Node:
             self.emit(events.COUNTERS, now, **self._counter_snapshot(), clocks=self.neighbours.clock_report())
             self.next_stats = now + self.settings.stats_interval
         self.reliable.on_timer(now)
+        self.receivers.on_timer(now)
         flush = self.local.next_flush()
         if flush is not None and now >= flush:
             self._apply(self.local.flush(now))
@@ -420,6 +448,7 @@ class Node:
         return self.local.clients
 
     def local_subscribe(self, client: str, filter_: str, qos: int, now: float) -> None:
+        self.receivers.now = now
         # A restored node's subscriptions, replayed as it starts, are the earlier life's (rule 7d).
         changes = self.local.subscribe(client, filter_, qos, now, self._restored and now <= self.mesh.claim_allowed_at)
         if changes is not None:
@@ -427,12 +456,14 @@ class Node:
             self._settle(now)
 
     def local_unsubscribe(self, client: str, filter_: str, now: float) -> None:
+        self.receivers.now = now
         changes = self.local.unsubscribe(client, filter_, now)
         if changes is not None:
             self._apply(changes)
             self._settle(now)
 
     def local_disconnect(self, client: str, now: float) -> None:
+        self.receivers.now = now
         self._apply(self.local.disconnect(client, now))
         self._settle(now)
 
@@ -497,6 +528,7 @@ class Node:
         embedder replays its spool, in the original order, before it reads anything new)."""
         if self.stopped:
             return None
+        self.receivers.now = now
         if publication_id is not None and publication_id[0] != self.address:
             raise ValueError(f"publication {publication_id!r} is not this node's ({self.address}): a node replays "
                              f"only its own publications")
@@ -514,6 +546,7 @@ class Node:
         them; such a run goes one `tm` each."""
         if self.stopped:
             return [None] * len(run)
+        self.receivers.now = now
         if publication_ids is not None:
             return [self.local_publish(topic, payload, qos, False, None, now, publication_id=publication_id)
                     for (topic, payload), publication_id in zip(run, publication_ids, strict=True)]
@@ -536,6 +569,7 @@ class Node:
         """One protocol packet from the transport address `source` (opened by the envelope)."""
         if self.started_at is None or self.stopped:
             return
+        self.receivers.now = now
         try:
             packet = self._decode(data, self.settings.max_packet, self.settings.max_neighbours)
         except DecodeError as error:
@@ -695,6 +729,7 @@ class Node:
         `max_neighbours`): a link ends when neither side lists the other. Returns (added, removed)."""
         if self.stopped:
             return [], []
+        self.receivers.now = now
         added, unlisted = self.neighbours.set_configured(a for a in addresses if a != self.address)
         if self.started_at is not None:
             for neighbour in added:
@@ -734,7 +769,9 @@ class Node:
         table.run_due(now)
         self._update_routes(now)
         if table.stored_origins:
-            self.mesh.records_changed(table.take_stored_origins())
+            origins = table.take_stored_origins()
+            self._take_down_leaving(origins, now)
+            self.mesh.records_changed(origins)
         self.mesh.reconcile(now)
         if self.mesh.cores_lost:
             self.mesh.cores_lost = False
@@ -748,6 +785,21 @@ class Node:
         if self.mesh.refused_topics != self._refused_reported:
             self._report_limits(now)
 
+    def _take_down_leaving(self, origins: set[Address], now: float) -> None:
+        """A neighbour whose record of its current life says it leaves (a clean shutdown) is down now, not after
+        `neighbour_dead_after` of silence: what we sent it that it did not acknowledge goes another way at once
+        (rule 7a), instead of waiting three hello intervals while its receivers wait for it (rule 7d)."""
+        records = self.table.lsdb.records
+        for neighbour in self.neighbours.up():
+            announced = neighbour.announced
+            if announced is None or announced.address not in origins:
+                continue
+            stored = records.get(announced.address)
+            if stored is not None and stored.record.flags & wire.FLAG_LEAVING \
+                    and stored.record.epoch == neighbour.extra.get("epoch"):
+                self.neighbours.take_down(neighbour)
+                self._neighbour_down(neighbour, now)
+
     def _update_routes(self, now: float, pending: bool = False) -> None:
         """Compute the routes when due (`pending`: whenever a computation is pending), and tell the parts
         what the change means: the topics' parents may have moved (mesh), records a neighbour was not sent
@@ -756,6 +808,7 @@ class Node:
         change = self.table.recompute_routes(now, pending)
         if change is None:
             return
+        self.receivers.routes_changed()  # brokers back in reach get their repairs (rule 7f)
         if change.moved:
             self.mesh.mark_all_dirty()
         self.sync.members_added(change.added)
@@ -777,6 +830,7 @@ class Node:
         self.table.periodic(now)
         self.sync.expire_left_out(now)
         self.mesh.periodic(now)
+        self.receivers.expire(now)
         if self.local.refused:  # filters the table had no room for: it may have some now
             self._apply(self.local.retry_refused(now, self.mesh.on_local_change))
         self.shared.periodic(now)

@@ -20,6 +20,7 @@ from federation.protocol.mesh import MeshEngine
 from federation.protocol.neighbours import NeighbourTable
 from federation.protocol.pacing import Pacing
 from federation.protocol.publications import Publications
+from federation.protocol.receivers import Receivers
 from federation.protocol.reliable import ReliableForwarding
 from federation.protocol.settings import Settings
 from federation.protocol.shared import SharedGroups
@@ -47,6 +48,7 @@ class StatusSource(Protocol):
     shared: SharedGroups
     reliable: ReliableForwarding
     custody: Custody
+    receivers: Receivers
     publications: Publications
     pacing: Pacing
     outbox: Outbox
@@ -118,6 +120,7 @@ def _document(node: StatusSource, now: float, brief: bool) -> dict[str, Any]:
         "shared_groups": node.shared.status(),
         "reliable": node.reliable.status(),
         "custody": node.custody.status(),
+        "receivers": node.receivers.status(),
         "order": node.publications.ordering.status(),
         "pacing": {"busy": pacing.busy, "paced_by": sorted(str(n) for n in pacing.paced_until),
                    "told": sorted(str(n) for n in pacing.told), "sent": pacing.sent, "received": pacing.received},

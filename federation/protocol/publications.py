@@ -491,6 +491,21 @@ class Publications:
             return NOT_SENT
         return router.route(state, message, from_announced, now)
 
+    def take_repair(self, message: TopicMessage, now: float) -> None:
+        """A repair of a publication for us (rule 7f), as a copy of its filter's (`message`) the node took into
+        custody: handled once, delivered once and in its stream's order, and not routed on (every receiver the
+        origin awaits gets a repair of its own)."""
+        self.seen.add(seen_key(self.streams, message.origin, message.epoch, message.seq, message.filter))
+        self._outbox.counters["repairs_taken"] += 1
+        if is_system(message.topic):
+            return
+        key = injected_key(self.streams, message.origin, message.epoch, message.seq)
+        want = key not in self.injected and (message.retain or bool(self._local_matching(message.topic)))
+        if want:
+            self._custody.expect_injection(message.publication, message.filter)
+        for released in self.ordering.offer(message, want, now):  # this one and what waited for it
+            self.inject(released, now, key if released is message else None)
+
     def take_run(self, messages: list[TopicMessage], from_announced: Address, now: float) -> Routed:
         """QoS 1/2 publications of one `tq` the node found new and took into custody (their entries are open): each
         delivered once and in order as `take` would, then routed on together (one decision for the run)."""

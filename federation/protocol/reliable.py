@@ -73,7 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from federation.protocol import events, wire
-from federation.protocol.context import NeighboursView, Outbox
+from federation.protocol.context import NO_REACH, NeighboursView, Outbox
 from federation.protocol.events import publication_text
 from federation.protocol.settings import Settings
 from federation.protocol.types import Address, PublicationId
@@ -216,6 +216,11 @@ class ReliableForwarding:
             if entry is not None and entry.owned:
                 entry.owned = False
                 self.orphans[key] = None
+
+    def cancel(self, transport: Address, message: TopicMessage) -> None:
+        """Stop sending our copy of this (publication, filter) to `transport`: its custody entry was given up (a
+        repair called back, rule 7f)."""
+        self._forget((transport, message.publication, message.filter))
 
     def _forget(self, key: Key) -> Unacked | None:
         entry = self.unacked.pop(key, None)
@@ -418,8 +423,8 @@ class ReliableForwarding:
         copy (no longer tracked), if any."""
         return self._forget((transport, message.publication, message.filter))
 
-    def acknowledge(self, message: TopicMessage, transport: Address) -> None:
-        self._outbox.acknowledge(transport, message.filter, message.origin, message.epoch, message.seq)
+    def acknowledge(self, message: TopicMessage, transport: Address, reach: frozenset[Address] = NO_REACH) -> None:
+        self._outbox.acknowledge(transport, message.filter, message.origin, message.epoch, message.seq, reach)
 
     def on_ack(self, ack: TopicAck, transport: Address) -> Unacked | None:
         """A `ta` from a neighbour: the copy it acknowledged (no longer tracked), or None if we waited for none."""

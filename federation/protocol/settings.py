@@ -76,6 +76,17 @@ class Settings:
     reliable_hold: float = 3600.0
     """seconds a QoS 1/2 publication waits for a core or a route at most; then it is dropped (`no_core`,
     reported): a filter whose core stays gone that long has lost its subscribers"""
+    receiver_hold: float = 3600.0
+    """seconds a QoS 1/2 publication stays in its origin's custody for a broker that subscribed to its filter and
+    does not have it (cut off by a partition, its wrapper down: docs/protocol.md rule 7f) at most; then it is given up
+    for that broker (drop `receiver_hold_expired`, reported)"""
+    max_awaiting: int = 100000
+    """own QoS 1/2 publications kept for brokers that do not have them yet, at most; beyond it the oldest is given
+    up for them (drop `receiver_hold_full`, reported)"""
+    max_awaiting_bytes: int = 67108864
+    """bytes of payload of those publications at most, with the same rule as `max_awaiting`"""
+    repair_window: int = 64
+    """repair copies (rule 7f) on their way to one broker at once"""
     max_held_bytes: int = 67108864
     """bytes of payload held at most, with the same rule as `max_held_publications`"""
     max_hops: int = 64
@@ -214,7 +225,8 @@ class Settings:
             "redundancy", "data_parents", "max_hops", "duplicate_cache_size", "max_neighbours", "max_nodes",
             "max_topics", "stats_interval", "max_held_publications", "retransmit_timeout", "retransmit_timeout_max",
             "max_unacked", "max_held_bytes", "reliable_hold", "reorder_timeout", "reorder_max", "reorder_max_stream",
-            "reorder_max_bytes", "max_streams", "transfer_timeout",
+            "reorder_max_bytes", "max_streams", "transfer_timeout", "receiver_hold", "max_awaiting",
+            "max_awaiting_bytes", "repair_window",
         ]
         for name in positive:
             if getattr(self, name) <= 0:

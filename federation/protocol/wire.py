@@ -47,6 +47,7 @@ from federation.protocol.wire_constants import (
     MAX_EPOCH,
     MAX_HOLD,
     MAX_JUMP_EPOCH,
+    MAX_REACH,
     MAX_SEQ,
     MAX_TEXT,
     MAX_TIME,
@@ -54,6 +55,7 @@ from federation.protocol.wire_constants import (
     MAX_U64,
     MESSAGE_TYPES,
     MODE_IN_MESH,
+    MODE_REPAIR,
     MODE_TO_MEMBER,
     MODE_TOWARD_CORE,
     PROTOCOL_VERSION,
@@ -124,6 +126,7 @@ __all__ = [  # the wire format's face: its vocabulary, the packet values, encodi
     "EPOCHS_FOR_RESTARTS", "FEDERATE", "FLAG_LEAVING", "FLAG_OWNER", "FLAG_PRUNE", "FLAG_STANDBY", "FLAG_WITHDRAWN",
     "HELLO", "HELLO_BACK", "MAX_COUNT", "MAX_DISTANCE", "MAX_EPOCH", "MAX_HOLD", "MAX_JUMP_EPOCH", "MAX_SEQ",
     "MAX_TEXT", "MAX_TIME", "MAX_U64", "MESSAGE_TYPES", "MODE_IN_MESH", "MODE_TOWARD_CORE", "MODE_TO_MEMBER",
+    "MODE_REPAIR", "MAX_REACH",
     "PROTOCOL_VERSION", "RECEIVER_BUSY", "RECONSIDER", "RECONSIDER_TOPIC_CORE", "RETAINED_DIGEST", "RETAINED_REQUEST",
     "RETAINED_SUMMARY", "RETAINED_VALUES", "SHARED_GROUPS", "TOPIC_ACK", "TOPIC_ACKS", "TOPIC_BATCH", "TOPIC_CORE",
     "TOPIC_MESSAGE", "TOPIC_RELIABLE_BATCH", "TOPIC_SUBSCRIBE", "TOPOLOGY_UPDATE", "DecodeError", "further", "Body",
@@ -181,6 +184,11 @@ def _prev(body: TopicMessage) -> int | list[int] | None:
     return prev[1] if prev[0] == body.epoch else [prev[0], prev[1]]
 
 
+def _reach(reach: tuple[Address, ...]) -> list[list[Any]]:
+    """`ta.reach`, `tk.reach` as written: the addresses as [host, port], in the order given (sorted by the node)."""
+    return [[address.host, address.port] for address in reach]
+
+
 def encode(kind: str, sender: Sender, body: Body) -> bytes:
     fields: list[Any]
     if type(body) is TopicMessage:  # one per publication and hop: first, and built in one list
@@ -211,7 +219,7 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
         broker_id, origin = sender.broker_id, body.origin
         packed_tk: bytes = _pack(
             [kind, PROTOCOL_VERSION, [broker_id.vid, broker_id.address.host, broker_id.address.port, sender.epoch],
-             body.filter, [origin.host, origin.port], body.epoch, body.seqs])
+             body.filter, [origin.host, origin.port], body.epoch, body.seqs, _reach(body.reach)])
         return packed_tk
     if isinstance(body, Hello):
         fields = [body.seq, body.sent_at]
@@ -247,7 +255,7 @@ def encode(kind: str, sender: Sender, body: Body) -> bytes:
     elif isinstance(body, DatabaseRequest):
         fields = [[[a.host, a.port] for a in body.origins]]
     elif isinstance(body, TopicAck):
-        fields = [body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq]
+        fields = [body.filter, [body.origin.host, body.origin.port], body.epoch, body.seq, _reach(body.reach)]
     elif isinstance(body, ReceiverBusy):
         fields = [body.hold]
     elif isinstance(body, SharedGroups):

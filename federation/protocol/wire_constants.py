@@ -8,8 +8,10 @@ the protocol imports them from `wire` as before.
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 4
-"""4: topic cores' claims and mesh memberships are announced when they change and kept by digests (`td`, `tr`,
+PROTOCOL_VERSION = 5
+"""5: acknowledgements (`ta`, `tk`) carry `reach`, the subscribing brokers that have the publication, and a `tm`
+of mode 3 repairs one publication for one broker the origin's custody waits for (docs/protocol.md rule 7f);
+4: topic cores' claims and mesh memberships are announced when they change and kept by digests (`td`, `tr`,
 `tz`, docs/protocol.md rule 5a), not refreshed; 3: runs of QoS 1/2 publications (`tq`) and their acknowledgements
 (`tk`), rule 7e; 2: `tm` carries `prev` (rule 7d). Nodes of different versions refuse each other's packets
 (`version`), so their link never comes up: a version 3 node would expire every claim a version 4 node made, as
@@ -68,6 +70,8 @@ FLAG_STANDBY = 2      # ts: a standby parent: keep the sender as a child, send i
 MODE_TOWARD_CORE = 0  # tm: still climbing toward the topic core
 MODE_IN_MESH = 1      # tm: spreading through the mesh
 MODE_TO_MEMBER = 2    # tm: on its way to the member broker `target` of the shared group `filter` (rule 9)
+MODE_REPAIR = 3       # tm: a repair on its way to the broker `target`, its `filter` `$repair/<host>/<port>/F` (rule 7f)
+MAX_REACH = 4096      # ta, tk: addresses in `reach` at most
 
 # The ranges of the numbers a packet carries (docs/protocol.md, "Ranges"). A number outside its range is refused
 # at decode (`out_of_range`), before it touches any state: a node must never adopt a number it cannot go past,

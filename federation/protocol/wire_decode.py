@@ -17,7 +17,7 @@ from typing import Any
 
 import msgpack
 
-from federation.protocol.topic_filter import SHARE_PREFIX
+from federation.protocol.topic_filter import REPAIR_PREFIX, SHARE_PREFIX
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire_constants import (
     CORE_ANNOUNCEMENT,
@@ -32,11 +32,13 @@ from federation.protocol.wire_constants import (
     MAX_DISTANCE,
     MAX_EPOCH,
     MAX_HOLD,
+    MAX_REACH,
     MAX_SEQ,
     MAX_TIME,
     MAX_TOPIC_DEPTH,
     MAX_U64,
     MESSAGE_TYPES,
+    MODE_REPAIR,
     MODE_TO_MEMBER,
     PROTOCOL_VERSION,
     RECEIVER_BUSY,
@@ -71,6 +73,8 @@ from federation.protocol.wire_fields import (
     checked_float,
     checked_int,
     checked_list,
+    checked_reach,
+    checked_repair_filter,
     checked_seq,
     checked_shared_filter,
     checked_text,
@@ -277,8 +281,8 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         return TopicSubscribe(checked_filter(fields[0], "ts.filter"), checked_broker_id(fields[1], "ts.core"),
                               checked_int(fields[2], "ts.flags", 0, 255))
     if kind == TOPIC_MESSAGE:
-        if len(fields) != 13 or type(fields[4]) is not int or fields[4] != MODE_TO_MEMBER:
-            need(12)  # a mode 2 `tm` has a thirteenth field, its target
+        if len(fields) != 13 or type(fields[4]) is not int or fields[4] not in (MODE_TO_MEMBER, MODE_REPAIR):
+            need(12)  # a mode 2 or 3 `tm` has a thirteenth field, its target
         payload = fields[8]
         if type(payload) is not bytes:
             raise DecodeError("wrong_type", "tm.payload: expected bytes")
@@ -286,13 +290,20 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         if type(retain) is not bool:
             raise DecodeError("wrong_type", "tm.retain: expected a boolean")
         epoch, seq = checked_epoch(fields[2], "tm.epoch"), checked_seq(fields[3], "tm.seq")
-        mode = checked_int(fields[4], "tm.mode", 0, MODE_TO_MEMBER)
-        if mode == MODE_TO_MEMBER and len(fields) != 13:
-            raise DecodeError("wrong_length", f"tm: expected 13 body fields with mode 2, got {len(fields)}")
-        to_member = mode == MODE_TO_MEMBER
+        mode = checked_int(fields[4], "tm.mode", 0, MODE_REPAIR)
+        to_member = mode in (MODE_TO_MEMBER, MODE_REPAIR)
+        if to_member and len(fields) != 13:
+            raise DecodeError("wrong_length", f"tm: expected 13 body fields with mode {mode}, got {len(fields)}")
+        if mode == MODE_REPAIR:
+            filter_ = checked_repair_filter(fields[0], "tm.filter")
+            target = checked_address(fields[12], "tm.target")
+            if not filter_.startswith(f"{REPAIR_PREFIX}{target.host}/{target.port}/"):
+                raise DecodeError("bad_filter", "tm.filter: a repair filter must name the target")
+        else:
+            filter_ = (checked_shared_filter(fields[0], "tm.filter") if to_member
+                       else checked_filter(fields[0], "tm.filter"))
         return TopicMessage(
-            filter=(checked_shared_filter(fields[0], "tm.filter") if to_member
-                    else checked_filter(fields[0], "tm.filter")),
+            filter=filter_,
             origin=checked_address(fields[1], "tm.origin"),
             epoch=epoch, seq=seq, mode=mode, hops=checked_int(fields[5], "tm.hops", 0, 255),
             topic=checked_topic(fields[7], "tm.topic"), payload=payload, qos=checked_int(fields[9], "tm.qos", 0, 2),
@@ -329,9 +340,10 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
         items = checked_list(fields[0], "dr.origins")
         return DatabaseRequest(tuple(checked_address(a, f"dr.origins[{i}]") for i, a in enumerate(items)))
     if kind == TOPIC_ACK:
-        need(4)
+        need(5)
         return TopicAck(checked_filter_or_shared(fields[0], "ta.filter"), checked_address(fields[1], "ta.origin"),
-                        checked_epoch(fields[2], "ta.epoch"), checked_seq(fields[3], "ta.seq"))
+                        checked_epoch(fields[2], "ta.epoch"), checked_seq(fields[3], "ta.seq"),
+                        checked_reach(fields[4], "ta.reach", MAX_REACH))
     if kind == TOPIC_BATCH:
         need(6)
         items = checked_list(fields[5], "tb.items")
@@ -364,14 +376,14 @@ def _decode_body(kind: str, fields: list[Any], max_neighbours: int) -> Body:
                                   checked_int(fields[3], "tq.mode", 0, 1), checked_int(fields[4], "tq.hops", 0, 255),
                                   checked_int(fields[5], "tq.qos", 1, 2), items)
     if kind == TOPIC_ACKS:
-        need(4)
+        need(5)
         seqs = checked_list(fields[3], "tk.seqs")
         if not seqs:
             raise DecodeError("wrong_length", "tk.seqs: expected 1 or more")
         for index, seq in enumerate(seqs):
             checked_seq(seq, f"tk.seqs[{index}]")
         return TopicAcks(checked_filter_or_shared(fields[0], "tk.filter"), checked_address(fields[1], "tk.origin"),
-                         checked_epoch(fields[2], "tk.epoch"), seqs)
+                         checked_epoch(fields[2], "tk.epoch"), seqs, checked_reach(fields[4], "tk.reach", MAX_REACH))
     if kind in (TOPIC_DIGEST, TOPIC_REQUEST):
         need(5 if kind == TOPIC_DIGEST else 3)
         set_ = checked_int(fields[0], f"{kind}.set", 0, SET_RECORDED if kind == TOPIC_DIGEST else SET_MEMBERSHIPS)
@@ -515,10 +527,11 @@ def _fast_reliable_batch(value: list[Any]) -> Packet | None:
 
 def _fast_topic_acks(value: list[Any]) -> Packet | None:
     """The packet if `value` is a valid `tk` whose filter was validated lately, else None."""
-    _kind, version, sender, filter_, origin, epoch, seqs = value
+    _kind, version, sender, filter_, origin, epoch, seqs, reach = value
     if not (type(version) is int and version == PROTOCOL_VERSION and type(sender) is list and len(sender) == 4
             and type(filter_) is str and filter_ in valid_filters and type(origin) is list and len(origin) == 2
-            and type(epoch) is int and 0 <= epoch <= MAX_EPOCH and type(seqs) is list and seqs):
+            and type(epoch) is int and 0 <= epoch <= MAX_EPOCH and type(seqs) is list and seqs
+            and type(reach) is list and len(reach) <= MAX_REACH):
         return None
     for seq in seqs:
         if not (type(seq) is int and 0 <= seq <= MAX_SEQ):
@@ -526,14 +539,37 @@ def _fast_topic_acks(value: list[Any]) -> Packet | None:
     checked = _fast_sender_and_origin(sender, origin)
     if checked is None:
         return None
-    return Packet(TOPIC_ACKS, checked[0], TopicAcks(filter_, checked[1], epoch, seqs))
+    reached = _fast_reach(reach)
+    if reached is None:
+        return None
+    return Packet(TOPIC_ACKS, checked[0], TopicAcks(filter_, checked[1], epoch, seqs, reached))
+
+
+def _fast_reach(reach: list[Any]) -> tuple[Address, ...] | None:
+    """`tk.reach` if every item is a valid [host, port], else None (the general path names the fault). The same
+    reach comes back in every acknowledgement of a run, so the last one is kept (a pure memo)."""
+    global _last_reach
+    last = _last_reach
+    if reach == last[0]:
+        return last[1]
+    addresses = []
+    for item in reach:
+        if not (type(item) is list and len(item) == 2 and host_ok(item[0]) and port_ok(item[1])):
+            return None
+        addresses.append(_tuple_new(Address, (item[0], item[1])))
+    reached = tuple(addresses)
+    _last_reach = (reach, reached)
+    return reached
+
+
+_last_reach: tuple[list[Any], tuple[Address, ...]] = ([], ())
 
 
 _FAST_PATHS: dict[str, tuple[int, Callable[[list[Any]], Packet | None]]] = {
     TOPIC_MESSAGE: (15, _fast_topic_message),
     TOPIC_BATCH: (9, _fast_topic_batch),
     TOPIC_RELIABLE_BATCH: (10, _fast_reliable_batch),
-    TOPIC_ACKS: (7, _fast_topic_acks),
+    TOPIC_ACKS: (8, _fast_topic_acks),
 }
 """the data packets' fast decoders, by type, with the array length they take; None from one: the full path"""
 

@@ -12,7 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from federation.protocol.topic_filter import SHARE_PREFIX, federated_filter, validate_filter, validate_topic
+from federation.protocol.topic_filter import (
+    REPAIR_PREFIX,
+    SHARE_PREFIX,
+    federated_filter,
+    split_repair,
+    validate_filter,
+    validate_topic,
+)
 from federation.protocol.types import Address, BrokerId
 from federation.protocol.wire_constants import MAX_EPOCH, MAX_SEQ, MAX_TEXT, MAX_U64, DecodeError
 
@@ -61,7 +68,8 @@ valid_filters: dict[str, None] = {}
 valid_topics: dict[str, None] = {}
 """topics that passed `checked_topic` lately"""
 valid_shared: dict[str, None] = {}
-"""shared filters (`$share/<group>/<filter>`) that passed `checked_shared_filter` lately"""
+"""shared filters (`$share/<group>/<filter>`) and repair filters (`$repair/<host>/<port>/<filter>`) that passed
+`checked_shared_filter` or `checked_repair_filter` lately"""
 
 
 def _remember(cache: dict[str, None], text: str) -> None:
@@ -93,10 +101,34 @@ def checked_shared_filter(value: Any, what: str) -> str:
     return text
 
 
+def checked_repair_filter(value: Any, what: str) -> str:
+    """`$repair/<host>/<port>/<filter>` whose filter is a federated one: what a mode 3 `tm` and its `ta` carry."""
+    if type(value) is str and value in valid_shared:
+        return value
+    text = checked_text(value, what)
+    parts = split_repair(text)
+    if parts is None or validate_filter(text) is not None or federated_filter(parts[2]) != parts[2] \
+            or parts[1] > 65535 or len(parts[0]) > 255:
+        raise DecodeError("bad_filter", f"{what}: not a repair filter ($repair/<host>/<port>/<federated filter>)")
+    _remember(valid_shared, text)
+    return text
+
+
 def checked_filter_or_shared(value: Any, what: str) -> str:
-    if type(value) is str and value.startswith(SHARE_PREFIX):
+    """The filter of an acknowledgement: a federated filter, a shared one (mode 2) or a repair one (mode 3)."""
+    if type(value) is str and value.startswith("$"):
+        if value.startswith(REPAIR_PREFIX):
+            return checked_repair_filter(value, what)
         return checked_shared_filter(value, what)
     return checked_filter(value, what)
+
+
+def checked_reach(value: Any, what: str, limit: int) -> tuple[Address, ...]:
+    """`ta.reach`, `tk.reach`: at most `limit` addresses."""
+    items = checked_list(value, what)
+    if len(items) > limit:
+        raise DecodeError("out_of_range", f"{what}: {len(items)} addresses, at most {limit}")
+    return tuple(checked_address(item, f"{what}[{index}]") for index, item in enumerate(items))
 
 
 def checked_topic(value: Any, what: str) -> str:

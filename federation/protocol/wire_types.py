@@ -185,7 +185,8 @@ class TopicMessage:
     None: QoS 0, or the first of its stream the origin knows of"""
     target: Address | None = None
     """mode 2 (to a member broker) only: the broker chosen to serve the shared group `filter` names
-    (`$share/<group>/<filter>`, docs/protocol.md rule 9); None in modes 0 and 1"""
+    (`$share/<group>/<filter>`, docs/protocol.md rule 9); mode 3 (a repair) only: the broker it repairs, which its
+    `filter` (`$repair/<host>/<port>/<filter>`, rule 7f) names too; None in modes 0 and 1"""
 
     @property
     def publication(self) -> PublicationId:
@@ -209,12 +210,15 @@ class SharedGroups:
 
 @dataclass(slots=True, unsafe_hash=True)  # a hot value type: see Sender
 class TopicAck:
-    """`ta`: the receiver of a QoS 1 or 2 `tm` has it (federation.protocol.reliable: hop-by-hop acknowledgement)."""
+    """`ta`: the receiver of a QoS 1 or 2 `tm` has it (federation.protocol.reliable: hop-by-hop acknowledgement), and
+    so have the subscribing brokers of `reach` (rule 7f: what the origin's custody waits for)."""
 
     filter: str
     origin: Address
     epoch: int
     seq: int
+    reach: tuple[Address, ...] = ()
+    """the brokers with a subscription to `filter` that have the publication, the sender and beyond it, sorted"""
 
     @property
     def publication(self) -> PublicationId:
@@ -280,6 +284,8 @@ class TopicAcks:
     origin: Address
     epoch: int
     seqs: list[int]
+    reach: tuple[Address, ...] = ()
+    """as `TopicAck.reach`, the same for every seq"""
 
 
 @dataclass(frozen=True)

@@ -90,11 +90,13 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     try:
         table = LocalSubscriptions({"c1": ClientRecord({"a/#": 1, "b": 0}, False),
                                     "c 2": ClientRecord({"$share/g/x/+": 2}, True)})
-        store.save(PersistedState(42, "127.0.0.1:1883", table), now=1.5)
+        receivers = {"a/#": ["10.0.0.2:10500", "10.0.0.3:10500"]}  # docs/protocol.md rule 7f
+        store.save(PersistedState(42, "127.0.0.1:1883", table, filters=["a/#"], receivers=receivers), now=1.5)
         loaded, warning = store.load()
         assert warning is None
         assert (loaded.epoch, loaded.broker, loaded.saved_at) == (42, "127.0.0.1:1883", 1.5)
         assert loaded.subscriptions.to_json() == table.to_json()
+        assert (loaded.filters, loaded.receivers) == (["a/#"], receivers)
         assert sorted(p.name for p in store.directory.iterdir()) == [STATE_FILE, "wrapper.lock"]  # no temp files
     finally:
         store.unlock()

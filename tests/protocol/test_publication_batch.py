@@ -54,7 +54,7 @@ def decode_general(data: bytes, monkeypatch: pytest.MonkeyPatch) -> wire.Packet 
 
 def test_tb_is_the_documented_layout_and_decodes_to_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     data = wire.encode(wire.TOPIC_BATCH, SENDER, BATCH)
-    assert data == msgpack.packb(["tb", 4, [12345, "127.0.0.11", 10501, 4], "bench/#", ["127.0.0.10", 10500], 3,
+    assert data == msgpack.packb(["tb", 5, [12345, "127.0.0.11", 10501, 4], "bench/#", ["127.0.0.10", 10500], 3,
                                   1, 2, BATCH.items], use_bin_type=True)
     assert wire.packet_type(data) == wire.TOPIC_BATCH and wire.TOPIC_BATCH in wire.DATA_TYPES
     general = decode_general(data, monkeypatch)  # fills the filter and topic memo the shortcut needs
@@ -75,7 +75,7 @@ def test_publication_ids_of_data_packets_only() -> None:
 
 
 def good_fields() -> list[Any]:
-    return ["tb", 4, [1, "h", 1, 1], "a/#", ["h", 1], 0, 0, 0, [1, "a/b", b"p", 2, "a/c", b""]]
+    return ["tb", 5, [1, "h", 1, 1], "a/#", ["h", 1], 0, 0, 0, [1, "a/b", b"p", 2, "a/c", b""]]
 
 
 BAD: list[tuple[int, Any, str]] = [

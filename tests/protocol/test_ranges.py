@@ -149,7 +149,7 @@ def test_hello_numbers_at_their_edges(field: str, value: float, accepted: bool) 
 @pytest.mark.parametrize(("kind", "fields", "bad"), [
     (wire.CORE_ANNOUNCEMENT, [[1, "h", 1], MAX_EPOCH, MAX_SEQ, wire.MAX_DISTANCE], [2, 3]),
     (wire.TOPIC_CORE, ["a/#", [1, "h", 1], MAX_EPOCH, MAX_SEQ, wire.MAX_DISTANCE, 0], [2, 3]),
-    (wire.TOPIC_ACK, ["a/#", ["h", 1], MAX_EPOCH, MAX_SEQ], [2, 3]),
+    (wire.TOPIC_ACK, ["a/#", ["h", 1], MAX_EPOCH, MAX_SEQ, []], [2, 3]),
     (wire.DATABASE_SUMMARY, [[["h", 1, MAX_EPOCH, MAX_SEQ]]], []),
     (wire.DATABASE_DIGEST, [wire.MAX_COUNT, list(range(16))], [0]),
     (wire.HELLO_BACK, [MAX_SEQ, 2.0**40, 2.0**40], [0, 1, 2]),

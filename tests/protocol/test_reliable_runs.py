@@ -50,7 +50,7 @@ def decode_general(data: bytes, monkeypatch: pytest.MonkeyPatch) -> wire.Packet 
 
 def test_tq_is_the_documented_layout_and_decodes_to_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     data = wire.encode(wire.TOPIC_RELIABLE_BATCH, SENDER, RUN)
-    assert data == msgpack.packb(["tq", 4, [12345, "127.0.0.11", 10501, 4], "bench/#", ["127.0.0.10", 10500], 3,
+    assert data == msgpack.packb(["tq", 5, [12345, "127.0.0.11", 10501, 4], "bench/#", ["127.0.0.10", 10500], 3,
                                   1, 2, 1, RUN.items], use_bin_type=True)
     assert wire.packet_type(data) == wire.TOPIC_RELIABLE_BATCH and wire.TOPIC_RELIABLE_BATCH in wire.DATA_TYPES
     general = decode_general(data, monkeypatch)
@@ -79,7 +79,7 @@ def test_the_shortcut_decodes_a_plain_run_as_the_general_path_does(monkeypatch: 
 
 
 def good_tq() -> list[Any]:
-    return ["tq", 4, [1, "h", 1, 1], "a/#", ["h", 1], 7, 0, 0, 1, [1, None, "a/b", b"p", 2, 1, "a/c", b""]]
+    return ["tq", 5, [1, "h", 1, 1], "a/#", ["h", 1], 7, 0, 0, 1, [1, None, "a/b", b"p", 2, 1, "a/c", b""]]
 
 
 BAD_TQ: list[tuple[int, Any, str]] = [
@@ -108,12 +108,19 @@ def test_bad_tq_is_dropped_with_a_reason(index: int, value: Any, reason: str,
 
 
 def good_tk() -> list[Any]:
-    return ["tk", 4, [1, "h", 1, 1], "a/#", ["h", 1], 7, [1, 2, 3]]
+    return ["tk", 5, [1, "h", 1, 1], "a/#", ["h", 1], 7, [1, 2, 3], [["h", 2]]]
+
+
+def test_a_good_tk_names_its_reach() -> None:
+    packet = decode_or_fault(msgpack.packb(good_tk(), use_bin_type=True))
+    assert isinstance(packet, wire.Packet)
+    assert packet.body == TopicAcks("a/#", Address("h", 1), 7, [1, 2, 3], (Address("h", 2),))
 
 
 @pytest.mark.parametrize(("index", "value", "reason"), [
     (3, "a/#/b", "bad_filter"), (4, "h", "wrong_type"), (5, -1, "out_of_range"), (6, [], "wrong_length"),
-    (6, [1, -2], "out_of_range"), (6, [1, "2"], "wrong_type"), (6, 3, "wrong_type"),
+    (6, [1, -2], "out_of_range"), (6, [1, "2"], "wrong_type"), (6, 3, "wrong_type"), (7, "h", "wrong_type"),
+    (7, [["h", -1]], "out_of_range"), (7, [["h"]], "wrong_type"),
 ])
 def test_bad_tk_is_dropped_with_a_reason(index: int, value: Any, reason: str,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,7 +133,7 @@ def test_bad_tk_is_dropped_with_a_reason(index: int, value: Any, reason: str,
 
 
 def test_a_tk_may_name_a_shared_filter_as_ta_does() -> None:
-    data = msgpack.packb(["tk", 4, [1, "h", 1, 1], "$share/g/a/#", ["h", 1], 7, [4]], use_bin_type=True)
+    data = msgpack.packb(["tk", 5, [1, "h", 1, 1], "$share/g/a/#", ["h", 1], 7, [4], []], use_bin_type=True)
     packet = decode_or_fault(data)
     assert isinstance(packet, wire.Packet) and packet.body == TopicAcks("$share/g/a/#", Address("h", 1), 7, [4])
 

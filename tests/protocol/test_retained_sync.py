@@ -70,20 +70,20 @@ def test_the_four_packets_round_trip_and_are_decoded_strictly() -> None:
     sender = [1, "h", 1, 1]
     entry = ["s/a", 0, 1, 2, "h", 1]
     value = [*entry, 1, b"v", None]
-    assert reason(msgpack.packb(["rd", 4, sender, 0, list(range(15))])) == "wrong_type"
-    assert reason(msgpack.packb(["rd", 4, sender, wire.MAX_COUNT + 1, list(range(16))])) == "out_of_range"
-    assert reason(msgpack.packb(["rs", 4, sender, [entry[:5]]])) == "wrong_type"
-    assert reason(msgpack.packb(["rs", 4, sender, [["s/+", *entry[1:]]]])) == "bad_topic"
-    assert reason(msgpack.packb(["rs", 4, sender, [["s/a", -1, *entry[2:]]]])) == "out_of_range"
-    assert reason(msgpack.packb(["rs", 4, sender, [["s/a", 0, wire.MAX_EPOCH + 1, *entry[3:]]]])) == "out_of_range"
-    assert reason(msgpack.packb(["rs", 4, sender, [["s/a", 0, 1, wire.MAX_SEQ + 1, "h", 1]]])) == "out_of_range"
-    assert reason(msgpack.packb(["rs", 4, sender, [["s/a", 0, 1, 2, "h", 70000]]])) == "out_of_range"
-    assert reason(msgpack.packb(["rr", 4, sender, ["s/#"]])) == "bad_topic"
-    assert reason(msgpack.packb(["rr", 4, sender, "s/a"])) == "wrong_type"
-    assert reason(msgpack.packb(["rv", 4, sender, [[*entry, 3, b"v", None]]])) == "out_of_range"
-    assert reason(msgpack.packb(["rv", 4, sender, [[*entry, 1, "v", None]]])) == "wrong_type"
-    assert reason(msgpack.packb(["rv", 4, sender, [[*entry, 1, b"v", "p"]]])) == "wrong_type"
-    assert reason(msgpack.packb(["rv", 4, sender, [value], []])) == "wrong_length"
+    assert reason(msgpack.packb(["rd", 5, sender, 0, list(range(15))])) == "wrong_type"
+    assert reason(msgpack.packb(["rd", 5, sender, wire.MAX_COUNT + 1, list(range(16))])) == "out_of_range"
+    assert reason(msgpack.packb(["rs", 5, sender, [entry[:5]]])) == "wrong_type"
+    assert reason(msgpack.packb(["rs", 5, sender, [["s/+", *entry[1:]]]])) == "bad_topic"
+    assert reason(msgpack.packb(["rs", 5, sender, [["s/a", -1, *entry[2:]]]])) == "out_of_range"
+    assert reason(msgpack.packb(["rs", 5, sender, [["s/a", 0, wire.MAX_EPOCH + 1, *entry[3:]]]])) == "out_of_range"
+    assert reason(msgpack.packb(["rs", 5, sender, [["s/a", 0, 1, wire.MAX_SEQ + 1, "h", 1]]])) == "out_of_range"
+    assert reason(msgpack.packb(["rs", 5, sender, [["s/a", 0, 1, 2, "h", 70000]]])) == "out_of_range"
+    assert reason(msgpack.packb(["rr", 5, sender, ["s/#"]])) == "bad_topic"
+    assert reason(msgpack.packb(["rr", 5, sender, "s/a"])) == "wrong_type"
+    assert reason(msgpack.packb(["rv", 5, sender, [[*entry, 3, b"v", None]]])) == "out_of_range"
+    assert reason(msgpack.packb(["rv", 5, sender, [[*entry, 1, "v", None]]])) == "wrong_type"
+    assert reason(msgpack.packb(["rv", 5, sender, [[*entry, 1, b"v", "p"]]])) == "wrong_type"
+    assert reason(msgpack.packb(["rv", 5, sender, [value], []])) == "wrong_length"
 
 
 class StoringHarness(Harness):

@@ -64,7 +64,7 @@ def reason(data: bytes, **limits: int) -> str:
 
 
 def test_topic_digests_are_strict() -> None:
-    header = ["td", 4, [1, "h", 1, 1]]
+    header = ["td", 5, [1, "h", 1, 1]]
     counts, hashes = list(range(16)), [0] * 16
     assert wire.decode(msgpack.packb([*header, 0, 1, 15, counts, hashes])).body == \
         wire.TopicDigest(0, 1, 15, tuple(counts), tuple(hashes))
@@ -75,8 +75,8 @@ def test_topic_digests_are_strict() -> None:
     assert reason(msgpack.packb([*header, 0, 0, 0, counts[:1], hashes])) == "wrong_type"
     assert wire.decode(msgpack.packb([*header, 2, 0, 0, [7], [9]])).body == wire.TopicDigest(2, 0, 0, (7,), (9,))
     assert reason(msgpack.packb([*header, 0, 0, 0, counts, [-1] * 16])) == "out_of_range"
-    assert reason(msgpack.packb(["tr", 4, [1, "h", 1, 1], 2, 0, 0])) == "out_of_range"  # a record is not asked for
-    tz = ["tz", 4, [1, "h", 1, 1], 1, 3]
+    assert reason(msgpack.packb(["tr", 5, [1, "h", 1, 1], 2, 0, 0])) == "out_of_range"  # a record is not asked for
+    tz = ["tz", 5, [1, "h", 1, 1], 1, 3]
     assert reason(msgpack.packb([*tz, 1, [["a/+", [1, "h", 1], 0]]])) == "wrong_type"  # complete is a boolean
     assert reason(msgpack.packb([*tz, True, [["a/#/b", [1, "h", 1], 0]]])) == "bad_filter"
     assert reason(msgpack.packb([*tz, True, [["a/b", [1, "h", 1]]]])) == "wrong_type"
@@ -88,21 +88,22 @@ def test_strict_rejections_have_reasons() -> None:
     assert reason(good[:-1]) == "malformed"
     assert reason(good + b"\x00") == "malformed"
     assert reason(msgpack.packb({"a": 1})) == "malformed"
-    assert reason(msgpack.packb(["zz", 4, [1, "h", 1, 1]])) == "unknown_type"
+    assert reason(msgpack.packb(["zz", 5, [1, "h", 1, 1]])) == "unknown_type"
     assert reason(msgpack.packb(["hl", 1, [1, "h", 1, 1], 1, 2.0])) == "version"  # a version 1 node
     assert reason(msgpack.packb(["hl", 2, [1, "h", 1, 1], 1, 2.0])) == "version"  # version 2: no `tq`, `tk`
     assert reason(msgpack.packb(["hl", 3, [1, "h", 1, 1], 1, 2.0])) == "version"  # version 3: claims refreshed
-    assert reason(msgpack.packb(["hl", 5, [1, "h", 1, 1], 1, 2.0])) == "version"
-    assert reason(msgpack.packb(["hl", 4, [1, "h", 1, 1], "x", 2.0])) == "wrong_type"
-    assert reason(msgpack.packb(["hl", 4, [1, "h", 1, 1], 1])) == "wrong_length"
-    assert reason(msgpack.packb(["hl", 4, [-1, "h", 1, 1], 1, 2.0])) == "out_of_range"
-    assert reason(msgpack.packb(["hl", 4, [1, "h", 70000, 1], 1, 2.0])) == "out_of_range"
-    assert reason(msgpack.packb(["hl", 4, [1, "h", 1, 1], 1, float("nan")])) == "wrong_type"
+    assert reason(msgpack.packb(["hl", 4, [1, "h", 1, 1], 1, 2.0])) == "version"  # version 4: no reach, no repair
+    assert reason(msgpack.packb(["hl", 6, [1, "h", 1, 1], 1, 2.0])) == "version"
+    assert reason(msgpack.packb(["hl", 5, [1, "h", 1, 1], "x", 2.0])) == "wrong_type"
+    assert reason(msgpack.packb(["hl", 5, [1, "h", 1, 1], 1])) == "wrong_length"
+    assert reason(msgpack.packb(["hl", 5, [-1, "h", 1, 1], 1, 2.0])) == "out_of_range"
+    assert reason(msgpack.packb(["hl", 5, [1, "h", 70000, 1], 1, 2.0])) == "out_of_range"
+    assert reason(msgpack.packb(["hl", 5, [1, "h", 1, 1], 1, float("nan")])) == "wrong_type"
     assert reason(good, max_packet=5) == "oversized"
-    tm = msgpack.packb(["tm", 4, [1, "h", 1, 1], "f", ["h", 1], 0, 0, 0, 0, None, "t", "not-bytes", 0, False,
+    tm = msgpack.packb(["tm", 5, [1, "h", 1, 1], "f", ["h", 1], 0, 0, 0, 0, None, "t", "not-bytes", 0, False,
                          None])
     assert reason(tm) == "wrong_type"
-    tm = msgpack.packb(["tm", 4, [1, "h", 1, 1], "f", ["h", 1], 0, 0, 0, 0, None, "t", b"", 3, False, None])
+    tm = msgpack.packb(["tm", 5, [1, "h", 1, 1], "f", ["h", 1], 0, 0, 0, 0, None, "t", b"", 3, False, None])
     assert reason(tm) == "out_of_range"
     many = wire.LinkStateRecord(SENDER.broker_id, 1, 1, 0, 0, tuple(Address("h", p) for p in range(1, 40)))
     assert reason(wire.encode(wire.FEDERATE, SENDER, wire.Federate(many)), max_neighbours=8) == "too_many_neighbours"
@@ -132,11 +133,11 @@ def test_random_mutations_never_raise_anything_else() -> None:
 
 
 def test_filters_and_topics_from_peers_are_validated() -> None:
-    bad_filter = msgpack.packb(["ts", 4, [1, "h", 1, 1], "a/#/b", [1, "h", 1], 0])
+    bad_filter = msgpack.packb(["ts", 5, [1, "h", 1, 1], "a/#/b", [1, "h", 1], 0])
     assert reason(bad_filter) == "bad_filter"
-    system = msgpack.packb(["tc", 4, [1, "h", 1, 1], "$SYS/#", [1, "h", 1], 1, 1, 0, 0])
+    system = msgpack.packb(["tc", 5, [1, "h", 1, 1], "$SYS/#", [1, "h", 1], 1, 1, 0, 0])
     assert reason(system) == "bad_filter"
-    tm = msgpack.packb(["tm", 4, [1, "h", 1, 1], "a/#", ["h", 1], 0, 0, 0, 0, None, "a/+", b"", 0, False, None])
+    tm = msgpack.packb(["tm", 5, [1, "h", 1, 1], "a/#", ["h", 1], 0, 0, 0, 0, None, "a/+", b"", 0, False, None])
     assert reason(tm) == "bad_topic"
 
 
@@ -145,37 +146,37 @@ def test_topic_core_rank_is_an_optional_seventh_field() -> None:
     assert len(msgpack.unpackb(plain)) == 3 + 6  # rank 0 is left off: the v1 layout
     ranked = wire.encode(wire.TOPIC_CORE, SENDER, wire.TopicCore("a/#", CORE, 1, 2, 3, 0, 5))
     assert msgpack.unpackb(ranked)[-1] == 5
-    explicit_zero = msgpack.packb(["tc", 4, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, 0])
+    explicit_zero = msgpack.packb(["tc", 5, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, 0])
     body = wire.decode(explicit_zero).body
     assert isinstance(body, wire.TopicCore) and body.rank == 0
-    assert reason(msgpack.packb(["tc", 4, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, -1])) == "out_of_range"
-    assert reason(msgpack.packb(["rt", 4, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, 1, 2])) == "wrong_length"
-    assert reason(msgpack.packb(["tc", 4, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0])) == "wrong_length"
+    assert reason(msgpack.packb(["tc", 5, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, -1])) == "out_of_range"
+    assert reason(msgpack.packb(["rt", 5, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0, 0, 1, 2])) == "wrong_length"
+    assert reason(msgpack.packb(["tc", 5, [1, "h", 1, 1], "a/#", [1, "h", 1], 1, 1, 0])) == "wrong_length"
 
 
 def test_hello_back_carries_the_three_clock_stamps() -> None:
     """hb = [echo_seq, t1 (the hello's sent_at, echoed), t2 = t3 (replied_at, the replier's clock)]."""
     data = wire.encode(wire.HELLO_BACK, SENDER, wire.HelloBack(4, 1_763_700_000.125, 1_763_700_000.5))
     assert msgpack.unpackb(data)[3:] == [4, 1_763_700_000.125, 1_763_700_000.5]  # unix times keep sub-ms precision
-    assert reason(msgpack.packb(["hb", 4, [1, "h", 1, 1], 4, 1.0, float("nan")])) == "wrong_type"
-    assert reason(msgpack.packb(["hb", 4, [1, "h", 1, 1], 4, 1.0])) == "wrong_length"
+    assert reason(msgpack.packb(["hb", 5, [1, "h", 1, 1], 4, 1.0, float("nan")])) == "wrong_type"
+    assert reason(msgpack.packb(["hb", 5, [1, "h", 1, 1], 4, 1.0])) == "wrong_length"
 
 
 def test_database_messages_are_validated() -> None:
     sender = [1, "h", 1, 1]
     sixteen = list(range(16))
-    assert isinstance(wire.decode(msgpack.packb(["dd", 4, sender, 0, sixteen])).body, wire.DatabaseDigest)
-    assert reason(msgpack.packb(["dd", 4, sender, 0, sixteen[:15]])) == "wrong_type"  # exactly 16 buckets
-    assert reason(msgpack.packb(["dd", 4, sender, 0, sixteen[:15] + [-1]])) == "out_of_range"
-    assert reason(msgpack.packb(["dd", 4, sender, -1, sixteen])) == "out_of_range"
-    assert reason(msgpack.packb(["dd", 4, sender, wire.MAX_COUNT + 1, sixteen])) == "out_of_range"
-    assert reason(msgpack.packb(["dd", 4, sender, 0])) == "wrong_length"
-    assert reason(msgpack.packb(["ds", 4, sender, [["h", 1, 1]]])) == "wrong_type"
-    assert reason(msgpack.packb(["ds", 4, sender, [["h", 70000, 1, 1]]])) == "out_of_range"
-    assert reason(msgpack.packb(["ds", 4, sender, [[1, 1, 1, 1]]])) == "wrong_type"
-    assert reason(msgpack.packb(["dr", 4, sender, [["h"]]])) == "wrong_type"
-    assert reason(msgpack.packb(["dr", 4, sender, "h"])) == "wrong_type"
-    assert reason(msgpack.packb(["dr", 4, sender, [], []])) == "wrong_length"
+    assert isinstance(wire.decode(msgpack.packb(["dd", 5, sender, 0, sixteen])).body, wire.DatabaseDigest)
+    assert reason(msgpack.packb(["dd", 5, sender, 0, sixteen[:15]])) == "wrong_type"  # exactly 16 buckets
+    assert reason(msgpack.packb(["dd", 5, sender, 0, sixteen[:15] + [-1]])) == "out_of_range"
+    assert reason(msgpack.packb(["dd", 5, sender, -1, sixteen])) == "out_of_range"
+    assert reason(msgpack.packb(["dd", 5, sender, wire.MAX_COUNT + 1, sixteen])) == "out_of_range"
+    assert reason(msgpack.packb(["dd", 5, sender, 0])) == "wrong_length"
+    assert reason(msgpack.packb(["ds", 5, sender, [["h", 1, 1]]])) == "wrong_type"
+    assert reason(msgpack.packb(["ds", 5, sender, [["h", 70000, 1, 1]]])) == "out_of_range"
+    assert reason(msgpack.packb(["ds", 5, sender, [[1, 1, 1, 1]]])) == "wrong_type"
+    assert reason(msgpack.packb(["dr", 5, sender, [["h"]]])) == "wrong_type"
+    assert reason(msgpack.packb(["dr", 5, sender, "h"])) == "wrong_type"
+    assert reason(msgpack.packb(["dr", 5, sender, [], []])) == "wrong_length"
 
 
 def test_record_fast_path_accepts_exactly_what_the_checked_path_accepts() -> None:
@@ -206,14 +207,22 @@ def test_record_fast_path_accepts_exactly_what_the_checked_path_accepts() -> Non
 
 
 def test_topic_ack_is_strict() -> None:
-    """`ta` = [filter, origin addr, epoch, seq] (docs/protocol.md); anything else is dropped with a reason."""
-    header = ["ta", 4, [1, "h", 1, 1]]
-    good = wire.decode(msgpack.packb(header + ["a/#", ["10.0.0.1", 10500], 7, 9]))
-    assert good.body == wire.TopicAck("a/#", Address("10.0.0.1", 10500), 7, 9)
+    """`ta` = [filter, origin addr, epoch, seq, reach] (docs/protocol.md); anything else is dropped with a reason."""
+    header = ["ta", 5, [1, "h", 1, 1]]
+    good = wire.decode(msgpack.packb(header + ["a/#", ["10.0.0.1", 10500], 7, 9, [["10.0.0.2", 10500]]]))
+    assert good.body == wire.TopicAck("a/#", Address("10.0.0.1", 10500), 7, 9, (Address("10.0.0.2", 10500),))
     assert good.body.publication == (Address("10.0.0.1", 10500), 7, 9)
-    for fields, reason in [(["a/#", ["h", 1], 7], "wrong_length"), (["a/#", ["h", 1], -1, 9], "out_of_range"),
-                           (["a/#/b", ["h", 1], 7, 9], "bad_filter"), (["$SYS/#", ["h", 1], 7, 9], "bad_filter"),
-                           (["a/#", ["h", 70000], 7, 9], "out_of_range")]:
+    repair = wire.decode(msgpack.packb(header + ["$repair/10.0.0.2/10500/a/#", ["10.0.0.1", 10500], 7, 9, []]))
+    assert repair.body == wire.TopicAck("$repair/10.0.0.2/10500/a/#", Address("10.0.0.1", 10500), 7, 9, ())
+    for fields, reason in [(["a/#", ["h", 1], 7, 9], "wrong_length"), (["a/#", ["h", 1], -1, 9, []], "out_of_range"),
+                           (["a/#/b", ["h", 1], 7, 9, []], "bad_filter"),
+                           (["$SYS/#", ["h", 1], 7, 9, []], "bad_filter"),
+                           (["a/#", ["h", 70000], 7, 9, []], "out_of_range"),
+                           (["a/#", ["h", 1], 7, 9, [["h", 70000]]], "out_of_range"),
+                           (["a/#", ["h", 1], 7, 9, "h"], "wrong_type"),
+                           (["a/#", ["h", 1], 7, 9, [["h", 1]] * (wire.MAX_REACH + 1)], "out_of_range"),
+                           (["$repair/h/x/a/#", ["h", 1], 7, 9, []], "bad_filter"),
+                           (["$repair/h/1/a/#/b", ["h", 1], 7, 9, []], "bad_filter")]:
         with pytest.raises(wire.DecodeError) as caught:
             wire.decode(msgpack.packb(header + fields))
         assert caught.value.reason == reason, fields
@@ -221,7 +230,7 @@ def test_topic_ack_is_strict() -> None:
 
 def test_receiver_busy_is_strict() -> None:
     """`rb` = [hold seconds], 0 to 3600 (docs/protocol.md); anything else is dropped with a reason."""
-    header = ["rb", 4, [1, "h", 1, 1]]
+    header = ["rb", 5, [1, "h", 1, 1]]
     assert wire.decode(msgpack.packb(header + [1])).body == wire.ReceiverBusy(1.0)
     for fields, reason in [([], "wrong_length"), ([0.2, 1], "wrong_length"), ([-0.1], "out_of_range"),
                            ([3601.0], "out_of_range"), ([float("nan")], "wrong_type"), ([float("inf")], "out_of_range"),
