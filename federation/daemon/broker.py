@@ -115,6 +115,7 @@ from federation.daemon.broker_items import (
     LogLine,
     Publication,
     PublicationRun,
+    RetainedApplied,
     Subscribed,
     SubscriptionCount,
 )
@@ -239,6 +240,7 @@ class BrokerAdapter:
         self.client = client
         self.injector = Injector(client, broker, max_qos, recorder, self._wrote)
         """what this connection publishes into the broker (injector.py)"""
+        self.injector.applied = lambda publication: self._deliver(RetainedApplied(publication))
         client.pubrec_received = self._on_pubrec
         self._completed = False
         self._on_completed = on_completed
@@ -567,6 +569,7 @@ class BrokerAdapter:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: ReasonCode,
                        properties: Properties | None) -> None:
         was_connected, self.connected = self.connected, False
+        self.injector.connection_lost()
         if was_connected or self._stopping or self._refused:
             self._deliver(Disconnected(str(reason_code), self._stopping, self.injector.backlog()))
         else:  # closed before CONNACK: with TLS, how a broker refuses a client certificate (after the handshake)

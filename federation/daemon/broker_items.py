@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from federation.protocol.types import Injection
+from federation.protocol.types import Injection, PublicationId
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +142,16 @@ class Subscribed:
     """filters the broker refused, with its reason ("$SYS/broker/log/#: Not authorized")"""
 
 
+@dataclass(frozen=True, slots=True)
+class RetainedApplied:
+    """The broker has processed a retained injection of ours (its PUBACK or PUBCOMP, or the PINGRESP after it, was
+    read here, in order with the publications around it: federation.daemon.retained_order)."""
+
+    publication: PublicationId
+
+
 BrokerItem = (LogLine | Publication | PublicationRun | Connected | ConnectRefused | ConnectFailed | Disconnected
-              | Subscribed | SubscriptionCount)
+              | Subscribed | SubscriptionCount | RetainedApplied)
 
 
 def split_oversized_runs(batch: list[BrokerItem], limit: int) -> list[BrokerItem]:

@@ -26,6 +26,13 @@ What it tells the node (`take_outcomes`): each QoS 1/2 publication the broker ha
 else PUBACK / PUBCOMP; a refusal too, which is final) as done, and each one paho refused as failed, so the
 node's custody of it ends or its copy goes back to the sender (docs/protocol.md rule 7a).
 
+Retained injections (issue 39, federation.daemon.retained_order): before one is written, `retained` (a
+`RetainedWrites`, the runtime's gate) says whether it is still its topic's newest value (a local write read while it
+waited is newer: it is then not written, and its custody ends); once the broker has processed it, `applied` is
+called, in the order the broker's answers were read: a QoS 1/2 one at its PUBACK or PUBCOMP (Mosquitto stores a QoS
+2 retained value at the PUBREL), a QoS 0 one at the PINGRESP to the PINGREQ written after it
+(`LeanClient.send_ping`); a QoS 0 one whose answer cannot come (the connection dropped) is applied then.
+
 What it counts (`counts`, plain attributes): `acknowledged` (QoS 1/2 the broker completed), `refused` (completed with a
 reason code of 0x80 or more), `written_qos0` (QoS 0 on the socket: those paho still held when the
 connection dropped are not), `resent` (sent again in a kept session), `reinjected` (published anew into a
@@ -76,6 +83,12 @@ class InjectionRecorder(Protocol):
     def abandoned(self, mids: Sequence[int]) -> None: ...
 
 
+class RetainedWrites(Protocol):
+    """The runtime's gate for retained injections (`federation.daemon.retained_order.RetainedGate` is one)."""
+
+    def admit(self, injection: Injection, exact: bool = True) -> bool: ...
+
+
 class Injector:
     """The injections of one broker connection; `wrote` is called after paho was handed bytes (the adapter
     watches the socket for writability when paho could not write them all)."""
@@ -115,6 +128,18 @@ class Injector:
         """unfinished injections of a previous run that paho's public API cannot send again under their old
         packet ids (`PublicClient`): published anew at the first connection"""
         self._refusal_logged_at = float("-inf")
+        self.retained: RetainedWrites | None = None
+        """asked before a retained injection is written (module docstring)"""
+        self.applied: Callable[[PublicationId], None] | None = None
+        """told, in the order the broker's answers are read, that it processed a retained injection"""
+        self._retained_mids: dict[int, PublicationId] = {}
+        """QoS 1/2 retained injections in `_unfinished`: applied at their completion"""
+        self._pinged: list[tuple[int, list[PublicationId]]] = []
+        """(the PINGREQ's number, the QoS 0 retained injections written before it), oldest first"""
+        self._unpinged: list[PublicationId] = []
+        """QoS 0 retained injections written since the last PINGREQ"""
+        if isinstance(client, LeanClient):
+            client.pingresp_received = self._on_pingresp
 
     def take_outcomes(self) -> list[tuple[PublicationId, bool]]:
         """What became of QoS 1/2 injections since the last call: (publication, done) where done is True when the
@@ -156,6 +181,9 @@ class Injector:
         """A CONNACK, before paho sends anything again: (how many paho sends again in the kept session, those to
         publish anew in order, the broker having none of them)."""
         reinjected, self._orphans = self._orphans, []
+        self.connection_lost()
+        if not session_present:
+            self._retained_mids.clear()  # published anew (`reinjected`): asked and tracked again
         resent = 0
         if session_present:
             resent = len(self._unfinished)
@@ -171,6 +199,65 @@ class Injector:
         self.resent += resent
         self.reinjected += len(reinjected)
         return resent, reinjected
+
+    def connection_lost(self) -> None:
+        """The connection ended (or a new one began): the QoS 0 retained injections waiting for a PINGRESP will
+        not get one; the broker processed them or never will, and a local write read from now on comes after."""
+        waiting = [publication for _number, publications in self._pinged for publication in publications]
+        waiting += self._unpinged
+        self._pinged, self._unpinged = [], []
+        applied = self.applied
+        if applied is not None:
+            for publication in waiting:
+                applied(publication)
+
+    # ------------------------------------------------------------ retained injections
+
+    def _admit_retained(self, injections: Sequence[Injection]) -> Sequence[Injection]:
+        """The injections to write: a retained one only while it is still its topic's newest value (a stale one's
+        custody ends here: the broker holds something newer)."""
+        gate = self.retained
+        if gate is None or not any(injection.retain for injection in injections):
+            return injections
+        kept: list[Injection] = []
+        reliable = self.max_qos > 0
+        for injection in injections:
+            if not injection.retain or gate.admit(injection, reliable and injection.qos > 0):
+                kept.append(injection)
+            elif injection.qos:
+                self._outcomes.append((injection.publication, True))
+        return kept
+
+    def _track_retained(self, injection: Injection, mid: int | None) -> None:
+        """A retained injection written: QoS 1/2 ones are applied at their completion (`mid`), QoS 0 ones at the
+        PINGRESP of the PINGREQ that follows them (`_ping_retained`). Only with a gate (`retained`): nothing else
+        asks."""
+        if self.applied is None or self.retained is None:
+            return
+        if mid:
+            self._retained_mids[mid] = injection.publication
+        else:
+            self._unpinged.append(injection.publication)
+
+    def _ping_retained(self) -> None:
+        """After a write of QoS 0 retained injections: a PINGREQ, whose PINGRESP says the broker processed them."""
+        if not self._unpinged:
+            return
+        written, self._unpinged = self._unpinged, []
+        number = self.client.send_ping()
+        if number:
+            self._pinged.append((number, written))
+        elif self.applied is not None:  # no answer will come (not connected, or paho's public API)
+            for publication in written:
+                self.applied(publication)
+
+    def _on_pingresp(self, answered: int) -> None:
+        pinged = self._pinged
+        while pinged and pinged[0][0] <= answered:
+            _number, publications = pinged.pop(0)
+            if self.applied is not None:
+                for publication in publications:
+                    self.applied(publication)
 
     # ------------------------------------------------------------ publishing
 
@@ -199,6 +286,8 @@ class Injector:
             if injection.qos:
                 self._outcomes.append((injection.publication, False))
             return False
+        if injection.retain:
+            self._track_retained(injection, info.mid if qos else None)
         if qos:
             self._unfinished[info.mid] = injection  # stored by paho until PUBACK / PUBCOMP, also while disconnected
             self._handed_at[info.mid] = time.monotonic()
@@ -221,6 +310,7 @@ class Injector:
         (`RELIABLE_RUN`: `send_reliable`), a run of QoS 0 ones without properties and of one retain flag
         (`QOS0_RUN`: one buffer), or one alone with paho's `publish` (`ALONE`). One entry: one write, nothing to
         cork around (what `send_reliable` leaves to `publish`, or a topic paho judges, may still take more)."""
+        injections = self._admit_retained(injections)
         if not isinstance(self.client, LeanClient):
             return [(ALONE, (injection,)) for injection in injections]
         max_qos = self.max_qos
@@ -246,7 +336,7 @@ class Injector:
         return planned
 
     def write_planned(self, planned: list[tuple[WriteKind, Sequence[Injection]]]) -> None:
-        """Write what `plan` made, in order."""
+        """Write what `plan` made, in order (then the PINGREQ that follows QoS 0 retained ones)."""
         client = self.client
         for kind, injections in planned:
             if kind is ALONE or not isinstance(client, LeanClient):
@@ -256,6 +346,7 @@ class Injector:
                 self._send_reliable_run(client, injections)
             else:
                 self._write_qos0_injections(client, injections)
+        self._ping_retained()
 
     def _write_qos0_injections(self, client: LeanClient, run: Sequence[Injection]) -> None:
         """A `QOS0_RUN`: built whole (mqtt_runs), but for a topic or size paho judges itself (and refuses)."""
@@ -264,6 +355,9 @@ class Injector:
             count = self._write_qos0_run(client, [each.topic for each in run], [each.payload for each in run], retain)
             # QoS 1/2 publications injected at QoS 0 (max_qos 0): written is all
             self._outcomes += [(each.publication, True) for each in run[:count] if each.qos]
+            if retain:
+                for each in run[:count]:
+                    self._track_retained(each, None)
             if count < len(run):
                 self.publish(run[count])
                 count += 1
@@ -322,6 +416,9 @@ class Injector:
             # They join `_unfinished`: in paho's `_out_messages` until PUBACK / PUBCOMP, also across a
             # reconnection; the recorder has them before the bytes are queued.
             unfinished.update(zip(mids, injections, strict=False))
+            for mid, injection in zip(mids, injections, strict=False):
+                if injection.retain:
+                    self._track_retained(injection, mid)
             if recorder is not None:
                 recorder.started(list(zip(mids, injections, strict=False)))
 
@@ -354,6 +451,9 @@ class Injector:
         injection = self._unfinished.pop(mid, None)
         if injection is None:
             return False
+        retained = self._retained_mids.pop(mid, None) if self._retained_mids else None
+        if retained is not None and self.applied is not None:
+            self.applied(retained)  # the broker stored it (a refusal stored nothing: it holds what it had)
         handed = self._handed_at.pop(mid, None)
         if handed is not None:
             self.injection_latency.observe(time.monotonic() - handed)

@@ -159,6 +159,7 @@ PAHO_PRIVATE_NAMES: tuple[str, ...] = (
     "client._send_puback", "client._handle_pubrec", "client._handle_pubrel", "client._send_pubcomp",
     "client._send_pubrec", "client._handle_on_message",
     "client._loop_rc_handle", "client._mid_generate", "client._packet_queue",
+    "client._send_pingreq", "client._handle_pingresp", "client._send_simple_command",
     # the state of a Client it reads or writes
     "client._sock", "client._protocol", "client._thread", "client._in_packet", "client._manual_ack",
     "client._on_publish", "client._out_packet", "client._out_messages", "client._out_message_mutex",
@@ -171,7 +172,7 @@ PAHO_PRIVATE_NAMES: tuple[str, ...] = (
     "message._topic", "message.mid", "message.payload", "message.qos", "message.retain", "message.dup",
     "message.properties", "message.timestamp", "message.state", "message.info", "info._set_as_published",
     # names of the paho.mqtt.client module outside its documented API
-    "module.time_func", "module.PUBLISH", "module.PUBACK", "module.mqtt_ms_wait_for_puback",
+    "module.time_func", "module.PUBLISH", "module.PUBACK", "module.PINGREQ", "module.mqtt_ms_wait_for_puback",
     "module.mqtt_ms_wait_for_pubrec", "module.mqtt_ms_wait_for_pubcomp",
 )
 """Every name of paho's that the lean path relies on and paho does not document, as `where.name`: `client`
@@ -218,6 +219,8 @@ def missing_paho_names() -> list[str]:
     return missing
 
 
+PINGREQ_PACKET = b"\xc0\x00"
+"""a PINGREQ, as paho's `_send_simple_command` builds it"""
 READ_CHUNK = 1 << 16
 """bytes asked of the socket per read (paho asks for 1 byte, 1 byte, then the rest per packet)"""
 ReliableMessage = tuple[str, bytes, int, bool, Properties | None]
@@ -301,6 +304,13 @@ class LeanClient(mqtt.Client):
     """the connection (socket) the held acknowledgements belong to"""
     acks_held = 0
     """acknowledgements held because the broker reused a packet id before finishing its previous message"""
+    pings_sent = 0
+    """PINGREQs written on this client (paho's keepalive ones too), over every connection"""
+    pings_answered = 0
+    """PINGRESPs read; on a new connection it starts level with `pings_sent` (nothing outstanding)"""
+    pingresp_received: Callable[[int], None] | None = None
+    """called with `pings_answered` after each PINGRESP: the broker has processed everything written before the
+    PINGREQ it answers (it handles one connection's packets in order; federation.daemon.retained_order)"""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -626,11 +636,54 @@ class LeanClient(mqtt.Client):
         numbers its messages from 1 again, and kept, those ids made a new message with one of them wait for a
         PUBREL that never comes (its PUBREC held for ever, a slot of our Receive Maximum lost), or, sent again
         with DUP after a later reconnection, taken for a repeat and not handed over (issue 39)."""
+        self.pings_answered = self.pings_sent  # a PINGREQ of the old connection is never answered
         if session_present:
             return
         self._qos2_answered.clear()
         self._held_acks.clear()
         self._held_on = self._sock
+
+    def send_ping(self) -> int:
+        """A PINGREQ now, behind what was written before it; the number its PINGRESP will bring `pings_answered`
+        to, or 0 when not connected (nothing written)."""
+        sock = self._sock
+        if sock is None:
+            return 0
+        if self._thread is None and not self._out_packet and type(sock) is socket.socket:
+            # Written now, as `send_qos0` writes what it follows: queued in paho's list inside one of its
+            # callbacks, it would wait for the end of the read pass while what came before it is on the wire,
+            # and the broker's answer would come after publications it processed later.
+            try:
+                sent = sock.send(PINGREQ_PACKET)
+            except OSError:
+                sent = 0
+            if sent == len(PINGREQ_PACKET):
+                self.pings_sent += 1
+                return self.pings_sent
+            if sent:  # one byte of two: the other must follow it (paho's queue writes it in order)
+                self._packet_queue(mqtt.PINGREQ, PINGREQ_PACKET[sent:], 0, 0)
+                self.pings_sent += 1
+                return self.pings_sent
+        if self._send_simple_command(mqtt.PINGREQ) != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            return 0
+        self.pings_sent += 1
+        return self.pings_sent
+
+    def _send_pingreq(self) -> MQTTErrorCode:
+        """paho's keepalive PINGREQ, counted: its PINGRESP comes in the same order as ours (`send_ping`)."""
+        rc = super()._send_pingreq()
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+            self.pings_sent += 1
+        return rc
+
+    def _handle_pingresp(self) -> MQTTErrorCode:
+        rc = super()._handle_pingresp()
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and self.pings_answered < self.pings_sent:
+            self.pings_answered += 1
+            hook = self.pingresp_received
+            if hook is not None:
+                hook(self.pings_answered)
+        return rc
 
     def _current_held_acks(self) -> dict[int, deque[int]]:
         """The held acknowledgements of this connection: those of an earlier one are forgotten (the broker sends
@@ -776,6 +829,13 @@ class PublicClient(mqtt.Client):
                 completed(mid, reason_code.value if reason_code is not None else 0)
 
         self.on_publish = published
+
+    pingresp_received: Callable[[int], None] | None = None
+    """never called: paho's public API sends no PINGREQ on demand"""
+
+    def send_ping(self) -> int:
+        """Nothing: paho's public API has no PINGREQ on demand (0: the caller learns of no answer)."""
+        return 0
 
     def session_started(self, session_present: bool) -> None:
         """Nothing: paho keeps a received QoS 2 message until its PUBREL and replaces it when its packet id comes

@@ -38,6 +38,7 @@ from itertools import repeat
 from federation.daemon.broker_items import Publication, PublicationRun
 from federation.daemon.policy_edges import PolicyEdges
 from federation.daemon.retained import RetainedStore, stamp
+from federation.daemon.retained_order import RetainedOrder
 from federation.daemon.spool import Spool, SpooledPublication
 from federation.protocol import events
 from federation.protocol.node import Node
@@ -53,10 +54,13 @@ class LocalPublications:
     """The broker's publications of one batch after another, into the node, the spool and the retained store."""
 
     def __init__(self, node: Node, spool: Spool | None, retained: RetainedStore,
-                 record_event: Callable[[Event], None], edges: PolicyEdges | None = None) -> None:
+                 record_event: Callable[[Event], None], edges: PolicyEdges | None = None,
+                 order: RetainedOrder | None = None) -> None:
         """`record_event`: counts an event and writes it to the event log (a refusal's); `edges`: the topic policy
-        (none: everything leaves as it is)."""
+        (none: everything leaves as it is); `order`: the retained injections the broker has not processed yet
+        (a retained publication's version follows the broker's order: retained_order.py)."""
         self.node = node
+        self.order = order if order is not None else RetainedOrder()
         self.edges = edges if edges is not None else PolicyEdges()
         self.spool = spool
         self.retained = retained
@@ -186,7 +190,10 @@ class LocalPublications:
         """A local publication with a QoS, the retain flag or properties, to the node: stamped (version, expiry:
         retained.py), a retained one stored; returns the spool entry to write for a QoS 1/2 one."""
         wall = time.time()
-        properties = stamp(item.properties, item.retain, wall)
+        order_ms = None
+        if item.retain:  # after what the broker processed before it, before what it will process after it
+            order_ms = self.order.local_ms(item.topic, int(wall * 1000), self.retained.known_ms(item.topic))
+        properties = stamp(item.properties, item.retain, wall, order_ms)
         publication = self.node.local_publish(item.topic, item.payload, item.qos, item.retain, properties, now)
         if publication is None:
             return None

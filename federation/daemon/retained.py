@@ -10,12 +10,15 @@ it last gave its broker per topic (`RetainedStore`), with the value's *version*,
 one (counted `retained_stale`). A deletion (an empty retained payload) is kept as a tombstone, so a late copy
 of the value it deleted is refused too.
 
-The version is (origin time, origin epoch, origin seq, origin address), compared in that order: the origin
-time is the origin wrapper's wall clock, in milliseconds, when it took the publication from its broker; it
-travels in the publication's properties under `ORIGIN_TIME` (`stamp`), which no MQTT client sees (`prepare`
-takes it out before the injection). Epoch and seq order one origin's publications whatever its clock does;
-the address breaks the remaining ties. Across origins the newest is the one with the later clock reading, so
-brokers' clocks should be synchronised (NTP): a clock that runs ahead wins ties it should lose.
+The version is (time, origin epoch, origin seq, origin address), compared in that order: the time is the
+origin wrapper's wall clock, in milliseconds, when it took the publication from its broker, unless the order of
+its broker's writes asks for another (federation.daemon.retained_order: a hybrid logical clock, one millisecond
+past the topic's newest known value when that is later, or just below an injection the broker will process
+after it); it travels in the publication's properties under `ORIGIN_TIME`, and a time other than the wall clock
+under `ORDER` beside it (`stamp`), which no MQTT client sees (`prepare` takes both out before the injection).
+Epoch and seq order one origin's publications whatever its clock does; the address breaks the remaining ties.
+Across origins the newest is the one with the later time, so brokers' clocks should be synchronised (NTP); a
+clock that runs behind still orders a write after the values its broker holds (the hybrid clock).
 
 The same stamp gives MQTT 5 message expiry its meaning across the federation: the receiving wrapper subtracts
 the time since the origin took the publication (its wall clock minus the stamp, at least 0) from the Message
@@ -45,6 +48,9 @@ from federation.protocol.wire_types import RetainedCopy
 
 ORIGIN_TIME = "federation_origin_ms"
 """tm.properties key: the origin wrapper's wall clock (ms) when it took a retained or expiring publication"""
+ORDER = "federation_order_ms"
+"""tm.properties key: the time of a retained publication's version when it is not `ORIGIN_TIME` (issue 39:
+federation.daemon.retained_order); message expiry still counts from `ORIGIN_TIME`"""
 EXPIRY = "message_expiry_interval"
 """tm.properties key of MQTT 5's Message Expiry Interval (federation.daemon.mqtt_properties)"""
 RETAINED_FILE = "retained.log"
@@ -60,18 +66,27 @@ Version = tuple[int, int, int, str, int]
 """(origin time in ms, origin epoch, origin seq, origin host, origin port): the newest is the largest"""
 
 
-def stamp(properties: dict[str, Any] | None, retain: bool, wall: float) -> dict[str, Any] | None:
+def stamp(properties: dict[str, Any] | None, retain: bool, wall: float,
+          order_ms: int | None = None) -> dict[str, Any] | None:
     """A local publication's properties as the federation carries them: with `ORIGIN_TIME` when it is retained or
-    expires (`wall`: seconds since the epoch); other publications are left as they are (nothing added)."""
+    expires (`wall`: seconds since the epoch), and for a retained one whose version takes another time
+    (`order_ms`, federation.daemon.retained_order), that time under `ORDER`; other publications are left as they
+    are (nothing added)."""
     if not retain and (properties is None or EXPIRY not in properties):
         return properties
-    return {**(properties or {}), ORIGIN_TIME: int(wall * 1000)}
+    wall_ms = int(wall * 1000)
+    stamped = {**(properties or {}), ORIGIN_TIME: wall_ms}
+    if retain and order_ms is not None and order_ms != wall_ms:
+        stamped[ORDER] = order_ms
+    return stamped
 
 
 def version_of(publication: PublicationId, properties: dict[str, Any] | None) -> Version:
     origin, epoch, seq = publication
-    origin_ms = properties.get(ORIGIN_TIME, 0) if properties else 0
-    return (origin_ms if isinstance(origin_ms, int) else 0, epoch, seq, origin.host, origin.port)
+    time_ms = 0
+    if properties:
+        time_ms = properties.get(ORDER, properties.get(ORIGIN_TIME, 0))
+    return (time_ms if isinstance(time_ms, int) else 0, epoch, seq, origin.host, origin.port)
 
 
 def remaining_expiry(properties: dict[str, Any], wall: float) -> int | None:
@@ -159,6 +174,11 @@ class RetainedStore:
         self.retained_versions.put(topic, value.version)
         return True
 
+    def known_ms(self, topic: str) -> int | None:
+        """The time of the newest version known for `topic` (a tombstone's too), None when none is kept."""
+        value = self.values.get(topic)
+        return None if value is None else value.version[0]
+
     def holds(self, topic: str, publication: PublicationId, properties: dict[str, Any] | None) -> bool:
         """Is this retained publication the very value stored for `topic` (the same version)? Counted `repeated`."""
         old = self.values.get(topic)
@@ -238,13 +258,13 @@ class RetainedStore:
 
 
 def carried(properties: dict[str, Any] | None, wall: float) -> tuple[bool, dict[str, Any] | None]:
-    """(expired, the properties to inject: without `ORIGIN_TIME`, the expiry counted down)."""
+    """(expired, the properties to inject: without `ORIGIN_TIME` and `ORDER`, the expiry counted down)."""
     if not properties or ORIGIN_TIME not in properties:
         return False, properties
     left = remaining_expiry(properties, wall)
     if left == 0:
         return True, None
-    kept = {key: value for key, value in properties.items() if key != ORIGIN_TIME}
+    kept = {key: value for key, value in properties.items() if key != ORIGIN_TIME and key != ORDER}
     if left is not None:
         kept[EXPIRY] = left
     return False, kept or None

@@ -69,6 +69,8 @@ ACL_HINT = (f"if the broker has an acl_file, give the wrapper's user `topic read
             f"(configs/mosquitto.acl), so the reading can tell when it has everything")
 """what to do when the fence is refused (Mosquitto 2.0.11 closes the connection of a client whose publication its
 ACL refuses)"""
+MAX_CHECKED = 100
+"""topics read at most by one check (`RetainedReading.check`); more wait for the next"""
 SCAN_TIMEOUT = 10.0
 """seconds a scan may take: then what was read is used, and the rest waits for a next publication"""
 
@@ -101,6 +103,11 @@ class ScanCounts:
     """retained messages read"""
     originated: int = 0
     """of them, originated (`to_originate`)"""
+    checks: int = 0
+    """readings of a few topics' values after a local write the wrapper could not order against a QoS 0 injection
+    (federation.daemon.retained_order): not counted in `scans`"""
+    repaired: int = 0
+    """of the topics checked, those whose value on the broker the federation did not have: originated again"""
 
 
 def exported(held: list[HeldRetained], edges: PolicyEdges) -> list[HeldRetained]:
@@ -134,10 +141,13 @@ class RetainedScan:
     """One reading of the broker's retained messages on a connection of its own (module docstring)."""
 
     def __init__(self, broker: Address, client_id: str, auth: BrokerAuth,
-                 done: Callable[[list[HeldRetained], str | None], None], timeout: float = SCAN_TIMEOUT) -> None:
+                 done: Callable[[list[HeldRetained], str | None], None], timeout: float = SCAN_TIMEOUT,
+                 topics: tuple[str, ...] = ("#",)) -> None:
         """`done(held, problem)` is called once, from another thread: `problem` is None when the fence came back,
-        else why the reading may be incomplete."""
+        else why the reading may be incomplete. `topics`: what is read (every retained message, or the values of
+        some topics: a check, `RetainedReading.check`)."""
         self.broker = broker
+        self.topics = topics
         self.client_id = scan_client_id(client_id)
         self.fence = FENCE_PREFIX + self.client_id
         self._done = done
@@ -178,7 +188,8 @@ class RetainedScan:
         if reason.is_failure:
             self._finish(f"the broker refused the connection ({reason})")
             return
-        client.subscribe([("#", SubscribeOptions(qos=2, retainHandling=SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)),
+        client.subscribe([*((topic, SubscribeOptions(qos=2, retainHandling=SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE))
+                            for topic in self.topics),
                           (self.fence, SubscribeOptions(qos=2))])
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
@@ -186,11 +197,14 @@ class RetainedScan:
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reasons: list[Any],
                       properties: Any) -> None:
-        if reasons and reasons[0].is_failure:
-            self._finish(f"the broker refused the subscription to # ({reasons[0]})")
+        read = len(self.topics)
+        refused = [reason for reason in reasons[:read] if reason.is_failure]
+        if refused:
+            self._finish(f"the broker refused the subscription to {self.topics[0] if read == 1 else 'a topic'} "
+                         f"({refused[0]})")
             return
-        if len(reasons) > 1 and reasons[1].is_failure:
-            self._fence_refused = f"the broker refused the subscription to {self.fence} ({reasons[1]})"
+        if len(reasons) > read and reasons[read].is_failure:
+            self._fence_refused = f"the broker refused the subscription to {self.fence} ({reasons[read]})"
         client.publish(self.fence, b"", qos=1)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
@@ -262,6 +276,8 @@ class RetainedReading:
         self.counts = ScanCounts()
         self.due = False
         """the broker connected with the session kept: its retained messages are read once the wrapper may"""
+        self.checks_due: set[str] = set()
+        """topics whose value on the broker is to be read (`check`)"""
 
     def connected(self, session_lost: bool, now: float) -> None:
         """The broker connection came up: a reading is due if it kept our session; one under way while a broker
@@ -271,12 +287,25 @@ class RetainedReading:
             self._drop(now)
         self.start_if_due(now)
 
+    def check(self, topics: set[str], now: float) -> None:
+        """Read these topics' values on the broker (a local write on each may have been ordered against a QoS 0
+        injection the wrapper could not place: federation.daemon.retained_order): a value the federation does not
+        have is originated again, as any the reading finds, so every broker converges on what this one holds."""
+        self.checks_due |= topics
+        self.start_if_due(now)
+
     def start_if_due(self, now: float) -> None:
-        """Start a reading on a second connection when one is due, none is under way and the wrapper may; the
-        store's values now are what the reading is compared with."""
-        if not self.due or self.scan is not None or not self._may_start():
+        """Start a reading on a second connection when one is due (a whole one, else a check), none is under way
+        and the wrapper may; the store's values now are what the reading is compared with."""
+        if not (self.due or self.checks_due) or self.scan is not None or not self._may_start():
             return
-        self.due = False
+        topics: tuple[str, ...] = ("#",)
+        if self.due:
+            self.due = False
+            self.checks_due.clear()  # the whole reading covers them
+        else:
+            topics = tuple(sorted(self.checks_due)[:MAX_CHECKED])
+            self.checks_due.difference_update(topics)
         before = dict(self.retained.values)
         loop = self.loop
         scan: RetainedScan | None = None
@@ -285,9 +314,9 @@ class RetainedReading:
             loop.call_soon_threadsafe(self._ended, scan, before, held, problem)
 
         config = self.config
-        scan = RetainedScan(config.broker, config.client_id, config.broker_auth, done)
+        scan = RetainedScan(config.broker, config.client_id, config.broker_auth, done, topics=topics)
         self.scan = scan
-        self._helpers_subscribed(SCAN_SUBSCRIPTIONS, now)
+        self._helpers_subscribed(len(topics) + 1, now)
         scan.start()
 
     def close(self) -> None:
@@ -316,6 +345,16 @@ class RetainedReading:
             [Publication(message.topic, message.payload, message.qos, True, message.properties)
              for message in to_originate(exported(held, self.local.edges), before, self.retained.values)], now)
         counts = self.counts
+        if scan is not None and scan.topics != ("#",):
+            counts.checks += 1
+            counts.repaired += originated
+            if originated:
+                log.info("the broker held another retained value than the federation for %d of the %d topics "
+                         "checked after writes the wrapper could not order: originated again", originated,
+                         len(scan.topics))
+            self._drain(now)
+            self.start_if_due(now)
+            return
         counts.scans += 1
         counts.read += len(held)
         counts.originated += originated

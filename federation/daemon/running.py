@@ -56,6 +56,7 @@ from federation.daemon.broker_items import (
     LoopHandOff,
     Publication,
     PublicationRun,
+    RetainedApplied,
     SubscriptionCount,
     split_oversized_runs,
 )
@@ -74,6 +75,7 @@ from federation.daemon.receiving import Receiving
 from federation.daemon.reconfiguring import Reconfiguring
 from federation.daemon.reload import Reloads
 from federation.daemon.retained import RetainedStore, prepare
+from federation.daemon.retained_order import RetainedGate, RetainedOrder
 from federation.daemon.retained_scan import RetainedReading, scan_client_id
 from federation.daemon.snapshots import metrics_snapshot, status_document, wrapper_readiness
 from federation.daemon.spool import Spool, SpooledPublication
@@ -138,6 +140,10 @@ class Running:
         self.retained = resources.retained if resources.retained is not None else RetainedStore()
         """the newest retained value of every topic (kept in the state directory when there is one)"""
         node.attach_retained(self.retained)  # the node compares it with the neighbours' stores (rule 10)
+        self.retained_order = RetainedOrder()
+        """which retained injections the broker has not processed yet: a local write's version follows the
+        broker's order (retained_order.py, issue 39)"""
+        self.retained_gate = RetainedGate(self.retained, self.retained_order)
         self.restored_filters = persisted.filters
         """the filters the node knew in its previous life (`Node.restore`)"""
         self.restored_receivers = persisted.receivers
@@ -150,7 +156,8 @@ class Running:
         """the topic policy where publications leave the broker and enter it, and what it kept out"""
         self.subscription_sink = PolicySubscriptions(node, config.topic_policy)
         """the local subscriptions told to the node as the federation filters the policy lets them import"""
-        self.local = LocalPublications(node, self.spool, self.retained, self._record_event, self.edges)
+        self.local = LocalPublications(node, self.spool, self.retained, self._record_event, self.edges,
+                                       self.retained_order)
         """the broker's publications into the node, the spool and the retained store"""
         hand_off = LoopHandOff(loop, self._on_broker_items)
         # paho driven by this loop (no network thread); a burst read from the broker reaches the node at once.
@@ -159,6 +166,7 @@ class Running:
                                     hold=hand_off.hold, auth=config.broker_auth,
                                     session_expiry=config.broker_session_expiry, recorder=self.journal,
                                     read_coalesce=config.broker_read_coalesce)
+        self.broker.injector.retained = self.retained_gate
         if self.journal is not None:
             self.broker.restore([(entry.mid, entry.injection, entry.released) for entry in self.journal.in_flight()])
         self.broker_subscriptions = BrokerSubscriptions(self.subscription_sink, node.drop, self.outbox,
@@ -345,6 +353,11 @@ class Running:
                             released = self.broker_subscriptions.subscribed(event.client, event.filter, now)
                             if released:  # held since the broker restarted: now, in their order
                                 self.flow.requeue(node, released, now)
+                elif isinstance(item, RetainedApplied):
+                    self.retained_gate.applied(item.publication)
+                    checks = self.retained_order.take_checks()
+                    if checks and not self.edges.active:  # (a policy maps topics: the broker's are not the store's)
+                        self.retained_reading.check(checks, now)
                 elif isinstance(item, SubscriptionCount):
                     released = self.broker_subscriptions.counted(item.count, now)
                     if released:
@@ -490,6 +503,9 @@ class Running:
         """Expiry counted down, retained ones checked against the store (federation.daemon.retained); those not
         injected are counted and done (a newer value, or nothing left to deliver)."""
         kept, dropped = prepare(injections, self.retained, time.time())
+        for injection in kept:
+            if injection.retain:
+                self.retained_gate.prepared(injection)
         node = self.node
         for publication, expired in dropped:
             if expired is not None:  # None: the stored value itself, which the broker holds: no drop

@@ -47,6 +47,7 @@ from federation.daemon.policy_edges import PolicyEdges
 from federation.daemon.policy_subscriptions import PolicySubscriptions
 from federation.daemon.reload import Reloads
 from federation.daemon.retained import RetainedStore
+from federation.daemon.retained_order import RetainedGate
 from federation.daemon.retained_scan import RetainedReading
 from federation.daemon.udp import OverlayProtocol
 from federation.envelope.datagrams import Envelope
@@ -84,6 +85,8 @@ class WrapperParts(Protocol):
     def retained(self) -> RetainedStore: ...
     @property
     def retained_reading(self) -> RetainedReading: ...
+    @property
+    def retained_gate(self) -> RetainedGate: ...
     @property
     def protocol(self) -> OverlayProtocol: ...
     @property
@@ -133,7 +136,7 @@ def status_document(wrapper: WrapperParts, now: float, brief: bool = False) -> d
                         "announced_receive_maximum": RECEIVE_MAXIMUM},
             "injections": injection_counts(wrapper),
             "journal": wrapper.journal.status() if wrapper.journal is not None else None,
-            "retained": wrapper.retained.describe(),
+            "retained": {**wrapper.retained.describe(), "order": wrapper.retained_gate.describe()},
             "retained_scan": dataclasses.asdict(wrapper.retained_reading.counts),
             **wrapper.broker_subscriptions.status(),
         },

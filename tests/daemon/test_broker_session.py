@@ -18,10 +18,10 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from federation.daemon.broker import BrokerAdapter
-from federation.daemon.broker_items import BrokerItem, Connected, LogLine, Publication
+from federation.daemon.broker_items import BrokerItem, Connected, LogLine, Publication, RetainedApplied
 from federation.daemon.flow_control import FlowControl
 from federation.protocol.node import Node
-from federation.protocol.types import Address, Injection
+from federation.protocol.types import Address, Injection, PublicationId
 
 from mqtt_bytes import split_packets
 
@@ -379,6 +379,72 @@ def test_acknowledgements_held_behind_a_lost_session_are_forgotten(side: Side) -
     side.reconnect(session_present=False)
     read_all(side.peer)
     assert side.receive(ack(0x62, 3)) == ack(0x70, 3)  # a stray PUBREL completes, and releases nothing held
+
+
+# ------------------------------------------------------------------ retained injections (issue 39, item 4)
+
+
+class Gate:
+    """A `RetainedWrites` that admits everything and notes what was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[PublicationId, bool]] = []
+
+    def admit(self, injection: Injection, exact: bool = True) -> bool:
+        self.asked.append((injection.publication, exact))
+        return True
+
+
+def retained(seq: int, qos: int) -> Injection:
+    return Injection(f"r/{seq}", b"v%d" % seq, qos, True, None, (ORIGIN, 1, seq))
+
+
+def qos0_publish(topic: bytes, payload: bytes, retain: bool = False) -> bytes:
+    body = len(topic).to_bytes(2, "big") + topic + b"\0" + payload
+    return bytes([0x31 if retain else 0x30, len(body)]) + body
+
+
+def test_a_retained_injection_is_applied_at_its_answer_in_order_with_the_local_publications(side: Side) -> None:
+    """federation.daemon.retained_order: the broker answers in the order it processes, so a local write read
+    before the answer came first, one read after came later; the runtime must see them in that order."""
+    gate = Gate()
+    side.adapter.injector.retained = gate
+    side.adapter.publish_all([retained(1, qos=1)])
+    assert gate.asked == [((ORIGIN, 1, 1), True)]
+    [packet] = split_packets(read_all(side.peer))
+    mid = mid_of(packet)
+    side.receive(qos0_publish(b"r/1", b"local-before", retain=True) + ack(0x40, mid)
+                 + qos0_publish(b"r/1", b"local-after", retain=True))
+    order = [("applied", item.publication) if isinstance(item, RetainedApplied) else ("local", item.payload)
+             for item in side.items if isinstance(item, (RetainedApplied, Publication))]
+    assert order == [("local", b"local-before"), ("applied", (ORIGIN, 1, 1)), ("local", b"local-after")]
+
+
+def test_a_qos0_retained_injection_is_followed_by_a_pingreq_whose_pingresp_applies_it(side: Side) -> None:
+    gate = Gate()
+    side.adapter.injector.retained = gate
+    side.adapter.publish_all([retained(2, qos=0), retained(3, qos=0)])
+    assert gate.asked == [((ORIGIN, 1, 2), False), ((ORIGIN, 1, 3), False)]  # a PINGRESP is not an exact answer
+    written = split_packets(read_all(side.peer))
+    assert [packet[0] for packet in written] == [0x31, 0x31, 0xC0]  # two retained PUBLISH, then one PINGREQ
+    assert not any(isinstance(item, RetainedApplied) for item in side.items)
+    side.receive(b"\xd0\x00")  # PINGRESP
+    assert [item.publication for item in side.items if isinstance(item, RetainedApplied)] == [(ORIGIN, 1, 2),
+                                                                                             (ORIGIN, 1, 3)]
+
+
+def test_a_qos0_retained_injection_whose_answer_cannot_come_is_applied_when_the_connection_drops(side: Side) -> None:
+    side.adapter.injector.retained = Gate()
+    side.adapter.publish_all([retained(4, qos=0)])
+    read_all(side.peer)
+    side.reconnect(session_present=True)
+    assert [item.publication for item in side.items if isinstance(item, RetainedApplied)] == [(ORIGIN, 1, 4)]
+
+
+def test_retained_injections_need_no_answer_without_a_gate(side: Side) -> None:
+    """Only the runtime asks for the order (its gate): without one nothing is added to the connection."""
+    side.adapter.publish_all([retained(5, qos=0)])
+    assert [packet[0] for packet in split_packets(read_all(side.peer))] == [0x31]
 
 
 # ------------------------------------------------------------------ the broker's Receive Maximum

@@ -68,7 +68,8 @@ def test_retained_messages_held_before_the_wrappers_start_reach_every_broker(tmp
         assert retained_read(federation, "n1", "before/#", 2) == ["1 0 before/a updated-while-down",
                                                                  "1 0 before/b held-by-n2"]
         broker = federation.status("n0")["daemon"]["broker"]
-        assert broker["retained_scan"] == {"scans": 1, "incomplete": 0, "read": 2, "originated": 1}
+        assert broker["retained_scan"] == {"scans": 1, "incomplete": 0, "read": 2, "originated": 1, "checks": 0,
+                                           "repaired": 0}
         assert broker["retained"]["stored"] == 1  # before/b, from the federation, was not originated again
         assert not broker["subscription_count"]["over_delivery"], broker["subscription_count"]
         assert all(retained_store(federation, name)["stale"] == 0 for name in names)
