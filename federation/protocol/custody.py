@@ -189,9 +189,11 @@ class Custody:
                     self._close(entry)
 
     def release_now(self, publication: PublicationId) -> None:
-        """Our own publication that no filter carries: nothing to wait for."""
+        """Our own publication that no filter carries: nothing to wait for (every subscribing broker, none, has
+        it: counted as released)."""
         if publication not in self._origin_open:
             self.released.append(publication)
+            self._outbox.counters["custody_released"] += 1
 
     def settle(self, entry: Entry) -> None:
         """Close the entry if it owes nothing any more (after the input that opened or changed it)."""

@@ -276,3 +276,75 @@ def test_scheduled_faults_are_applied_at_their_time() -> None:
     plan = CasePlan("x", (Scheduled(FAULTS["kill-middle-wrapper"], 2.0), Scheduled(FAULTS["partition"], 5.0)))
     assert plan.fault_seconds == 33.0
     assert CasePlan("y", ()).fault_seconds == 0.0
+
+
+# ---------------------------------------------------------------- issue 37's cases
+
+def test_the_extended_cases_name_their_topologies_and_roles() -> None:
+    from federation.tools.faults.catalogue import EXTENDED, RING5, RING_SPLIT, TOPOLOGIES
+    names = [fault.name for _topology, fault in EXTENDED]
+    assert names == ["split-both-sides", "stop-core", "kill-two-wrappers", "disk-full-publisher",
+                     "disk-full-subscriber"]
+    for topology, fault in EXTENDED:
+        for role in fault.roles:
+            TOPOLOGIES[topology].node(role)  # every role exists there
+    two = dict((fault.name, fault) for _topology, fault in EXTENDED)["kill-two-wrappers"]
+    assert two.roles == ("middle", "bypass") and describe(two, RING5, bridge=False) == \
+        "kill -9 wrapper c+e for 6 s"
+    # The far side's subscriber is the core (the lowest id): the near side loses its core at the cut.
+    assert min(RING_SPLIT.vids, key=lambda pair: pair[1])[0] == RING_SPLIT.node("subscriber") == "c"
+    assert min(RING5.vids, key=lambda pair: pair[1])[0] == RING5.node("subscriber") == "d"
+    assert RING_SPLIT.also_subscribing == ("b",) and RING5.also_subscribing == ("b",)
+    with pytest.raises(ValueError):
+        Fault("x", "disk_full", "publisher+middle", 1.0, "")  # one process only
+    with pytest.raises(ValueError):
+        Fault("x", "kill_wrapper", "middle+nowhere", 1.0, "")
+
+
+def test_the_extended_jobs_group_by_topology_and_keep_the_full_disk_apart(tmp_path: Path) -> None:
+    from federation.tools.faults.suite import BULK_CASE, extended_jobs
+    jobs = extended_jobs(tmp_path, itertools.count(120), Timing())
+    cases = {(job.setup, job.small_state_dirs): [plan.case for plan in job.cases] for job in jobs}
+    assert cases == {("federation-ring-split", False): ["split-both-sides", "stop-core"],
+                     ("federation-ring5", False): ["kill-two-wrappers"],
+                     ("federation-line", True): ["disk-full-publisher", "disk-full-subscriber"],
+                     ("federation-line", False): [BULK_CASE]}
+    assert all(Job.from_json(job.to_json()) == job for job in jobs)
+    only = extended_jobs(tmp_path, itertools.count(120), Timing(), cases=["stop-core"])
+    assert [[plan.case for plan in job.cases] for job in only] == [["stop-core"]]
+
+
+def test_the_ledger_finds_a_silent_loss_and_a_broken_custody_count() -> None:
+    from federation.tools.faults.ledger import ledger
+    topics = {"1": "t/q1"}
+    events = {"a": [{"type": "publication_originated", "pub": f"a/1/{seq}", "topic": "t/q1"} for seq in (1, 2, 3)],
+              "c": [{"type": "publication_delivered", "pub": f"a/1/{seq}", "topic": "t/q1"} for seq in (1, 2)]}
+    lost_one = {"c": {"1": count_stream(3, [1, 2, 3], [1, 2])}}
+    snapshot = {"pid": 7, "counters": {"publications_originated": 0, "custody_released": 0, "custody_given_up": 0},
+                "custody": {"own_open": 0}}
+    later = {"pid": 7, "counters": {"publications_originated": 3, "custody_released": 3, "custody_given_up": 0},
+             "custody": {"own_open": 0}}
+    found = ledger(events, topics, "a", lost_one, {"a": snapshot}, {"a": later})
+    assert [problem.split(":")[0] for problem in found["problems"]] == ["1 at c"]  # lost 1, reported dropped 0
+    dropped = {**events, "b": [{"type": "publication_dropped", "pub": "a/1/3", "reason": "receiver_hold_expired"}]}
+    given_up = {**later, "counters": {**later["counters"], "custody_released": 2, "custody_given_up": 1}}
+    assert ledger(dropped, topics, "a", lost_one, {"a": snapshot}, {"a": given_up})["problems"] == []
+    nothing_lost = {"c": {"1": count_stream(3, [1, 2, 3], [1, 2, 3])}}
+    delivered_all = {**events, "c": [{"type": "publication_delivered", "pub": f"a/1/{seq}", "topic": "t/q1"}
+                                     for seq in (1, 2, 3)]}
+    wrong = ledger(delivered_all, topics, "a", nothing_lost, {"a": snapshot},
+                   {"a": {**later, "counters": {**later["counters"], "custody_released": 2}}})
+    assert len(wrong["problems"]) == 1 and wrong["problems"][0].startswith("origin: released 2")
+    restarted = ledger(delivered_all, topics, "a", nothing_lost, {"a": snapshot}, {"a": {**later, "pid": 8}})
+    assert restarted["problems"] == [] and restarted["origin"]["checked"].startswith("no")
+
+
+def test_extended_results_travel_as_json() -> None:
+    result = CaseResult("federation-ring-split", "split-both-sides", [], {1: count_stream(2, [1, 2], [1, 2])},
+                        more={"b": {1: count_stream(2, [1, 2], [2])}}, bulk=count_stream(3, [1, 2, 3], [1, 2, 3]),
+                        latency={"1": {"p50": 0.1, "p99": 0.2, "max": 0.3}},
+                        memory={"a": {"wrapper_mib": 40.0, "broker_mib": 8.0}}, ledger={"problems": []})
+    again = CaseResult.from_json(result.to_json())
+    assert (again.more, again.bulk, again.latency, again.memory) == (result.more, result.bulk, result.latency,
+                                                                     result.memory)
+    assert not again.meets(1)  # b lost one: the case misses the target

@@ -70,6 +70,8 @@ class PacedPublisher:
         self.count = count
         self.client_id = client_id
         self.infos: list[mqtt.MQTTMessageInfo] = []
+        self.published_at: list[float] = []
+        """unix time each was handed to paho (a latency's start)"""
         self.refused = 0
         """acknowledgements with a failure reason code"""
         self.connects = 0
@@ -143,6 +145,19 @@ class PacedPublisher:
             return False
         return True
 
+    def payload(self, seq: int) -> bytes:
+        """What publication `seq` carries: its number in ASCII."""
+        return str(seq).encode()
+
+    def latencies(self, arrivals: list[Arrival]) -> list[float]:
+        """Seconds from each publication's hand-over to paho to its first arrival (those that arrived)."""
+        with self._lock:
+            published = list(self.published_at)
+        first: dict[int, float] = {}
+        for arrival in arrivals:
+            first.setdefault(arrival.seq, arrival.received)
+        return [received - published[seq - 1] for seq, received in first.items() if 0 < seq <= len(published)]
+
     def close(self) -> None:
         self.stop()
         with contextlib.suppress(Exception):  # closing must not fail, whatever state paho is in
@@ -155,9 +170,10 @@ class PacedPublisher:
         seq = 0
         while not self._stop.is_set() and (self.count is None or seq < self.count):
             seq += 1
-            info = self.client.publish(self.topic, str(seq).encode(), qos=self.qos)
+            info = self.client.publish(self.topic, self.payload(seq), qos=self.qos)
             with self._lock:
                 self.infos.append(info)
+                self.published_at.append(time.time())
             if self.rate is not None:
                 self._stop.wait(max(0.0, start + seq / self.rate - time.monotonic()))
 

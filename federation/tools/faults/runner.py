@@ -45,10 +45,14 @@ from typing import Any
 
 from federation.harness.processes import LaunchError, poll
 from federation.protocol.publication_events import expand
+from federation.tools.faults.bulk import BulkLoad, BulkPublisher, BulkSubscriber, peak_resident_mib
 from federation.tools.faults.catalogue import Fault
 from federation.tools.faults.clients import PacedPublisher, StreamSubscriber
 from federation.tools.faults.counting import StreamCount, count_stream
+from federation.tools.faults.ledger import ledger
 from federation.tools.faults.setups import TOPIC_ROOT, FaultSetup
+
+Subscriber = StreamSubscriber | BulkSubscriber
 
 PROBE_INTERVAL = 0.2
 """seconds between two probes while a subscriber has printed none"""
@@ -107,11 +111,25 @@ class CaseResult:
     """per stream, unix time of the last message the subscriber printed"""
     subscriber_restarts: dict[int, int] = field(default_factory=dict)
     """per stream, how often its mosquitto_sub had exited (it exits on a protocol error) and was started again"""
+    more: dict[str, dict[int, StreamCount]] = field(default_factory=dict)
+    """the streams as the subscribers on other nodes (the topology's `also_subscribing`) received them, by node"""
+    bulk: StreamCount | None = None
+    """the bulk flood's stream, at the subscriber's node (`bulk.py`)"""
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    """per plain stream (its QoS), seconds from publishing to arrival at the subscriber's node: p50, p99, max"""
+    memory: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    """per node, the peak resident MiB of its wrapper and its broker (`VmHWM`) when the case ended"""
+    ledger: dict[str, Any] = field(default_factory=dict)
+    """the wrappers' counters and events against what the subscribers received (`ledger.py`)"""
     error: str | None = None
 
     def meets(self, qos: int) -> bool:
         stream = self.streams.get(qos)
-        return self.error is None and stream is not None and stream.meets(qos)
+        return self.error is None and stream is not None and stream.meets(qos) and \
+            all(counts[qos].meets(qos) for counts in self.more.values() if qos in counts)
+
+    def bulk_meets(self) -> bool:
+        return self.error is None and (self.bulk is None or self.bulk.meets(1))
 
     def to_json(self) -> dict[str, Any]:
         return {"setup": self.setup, "case": self.case, "schedule": self.schedule,
@@ -120,21 +138,42 @@ class CaseResult:
                 "seconds": round(self.ended - self.started, 1), "healed": self.healed,
                 "last_arrival": {str(qos): value for qos, value in sorted(self.last_arrival.items())},
                 "subscriber_restarts": {str(qos): value for qos, value in sorted(self.subscriber_restarts.items())},
-                "error": self.error}
+                "more": {node: {str(qos): count.to_json() for qos, count in sorted(counts.items())}
+                         for node, counts in sorted(self.more.items())},
+                "bulk": None if self.bulk is None else self.bulk.to_json(), "latency": self.latency,
+                "memory": self.memory, "ledger": self.ledger, "error": self.error}
 
     @staticmethod
     def from_json(document: dict[str, Any]) -> CaseResult:
+        bulk = document.get("bulk")
         return CaseResult(
             setup=document["setup"], case=document["case"], schedule=document["schedule"],
-            streams={int(qos): StreamCount(**{**counts, "lost_sample": tuple(counts["lost_sample"]),
-                                              "lost_ranges": tuple(tuple(pair) for pair in counts["lost_ranges"]),
-                                              "swapped": tuple(tuple(pair) for pair in counts.get("swapped", ()))})
-                     for qos, counts in document["streams"].items()},
+            streams={int(qos): _count_of(counts) for qos, counts in document["streams"].items()},
+            more={node: {int(qos): _count_of(counts) for qos, counts in streams.items()}
+                  for node, streams in document.get("more", {}).items()},
+            bulk=None if bulk is None else _count_of(bulk), latency=document.get("latency", {}),
+            memory=document.get("memory", {}), ledger=document.get("ledger", {}),
             actions=document["actions"], explain=document["explain"], started=document["started"],
             ended=document["ended"], healed=document.get("healed"),
             last_arrival={int(qos): value for qos, value in document.get("last_arrival", {}).items()},
             subscriber_restarts={int(qos): value for qos, value in document.get("subscriber_restarts", {}).items()},
             error=document["error"])
+
+
+def _count_of(counts: dict[str, Any]) -> StreamCount:
+    return StreamCount(**{**counts, "lost_sample": tuple(counts["lost_sample"]),
+                          "lost_ranges": tuple(tuple(pair) for pair in counts["lost_ranges"]),
+                          "swapped": tuple(tuple(pair) for pair in counts.get("swapped", ()))})
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50, p99 and max of `values` (seconds, rounded to the millisecond); empty for none."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {"p50": round(ordered[len(ordered) // 2], 3), "p99": round(ordered[min(len(ordered) - 1,
+                                                                                  int(len(ordered) * 0.99))], 3),
+            "max": round(ordered[-1], 3)}
 
 
 class EventTail:
@@ -206,11 +245,12 @@ class CaseRun:
 
     def __init__(self, setup: FaultSetup, case: str, schedule: list[Scheduled], timing: Timing, clients_dir: Path,
                  run_token: str, length: float = 0.0, streams: tuple[int, ...] = STREAM_QOS,
-                 burst: int | None = None, qos2_v5: bool = False) -> None:
+                 burst: int | None = None, qos2_v5: bool = False, bulk: BulkLoad | None = None) -> None:
         """`length`: the streams run at least this long (seconds), and `timing.tail` after the last healing.
         `streams`: their QoS levels. `burst`: each stream is that many publications as fast as they go,
         instead of `timing.rate` per second. `qos2_v5`: the QoS 2 subscriber speaks MQTT v5 (session expiry),
-        else 3.1.1 (clean session off) like the QoS 1 subscriber."""
+        else 3.1.1 (clean session off) like the QoS 1 subscriber. `bulk`: a flood of large publications beside
+        the streams (bulk.py), on a topic and to a subscriber of its own."""
         self.setup = setup
         self.length = length
         self.healed_at = time.monotonic()
@@ -231,6 +271,36 @@ class CaseRun:
                                                   client_ids[qos] + "-sub", clients_dir / f"{client_ids[qos]}.out",
                                                   protocol="mqttv5" if qos == 2 and qos2_v5 else "mqttv311")
                             for qos, topic in self.topics.items()}
+        self.more_subscribers: dict[str, dict[int, StreamSubscriber]] = {
+            node: {qos: StreamSubscriber(setup.host(node), setup.broker_port, topic, qos,
+                                         f"{client_ids[qos]}-{node}-sub"[:64],
+                                         clients_dir / f"{client_ids[qos]}-{node}.out",
+                                         protocol="mqttv5" if qos == 2 and qos2_v5 else "mqttv311")
+                   for qos, topic in self.topics.items()}
+            for node in setup.subscriber_nodes[1:]}
+        """the subscribers of the other subscribing nodes (`Topology.also_subscribing`), by node and QoS"""
+        self.bulk_topic = f"{TOPIC_ROOT}/{run_token}/{case}/bulk"
+        self.bulk_publisher: BulkPublisher | None = None
+        self.bulk_subscriber: BulkSubscriber | None = None
+        if bulk is not None:
+            bulk_id = f"faults-{run_token}-{case}-bulk"[:56]
+            self.bulk_publisher = BulkPublisher(setup.publish_host, setup.broker_port, self.bulk_topic, bulk,
+                                                bulk_id + "-pub")
+            self.bulk_subscriber = BulkSubscriber(setup.subscribe_host, setup.broker_port, self.bulk_topic,
+                                                  bulk_id + "-sub", clients_dir / f"{bulk_id}.out")
+
+    def _all_publishers(self) -> list[PacedPublisher]:
+        return [*self.publishers.values(), *([self.bulk_publisher] if self.bulk_publisher is not None else [])]
+
+    def _all_subscribers(self) -> list[tuple[PacedPublisher, str, Subscriber]]:
+        """(publisher, topic, subscriber) of every stream end: the subscriber node's, the other nodes', the bulk's."""
+        ends: list[tuple[PacedPublisher, str, Subscriber]] = [
+            (self.publishers[qos], self.topics[qos], subscriber) for qos, subscriber in self.subscribers.items()]
+        for subscribers in self.more_subscribers.values():
+            ends += [(self.publishers[qos], self.topics[qos], subscriber) for qos, subscriber in subscribers.items()]
+        if self.bulk_publisher is not None and self.bulk_subscriber is not None:
+            ends.append((self.bulk_publisher, self.bulk_topic, self.bulk_subscriber))
+        return ends
 
     @property
     def _subscriber_broker_killed(self) -> bool:
@@ -249,9 +319,9 @@ class CaseRun:
         except LaunchError as error:
             result.error = str(error)
         finally:
-            for publisher in self.publishers.values():
+            for publisher in self._all_publishers():
                 publisher.close()
-            for subscriber in self.subscribers.values():
+            for _publisher, _topic, subscriber in self._all_subscribers():
                 subscriber.stop()
         for qos, publisher in self.publishers.items():
             subscriber = self.subscribers[qos]
@@ -259,9 +329,19 @@ class CaseRun:
             result.streams[qos] = count_stream(publisher.sent, publisher.acknowledged(),
                                                [arrival.seq for arrival in arrivals],
                                                broker_restarted=qos == 2 and self._subscriber_broker_killed)
+            result.latency[str(qos)] = percentiles(publisher.latencies(arrivals))
             if arrivals:
                 result.last_arrival[qos] = arrivals[-1].received
             result.subscriber_restarts[qos] = subscriber.restarts
+        for node, subscribers in self.more_subscribers.items():
+            result.more[node] = {qos: count_stream(self.publishers[qos].sent, self.publishers[qos].acknowledged(),
+                                                   [arrival.seq for arrival in subscriber.arrivals()])
+                                 for qos, subscriber in subscribers.items()}
+        if self.bulk_publisher is not None and self.bulk_subscriber is not None:
+            arrivals = self.bulk_subscriber.arrivals()
+            result.bulk = count_stream(self.bulk_publisher.sent, self.bulk_publisher.acknowledged(),
+                                       [arrival.seq for arrival in arrivals])
+            result.latency["bulk"] = percentiles(self.bulk_publisher.latencies(arrivals))
         if not self.setup.bridge:
             self._explain(before, tails)
         result.ended = time.time()
@@ -271,20 +351,20 @@ class CaseRun:
         self.result.actions.append({"t": round(time.time(), 3), "what": what})
 
     def _subscribe_and_probe(self) -> None:
-        for subscriber in self.subscribers.values():
+        for _publisher, _topic, subscriber in self._all_subscribers():
             subscriber.start()
-        for publisher in self.publishers.values():
+        for publisher in self._all_publishers():
             publisher.connect()
         probes = [0]
 
         def probed() -> bool:
             self._keep_subscribers()
-            missing = [qos for qos, subscriber in self.subscribers.items()
+            missing = {topic: publisher for publisher, topic, subscriber in self._all_subscribers()
                        if not any(line.partition(b" ")[2].startswith(b"probe")
-                                  for line in subscriber.raw().split(b"\n"))]
-            for qos in missing:
+                                  for line in subscriber.raw().split(b"\n"))}
+            for topic, publisher in sorted(missing.items()):
                 probes[0] += 1
-                self.publishers[qos].client.publish(self.topics[qos], b"probe %d" % probes[0], qos=1)
+                publisher.client.publish(topic, b"probe %d" % probes[0], qos=1)
             return not missing
 
         poll(probed, self.timing.probe_timeout,
@@ -294,7 +374,7 @@ class CaseRun:
 
     def _stream(self) -> None:
         start = time.monotonic()
-        for publisher in self.publishers.values():
+        for publisher in self._all_publishers():
             publisher.start()
         self._action("streams started")
         steps: list[tuple[float, int, Scheduled]] = []
@@ -315,12 +395,12 @@ class CaseRun:
                     self.result.healed = time.time()
                     self._action(f"healed {item.fault.name}")
             self._wait_until(start + end)
-            for publisher in self.publishers.values():
+            for publisher in self._all_publishers():
                 publisher.wait_published(self.timing.ack_timeout)
         finally:
             for heal in heals.values():  # an error mid-schedule: undo what is still applied
                 heal()
-            for publisher in self.publishers.values():
+            for publisher in self._all_publishers():
                 publisher.stop()
         self._action("streams stopped")
 
@@ -334,26 +414,28 @@ class CaseRun:
             time.sleep(min(delay, SUPERVISE_INTERVAL))
 
     def _keep_subscribers(self) -> None:
-        for qos, subscriber in self.subscribers.items():
+        for _publisher, topic, subscriber in self._all_subscribers():
             if subscriber.restart_if_exited():
-                self._action(f"the QoS {qos} subscriber had exited ({subscriber.last_error()}); started again")
+                self._action(f"the subscriber of {topic} on {subscriber.client_id} had exited "
+                             f"({subscriber.last_error()}); started again")
 
     def _drain(self) -> None:
         deadline = time.monotonic() + self.timing.ack_timeout
-        for publisher in self.publishers.values():
+        for publisher in self._all_publishers():
             publisher.wait_acknowledged(max(0.0, deadline - time.monotonic()))
-        self._action("acknowledgements in" if all(len(p.acknowledged()) == p.sent for p in self.publishers.values())
+        self._action("acknowledgements in" if all(len(p.acknowledged()) == p.sent for p in self._all_publishers())
                      else "acknowledgement timeout")
-        wanted = {qos: set(publisher.acknowledged()) for qos, publisher in self.publishers.items()}
+        ends = self._all_subscribers()
+        wanted = {index: set(publisher.acknowledged()) for index, (publisher, _topic, _sub) in enumerate(ends)}
         settled = self.healed_at + min(SETTLE_CAP, max((item.fault.seconds for item in self.schedule), default=0.0))
         last_count = [-1]
         last_change = [time.monotonic()]
 
         def drained() -> str | None:
             self._keep_subscribers()
-            seen = {qos: {arrival.seq for arrival in subscriber.arrivals()}
-                    for qos, subscriber in self.subscribers.items()}
-            if all(wanted[qos] <= seen[qos] for qos in wanted):
+            seen = {index: {arrival.seq for arrival in subscriber.arrivals()}
+                    for index, (_publisher, _topic, subscriber) in enumerate(ends)}
+            if all(wanted[index] <= seen[index] for index in wanted):
                 return "complete"
             count = sum(map(len, seen.values()))
             now = time.monotonic()
@@ -379,6 +461,24 @@ class CaseRun:
             brokers.wait_event_logs(time.time(), timeout=EVENT_FLUSH_TIMEOUT, names=running)
         events = {name: tail.read() for name, tail in tails.items()}
         topology = self.setup.topology
+        after = self.setup.snapshot()
         self.result.explain = {
             "events": explain_streams(events, self.topics, topology.node("publisher"), topology.node("subscriber")),
-            "status_before": before, "status_after": self.setup.snapshot()}
+            "status_before": before, "status_after": after}
+        result = self.result
+        topics = {str(qos): topic for qos, topic in self.topics.items()}
+        counts: dict[str, dict[str, StreamCount]] = {
+            topology.node("subscriber"): {str(qos): count for qos, count in result.streams.items()}}
+        for node, more in result.more.items():
+            counts[node] = {str(qos): count for qos, count in more.items()}
+        if result.bulk is not None:
+            topics["bulk"] = self.bulk_topic
+            counts[topology.node("subscriber")]["bulk"] = result.bulk
+        result.ledger = ledger(events, topics, topology.node("publisher"), counts, before, after)
+        for name, member in brokers.nodes.items():
+            wrapper, broker = member.wrapper_process, member.broker_process
+            result.memory[name] = {
+                "wrapper_mib": peak_resident_mib(wrapper.pid if wrapper is not None and wrapper.poll() is None
+                                                 else None),
+                "broker_mib": peak_resident_mib(broker.pid if broker is not None and broker.poll() is None
+                                                else None)}

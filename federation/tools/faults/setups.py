@@ -33,6 +33,7 @@ from federation.harness import statusview
 from federation.harness.nodeconfig import MOSQUITTO_CONF_TEMPLATE, mosquitto_template
 from federation.harness.processes import LaunchError
 from federation.tools.bench.setups import BenchBrokers, bridge_lines
+from federation.tools.faults import disk
 from federation.tools.faults.catalogue import Fault, Topology, describe
 from federation.tools.faults.packet_filter import Cut, PacketFilter
 from federation.tools.launch import BROKER_PORT, WRAPPER_PORT, FederationNode, LocalFederation
@@ -54,6 +55,9 @@ BRIDGE_PORT = 1884
 """the port on which each broker of the bridge chain takes its bridge (clients use BROKER_PORT)"""
 SNAPSHOT_FIELDS = ("reconnects", "injected", "inject_failed", "injection_backlog", "backpressure_pauses")
 """fields of a status document's `daemon.broker` kept by `snapshot`"""
+SNAPSHOT_COUNTERS = ("custody_released", "custody_given_up", "publications_originated", "publications_delivered",
+                     "repairs_sent", "repairs_delivered", "publications_awaiting", "retransmissions")
+"""node counters kept by `snapshot` (the ledger of a case: runner.py)"""
 
 
 INFLIGHT_KEYS = ("max_inflight_messages", "max_inflight_bytes")
@@ -110,6 +114,11 @@ class FaultSetup:
         return self.host(self.topology.node("subscriber"))
 
     @property
+    def subscriber_nodes(self) -> tuple[str, ...]:
+        """Every node with a subscriber to each stream: the subscriber role's first, then the others."""
+        return (self.topology.node("subscriber"), *self.topology.also_subscribing)
+
+    @property
     def broker_port(self) -> int:
         return BROKER_PORT
 
@@ -131,9 +140,22 @@ class FaultSetup:
         """Do the fault now; the returned `Heal` undoes it."""
         if fault.kind == "partition":
             return self._partition()
+        if len(fault.roles) > 1:  # several processes at once, each healed in turn
+            heals = [self.apply(Fault(f"{fault.name}-{role}", fault.kind, role, fault.seconds, fault.title))
+                     for role in fault.roles]
+
+            def heal_all() -> None:
+                for heal in heals:
+                    heal()
+
+            return heal_all
         node = self.topology.node(fault.role or "")
         if fault.kind == "kill_wrapper":
             return self._kill_forwarding(node)
+        if fault.kind == "stop_wrapper":
+            return self._stop_forwarding(node)
+        if fault.kind == "disk_full":
+            return self._fill_disk(node)
         if fault.kind == "kill_broker":
             self.brokers.stop_broker(node, kill=True)
             return lambda: self.brokers.start_broker(node)
@@ -147,6 +169,15 @@ class FaultSetup:
 
     def _kill_forwarding(self, node: str) -> Heal:
         """What `kill_wrapper` does: the forwarding element of `node` dies, and comes back at the healing."""
+        raise NotImplementedError
+
+    def _stop_forwarding(self, node: str) -> Heal:
+        """What `stop_wrapper` does: the forwarding element of `node` stops cleanly, and starts at the healing."""
+        raise NotImplementedError
+
+    def _fill_disk(self, node: str) -> Heal:
+        """What `disk_full` does: the forwarding element of `node` finds its state directory full until the
+        healing."""
         raise NotImplementedError
 
     def recover(self, timeout: float = RECOVER_TIMEOUT) -> None:
@@ -180,12 +211,18 @@ class FederationSetup(FaultSetup):
     kind = "federation"
 
     def __init__(self, topology: Topology, workdir: Path, first_address: str,
-                 settings: dict[str, Any] | None = None, mosquitto_template: Path | None = None) -> None:
+                 settings: dict[str, Any] | None = None, mosquitto_template: Path | None = None,
+                 small_state_dirs: bool = False) -> None:
         super().__init__(topology, LocalFederation(list(topology.nodes), topology.links, workdir, settings,
-                                                   first_address=first_address,
+                                                   first_address=first_address, vids=dict(topology.vids) or None,
                                                    mosquitto_template=mosquitto_template))
+        self.state_dirs = disk.SmallStateDirs() if small_state_dirs else None
+        """each wrapper's state directory on a small tmpfs of its own, for the full-disk cases (disk.py)"""
 
     def start(self) -> None:
+        if self.state_dirs is not None and not self.state_dirs.mounted:
+            for node in self.brokers.nodes.values():
+                self.state_dirs.mount(node.state_dir)
         self.brokers.start(timeout=START_TIMEOUT)
         try:
             self.brokers.wait_converged(timeout=CONVERGE_TIMEOUT)
@@ -200,6 +237,22 @@ class FederationSetup(FaultSetup):
     def _kill_forwarding(self, node: str) -> Heal:
         self.brokers.stop_wrapper(node, kill=True)
         return lambda: self.brokers.start_wrapper(node, wait=False)
+
+    def _stop_forwarding(self, node: str) -> Heal:
+        self.brokers.stop_wrapper(node, kill=False)  # SIGTERM: it withdraws its claims and leaves the overlay
+        return lambda: self.brokers.start_wrapper(node, wait=False)
+
+    def _fill_disk(self, node: str) -> Heal:
+        if self.state_dirs is None:
+            raise LaunchError(f"{self.name}: the full-disk cases need the setup's small state directories")
+        directory = self.brokers.node(node).state_dir
+        disk.fill(directory)
+        return lambda: disk.free(directory)
+
+    def stop(self) -> None:
+        super().stop()
+        if self.state_dirs is not None:
+            self.state_dirs.unmount_all()
 
     def recover(self, timeout: float = RECOVER_TIMEOUT) -> None:
         super().recover(timeout)
@@ -225,12 +278,17 @@ class FederationSetup(FaultSetup):
                 found[name] = None
                 continue
             broker = document.get("daemon", {}).get("broker", {})
+            counters = document.get("counters", {})
             found[name] = {
                 "pid": document.get("daemon", {}).get("pid"),
                 "drops": dict(document.get("drops", {})),
                 "broker": {key: broker.get(key) for key in SNAPSHOT_FIELDS},
                 "injection_dropped": dict(broker.get("injection_dropped", {})),
                 "unacked": document.get("reliable", {}).get("unacked"),
+                "counters": {key: counters.get(key, 0) for key in SNAPSHOT_COUNTERS},
+                "custody": dict(document.get("custody", {})),
+                "receivers": {key: value for key, value in document.get("receivers", {}).items()
+                              if key in ("awaiting", "repairs_in_flight")},
             }
         return found
 

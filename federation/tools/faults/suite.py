@@ -32,7 +32,8 @@ from typing import Any
 
 from federation.harness.processes import LaunchError, end_process, spawn
 from federation.harness.signals import interrupt_on_sigterm
-from federation.tools.faults.catalogue import SUITE, TOPOLOGIES, Fault
+from federation.tools.faults.bulk import BulkLoad
+from federation.tools.faults.catalogue import EXTENDED, SUITE, TOPOLOGIES, Fault
 from federation.tools.faults.runner import STREAM_QOS, CaseResult, CaseRun, Scheduled, Timing
 from federation.tools.faults.setups import BridgeSetup, FaultSetup, FederationSetup
 from federation.tools.launch import REPO_ROOT
@@ -60,6 +61,8 @@ class CasePlan:
     """the QoS of each stream"""
     burst: int | None = None
     """each stream is this many publications at once instead of a paced stream"""
+    bulk: BulkLoad | None = None
+    """a flood of large publications beside the streams (bulk.py)"""
 
     @property
     def fault_seconds(self) -> float:
@@ -77,13 +80,15 @@ class CasePlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"case": self.case, "length": self.length, "streams": list(self.streams), "burst": self.burst,
-                "schedule": [{"fault": item.fault.to_json(), "at": item.at} for item in self.schedule]}
+                "schedule": [{"fault": item.fault.to_json(), "at": item.at} for item in self.schedule],
+                "bulk": None if self.bulk is None else self.bulk.to_json()}
 
     @staticmethod
     def from_json(document: dict[str, Any]) -> CasePlan:
+        bulk = document.get("bulk")
         return CasePlan(document["case"], tuple(Scheduled(Fault.from_json(item["fault"]), item["at"])
                                                 for item in document["schedule"]), document["length"],
-                        tuple(document["streams"]), document["burst"])
+                        tuple(document["streams"]), document["burst"], None if bulk is None else BulkLoad(**bulk))
 
 
 @dataclass(frozen=True)
@@ -101,19 +106,22 @@ class Job:
     """the brokers' config template (None: configs/mosquitto.conf)"""
     qos2_v5: bool = False
     """the QoS 2 subscriber speaks MQTT v5 (else 3.1.1, as the QoS 1 subscriber)"""
+    small_state_dirs: bool = False
+    """each wrapper's state directory on a small tmpfs of its own (the full-disk cases: disk.py; needs root)"""
 
     def to_json(self) -> dict[str, Any]:
         return {"setup": self.setup, "cases": [plan.to_json() for plan in self.cases], "workdir": str(self.workdir),
                 "first_address": self.first_address, "timing": asdict(self.timing), "settings": self.settings,
                 "mosquitto_template": None if self.mosquitto_template is None else str(self.mosquitto_template),
-                "qos2_v5": self.qos2_v5}
+                "qos2_v5": self.qos2_v5, "small_state_dirs": self.small_state_dirs}
 
     @staticmethod
     def from_json(document: dict[str, Any]) -> Job:
         template = document["mosquitto_template"]
         return Job(document["setup"], tuple(CasePlan.from_json(plan) for plan in document["cases"]),
                    Path(document["workdir"]), document["first_address"], Timing(**document["timing"]),
-                   document["settings"], None if template is None else Path(template), document["qos2_v5"])
+                   document["settings"], None if template is None else Path(template), document["qos2_v5"],
+                   document.get("small_state_dirs", False))
 
 
 def make_setup(job: Job) -> FaultSetup:
@@ -125,7 +133,8 @@ def make_setup(job: Job) -> FaultSetup:
     if kind == "bridge":
         return BridgeSetup(TOPOLOGIES[topology], workdir, job.first_address, job.mosquitto_template)
     return FederationSetup(TOPOLOGIES[topology], workdir, job.first_address,
-                           DEFAULT_SETTINGS if job.settings is None else job.settings, job.mosquitto_template)
+                           DEFAULT_SETTINGS if job.settings is None else job.settings, job.mosquitto_template,
+                           small_state_dirs=job.small_state_dirs)
 
 
 def suite_plans(faults: Sequence[Fault] = SUITE, lead: float = Timing.lead) -> tuple[CasePlan, ...]:
@@ -148,6 +157,32 @@ def suite_jobs(setups: Sequence[str], plans: Sequence[CasePlan], out: Path, subn
         for directory, group in groups:
             jobs.append(Job(setup, group, out / directory, f"127.0.{next(subnets)}.10", timing,
                             mosquitto_template=mosquitto_template, qos2_v5=qos2_v5))
+    return jobs
+
+
+BULK_CASE = "bulk-flood"
+BULK_LOAD = BulkLoad(rate=500.0, size=100_000, seconds=4.0)
+"""the default run's flood: 2,000 publications of 100 kB (200 MB) at 500/s beside the plain streams"""
+
+
+def extended_jobs(out: Path, subnets: Iterator[int], timing: Timing, bulk: BulkLoad = BULK_LOAD,
+                  cases: Sequence[str] | None = None) -> list[Job]:
+    """The jobs of issue 37's cases (`catalogue.EXTENDED` and the bulk flood): one per topology they need, the
+    full-disk cases on a setup of their own with small state directories. `cases`: only these (names)."""
+    wanted = None if cases is None else set(cases)
+    groups: dict[tuple[str, bool], list[CasePlan]] = {}
+    for topology, fault in EXTENDED:
+        if wanted is None or fault.name in wanted:
+            plan = CasePlan(fault.name, (Scheduled(fault, timing.lead),))
+            groups.setdefault((topology, fault.kind == "disk_full"), []).append(plan)
+    if wanted is None or BULK_CASE in wanted:
+        groups.setdefault(("line", False), []).append(CasePlan(BULK_CASE, (), length=bulk.seconds + 2.0, bulk=bulk))
+    jobs = []
+    for (topology, small), plans in groups.items():
+        name = f"federation-{topology}"
+        directory = f"{name}-disk" if small else f"{name}-extended"
+        jobs.append(Job(name, tuple(plans), out / directory, f"127.0.{next(subnets)}.10", timing,
+                        small_state_dirs=small))
     return jobs
 
 
@@ -198,7 +233,7 @@ def run_job(job: Job, progress: Progress = print,
                 started = False
                 continue
             result = CaseRun(setup, plan.case, list(plan.schedule), job.timing, clients, token, plan.length,
-                             plan.streams, plan.burst, job.qos2_v5).run()
+                             plan.streams, plan.burst, job.qos2_v5, plan.bulk).run()
             results.append(result)
             progress(summary_line(result))
             if on_result is not None:
