@@ -222,16 +222,17 @@ class CoreElection(TopicTable):
         if state.core == core:
             if message.freshness > state.freshness:
                 state.core_epoch, state.core_seq = message.freshness
-                state.core_distance, state.via, state.heard_at = distance, {from_announced}, now
+                state.core_distance, state.via, state.heard_at = distance, (from_announced,), now
                 state.core_rank, state.provisional = message.rank, False
                 self._forward_core(state, forward_except)
             elif message.freshness == state.freshness:
                 state.heard_at = max(state.heard_at, now)
                 if distance < state.core_distance:
-                    state.core_distance, state.via = distance, {from_announced}
+                    state.core_distance, state.via = distance, (from_announced,)
                     self._forward_core(state, forward_except)
-                elif distance == state.core_distance and len(state.via) < self._settings.max_neighbours:
-                    state.via = {*state.via, from_announced}  # bounded: only neighbours deliver it
+                elif distance == state.core_distance and len(state.via) < self._settings.max_neighbours and \
+                        from_announced not in state.via:
+                    state.via = (*state.via, from_announced)  # bounded: only neighbours deliver it
             self.dirty.add(state.filter)
             return
         current_alive = self.core_alive(state, now)
@@ -245,7 +246,7 @@ class CoreElection(TopicTable):
         state.core = core
         state.core_rank, state.provisional = message.rank, False
         state.core_epoch, state.core_seq = message.freshness
-        state.core_distance, state.via, state.heard_at = distance, {from_announced}, now
+        state.core_distance, state.via, state.heard_at = distance, (from_announced,), now
         state.adopted_at = now
         state.forget_children()
         self._outbox.view_changed()
@@ -342,7 +343,7 @@ class CoreElection(TopicTable):
         previous = state.core
         state.core = None
         state.forget_children()
-        state.via = frozenset()
+        state.via = ()
         if reason == "lost":
             state.lost_at = now
             state.lost_core = previous.address if previous is not None else None
@@ -362,7 +363,7 @@ class CoreElection(TopicTable):
         state.core = self._identity.broker_id
         state.core_epoch, state.core_distance, state.heard_at = self._identity.epoch, 0, now
         state.core_rank, state.provisional, state.claimed_at = self.policy.rank(state.filter), False, now
-        state.via = frozenset()
+        state.via = ()
         state.withdrawn = None
         self._outbox.view_changed()
         self._outbox.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=id_text(state.core),
@@ -378,7 +379,7 @@ class CoreElection(TopicTable):
         state.core_epoch, state.core_seq, state.core_rank = (stored.record.epoch if stored else 0), 0, 0
         state.core_distance = self._table.routes.distance.get(core.address, 0)
         state.heard_at, state.provisional = now, True
-        state.via = frozenset()
+        state.via = ()
         state.forget_children()
         self._outbox.view_changed()
         self._outbox.emit(events.TOPIC_CORE_CHANGED, now, filter=state.filter, core=id_text(core),

@@ -227,27 +227,47 @@ class MeshEngine(CoreElection, PublicationRouting):
 
     def _index(self, state: TopicState) -> None:
         """Keep `by_core` current for the topic: the nodes whose records decide whether its claims are alive."""
-        wanted = frozenset(core.address for core in state.pending) if state.pending else frozenset()
-        if state.core is not None and state.core.address != self._identity.address and state.filter in self.topics:
-            wanted |= {state.core.address}
+        wanted: tuple[Address, ...] = tuple(sorted({core.address for core in state.pending})) if state.pending else ()
+        core = state.core
+        if core is not None and core.address != self._identity.address and state.filter in self.topics \
+                and core.address not in wanted:
+            wanted = (*wanted, core.address)
         if wanted == state.indexed:
             return
         by_core = self.by_core
-        for address in state.indexed - wanted:
-            filters = by_core.get(address)
-            if filters is not None:
-                filters.discard(state.filter)
-                if not filters:
-                    del by_core[address]
-        for address in wanted - state.indexed:
-            by_core.setdefault(address, set()).add(state.filter)
+        filter_ = state.filter
+        for address in state.indexed:
+            if address in wanted:
+                continue
+            held = by_core.get(address)
+            if held == filter_:
+                del by_core[address]
+            elif isinstance(held, set):
+                held.discard(filter_)
+                if len(held) == 1:
+                    by_core[address] = next(iter(held))
+        for address in wanted:
+            if address in state.indexed:
+                continue
+            held = by_core.get(address)
+            if held is None:
+                by_core[address] = filter_
+            elif isinstance(held, str):
+                if held != filter_:
+                    by_core[address] = {held, filter_}
+            else:
+                held.add(filter_)
         state.indexed = wanted
 
     def records_changed(self, origins: set[Address]) -> None:
         """New records of these nodes were stored: the topics whose cores they are are judged again (a claim the
         table now contradicts, or no longer does)."""
         for origin in origins:
-            self.dirty.update(self.by_core.get(origin, ()))
+            held = self.by_core.get(origin)
+            if isinstance(held, str):
+                self.dirty.add(held)
+            elif held:
+                self.dirty.update(held)
 
     # ------------------------------------------------------------ what the digests hold (rule 5a)
 

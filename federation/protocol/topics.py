@@ -136,9 +136,9 @@ class TopicState:
     core_seq: int = 0
     core_distance: int = 0
     heard_at: float = float("-inf")
-    via: set[Address] | frozenset[Address] = frozenset()
-    """announced addresses of the neighbours that delivered the freshest `tc` at the shortest distance (a frozenset
-    while empty: made a set when one is added)"""
+    via: tuple[Address, ...] = ()
+    """announced addresses of the neighbours that delivered the freshest `tc` at the shortest distance (a tuple: one
+    or two, a set cost 200 bytes a topic)"""
     own_seq: int = 0
     children: dict[Address, float] = field(default_factory=dict)
     """child (announced address) -> when its membership expires (infinity while it is up: a membership is kept
@@ -180,7 +180,7 @@ class TopicState:
     after that too, so a partition longer than the lifetime does not make the origin forget it"""
     out_of_reach: bool = False
     """the lost core was out of the table's reach at the last reconciliation (within `reliable_hold` of the loss)"""
-    indexed: frozenset[Address] = frozenset()
+    indexed: tuple[Address, ...] = ()
     """the addresses of its core and pending claims' cores as `TopicTable.by_core` holds them"""
     digested: tuple[int | None, dict[Address, int], dict[Address, int]] = (None, {}, {})
     """what the digests hold for this filter (rule 5a): the claim's hash, our membership's toward each parent and
@@ -259,9 +259,9 @@ class TopicTable:
         """filters with a child whose membership expires (it went down)"""
         self.cores_lost = False
         """a core was lost since the node last looked (it asks the neighbours for their claims)"""
-        self.by_core: dict[Address, set[str]] = {}
+        self.by_core: dict[Address, str | set[str]] = {}
         """core address -> the filters whose core, or a pending claim's core, it is: what a new record of that
-        node may change (`records_changed`)"""
+        node may change (`records_changed`); one filter held as itself (a set cost 200 bytes a core)"""
         self.policy = ModePolicy.from_settings(settings)
         self.ownership = OwnershipTable(settings.owned, settings.max_topics)
         for filter_ in self.policy.replicated:
