@@ -281,6 +281,19 @@ class Node:
     def delivery_backlogged(self) -> bool:
         return self.reliable.delivery_backlogged
 
+    def report_storage(self, writable: bool) -> None:
+        """The embedder says whether it can write what a restart needs (its injection journal: a full disk): while
+        it cannot, new QoS 1/2 copies are left unacknowledged (drop `storage_unavailable`; their senders keep them
+        and send them again) rather than taken without a record that would keep a QoS 2 one from being injected
+        twice after a restart."""
+        self.reliable.storage_unavailable = not writable
+
+    def next_publication_ids(self, topics: list[str]) -> list[PublicationId | None]:
+        """The ids `local_publish` and `local_publish_run` will give the next local publications on `topics`, in
+        order (None for a `$` topic), without giving them: the embedder writes its spool before it hands them over
+        (a full disk then keeps them at its broker, never half-taken)."""
+        return self.publications.next_ids(topics)
+
     @property
     def unacked_copies(self) -> int:
         """QoS 1/2 copies sent and not yet acknowledged by the next hop (with custody: not yet delivered everywhere
@@ -405,7 +418,7 @@ class Node:
                          self.mesh.next_deadline(self.last_input_at), self.reliable.next_deadline(),
                          self.sync.next_deadline(), self.publications.ordering.next_deadline(),
                          self.receivers.next_deadline(),
-                         self.local.next_release(), self.local.next_flush()):
+                         self.local.next_release(), self.local.next_flush(), self.topic_sync.next_deadline()):
             if deadline is not None:
                 candidates.append(deadline)
         return min(candidates)
@@ -431,6 +444,9 @@ class Node:
         flush = self.local.next_flush()
         if flush is not None and now >= flush:
             self._apply(self.local.flush(now))
+        paced = self.topic_sync.next_deadline()
+        if paced is not None and now >= paced:
+            self.topic_sync.on_timer(now)
         self.mesh.on_timer(now)
         publications = self.publications
         for message in publications.ordering.expire(now):  # gaps waited for long enough
@@ -676,7 +692,7 @@ class Node:
             self._update_routes(now, pending=True)  # claims pushed in answer are judged on current routes
             self.topic_sync.on_digest(body, neighbour, now)
         elif isinstance(body, TopicRequest):
-            self.topic_sync.on_request(body, neighbour)
+            self.topic_sync.on_request(body, neighbour, now)
         elif isinstance(body, TopicSubscriptions):
             self.topic_sync.on_subscriptions(body, neighbour, now)
 
@@ -748,6 +764,7 @@ class Node:
         self.liveness.down(neighbour, now)
         self.reliable.neighbour_down(neighbour.transport, now)
         self.sync.neighbour_down(neighbour.transport)
+        self.topic_sync.neighbour_down(neighbour.transport)
         self.retained_sync.neighbour_down(neighbour.transport)
         self.pacing.forget(neighbour.transport)
         self.table.trigger_origination(now)

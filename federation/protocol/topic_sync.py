@@ -34,6 +34,7 @@ entries, and this part only decides what to send.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol
 
 from federation.protocol.context import NeighboursView, Outbox
@@ -54,6 +55,14 @@ from federation.protocol.wire_types import TopicCore, TopicDigest, TopicRequest,
 
 LEAF = 16
 """a bucket where both sides hold at most this many entries is exchanged whole, not descended into"""
+PUSH_RATE = 5000.0
+"""entries (claims as `tc`, memberships in `tz`) sent to one neighbour a second at most by the exchange: a
+neighbour that comes up beside a hundred thousand filters learns them over twenty seconds, its hellos answered
+meanwhile, not in one burst that holds its loop for seconds"""
+PUSH_BURST = 1000
+"""entries sent to one neighbour at once before `PUSH_RATE` paces the rest"""
+PUSH_STEP = 0.05
+"""seconds between two paced sends to a neighbour"""
 
 
 class TopicSets(Protocol):
@@ -83,6 +92,11 @@ class TopicSync:
         self._neighbours = neighbours
         self._outbox = outbox
         self._sets = sets
+        self._budget: dict[Address, tuple[float, float]] = {}
+        """neighbour transport -> (entries it may be sent now, when that was last counted)"""
+        self._owed: dict[Address, deque[tuple[str, str]]] = {}
+        """neighbour transport -> ("claim" or "membership", filter) sent when its budget allows, oldest first"""
+        self._now = 0.0
 
     # ------------------------------------------------------------ the periodic round
 
@@ -118,6 +132,7 @@ class TopicSync:
     # ------------------------------------------------------------ receiving
 
     def on_digest(self, digest: TopicDigest, neighbour: Neighbour, now: float) -> None:
+        self._now = now
         announced = _announced(neighbour)
         if not neighbour.up or announced is None:
             self._outbox.drop("digest_not_up")
@@ -138,7 +153,8 @@ class TopicSync:
         else:  # SET_RECORDED: the parent's record of our memberships, against them
             self._compare_as_child(digest, neighbour, sets.memberships.get(announced, _EMPTY))
 
-    def on_request(self, request: TopicRequest, neighbour: Neighbour) -> None:
+    def on_request(self, request: TopicRequest, neighbour: Neighbour, now: float) -> None:
+        self._now = now
         announced = _announced(neighbour)
         if not neighbour.up or announced is None:
             self._outbox.drop("digest_not_up")
@@ -218,26 +234,88 @@ class TopicSync:
         self._outbox.send(TOPIC_REQUEST, TopicRequest(set_, depth, path), [neighbour.transport])
 
     def _push_claims(self, depth: int, path: int, neighbour: Neighbour) -> None:
-        """Our claims in a bucket, each as the `tc` that announced it, to the neighbour alone."""
-        sets = self._sets
-        for filter_ in sorted(sets.claims.keys(depth, path)):
-            claim = sets.claim_of(filter_)
-            if claim is not None:
-                self._outbox.counters["claims_pushed"] += 1
-                self._outbox.send(TOPIC_CORE, claim, [neighbour.transport])
+        """Our claims in a bucket, each as the `tc` that announced it, to the neighbour alone (paced)."""
+        filters = sorted(self._sets.claims.keys(depth, path))
+        allowed = self._take_budget(neighbour.transport, len(filters))
+        for filter_ in filters[:allowed]:
+            self._send_claim(filter_, neighbour.transport)
+        self._owe(neighbour.transport, "claim", filters[allowed:])
+
+    def _send_claim(self, filter_: str, transport: Address) -> None:
+        claim = self._sets.claim_of(filter_)
+        if claim is not None:
+            self._outbox.counters["claims_pushed"] += 1
+            self._outbox.send(TOPIC_CORE, claim, [transport])
 
     def _send_memberships(self, depth: int, path: int, neighbour: Neighbour, memberships: DigestTree[str]) -> None:
-        """Our memberships toward the neighbour in a bucket, as `tz`: complete when they fit one packet."""
+        """Our memberships toward the neighbour in a bucket, as `tz`: complete when they fit one packet and the
+        budget; else those the budget allows now, the rest paced, as partial `tz` (the parent only adds them)."""
         announced = _announced(neighbour)
         assert announced is not None
-        sets = self._sets
-        entries = [entry for filter_ in sorted(memberships.keys(depth, path))
-                   if (entry := sets.membership_of(filter_, announced)) is not None]
+        filters = sorted(memberships.keys(depth, path))
+        allowed = self._take_budget(neighbour.transport, len(filters))
+        entries = [entry for filter_ in filters[:allowed]
+                   if (entry := self._sets.membership_of(filter_, announced)) is not None]
         runs = self._outbox.split(entries, subscription_entry_size, header=32) or [[]]
-        complete = len(runs) == 1
+        complete = len(runs) == 1 and allowed == len(filters)
         for run in runs:
             self._outbox.send(TOPIC_SUBSCRIPTIONS, TopicSubscriptions(depth, path, complete, tuple(run)),
                               [neighbour.transport])
+        self._owe(neighbour.transport, "membership", filters[allowed:])
+
+    # ------------------------------------------------------------ pacing
+
+    def _take_budget(self, transport: Address, wanted: int) -> int:
+        """How many of `wanted` entries may go to the neighbour now (taken from its budget)."""
+        if not wanted:
+            return 0
+        if self._owed.get(transport):
+            return 0  # older ones wait: they go first
+        tokens, counted_at = self._budget.get(transport, (float(PUSH_BURST), self._now))
+        tokens = min(float(PUSH_BURST), tokens + (self._now - counted_at) * PUSH_RATE)
+        allowed = min(wanted, int(tokens))
+        self._budget[transport] = (tokens - allowed, self._now)
+        return allowed
+
+    def _owe(self, transport: Address, kind: str, filters: list[str]) -> None:
+        if filters:
+            self._owed.setdefault(transport, deque()).extend((kind, filter_) for filter_ in filters)
+            self._outbox.counters["topic_entries_paced"] += len(filters)
+
+    def next_deadline(self) -> float | None:
+        """When entries owed to a neighbour are sent (None: none are)."""
+        return self._now + PUSH_STEP if self._owed else None
+
+    def on_timer(self, now: float) -> None:
+        """Send what the budgets allow of the entries owed, as they are now (a claim or membership gone
+        meanwhile is not sent; memberships go as partial `tz` of their own bucket)."""
+        self._now = now
+        for transport in sorted(self._owed):
+            owed = self._owed[transport]
+            neighbour = self._neighbours.get(transport)
+            if neighbour is None or not neighbour.up or (announced := _announced(neighbour)) is None:
+                del self._owed[transport]
+                continue
+            tokens, counted_at = self._budget.get(transport, (0.0, now))
+            tokens = min(float(PUSH_BURST), tokens + (now - counted_at) * PUSH_RATE)
+            memberships: list[TopicSubscribe] = []
+            while owed and tokens >= 1:
+                kind, filter_ = owed.popleft()
+                tokens -= 1
+                if kind == "claim":
+                    self._send_claim(filter_, transport)
+                elif (entry := self._sets.membership_of(filter_, announced)) is not None:
+                    memberships.append(entry)
+            self._budget[transport] = (tokens, now)
+            for run in self._outbox.split(memberships, subscription_entry_size, header=32):
+                self._outbox.send(TOPIC_SUBSCRIPTIONS, TopicSubscriptions(0, 0, False, tuple(run)), [transport])
+            if not owed:
+                del self._owed[transport]
+
+    def neighbour_down(self, transport: Address) -> None:
+        """What was owed to a neighbour that went down is forgotten (the exchange starts again when it is up)."""
+        self._owed.pop(transport, None)
+        self._budget.pop(transport, None)
 
 
 def _announced(neighbour: Neighbour) -> Address | None:

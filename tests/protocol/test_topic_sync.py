@@ -163,3 +163,20 @@ def test_hundreds_of_filters_per_node_converge_and_deliver_once() -> None:
     harness.run(12.0)
     assert sorted((index, injection.topic) for index, injection in harness.delivered) == \
         [(node, f"site{node}/dev/249") for node in (1, 2, 3, 4)]
+
+
+def test_a_neighbour_that_comes_up_beside_thousands_of_claims_learns_them_paced() -> None:
+    settings = Settings(hello_interval=0.2, announce_interval=1.0, aggregate_fanout=0, max_topics=10000)
+    harness = Harness([(1, 2), (2, 3)], settings=settings)
+    harness.cut_link(2, 3)
+    for index in range(3000):
+        harness.do(1, "local_subscribe", "c", f"dev/{index}/cmd", 0)
+    harness.run(5.0)
+    assert len(harness.nodes[2].mesh.claims) == 3000 and not harness.nodes[3].mesh.claims
+    harness.heal(2, 3)
+    harness.run(5.5)
+    learnt_early = len(harness.nodes[3].mesh.claims)
+    assert 0 < learnt_early < 3000  # a second of pacing: not all at once
+    harness.run(8.0)
+    assert len(harness.nodes[3].mesh.claims) == 3000
+    assert harness.nodes[2].counters["topic_entries_paced"] > 0
