@@ -16,10 +16,20 @@ them once per drain of the node's outputs:
   `InjectionQueue` that drops the oldest QoS 0 one first, and above
   `INJECTION_BACKLOG_HIGH` the node stops acknowledging new QoS 1/2 copies
   (`Node.report_delivery_backlog`), so their senders keep them instead;
-- out of the broker (`apply_backpressure`): reading stops while
-  `BACKPRESSURE_WINDOW` QoS 1/2 copies wait for the next hop's
-  acknowledgement, or while the socket's send side is backed up, and
-  starts again at half the window (or after `BACKPRESSURE_MAX_PAUSE`);
+- out of the broker (`apply_backpressure`): the *intake* of publications
+  pauses while `BACKPRESSURE_WINDOW` QoS 1/2 copies wait for the next hop's
+  acknowledgement, or while the socket's send side is backed up, or the
+  custody spool is over its high-water mark, and starts again at half the
+  window (or after `BACKPRESSURE_MAX_PAUSE`). A paused intake never stops
+  the reading of the broker's socket: the acknowledgements of our own
+  injections arrive on the same connection, and a wrapper that stopped
+  reading them could not complete its injections, so its neighbours' copies
+  stayed unacknowledged, and their intake paused in turn (issue 37: after a
+  partition healed, two wrappers held each other at 17 publications/s). The
+  runtime keeps what it reads meanwhile (QoS 1/2 ones at most the Receive
+  Maximum it announced, the broker sends no more unacknowledged) and stops
+  reading the socket only when that holds more than `HELD_MAX` publications
+  or `HELD_BYTES` (a flood of QoS 0, or of large ones);
 - onto the socket (`shed`): while the send side is backed up, QoS 0 `tm`
   are dropped before the envelope, never control packets nor QoS 1/2;
 - paced (`apply_backpressure`, `paced`): while a neighbour says its receive
@@ -49,10 +59,14 @@ from federation.protocol.types import Address, Injection, InjectionRun
 
 BACKPRESSURE_WINDOW = 512
 """QoS 1/2 copies waiting for acknowledgements (at most half of `max_unacked`) at which the wrapper stops
-reading publications from its broker; it reads again at half as many. A window, as TCP has: it bounds the
+taking publications from its broker; it takes them again at half as many. A window, as TCP has: it bounds the
 backlog a slower next wrapper has to work through (and the hellos queued behind it) to well under a second"""
 BACKPRESSURE_MAX_PAUSE = 10.0
-"""seconds: read again anyway (a paused connection must not outlast the 30 s MQTT keepalive)"""
+"""seconds: take publications again anyway (a lagging hop must not keep the broker's clients queued for ever)"""
+HELD_MAX = 20000
+"""publications read while the intake is paused, kept by the runtime, beyond which it stops reading the socket"""
+HELD_BYTES = 32 * 1024 * 1024
+"""the same bound in payload bytes"""
 INJECTION_BACKLOG = 10000
 """remote publications waiting for a slow local broker; beyond it the oldest QoS 0 one is dropped first"""
 INJECTION_BACKLOG_HIGH = INJECTION_BACKLOG * 7 // 8
@@ -69,7 +83,9 @@ class FlowControl:
     def __init__(self) -> None:
         self.injection_queue: InjectionQueue[Injection] = InjectionQueue(INJECTION_BACKLOG)
         self.backpressure_pauses = 0
-        """times reading from the broker was paused"""
+        """times the intake of publications from the broker was paused"""
+        self.intake_paused = False
+        """publications read from the broker wait (in the runtime) instead of reaching the node"""
         self.send_shed = 0
         """QoS 0 `tm` dropped because the socket's send side was backed up"""
         self._paused_at = 0.0
@@ -132,10 +148,10 @@ class FlowControl:
                     node.emit(events.PUBLICATION_DROPPED, now, pub=events.publication_text(dropped.publication),
                               filter=None, reason="broker_backlog")
 
-    def apply_backpressure(self, node: Node, broker: BrokerAdapter, send_paused: bool, now: float,
-                           paced: bool = False) -> None:
-        """Stop reading publications from the broker while too many QoS 1/2 copies wait for the next hop's
-        acknowledgement, and read again once most are acknowledged (or after BACKPRESSURE_MAX_PAUSE).
+    def apply_backpressure(self, node: Node, send_paused: bool, now: float, paced: bool = False) -> bool:
+        """Stop taking publications from the broker while too many QoS 1/2 copies wait for the next hop's
+        acknowledgement, and take them again once most are acknowledged (or after BACKPRESSURE_MAX_PAUSE);
+        returns whether the intake is paused (the runtime keeps what it reads meanwhile: the module docstring).
 
         Without it a burst faster than the next wrapper runs past `max_unacked`: the oldest copies stop
         being tracked, and those the receiver dropped are lost. Paused, the broker queues for the
@@ -145,19 +161,21 @@ class FlowControl:
         whatever we read now would only be shed (QoS 0) or queue behind the buffer: do not read until it
         drains.
 
-        `paced`: a neighbour's receive backlog is long (its `rb`, federation.protocol.pacing): what we read now
-        would wait there or be dropped there; do not read until its hold ends or it says it is ready.
+        `paced`: a neighbour's receive backlog is long (its `rb`, federation.protocol.pacing), or the spool is
+        over its high-water mark: what we read now would wait there or be dropped there; do not take it until its
+        hold ends or it says it is ready.
         """
         outstanding = node.unacked_copies
         window = min(BACKPRESSURE_WINDOW, node.settings.max_unacked // 2)
-        if broker.reading_paused:
+        if self.intake_paused:
             if (outstanding <= window // 2 and not send_paused and not paced) \
                     or now - self._paused_at >= BACKPRESSURE_MAX_PAUSE:
-                broker.resume_reading()
+                self.intake_paused = False
         elif outstanding >= window or send_paused or paced:
-            broker.pause_reading()
+            self.intake_paused = True
             self._paused_at = now
             self.backpressure_pauses += 1
+        return self.intake_paused
 
 
 def _within(injections: Sequence[Injection], window: int) -> int:

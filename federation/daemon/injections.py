@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
@@ -148,6 +148,8 @@ class InjectionJournal:
         """records found at open that could not be read (counted, skipped)"""
         self.write_errors = 0
         """appends or compactions that failed (a full disk): the injections go on, unrecorded"""
+        self.on_write: Callable[[Exception | None], None] | None = None
+        """told after every append: the error that refused it, or None when it was written (the runtime's)"""
         self._error_logged_at = float("-inf")
         self.compactions = 0
         for record in log.loaded():
@@ -310,15 +312,23 @@ class InjectionJournal:
             self._maybe_compact()
 
     def _append(self, records: list[bytes]) -> None:
-        """Write records; a failure (a full disk) is counted and logged, and the injections go on: delivery must
-        not stop because what a restart would need cannot be kept."""
+        """Write records; a failure (a full disk) is counted and told (`on_write`: the runtime then takes no new
+        QoS 1/2 copies until the disk takes writes again, federation.daemon.storage), and the injections under way
+        go on: delivery must not stop for what a restart would need."""
         try:
             self.log.append(records)
         except (OSError, RecordLogError) as error:
             self._write_failed(error)
+            if self.on_write is not None:
+                self.on_write(error)
+            return
+        if self.on_write is not None:
+            self.on_write(None)
 
     def _write_failed(self, error: Exception) -> None:
         self.write_errors += 1
+        if self.on_write is not None:
+            return  # the runtime says it, once (federation.daemon.storage)
         now = time.monotonic()
         if now - self._error_logged_at >= WRITE_ERROR_LOG_INTERVAL:
             self._error_logged_at = now

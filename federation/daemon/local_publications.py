@@ -11,12 +11,21 @@ originated. A retained publication or one with properties is stamped
 (version, expiry: retained.py), and a retained one stored.
 
 Custody (docs/protocol.md rule 7a): a QoS 1/2 publication is acknowledged
-to the broker only once the spool holds it. So this collects, per batch,
-the packet ids to acknowledge and the spool entries to write, and the
-caller writes the entries in one write and then acknowledges (`take`): a
-wrapper killed in between loses nothing it acknowledged. A publication the
-spool says is in custody since before a restart (the broker sends it again
-with DUP) is acknowledged without being originated twice.
+to the broker only once the spool holds it, and the spool holds it before
+the node has it: a run's (or a publication's) spool entries are written
+under the ids the node will give them (`Node.next_publication_ids`), then
+the node takes them, and only then do their packet ids join the ones the
+caller acknowledges (`take`). A wrapper killed at any point loses nothing
+it acknowledged and originates nothing twice: what it had not spooled its
+broker still has, unacknowledged, and sends again. A publication the spool
+says is in custody since before a restart (the broker sends it again with
+DUP) is acknowledged without being originated twice.
+
+A full disk (the spool's write refused) is a state, not an error
+(federation.daemon.storage): the run that could not be written and
+everything read after it wait here, in order, unacknowledged (`stalled`),
+while the caller reads nothing more from its broker; `retry` (every second)
+writes and hands them over once the disk takes them again.
 
 A payload above `max_publication_bytes` is refused (`refuse`): it reaches
 the broker's own subscribers but is not federated, never truncated; it is
@@ -34,15 +43,17 @@ import logging
 import time
 from collections.abc import Callable
 from itertools import repeat
+from typing import Any
 
 from federation.daemon.broker_items import Publication, PublicationRun
 from federation.daemon.policy_edges import PolicyEdges
 from federation.daemon.retained import RetainedStore, stamp
 from federation.daemon.retained_order import RetainedOrder
 from federation.daemon.spool import Spool, SpooledPublication
+from federation.daemon.storage import StorageHealth
 from federation.protocol import events
 from federation.protocol.node import Node
-from federation.protocol.types import Event
+from federation.protocol.types import Event, PublicationId
 
 log = logging.getLogger("federation.daemon")
 
@@ -55,11 +66,13 @@ class LocalPublications:
 
     def __init__(self, node: Node, spool: Spool | None, retained: RetainedStore,
                  record_event: Callable[[Event], None], edges: PolicyEdges | None = None,
-                 order: RetainedOrder | None = None) -> None:
+                 order: RetainedOrder | None = None, storage: StorageHealth | None = None) -> None:
         """`record_event`: counts an event and writes it to the event log (a refusal's); `edges`: the topic policy
         (none: everything leaves as it is); `order`: the retained injections the broker has not processed yet
-        (a retained publication's version follows the broker's order: retained_order.py)."""
+        (a retained publication's version follows the broker's order: retained_order.py); `storage`: told when
+        the spool cannot be written (a full disk)."""
         self.node = node
+        self.storage = storage if storage is not None else StorageHealth(None)
         self.order = order if order is not None else RetainedOrder()
         self.edges = edges if edges is not None else PolicyEdges()
         self.spool = spool
@@ -72,22 +85,41 @@ class LocalPublications:
         """plain publications of one QoS in a row, not yet handed to the node"""
         self._run_qos = 0
         self._run_mids: list[int] = []
+        self._run_acks: list[tuple[int, int]] = []
+        """the packet ids of the run under way: acknowledged once the node has the run (and the spool before it)"""
+        self._stalled: list[tuple[int, list[tuple[str, bytes]], list[int], list[tuple[int, int]]]
+                            | tuple[Publication, list[tuple[int, int]]]] = []
+        """what the spool could not take (a full disk), in order: runs (qos, run, packet ids, acks) and single
+        publications (the publication, its acks), not yet handed to the node"""
+        self._held: list[Publication | PublicationRun] = []
+        """what the broker handed over after that, as it came, unacknowledged (taken after the stalled ones)"""
         self._refused_logged_at = float("-inf")
         self._refused_unlogged = 0
 
+    @property
+    def stalled(self) -> bool:
+        """Publications wait for the spool to take them (a full disk): read nothing more from the broker."""
+        return bool(self._stalled)
+
     def add_run(self, item: PublicationRun, now: float) -> None:
         """Plain publications the client read as a run (`LeanClient.lean_run`): they join the run under way."""
+        if self._stalled:
+            self._held.append(item)
+            return
         qos = item.qos
         if self.edges.active:
             self._add_run_through_policy(item, now)
             return
         if self._run and qos != self._run_qos:
             self.flush(now)
+            if self._stalled:
+                self._held.append(item)
+                return
         self._run += zip(item.topics, item.payloads, strict=True)
         self._run_qos = qos
         if qos:
             self._run_mids += item.mids
-            self._acks += zip(item.mids, repeat(qos))
+            self._run_acks += zip(item.mids, repeat(qos))
 
     def _add_run_through_policy(self, item: PublicationRun, now: float) -> None:
         """`add_run` with a topic policy: each publication acknowledged, and asked (it may stay here, change its
@@ -96,49 +128,63 @@ class LocalPublications:
         edges = self.edges
         mids = item.mids if qos else repeat(0)
         for topic, payload, mid in zip(item.topics, item.payloads, mids, strict=False):
-            if qos:
-                self._acks.append((mid, qos))
             crossing = edges.export(topic, qos)
             if crossing is None:
+                if qos:
+                    self._acks.append((mid, qos))  # it stays on this broker: nothing to keep
                 continue
             if self._run and crossing.qos != self._run_qos:
                 self.flush(now)
+            if self._stalled:  # the flush found the disk full: this one and the rest wait as they came
+                self._held.append(PublicationRun([topic], [payload], qos, [mid] if qos else []))
+                continue
             self._run.append((crossing.topic, payload))
             self._run_qos = crossing.qos
+            if qos:
+                self._run_acks.append((mid, qos))
             if crossing.qos:
                 self._run_mids.append(mid)
 
     def add(self, item: Publication, now: float) -> None:
         """One publication: it joins the run under way when plain, else goes to the node after that run."""
-        qos = item.qos
-        if qos:
-            self._acks.append((item.mid, qos))
+        if self._stalled:
+            self._held.append(item)
+            return
+        acks = [(item.mid, item.qos)] if item.qos else []
         if self.edges.active:
-            crossing = self.edges.export(item.topic, qos)
+            crossing = self.edges.export(item.topic, item.qos)
             if crossing is None:
-                return  # acknowledged: it stays on this broker
+                self._acks += acks  # it stays on this broker: nothing to keep
+                return
             # The spool and the node know it by what the policy made of it (a DUP is compared with that too).
             item = Publication(crossing.topic, item.payload, crossing.qos, item.retain, item.properties, item.mid,
                                item.dup)
-            qos = item.qos
+        qos = item.qos
         if qos:
             spool = self.spool
             if item.dup and spool is not None and spool.redelivery(item.mid, item.topic, item.payload):
+                self._acks += acks
                 return  # in custody since before a restart: acknowledged now, not originated twice
         if len(item.payload) > self.node.settings.max_publication_bytes:
+            self._acks += acks
             self.refuse(item, now)
         elif not item.retain and item.properties is None:
             if self._run and qos != self._run_qos:
                 self.flush(now)
+                if self._stalled:
+                    self._stalled.append((item, acks))
+                    return
             self._run.append((item.topic, item.payload))
             self._run_qos = qos
+            self._run_acks += acks
             if qos:
                 self._run_mids.append(item.mid)
         else:
             self.flush(now)
-            entry = self.originate(item, now)
-            if entry is not None:
-                self._spooled.append(entry)
+            if self._stalled:
+                self._stalled.append((item, acks))
+                return
+            self._originate_spooled(item, acks, now)
 
     def acknowledge(self, mid: int, qos: int) -> None:
         """A broker item that is no publication of ours (a log line) still has its packet id acknowledged."""
@@ -149,20 +195,86 @@ class LocalPublications:
         run = self._run
         if not run:
             return
-        qos, mids = self._run_qos, self._run_mids
-        self._run, self._run_mids = [], []
-        made = self.node.local_publish_run(run, now, qos=qos)
-        if not qos or self.spool is None:
-            return
+        qos, mids, acks = self._run_qos, self._run_mids, self._run_acks
+        self._run, self._run_mids, self._run_acks = [], [], []
+        if self._stalled or not self._hand_run(qos, run, mids, acks, now):  # behind what waits: never before it
+            self._stalled.append((qos, run, mids, acks))
+
+    def _hand_run(self, qos: int, run: list[tuple[str, bytes]], mids: list[int], acks: list[tuple[int, int]],
+                  now: float) -> bool:
+        """Spool a run (QoS 1/2) under the ids the node will give it, then hand it to the node and let its packet
+        ids be acknowledged; False, and nothing done, when the spool cannot take it (a full disk)."""
+        node = self.node
+        if qos and self.spool is not None:
+            ids = node.next_publication_ids([topic for topic, _payload in run])
+            wall = time.time()
+            entries = [SpooledPublication(publication[1], publication[2], topic, payload, qos, False, None, wall,
+                                          mid)
+                       for (topic, payload), mid, publication in zip(run, mids, ids, strict=True)
+                       if publication is not None]
+            if not self._write(entries, now):
+                return False
+            made = node.local_publish_run(run, now, qos=qos)
+            if made != ids:  # the spool holds them under other ids: a restart would replay them under those
+                raise AssertionError(f"the node numbered a run {made[:3]}... not as it said {ids[:3]}...")
+        else:
+            node.local_publish_run(run, now, qos=qos)
+        self._acks += acks
+        return True
+
+    def _originate_spooled(self, item: Publication, acks: list[tuple[int, int]], now: float) -> bool:
+        """`originate` for a publication the broker waits to have acknowledged: spooled first (QoS 1/2), then
+        handed over; False, and nothing done, when the spool cannot take it."""
         wall = time.time()
-        spooled = self._spooled
-        for (topic, payload), mid, publication in zip(run, mids, made, strict=True):
+        properties = self._stamped(item, wall)
+        if item.qos and self.spool is not None:
+            (publication,) = self.node.next_publication_ids([item.topic])
             if publication is not None:
-                spooled.append(SpooledPublication(publication[1], publication[2], topic, payload, qos, False, None,
-                                                  wall, mid))
+                entry = SpooledPublication(publication[1], publication[2], item.topic, item.payload, item.qos,
+                                           item.retain, properties, wall, item.mid)
+                if not self._write([entry], now):
+                    return False
+        self._publish(item, properties, now)
+        self._acks += acks
+        return True
+
+    def _write(self, entries: list[SpooledPublication], now: float) -> bool:
+        """Into the spool (durable when this returns True); False when the file system refuses it (said once)."""
+        if not entries or self.spool is None:
+            return True
+        try:
+            self.spool.add(entries)
+        except OSError as error:
+            self.storage.failed("the custody spool", error, now)
+            return False
+        return True
+
+    def retry(self, now: float) -> bool:
+        """A full disk's publications to the spool and the node again, in order, then what the broker handed over
+        meanwhile; True when nothing waits any more."""
+        while self._stalled:
+            work = self._stalled[0]
+            if len(work) == 4:
+                qos, run, mids, acks = work
+                done = self._hand_run(qos, run, mids, acks, now)
+            else:
+                item, acks = work
+                done = self._originate_spooled(item, acks, now)
+            if not done:
+                return False
+            self._stalled.pop(0)
+        held, self._held = self._held, []
+        for read in held:  # as they came: runs and single ones, in order (they may stall again)
+            if isinstance(read, PublicationRun):
+                self.add_run(read, now)
+            else:
+                self.add(read, now)
+        self.flush(now)
+        return not self._stalled
 
     def take(self) -> tuple[list[tuple[int, int]], list[SpooledPublication]]:
-        """The batch's packet ids to acknowledge and spool entries to write (the spool first); both start anew."""
+        """The batch's packet ids to acknowledge (of what the node has, spooled: `flush` wrote them) and spool
+        entries still to write (none: kept for `originate_held`'s callers); both start anew."""
         acks, spooled = self._acks, self._spooled
         self._acks, self._spooled = [], []
         return acks, spooled
@@ -188,21 +300,30 @@ class LocalPublications:
 
     def originate(self, item: Publication, now: float) -> SpooledPublication | None:
         """A local publication with a QoS, the retain flag or properties, to the node: stamped (version, expiry:
-        retained.py), a retained one stored; returns the spool entry to write for a QoS 1/2 one."""
+        retained.py), a retained one stored; returns the spool entry to write for a QoS 1/2 one (the caller writes
+        it: no acknowledgement waits on it)."""
         wall = time.time()
-        order_ms = None
-        if item.retain:  # after what the broker processed before it, before what it will process after it
-            order_ms = self.order.local_ms(item.topic, int(wall * 1000), self.retained.known_ms(item.topic))
-        properties = stamp(item.properties, item.retain, wall, order_ms)
-        publication = self.node.local_publish(item.topic, item.payload, item.qos, item.retain, properties, now)
-        if publication is None:
-            return None
-        if item.retain:
-            self.retained.offer(item.topic, publication, item.qos, item.payload, properties)
-        if not item.qos or self.spool is None:
+        properties = self._stamped(item, wall)
+        publication = self._publish(item, properties, now)
+        if publication is None or not item.qos or self.spool is None:
             return None
         return SpooledPublication(publication[1], publication[2], item.topic, item.payload, item.qos, item.retain,
                                   properties, wall, item.mid)
+
+    def _stamped(self, item: Publication, wall: float) -> dict[str, Any] | None:
+        """Its properties with the federation's stamps (retained.py): a retained one's version follows its
+        broker's order, after what the broker processed before it and before what it will process after it."""
+        order_ms = None
+        if item.retain:
+            order_ms = self.order.local_ms(item.topic, int(wall * 1000), self.retained.known_ms(item.topic))
+        return stamp(item.properties, item.retain, wall, order_ms)
+
+    def _publish(self, item: Publication, properties: dict[str, Any] | None, now: float) -> PublicationId | None:
+        """Hand it to the node; a retained one goes to the retained store too."""
+        publication = self.node.local_publish(item.topic, item.payload, item.qos, item.retain, properties, now)
+        if publication is not None and item.retain:
+            self.retained.offer(item.topic, publication, item.qos, item.payload, properties)
+        return publication
 
     def refuse(self, item: Publication, now: float) -> None:
         """A local publication above max_publication_bytes: not federated (never truncated), counted, logged."""

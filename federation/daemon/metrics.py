@@ -57,7 +57,7 @@ NODE_DROP_REASONS = (
     "delivery_backlogged", "inject_backlog_qos0", "inject_backlog_qos12", "receive_backlog_qos0",
     "receive_backlog_qos12", "send_backlog_qos0", "publication_too_large", "no_subscriber_after_broker_restart",
     "resubscribe_hold_full", "spool_expired", "spool_age", "retained_stale", "message_expired",
-    "receiver_hold_expired", "receiver_hold_full", "repair_no_route",
+    "receiver_hold_expired", "receiver_hold_full", "repair_no_route", "storage_unavailable",
 )
 """drop reasons the node and the daemon count (docs/drops.md; tests/docs/test_drop_reasons.py checks this list
 against the code), exported at 0 from the start with the envelope's"""
@@ -139,8 +139,13 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("mqttfed_injection_backlog", "gauge", (), "remote publications waiting for a slow local broker (overload)"),
     ("mqttfed_unacked_copies", "gauge", (), "QoS 1/2 copies sent to neighbours and not acknowledged yet"),
     ("mqttfed_send_paused", "gauge", (), "1 while the UDP socket's send side is backed up (QoS 0 is shed)"),
-    ("mqttfed_broker_reading_paused", "gauge", (), "1 while the wrapper reads nothing from its broker "
-                                                   "(backpressure or pacing)"),
+    ("mqttfed_broker_reading_paused", "gauge", (), "1 while the wrapper reads nothing from its broker's socket "
+                                                   "(what it holds of a paused intake is full)"),
+    ("mqttfed_intake_paused", "gauge", (), "1 while publications read from the broker wait in the wrapper instead "
+                                           "of entering the federation (backpressure, pacing, a full disk)"),
+    ("mqttfed_storage_ok", "gauge", (), "1 while the wrapper can write its state directory (0: a full disk; new "
+                                        "QoS 1/2 publications are not acknowledged meanwhile)"),
+    ("mqttfed_storage_write_failures", "counter", (), "writes the state directory refused (a full disk)"),
     ("mqttfed_paced", "gauge", (), "1 while a neighbour asks this wrapper to hold its QoS 0 publications (rb)"),
     ("mqttfed_kernel_receive_drops", "counter", (),
      "datagrams the kernel dropped for this wrapper's full UDP receive buffer"),
@@ -246,6 +251,9 @@ def metric_families(snap: Snapshot) -> list[Metric]:
                       ("mqttfed_unacked_copies", "unacked_copies"),
                       ("mqttfed_send_paused", "send_paused"),
                       ("mqttfed_broker_reading_paused", "reading_paused"),
+                      ("mqttfed_intake_paused", "intake_paused"),
+                      ("mqttfed_storage_ok", "storage_ok"),
+                      ("mqttfed_storage_write_failures", "storage_write_failures"),
                       ("mqttfed_paced", "paced"),
                       ("mqttfed_kernel_receive_drops", "kernel_receive_drops"),
                       ("mqttfed_reloads", "reloads"),

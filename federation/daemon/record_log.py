@@ -24,6 +24,8 @@ No locking: one wrapper owns its state directory (`federation.daemon.state` hold
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import struct
 import zlib
@@ -71,16 +73,24 @@ class RecordLog:
         return records
 
     def append(self, payloads: Sequence[bytes]) -> None:
-        """Write `payloads` as records, in one write: durable against a killed process when this returns."""
+        """Write `payloads` as records, in one write: durable against a killed process when this returns. OSError
+        when the file system refuses them (a full disk): then none of them is in the log."""
         if not payloads:
             return
         data = frame(payloads)
-        written = os.write(self._fd, data)
-        while written < len(data):  # a regular file takes everything unless the disk is full
-            more = os.write(self._fd, data[written:])
-            if more == 0:
-                raise RecordLogError(f"{self.path}: the disk is full")
-            written += more
+        try:
+            written = os.write(self._fd, data)
+            while written < len(data):  # a regular file takes everything unless the disk is full
+                more = os.write(self._fd, data[written:])
+                if more == 0:
+                    raise OSError(errno.ENOSPC, f"{self.path}: the disk is full")
+                written += more
+        except OSError:
+            # A part written before the disk filled would be a torn record in the middle of the log once later
+            # appends succeed, and reading stops at the first one: what was written of this append goes again.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self.size_bytes)
+            raise
         self.size_bytes += len(data)
         if self.fsync:
             os.fsync(self._fd)
@@ -89,10 +99,15 @@ class RecordLog:
         """Replace the whole log with `payloads` (compaction), atomically."""
         temporary = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
         data = frame(list(payloads))
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
+        try:
+            with open(temporary, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+        except OSError:
+            with contextlib.suppress(OSError):
+                temporary.unlink()  # a full disk: the half-written copy would only take more of it
+            raise
         os.replace(temporary, self.path)
         directory = os.open(self.path.parent, os.O_RDONLY)
         try:

@@ -64,7 +64,7 @@ from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon.broker_subscriptions import BrokerSubscriptions
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig
-from federation.daemon.flow_control import FlowControl
+from federation.daemon.flow_control import HELD_BYTES, HELD_MAX, FlowControl
 from federation.daemon.health import Readiness
 from federation.daemon.injections import InjectionJournal
 from federation.daemon.local_publications import LocalPublications
@@ -82,6 +82,7 @@ from federation.daemon.spool import Spool, SpooledPublication
 from federation.daemon.startup import Resources
 from federation.daemon.state import PersistedState, StateSaver
 from federation.daemon.status import encode_reply
+from federation.daemon.storage import StorageHealth
 from federation.daemon.udp import (
     SOCKET_BUFFER,
     DropReporter,
@@ -137,6 +138,15 @@ class Running:
         """the injection journal (with a state directory)"""
         self.spool: Spool | None = resources.spool
         """the custody spool of our own QoS 1/2 publications (with a state directory)"""
+        self.storage = StorageHealth(str(config.state_dir) if config.state_dir is not None else None)
+        """whether the state directory takes writes (a full disk is a state: storage.py)"""
+        self._held: list[BrokerItem] = []
+        """publications read from the broker while the intake is paused, in order, not yet acknowledged"""
+        self._held_count = 0
+        """publications in `_held` (a run counts its publications)"""
+        self._held_bytes = 0
+        if self.journal is not None:
+            self.journal.on_write = self._journal_written
         self.retained = resources.retained if resources.retained is not None else RetainedStore()
         """the newest retained value of every topic (kept in the state directory when there is one)"""
         node.attach_retained(self.retained)  # the node compares it with the neighbours' stores (rule 10)
@@ -157,7 +167,7 @@ class Running:
         self.subscription_sink = PolicySubscriptions(node, config.topic_policy)
         """the local subscriptions told to the node as the federation filters the policy lets them import"""
         self.local = LocalPublications(node, self.spool, self.retained, self._record_event, self.edges,
-                                       self.retained_order)
+                                       self.retained_order, self.storage)
         """the broker's publications into the node, the spool and the retained store"""
         hand_off = LoopHandOff(loop, self._on_broker_items)
         # paho driven by this loop (no network thread); a burst read from the broker reaches the node at once.
@@ -337,10 +347,16 @@ class Running:
         try:
             for item in batch:
                 if type(item) is PublicationRun:  # plain ones, read as a run (LeanClient.lean_run)
-                    local.add_run(item, now)
+                    if self._holding():
+                        self._hold(item, len(item.payloads), sum(map(len, item.payloads)))
+                    else:
+                        local.add_run(item, now)
                     continue
                 if isinstance(item, Publication):
-                    local.add(item, now)
+                    if self._holding():
+                        self._hold(item, 1, len(item.payload))
+                    else:
+                        local.add(item, now)
                     continue
                 local.flush(now)  # kept in order with what follows
                 if isinstance(item, LogLine):
@@ -422,6 +438,9 @@ class Running:
         elif isinstance(item, Disconnected):
             self.outbox.emit(wrapper_events.BROKER_DISCONNECTED, now, reason=item.reason,
                              unfinished=item.unfinished)
+            # What was held came on that connection: its QoS 1/2 ones, never acknowledged, come again (the session
+            # keeps them); its packet ids mean nothing on the next connection.
+            self._held, self._held_count, self._held_bytes = [], 0, 0
 
     def _answer_status(self, addr: Any, brief: bool = False) -> None:
         """A status request from this host (udp.py checked): the status document, to `addr` (`brief`: without
@@ -562,12 +581,72 @@ class Running:
         self._drain_outputs(now)
 
     def _apply_backpressure(self, node: Node, broker: BrokerAdapter, now: float, paced_until: float | None) -> None:
-        """Pause or resume reading from the broker (`FlowControl.apply_backpressure`); while a neighbour
-        paces us, look again when its hold ends (nothing else may wake us: we read nothing meanwhile).
+        """Pause or resume the intake of publications from the broker (`FlowControl.apply_backpressure`; the
+        spool's high-water mark and a full disk pause it too); while a neighbour paces us, look again when its hold
+        ends. The socket is read meanwhile (the acknowledgements of our injections come on it), and what it brings
+        is held, up to `HELD_MAX` publications or `HELD_BYTES`: only beyond them does the reading stop.
         `paced_until`: `Node.paced_until(now)`, the end of the longest hold on us, None when nothing paces us."""
-        self.flow.apply_backpressure(node, broker, self.protocol.writing_paused, now, paced=paced_until is not None)
+        spool_full = self.spool is not None and self.spool.paused
+        paused = self.flow.apply_backpressure(node, self.protocol.writing_paused, now,
+                                              paced=paced_until is not None or spool_full or self.local.stalled)
+        if not paused and self._held and not self.local.stalled:
+            self.loop.call_soon(self._release_held)
+        full = self._held_count >= HELD_MAX or self._held_bytes >= HELD_BYTES
+        if full and not broker.reading_paused:
+            broker.pause_reading()
+        elif not full and broker.reading_paused:
+            broker.resume_reading()
         if paced_until is not None and self._pace_handle is None:
             self._pace_handle = self.loop.call_later(paced_until - now + PACE_RECHECK_SLACK, self._pace_ended)
+
+    @property
+    def intake_paused(self) -> bool:
+        """Publications read from the broker wait here instead of reaching the node (backpressure, a full disk)."""
+        return self.flow.intake_paused or self.local.stalled or bool(self._held)
+
+    def _holding(self) -> bool:
+        return self.flow.intake_paused or self.local.stalled or bool(self._held)  # behind what is held: in order
+
+    def _hold(self, item: BrokerItem, count: int, size: int) -> None:
+        self._held.append(item)
+        self._held_count += count
+        self._held_bytes += size
+        if (self._held_count >= HELD_MAX or self._held_bytes >= HELD_BYTES) and not self.broker.reading_paused:
+            self.broker.pause_reading()  # enough kept here: the broker keeps the rest
+
+    def _release_held(self) -> None:
+        """The intake resumed: what was held goes to the node, in order, as one batch (acknowledged then)."""
+        if self.flow.intake_paused or self.local.stalled or not self._held:
+            return
+        held, self._held, self._held_count, self._held_bytes = self._held, [], 0, 0
+        self._on_broker_items(held)
+
+    def _journal_written(self, error: Exception | None) -> None:
+        """The injection journal's append: refused (a full disk: no new QoS 1/2 copies are taken until the probe
+        says the directory takes writes again, so none is injected without the record that keeps a QoS 2 one from
+        a second injection after a restart) or written (not proof enough: a small record may still fit in the last
+        page of the file on a full disk; `_retry_storage` decides)."""
+        if error is not None:
+            self.storage.failed("the injection journal", error, self.clock.now())
+            self.node.report_storage(False)
+
+    def _storage_recovered(self, now: float) -> None:
+        self.storage.recovered(now)
+        self.node.report_storage(True)
+
+    def _retry_storage(self, now: float) -> None:
+        """Every second while the state directory refuses writes: does it take them again? Then what waits for the
+        spool goes to the node (and its packet ids are acknowledged), and new copies are taken again."""
+        if self.storage.ok or not self.storage.probe():
+            return
+        if not self.local.retry(now):
+            return  # still refused (the probe's room was not enough)
+        acks, _spooled = self.local.take()
+        self.broker.acknowledge(acks)
+        if self.spool is not None:
+            self.spool.write_releases()  # what the full disk refused of the releases
+        self._storage_recovered(now)
+        self._drain_outputs(now)
 
     def _pace_ended(self) -> None:
         self._pace_handle = None
@@ -605,6 +684,7 @@ class Running:
     def _housekeeping(self) -> None:
         self._housekeeping_handle = self.loop.call_later(HOUSEKEEPING_INTERVAL, self._housekeeping)
         now = self.clock.now()
+        self._retry_storage(now)
         self.broker_subscriptions.tick(now)
         self.retained_reading.start_if_due(now)
         if self.saver is not None and self.node.receivers_changes != self._receivers_saved:

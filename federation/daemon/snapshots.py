@@ -49,6 +49,7 @@ from federation.daemon.reload import Reloads
 from federation.daemon.retained import RetainedStore
 from federation.daemon.retained_order import RetainedGate
 from federation.daemon.retained_scan import RetainedReading
+from federation.daemon.storage import StorageHealth
 from federation.daemon.udp import OverlayProtocol
 from federation.envelope.datagrams import Envelope
 from federation.protocol.node import Node
@@ -103,6 +104,10 @@ class WrapperParts(Protocol):
     def edges(self) -> PolicyEdges: ...
     @property
     def subscription_sink(self) -> PolicySubscriptions: ...
+    @property
+    def storage(self) -> StorageHealth: ...
+    @property
+    def intake_paused(self) -> bool: ...
     def unsent_bytes(self) -> int: ...
     def read_kernel_receive_drops(self) -> int | None: ...
 
@@ -128,6 +133,7 @@ def status_document(wrapper: WrapperParts, now: float, brief: bool = False) -> d
             "injected": broker.injected, "inject_failed": broker.inject_failed,
             "backpressure_pauses": flow.backpressure_pauses,
             "reading_paused": broker.reading_paused,
+            "intake_paused": wrapper.intake_paused,
             "read_waits": broker.read_waits,
             "injection_backlog": len(flow.injection_queue),
             "injection_dropped": dict(sorted(flow.injection_queue.dropped.items())),
@@ -152,6 +158,7 @@ def status_document(wrapper: WrapperParts, now: float, brief: bool = False) -> d
         "event_log": str(config.event_log) if config.event_log else None,
         "event_log_lines": wrapper.event_log.lines if wrapper.event_log else 0,
         "state_dir": str(config.state_dir) if config.state_dir else None,
+        "storage": wrapper.storage.status(now),
         "metrics": f"{config.metrics_bind}:{config.metrics_port}" if config.metrics_port is not None else None,
         "events": dict(sorted(wrapper.event_counts.items())),
         "udp_send_errors": protocol.send_errors,
@@ -207,8 +214,9 @@ def wrapper_readiness(wrapper: WrapperParts) -> Readiness:
     health = wrapper.broker_health
     up = sum(1 for neighbour in wrapper.node.neighbours.all() if neighbour.up)
     limits = wrapper.node.limits_problem(wrapper.node.last_input_at)
+    problems = tuple(problem for problem in (limits, wrapper.storage.problem) if problem is not None)
     return readiness(wrapper.config.broker, health.connected, health.log_flowing, health.problem,
-                     len(wrapper.config.neighbours), up, () if limits is None else (limits,))
+                     len(wrapper.config.neighbours), up, problems)
 
 
 def metrics_snapshot(wrapper: WrapperParts, now: float) -> Snapshot:
@@ -253,6 +261,9 @@ def metrics_snapshot(wrapper: WrapperParts, now: float) -> Snapshot:
         "injection_backlog": len(wrapper.flow.injection_queue),
         "unacked_copies": node.unacked_copies,
         "reading_paused": broker.reading_paused,
+        "intake_paused": wrapper.intake_paused,
+        "storage_ok": wrapper.storage.ok,
+        "storage_write_failures": wrapper.storage.write_failures,
         "paced": any(until > now for until in node.pacing.paced_until.values()),  # read only: not paced_until()
         "kernel_receive_drops": wrapper.read_kernel_receive_drops() or 0,
         "reloads": wrapper.reloads.signals,

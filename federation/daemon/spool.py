@@ -33,6 +33,7 @@ persistent session) until the spool drains below `low_water`; a publication is d
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -144,6 +145,8 @@ class Spool:
         """DUP publications the broker sent again that were already in custody (acknowledged, not originated)"""
         self.paused = False
         """over the high-water mark: the runtime does not read from its broker"""
+        self._deferred: list[bytes] = []
+        """release records a full disk refused: written before the next records (`release`, `add`)"""
 
     def _load(self, record: bytes) -> None:
         try:
@@ -203,7 +206,8 @@ class Spool:
         """Take publications into custody: durable when this returns (then acknowledge them to the broker)."""
         if not publications:
             return
-        self.log.append(_records(publications))
+        self.log.append([*self._deferred, *_records(publications)])  # OSError (a full disk): none of it kept
+        self._deferred = []
         entries, added = self.entries, 0
         for publication in publications:  # `_keep` each, the byte count updated once
             key = (publication.epoch, publication.seq)
@@ -230,11 +234,30 @@ class Spool:
                     by_epoch[epoch] = [seq]
                 else:
                     seqs.append(seq)
-            self.log.append([msgpack.packb(["d", epoch, seqs[0]] if len(seqs) == 1 else ["D", epoch, seqs])
-                             for epoch, seqs in by_epoch.items()])
+            records = [msgpack.packb(["d", epoch, seqs[0]] if len(seqs) == 1 else ["D", epoch, seqs])
+                       for epoch, seqs in by_epoch.items()]
             self._update_pause()
-            self._maybe_compact()
+            self.write_releases(records)
         return len(released)
+
+    def write_releases(self, records: list[bytes] | None = None) -> bool:
+        """Write release records (and those a full disk refused before): False when the disk refuses them again
+        (kept for the next try: forgetting them would only make a restart send those publications once more)."""
+        pending = [*self._deferred, *(records or [])]
+        if not pending:
+            return True
+        try:
+            self.log.append(pending)
+        except OSError:
+            self._deferred = pending
+            return False
+        self._deferred = []
+        self._maybe_compact()
+        return True
+
+    @property
+    def releases_unwritten(self) -> int:
+        return len(self._deferred)
 
     def due_to_drop(self, now_wall: float) -> list[tuple[SpooledPublication, str]]:
         """Entries over `max_age` or past their message expiry, with the reason (the caller drops and reports
@@ -260,7 +283,9 @@ class Spool:
     def _maybe_compact(self) -> None:
         size = self.log.size_bytes
         if size >= COMPACT_MIN_BYTES and size > COMPACT_RATIO * max(self.live_bytes, 1):
-            self.log.rewrite(_records(self.entries.values()))
+            # No room for the compacted copy (a full disk): the log stays as it is, compacted at a later release.
+            with contextlib.suppress(OSError):
+                self.log.rewrite(_records(self.entries.values()))
 
     def status(self) -> dict[str, Any]:
         oldest = next(iter(self.entries.values()), None)

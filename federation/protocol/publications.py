@@ -184,6 +184,20 @@ class Publications:
         self._send_own(publication, topic, payload, qos, retain, properties, filters, now, replayed)
         return publication
 
+    def next_ids(self, topics: list[str]) -> list[PublicationId | None]:
+        """The ids our next local publications on `topics` will get, in this order (None for a `$` topic, which is
+        not federated), as `local_publish` and the runs number them, without numbering them."""
+        identity = self._identity
+        address, epoch, seq = identity.address, identity.epoch, identity.publication_seq
+        ids: list[PublicationId | None] = []
+        for topic in topics:
+            if is_system(topic):
+                ids.append(None)
+            else:
+                seq += 1
+                ids.append((address, epoch, seq))
+        return ids
+
     def _with_retained_tree(self, filters: list[str], now: float) -> list[str]:
         """A retained publication's filters: the retained publications' tree first, then the matching ones (used
         while the tree cannot route). The first retained publication a node knows of makes the tree: the mesh

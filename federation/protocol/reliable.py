@@ -161,6 +161,8 @@ class ReliableForwarding:
         self.delivery_backlogged = False
         """the embedder says the publications waiting for the local broker are nearly too many to keep
         (`Node.report_delivery_backlog`): new copies are refused (`pressure`)"""
+        self.storage_unavailable = False
+        """the embedder cannot write its injection journal (`Node.report_storage`): new copies are refused"""
         self.unacked: OrderedDict[Key, Unacked] = OrderedDict()
         """oldest first"""
         self.orphans: OrderedDict[Key, None] = OrderedDict()
@@ -416,6 +418,8 @@ class ReliableForwarding:
         full = len(self.unacked) >= unacked - max(1, unacked // 8)  # room kept for a copy to each mesh neighbour
         if full:
             return "reliable_table_full"
+        if self.storage_unavailable:
+            return "storage_unavailable"
         return "delivery_backlogged" if self.delivery_backlogged else None
 
     def copy_arrived(self, transport: Address, message: TopicMessage) -> Unacked | None:

@@ -185,7 +185,8 @@ def test_hello_is_answered_before_the_queued_data() -> None:
 def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publication_events: bool,
                                                                             tmp_path: Path) -> None:
     """The shed publication is always counted, and reported as `publication_dropped` only by a node that
-    makes the per-publication events (docs/daemon.md "Overload")."""
+    makes the per-publication events (docs/daemon.md "Overload"). The intake of publications pauses; the broker's
+    socket is still read (the acknowledgements of our injections come on it)."""
 
     async def scenario() -> None:
         wrapper = await started_wrapper(tmp_path / "events.jsonl" if publication_events else None)
@@ -207,15 +208,15 @@ def test_backed_up_send_side_sheds_qos0_keeps_hellos_and_pauses_the_broker(publi
                 wrapper._drain_outputs(wrapper.clock.now())
                 assert node.drops["send_backlog_qos0"] == 1
                 assert wrapper.event_counts["publication_dropped"] == (1 if publication_events else 0)
-                assert broker.reading_paused and broker.pauses == 1
+                assert wrapper.intake_paused and not broker.reading_paused
                 overload = wrapper.status_document()["daemon"]["overload"]
                 assert overload["send_shed_qos0"] == 1 and overload["kernel_receive_drops"] == 0
                 data, _ = peer.recvfrom(65535)  # the hello and the QoS 1 copy went out, batched
                 packets = packets_in(data)
                 assert [wire.packet_type(p) for p in packets] == [wire.TOPIC_MESSAGE, wire.HELLO]
                 assert wire.decode(packets[0], len(packets[0]), 1 << 16).body.qos == 1  # type: ignore[union-attr]
-                protocol.resume_writing()  # the buffer drained: read from the broker again
-                assert not broker.reading_paused
+                protocol.resume_writing()  # the buffer drained: take publications again
+                assert not wrapper.intake_paused and not broker.reading_paused
                 node.outbox.send(wire.TOPIC_MESSAGE, dataclasses.replace(message, seq=3), [neighbour])
                 wrapper._drain_outputs(wrapper.clock.now())
                 assert node.drops["send_backlog_qos0"] == 1  # not paused: sent
@@ -597,17 +598,61 @@ def test_a_paced_wrapper_stops_reading_its_broker_until_the_hold_ends() -> None:
             neighbour = Address("127.0.0.1", free_port())
             node.pacing.on_receiver_busy(neighbour, 0.05, wrapper.clock.now())
             wrapper._drain_outputs(wrapper.clock.now())
-            assert broker.reading_paused and broker.pauses == 1
+            assert wrapper.intake_paused and wrapper.flow.backpressure_pauses == 1 and not broker.reading_paused
             deadline = time.monotonic() + 5
-            while broker.reading_paused and time.monotonic() < deadline:
+            while wrapper.intake_paused and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)  # nothing arrives: the hold's end alone wakes the wrapper
-            assert not broker.reading_paused and node.pacing.paced(wrapper.clock.now()) is None
+            assert not wrapper.intake_paused and node.pacing.paced(wrapper.clock.now()) is None
             node.pacing.on_receiver_busy(neighbour, 5.0, wrapper.clock.now())
             wrapper._drain_outputs(wrapper.clock.now())
-            assert broker.reading_paused and broker.pauses == 2
-            node.pacing.on_receiver_busy(neighbour, 0.0, wrapper.clock.now())  # ready: read again at once
+            assert wrapper.intake_paused and wrapper.flow.backpressure_pauses == 2
+            node.pacing.on_receiver_busy(neighbour, 0.0, wrapper.clock.now())  # ready: take them again at once
             wrapper._drain_outputs(wrapper.clock.now())
-            assert not broker.reading_paused
+            assert not wrapper.intake_paused and not broker.reading_paused
+        finally:
+            wrapper.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_paused_intake_holds_what_it_reads_in_order_and_stops_the_socket_only_past_its_bounds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: a wrapper whose intake pauses keeps reading its broker's socket (its injections' acknowledgements
+    come on it); the publications it reads meanwhile wait, unacknowledged, and reach the node in order when the
+    intake resumes; beyond `HELD_MAX` of them the socket pauses too (the broker keeps the rest)."""
+    from federation.daemon import running as running_module
+    from federation.daemon.broker_items import Publication, PublicationRun
+
+    monkeypatch.setattr(running_module, "HELD_MAX", 5)
+
+    async def scenario() -> None:
+        wrapper = await started_wrapper()
+        try:
+            node = wrapper.node
+            broker = FakeBroker()
+            wrapper.broker = broker  # type: ignore[assignment]
+            taken: list[list[str]] = []
+            acknowledged: list[tuple[int, int]] = []
+            node.local_publish_run = (  # type: ignore[method-assign]
+                lambda run, now, qos=0: taken.append([t for t, _ in run]) or [None] * len(run))
+            broker.acknowledge = acknowledged.extend  # type: ignore[attr-defined]
+            neighbour = Address("127.0.0.1", free_port())
+            node.pacing.on_receiver_busy(neighbour, 5.0, wrapper.clock.now())
+            wrapper._drain_outputs(wrapper.clock.now())
+            assert wrapper.intake_paused and not broker.reading_paused
+            wrapper._on_broker_items([PublicationRun(["a/1", "a/2"], [b"1", b"2"], 1, [1, 2])])
+            wrapper._on_broker_items([Publication("a/3", b"3", 1, False, None, 3, False)])
+            assert taken == [] and acknowledged == [] and not broker.reading_paused  # held, not acknowledged
+            wrapper._on_broker_items([PublicationRun(["a/4", "a/5"], [b"4", b"5"], 1, [4, 5])])
+            assert broker.reading_paused  # five held: the socket waits now
+            node.pacing.on_receiver_busy(neighbour, 0.0, wrapper.clock.now())  # ready again
+            wrapper._drain_outputs(wrapper.clock.now())
+            deadline = time.monotonic() + 5
+            while not taken and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert [topic for run in taken for topic in run] == ["a/1", "a/2", "a/3", "a/4", "a/5"]
+            assert sorted(acknowledged) == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]
+            assert not wrapper.intake_paused and not broker.reading_paused
         finally:
             wrapper.close()
 

@@ -289,6 +289,9 @@ class FederationSetup(FaultSetup):
                 "custody": dict(document.get("custody", {})),
                 "receivers": {key: value for key, value in document.get("receivers", {}).items()
                               if key in ("awaiting", "repairs_in_flight")},
+                "ready": document.get("daemon", {}).get("ready"),
+                "storage": document.get("daemon", {}).get("storage"),
+                "intake_paused": broker.get("intake_paused"),
             }
         return found
 
