@@ -108,9 +108,11 @@ from federation.daemon.broker_auth import BrokerAuth
 from federation.daemon.broker_items import (
     CLOSED_BEFORE_CONNACK,
     BrokerItem,
+    ClientCount,
     Connected,
     ConnectFailed,
     ConnectRefused,
+    CountsRound,
     Disconnected,
     LogLine,
     Publication,
@@ -138,10 +140,17 @@ log = logging.getLogger("federation.daemon.broker")
 
 PUBLICATION_FILTER = "#"
 SUBSCRIPTION_COUNT_TOPIC = "$SYS/broker/subscriptions/count"
+UPTIME_TOPIC = "$SYS/broker/uptime"
+"""the first message of every round of Mosquitto's `$SYS` counts (federation.daemon.session_ledger)"""
+CLIENTS_FILTER = "$SYS/broker/clients/+"
+CLIENTS_TOTAL_TOPIC = "$SYS/broker/clients/total"
+CLIENTS_DISCONNECTED_TOPIC = "$SYS/broker/clients/disconnected"
 LOG_QOS = 1
-"""QoS of the wrapper's subscription to the broker's log (module docstring: why 1, not 2)"""
-OWN_SUBSCRIPTIONS = 3
-"""subscriptions the wrapper's own connection holds (the log, `#`, the count), all three in the broker's count"""
+"""QoS of the wrapper's subscription to the broker's log (module docstring: why 1, not 2), and of its `$SYS` counts:
+at one QoS they reach it in the broker's order (a QoS 0 count could overtake log lines that wait for room)"""
+OWN_SUBSCRIPTIONS = 5
+"""subscriptions the wrapper's own connection holds (the log, `#`, the subscription count, the client counts, the
+uptime), all five in the broker's count"""
 RECONNECT_MIN_DELAY = 0.25
 """seconds before the first reconnection attempt; doubles per failed attempt"""
 RECONNECT_MAX_DELAY = 1.0
@@ -560,7 +569,9 @@ class BrokerAdapter:
         client.subscribe([
             (LOG_TOPIC_FILTER, SubscribeOptions(qos=LOG_QOS)),
             (PUBLICATION_FILTER, SubscribeOptions(qos=2, noLocal=True, retainAsPublished=True, retainHandling=2)),
-            (SUBSCRIPTION_COUNT_TOPIC, SubscribeOptions(qos=0)),
+            (SUBSCRIPTION_COUNT_TOPIC, SubscribeOptions(qos=LOG_QOS)),
+            (CLIENTS_FILTER, SubscribeOptions(qos=LOG_QOS)),
+            (UPTIME_TOPIC, SubscribeOptions(qos=LOG_QOS)),
         ])
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
@@ -579,7 +590,7 @@ class BrokerAdapter:
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: list[ReasonCode],
                       properties: Properties | None) -> None:
-        filters = (LOG_TOPIC_FILTER, PUBLICATION_FILTER, SUBSCRIPTION_COUNT_TOPIC)
+        filters = (LOG_TOPIC_FILTER, PUBLICATION_FILTER, SUBSCRIPTION_COUNT_TOPIC, CLIENTS_FILTER, UPTIME_TOPIC)
         refused = tuple(f"{topic_filter}: {code}" for topic_filter, code in zip(filters, reason_codes, strict=False)
                         if code.is_failure)
         self._deliver(Subscribed(refused))
@@ -619,13 +630,20 @@ class BrokerAdapter:
             self._deliver(LogLine(topic, payload, mid, qos))
             return
         self._acknowledge_now(mid, qos)
+        if topic == UPTIME_TOPIC:
+            self._deliver(CountsRound())
+            return
+        if topic not in (SUBSCRIPTION_COUNT_TOPIC, CLIENTS_TOTAL_TOPIC, CLIENTS_DISCONNECTED_TOPIC):
+            return  # the other client counts
+        try:
+            count = int(payload)
+        except ValueError:
+            log.debug("%s: not a number: %r", topic, payload[:40])
+            return
         if topic == SUBSCRIPTION_COUNT_TOPIC:
-            try:
-                count = int(payload)
-            except ValueError:
-                log.debug("%s: not a number: %r", topic, payload[:40])
-                return
             self._deliver(SubscriptionCount(count))
+        else:
+            self._deliver(ClientCount(topic == CLIENTS_TOTAL_TOPIC, count))
 
     def _acknowledge_now(self, mid: int, qos: int) -> None:
         if qos:

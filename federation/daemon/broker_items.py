@@ -93,6 +93,21 @@ class SubscriptionCount:
 
 
 @dataclass(frozen=True, slots=True)
+class CountsRound:
+    """`$SYS/broker/uptime`: Mosquitto begins a round of its `$SYS` counts (one every `sys_interval`; the counts that
+    changed follow it, before any later log line: federation.daemon.session_ledger)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCount:
+    """`$SYS/broker/clients/total` (`total`: the sessions the broker holds, connected or not) or
+    `$SYS/broker/clients/disconnected` (those without a connection)."""
+
+    total: bool
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectRefused:
     """CONNACK failure (e.g. not authorised); paho keeps retrying."""
 
@@ -151,7 +166,7 @@ class RetainedApplied:
 
 
 BrokerItem = (LogLine | Publication | PublicationRun | Connected | ConnectRefused | ConnectFailed | Disconnected
-              | Subscribed | SubscriptionCount | RetainedApplied)
+              | Subscribed | SubscriptionCount | RetainedApplied | CountsRound | ClientCount)
 
 
 def split_oversized_runs(batch: list[BrokerItem], limit: int) -> list[BrokerItem]:

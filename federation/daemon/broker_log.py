@@ -31,8 +31,11 @@ Three things make this harder than splitting on spaces:
 * The log says when a *connection* ends, not when a *session* ends: a
   persistent session keeps its subscriptions with no further line until it
   expires ("Expiring client X due to timeout.") or the same id connects with
-  the clean flag. `filters_end_with_session` and `connect_discards_session`
-  hold that policy in one place.
+  the clean flag. In MQTT 5 the clean flag does not say it either (clean start
+  1 with a session expiry is a persistent session, and the expiry is not
+  logged): such a session's fate is settled by the broker's `$SYS` counts
+  (federation.daemon.session_ledger). `filters_end_with_session` and
+  `connect_discards_session` hold that policy in one place.
 
 Broker input never raises: every line lands in exactly one outcome counter
 (used, ignored, refused, truncated, not understood), so the daemon can say
@@ -83,6 +86,8 @@ class ClientConnected:
     keepalive: int
     username: str | None = None
     bridge: bool = False
+    own: bool = False
+    """one of the wrapper's own connections (its own id, or a helper's): not a client's"""
 
     def __post_init__(self) -> None:
         if not self.client:
@@ -101,6 +106,7 @@ class ClientSubscribed:
     client: str
     filter: str
     qos: int
+    own: bool = False
 
     def __post_init__(self) -> None:
         if not self.client or not self.filter:
@@ -115,6 +121,7 @@ class ClientUnsubscribed:
 
     client: str
     filter: str
+    own: bool = False
 
     def __post_init__(self) -> None:
         if not self.client or not self.filter:
@@ -131,14 +138,17 @@ class ClientGone:
     follows), "error" (protocol error, malformed or oversize packet, not
     authorised, kicked, socket error), "expired" (a persistent session ran
     out of session expiry; the connection had ended earlier).
-    `clean` is the flag of the connection that ended, None if the tracker did
-    not see it connect. Whether the client's filters die with it is
+    `clean` is the flag of the connection that ended and `protocol` its MQTT
+    version (as the connect line logs it), None if the tracker did not see it
+    connect. Whether the client's filters die with it is
     `filters_end_with_session(event)`.
     """
 
     client: str
     reason: GoneReason
     clean: bool | None = None
+    protocol: int | None = None
+    own: bool = False
 
     def __post_init__(self) -> None:
         if not self.client:
@@ -150,23 +160,23 @@ class ClientGone:
 LogEvent = ClientConnected | ClientSubscribed | ClientUnsubscribed | ClientGone
 
 
-def filters_end_with_session(gone: ClientGone) -> bool:
-    """True if the client's subscriptions die with this event, False if the broker keeps them.
+def filters_end_with_session(gone: ClientGone) -> bool | None:
+    """True if the client's subscriptions die with this event, False if the broker keeps them, None when the log
+    cannot tell (the caller decides from what it knows of the client).
 
-    Clean (c1) connections lose their subscriptions when they end; so does an
-    expired session; unknown (None) is treated as clean, since a tracker that
-    missed the connect line is more often looking at a clean client and
-    keeping filters forever would leak them. A c0 connection keeps them: for
-    v3.x that is exactly the broker's rule; for v5 the log does not show the
-    session expiry interval, so c0 with expiry 0 (session ends now) looks the
-    same as c0 with expiry > 0. Keeping them is the safer choice for delivery
-    (at worst the federation carries traffic nobody here reads until the id
-    reconnects clean or an "Expiring client" line comes). Conversely a v5 c1
-    client with session expiry > 0 keeps its session on the broker while we
-    drop its filters; clients that set clean start almost never ask for expiry.
+    An expired session loses them. MQTT 3.x is exact: a clean session (c1) ends with its connection, a c0 one is
+    kept. MQTT 5 is not: the session lives as long as its Session Expiry Interval, which the log does not show,
+    whatever the clean start flag (c1 with an expiry is a persistent session: paho's default
+    `clean_start=FIRST_ONLY`, MQTT.js `clean: true` with `sessionExpiryInterval`), so a v5 session is kept until
+    the broker's counts settle its fate (federation.daemon.session_ledger): over-delivery at worst, never a loss.
+    A connection the tracker did not see start (protocol None) is None.
     """
     if gone.reason == "expired":
         return True
+    if gone.protocol is None:
+        return None
+    if gone.protocol >= 5:
+        return False
     return gone.clean is not False
 
 
@@ -314,8 +324,8 @@ class BrokerLogTracker:
         self.counters = LogCounters()
         self.last_line_time: int | None = None
         """unix seconds of the last line that had a "<seconds>: " prefix"""
-        self._connected: dict[str, bool] = {}
-        """connected client id -> its clean flag, oldest connection first"""
+        self._connected: dict[str, tuple[bool, int]] = {}
+        """connected client id -> its clean flag and MQTT version, oldest connection first"""
 
     @property
     def connected_clients(self) -> frozenset[str]:
@@ -378,36 +388,39 @@ class BrokerLogTracker:
 
     def _connected_line(self, match: re.Match[str]) -> list[LogEvent]:
         client = match.group("client")
-        if client in self.own_client_ids:
-            return self._own()
         clean = match.group("clean") == "1"
+        protocol = int(match.group("protocol"))
+        if client in self.own_client_ids:
+            return self._own(ClientConnected(client, clean, protocol, int(match.group("keepalive")), own=True))
         self._connected.pop(client, None)  # a reconnect moves the id to the newest end
-        self._connected[client] = clean
+        self._connected[client] = (clean, protocol)
         while len(self._connected) > self.max_tracked_clients:
             del self._connected[next(iter(self._connected))]
             self.counters.evicted += 1
         self.counters.used += 1
-        return [ClientConnected(client, clean, int(match.group("protocol")), int(match.group("keepalive")),
+        return [ClientConnected(client, clean, protocol, int(match.group("keepalive")),
                                 match.group("username"), match.group("kind") == "bridge")]
 
     def _gone_line(self, client: str, reason: GoneReason) -> list[LogEvent]:
         if client in self.own_client_ids:
-            return self._own()
+            return self._own(ClientGone(client, reason, own=True))
         if client == UNKNOWN_CLIENT_ID and client not in self._connected:
             self.counters.ignored += 1  # a connection that never sent CONNECT
             return []
-        clean = self._connected.pop(client, None)
+        connection = self._connected.pop(client, None)
         self.counters.used += 1
-        return [ClientGone(client, reason, clean)]
+        if connection is None:
+            return [ClientGone(client, reason)]
+        return [ClientGone(client, reason, connection[0], connection[1])]
 
     def _subscribe(self, topic: str, text: str) -> list[LogEvent]:
         split = self._split(text, _SUBSCRIBE_REST)
         if split is None:
             return self._not_understood(topic)
         client, rest = split
-        if client in self.own_client_ids:
-            return self._own()
         qos = int(rest.group("qos"))
+        if client in self.own_client_ids:
+            return self._own(ClientSubscribed(client, rest.group("filter"), qos, own=True) if qos <= 2 else None)
         if qos > 2:
             self.counters.refused += 1  # 0x80 (v3.1.1) or a v5 reason code: no subscription was made
             return []
@@ -443,7 +456,7 @@ class BrokerLogTracker:
             return self._not_understood(topic)
         client, rest = split
         if client in self.own_client_ids:
-            return self._own()
+            return self._own(ClientUnsubscribed(client, rest.group("filter"), own=True))
         topic_filter = rest.group("filter")
         if not self._federable(topic_filter):
             return []
@@ -483,10 +496,12 @@ class BrokerLogTracker:
                 return False
         return True
 
-    def _own(self) -> list[LogEvent]:
+    def _own(self, event: LogEvent | None = None) -> list[LogEvent]:
+        """A line of the wrapper's own connections: ignored for the subscriptions (counted `own_client`), handed
+        over marked `own` for what it does to the broker's counts (federation.daemon.session_ledger)."""
         self.counters.own_client += 1
         self.counters.ignored += 1
-        return []
+        return [event] if event is not None else []
 
     def _not_understood(self, topic: str) -> list[LogEvent]:
         counts = self.counters.not_understood

@@ -50,7 +50,9 @@ from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_health import BrokerHealth
 from federation.daemon.broker_items import (
     BrokerItem,
+    ClientCount,
     Connected,
+    CountsRound,
     Disconnected,
     LogLine,
     LoopHandOff,
@@ -61,6 +63,7 @@ from federation.daemon.broker_items import (
     split_oversized_runs,
 )
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
+from federation.daemon.broker_sessions import BrokerSessions
 from federation.daemon.broker_subscriptions import BrokerSubscriptions
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig
@@ -166,6 +169,8 @@ class Running:
         """the topic policy where publications leave the broker and enter it, and what it kept out"""
         self.subscription_sink = PolicySubscriptions(node, config.topic_policy)
         """the local subscriptions told to the node as the federation filters the policy lets them import"""
+        self.sessions = BrokerSessions(self.subscriptions, self.subscription_sink, config.client_id)
+        """the log's events into the table, and which MQTT 5 sessions the broker kept (issue 39: session_ledger.py)"""
         self.local = LocalPublications(node, self.spool, self.retained, self._record_event, self.edges,
                                        self.retained_order, self.storage)
         """the broker's publications into the node, the spool and the retained store"""
@@ -363,9 +368,10 @@ class Running:
                     if item.qos:
                         local.acknowledge(item.mid, item.qos)
                     self.broker_health.count_log_line()
+                    changed = self.sessions.log_line(now) or changed  # a $SYS round before it is complete
                     for event in self.tracker.feed(item.topic, item.payload):
-                        changed = self.subscriptions.apply(event, self.subscription_sink, now) or changed
-                        if isinstance(event, ClientSubscribed):
+                        changed = self.sessions.apply(event, now) or changed
+                        if isinstance(event, ClientSubscribed) and not event.own:
                             released = self.broker_subscriptions.subscribed(event.client, event.filter, now)
                             if released:  # held since the broker restarted: now, in their order
                                 self.flow.requeue(node, released, now)
@@ -374,7 +380,15 @@ class Running:
                     checks = self.retained_order.take_checks()
                     if checks and not self.edges.active:  # (a policy maps topics: the broker's are not the store's)
                         self.retained_reading.check(checks, now)
+                elif isinstance(item, CountsRound):
+                    changed = self.sessions.round_started(now) or changed
+                elif isinstance(item, ClientCount):
+                    if item.total:
+                        self.sessions.total_counted(item.count)
+                    else:
+                        self.sessions.disconnected_counted(item.count)
                 elif isinstance(item, SubscriptionCount):
+                    self.sessions.subscriptions_counted(item.count)
                     released = self.broker_subscriptions.counted(item.count, now)
                     if released:
                         self.flow.requeue(node, released, now)
@@ -419,6 +433,7 @@ class Running:
             if reinjected:
                 log.warning("the broker did not keep the wrapper's session: publishing %d unfinished injections "
                             "anew", len(reinjected))
+            self.sessions.connected(item.session_lost)
             if item.session_lost:
                 self.broker_subscriptions.broker_restarted(now)
             if reinjected or item.session_lost:

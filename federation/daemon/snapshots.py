@@ -36,6 +36,7 @@ from federation.daemon.backpressure import PacketBacklog
 from federation.daemon.broker import RECEIVE_MAXIMUM, BrokerAdapter
 from federation.daemon.broker_health import BrokerHealth
 from federation.daemon.broker_log import BrokerLogTracker
+from federation.daemon.broker_sessions import BrokerSessions
 from federation.daemon.broker_subscriptions import BrokerSubscriptions
 from federation.daemon.config import DaemonConfig
 from federation.daemon.event_log import EventLog
@@ -88,6 +89,8 @@ class WrapperParts(Protocol):
     def retained_reading(self) -> RetainedReading: ...
     @property
     def retained_gate(self) -> RetainedGate: ...
+    @property
+    def sessions(self) -> BrokerSessions: ...
     @property
     def protocol(self) -> OverlayProtocol: ...
     @property
@@ -143,6 +146,7 @@ def status_document(wrapper: WrapperParts, now: float, brief: bool = False) -> d
             "injections": injection_counts(wrapper),
             "journal": wrapper.journal.status() if wrapper.journal is not None else None,
             "retained": {**wrapper.retained.describe(), "order": wrapper.retained_gate.describe()},
+            "sessions": wrapper.sessions.describe(),
             "retained_scan": dataclasses.asdict(wrapper.retained_reading.counts),
             **wrapper.broker_subscriptions.status(),
         },

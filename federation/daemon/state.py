@@ -29,7 +29,9 @@ anything. An `flock` on a lock file stops two wrappers sharing a directory.
 What the table cannot know (documented in docs/daemon.md): a clean client
 that disconnected while the wrapper was down keeps its replayed filters until
 that id is seen again; the cost is traffic nobody reads, never a lost
-publication.
+publication. Nor whether an MQTT 5 session outlived its connection (its expiry
+is not logged): its filters stay until the broker's counts settle it
+(federation.daemon.session_ledger: `session_ended`, `drop_carried`).
 """
 
 from __future__ import annotations
@@ -90,7 +92,15 @@ class ClientRecord:
     filters: dict[str, int] = field(default_factory=dict)
     """raw filter as the broker logged it -> granted qos"""
     persistent: bool = False
-    """the client connected with clean session/clean start 0: its filters outlive its connection"""
+    """its filters may outlive its connection: clean session 0 (MQTT 3.x), or any MQTT 5 session (a clean start 1
+    with a session expiry is persistent too, and the log does not show the expiry)"""
+    carried: set[str] = field(default_factory=set)
+    """filters held from before its current connection (a clean start 0 resumes them if the broker kept the
+    session) and not subscribed again since: what goes if the session turns out not to have been kept"""
+
+    def shared_count_of(self) -> int:
+        """How many of its filters are shared subscriptions."""
+        return _shared(self.filters)
 
 
 class EpochExhausted(ValueError):
@@ -129,8 +139,8 @@ class LocalSubscriptions:
             client: ClientRecord(dict(record.filters), record.persistent)
             for client, record in sorted((clients or {}).items()) if record.filters
         }
-        self._connected: dict[str, bool] = {}
-        """client id -> clean flag, for connections seen in this run (oldest first, bounded)"""
+        self._connected: dict[str, tuple[bool, int]] = {}
+        """client id -> clean flag and MQTT version, for connections seen in this run (oldest first, bounded)"""
         self.filter_count = sum(len(record.filters) for record in self.clients.values())
         """(client, filter) pairs in the table"""
         self.shared_count = sum(_shared(record.filters) for record in self.clients.values())
@@ -139,7 +149,7 @@ class LocalSubscriptions:
     def copy(self) -> LocalSubscriptions:
         """An independent copy of the table (its records and counts; not the connections seen)."""
         copied = LocalSubscriptions.__new__(LocalSubscriptions)
-        copied.clients = {client: ClientRecord(dict(record.filters), record.persistent)
+        copied.clients = {client: ClientRecord(dict(record.filters), record.persistent, set(record.carried))
                           for client, record in self.clients.items()}
         copied._connected = {}
         copied.filter_count, copied.shared_count = self.filter_count, self.shared_count
@@ -160,21 +170,41 @@ class LocalSubscriptions:
                 count += 1
         return count
 
+    def counted(self, client: str) -> int:
+        """The client's filters that Mosquitto counts in `$SYS/broker/subscriptions/count` (not shared ones)."""
+        record = self.clients.get(client)
+        return 0 if record is None else len(record.filters) - _shared(record.filters)
+
+    def count_effect(self, event: ClientSubscribed | ClientUnsubscribed) -> int:
+        """What this subscribe or unsubscribe line does to the broker's count, as the table knows the client's
+        filters: +1 for a filter it did not hold, -1 for one it held, 0 otherwise (a shared one is not counted)."""
+        if event.filter.startswith(SHARED_PREFIX):
+            return 0
+        record = self.clients.get(event.client)
+        held = record is not None and event.filter in record.filters
+        if isinstance(event, ClientSubscribed):
+            return 0 if held else 1
+        return -1 if held else 0
+
     def apply(self, event: LogEvent, sink: SubscriptionSink, now: float) -> bool:
-        """Update the table for one broker-log event and tell the sink; True if the table changed."""
+        """Update the table for one broker-log event and tell the sink; True if the table changed. Events of the
+        wrapper's own connections (`own`) change nothing here."""
+        if event.own:
+            return False
         if isinstance(event, ClientConnected):
             return self._connected_event(event, sink, now)
         if isinstance(event, ClientSubscribed):
             record = self.clients.get(event.client)
             if record is None:
                 record = self.clients[event.client] = ClientRecord()
-            persistent = self._connected.get(event.client) is False or (
-                event.client not in self._connected and record.persistent)
+            connection = self._connected.get(event.client)
+            persistent = (not connection[0] or connection[1] >= 5) if connection is not None else record.persistent
             changed = record.filters.get(event.filter) != event.qos or record.persistent != persistent
             if event.filter not in record.filters:
                 self.filter_count += 1
                 self.shared_count += event.filter.startswith(SHARED_PREFIX)
             record.filters[event.filter] = event.qos
+            record.carried.discard(event.filter)
             record.persistent = persistent
             sink.local_subscribe(event.client, event.filter, event.qos, now)
             return changed
@@ -183,6 +213,7 @@ class LocalSubscriptions:
             if record is None or event.filter not in record.filters:
                 return False
             del record.filters[event.filter]
+            record.carried.discard(event.filter)
             self.filter_count -= 1
             self.shared_count -= event.filter.startswith(SHARED_PREFIX)
             if not record.filters:
@@ -191,9 +222,33 @@ class LocalSubscriptions:
             return True
         return self._gone_event(event, sink, now)
 
+    def session_ended(self, client: str, sink: SubscriptionSink, now: float) -> bool:
+        """The broker no longer holds the (offline) session of `client` (its counts said so): its filters go."""
+        if client not in self.clients:
+            return False
+        self._forget(client)
+        sink.local_disconnect(client, now)
+        return True
+
+    def drop_carried(self, client: str, sink: SubscriptionSink, now: float) -> bool:
+        """`client` reconnected to a session the broker no longer had (session present 0): the filters carried from
+        before and not subscribed again go (it subscribes again to what it needs)."""
+        record = self.clients.get(client)
+        if record is None or not record.carried:
+            return False
+        for filter_ in sorted(record.carried):
+            del record.filters[filter_]
+            self.filter_count -= 1
+            self.shared_count -= filter_.startswith(SHARED_PREFIX)
+            sink.local_unsubscribe(client, filter_, now)
+        record.carried = set()
+        if not record.filters:
+            del self.clients[client]
+        return True
+
     def _connected_event(self, event: ClientConnected, sink: SubscriptionSink, now: float) -> bool:
         self._connected.pop(event.client, None)
-        self._connected[event.client] = event.clean
+        self._connected[event.client] = (event.clean, event.protocol)
         while len(self._connected) > MAX_TRACKED_CONNECTIONS:
             del self._connected[next(iter(self._connected))]
         record = self.clients.get(event.client)
@@ -203,6 +258,7 @@ class LocalSubscriptions:
             self._forget(event.client)
             sink.local_disconnect(event.client, now)
             return True
+        record.carried = set(record.filters)
         if not record.persistent:
             record.persistent = True
             return True
@@ -213,12 +269,32 @@ class LocalSubscriptions:
         record = self.clients.get(event.client)
         if record is None:
             return False
-        if event.clean is None:
+        ends = filters_end_with_session(event)
+        if ends is None:
             # The tracker did not see this connection start (the wrapper started later):
             # the persisted flag is the best knowledge of the session kind.
-            event = replace(event, clean=not record.persistent)
-        if not filters_end_with_session(event):
-            return False
+            ends = not record.persistent
+        if not ends:
+            changed = False
+            if event.clean and event.protocol is not None and record.shared_count_of():
+                # A shared subscription is no interest but a membership (docs/protocol.md rule 9): kept while the
+                # session may have ended, it would have publications chosen for a member that is gone. A clean
+                # start's shared filters go with its connection, as before MQTT 5's rules were followed here (a
+                # session that was kept in fact has them again when its client subscribes again).
+                for filter_ in sorted(f for f in record.filters if f.startswith(SHARED_PREFIX)):
+                    del record.filters[filter_]
+                    record.carried.discard(filter_)
+                    self.filter_count -= 1
+                    self.shared_count -= 1
+                    sink.local_unsubscribe(event.client, filter_, now)
+                changed = True
+                if not record.filters:
+                    del self.clients[event.client]
+                    return True
+            if not record.persistent:  # (an MQTT 5 session taken for a clean one before)
+                record.persistent = True
+                changed = True
+            return changed
         self._forget(event.client)
         sink.local_disconnect(event.client, now)
         return True

@@ -80,7 +80,7 @@ def test_every_reference_line() -> None:
     assert events == [
         ClientConnected("s1-v311", True, 2, 60, None),
         ClientSubscribed("s1-v311", "a/b", 0),
-        ClientGone("s1-v311", "disconnected", True),
+        ClientGone("s1-v311", "disconnected", True, 2),
         ClientSubscribed("s3-multi", "a/+/c", 2),
         ClientSubscribed("s3-multi", "x/#", 2),
         ClientSubscribed("sh-v5", "$share/grp/s/t", 1),
@@ -158,7 +158,7 @@ GONE_LINES = [
 def test_gone_forms(topic: str, form: str, reason: str, client: str) -> None:
     tracker = BrokerLogTracker(OWN)
     tracker.feed(N, line(connect_text(client, clean=0)))
-    assert tracker.feed(topic, line(form.format(client))) == [ClientGone(client, reason, False)]  # type: ignore[arg-type]
+    assert tracker.feed(topic, line(form.format(client))) == [ClientGone(client, reason, False, 2)]  # type: ignore[arg-type]
     assert tracker.connected_clients == frozenset()
 
 
@@ -183,7 +183,7 @@ def test_takeover_ends_the_old_session_and_announces_the_new() -> None:
     assert events == [
         ClientConnected("dup", False, 2, 60),
         ClientSubscribed("dup", "d", 1),
-        ClientGone("dup", "takeover", False),
+        ClientGone("dup", "takeover", False, 2),
         ClientConnected("dup", True, 2, 60),
         ClientSubscribed("dup", "d2", 0),
     ]
@@ -221,7 +221,7 @@ def test_ids_and_filters_with_spaces() -> None:
         ClientSubscribed("id with space", "x/#", 0),
         ClientSubscribed("id with space", "sp ace/x ", 1),
         ClientUnsubscribed("id with space", "u 2/x"),
-        ClientGone("id with space", "disconnected", True),
+        ClientGone("id with space", "disconnected", True, 2),
     ]
     assert tracker.counters.unknown_client == 0
 
@@ -262,7 +262,10 @@ def test_own_client_is_ignored_entirely() -> None:
             (UNSUB, f"{own} some/topic"),
             (N, f"Client {own} closed its connection."),
             (E, f"Client {own} already connected, closing old connection."),
-        ]) == []
+        ]) == [  # marked own: only what they do to the broker's counts matters (session_ledger)
+            ClientConnected(own, True, 2, 60, own=True), ClientSubscribed(own, "$SYS/broker/log/#", 0, own=True),
+            ClientSubscribed(own, "some/topic", 1, own=True), ClientUnsubscribed(own, "some/topic", own=True),
+            ClientGone(own, "closed", own=True), ClientGone(own, "takeover", own=True)]
         assert tracker.counters.own_client == 6
         assert tracker.counters.ignored == 6
         assert tracker.connected_clients == frozenset()
@@ -423,13 +426,28 @@ def test_last_line_time_follows_the_prefix() -> None:
 
 
 @pytest.mark.parametrize(("reason", "clean", "ends"), [
-    ("disconnected", True, True), ("disconnected", None, True), ("disconnected", False, False),
-    ("closed", True, True), ("closed", False, False), ("timeout", None, True), ("timeout", False, False),
+    ("disconnected", True, True), ("disconnected", False, False),
+    ("closed", True, True), ("closed", False, False), ("timeout", False, False),
     ("error", True, True), ("error", False, False), ("takeover", True, True), ("takeover", False, False),
     ("expired", False, True), ("expired", None, True), ("expired", True, True),
 ])
-def test_filters_end_with_session(reason: str, clean: bool | None, ends: bool) -> None:
-    assert filters_end_with_session(ClientGone("c", reason, clean)) is ends  # type: ignore[arg-type]
+def test_filters_end_with_session_in_mqtt_3(reason: str, clean: bool | None, ends: bool) -> None:
+    """MQTT 3.x says it in the connect line: a clean session ends with its connection, a c0 one is kept."""
+    assert filters_end_with_session(ClientGone("c", reason, clean, 4)) is ends  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("clean", [True, False])
+@pytest.mark.parametrize("reason", ["disconnected", "closed", "timeout", "error", "takeover"])
+def test_an_mqtt_5_session_outlives_its_connection_whatever_its_clean_start(reason: str, clean: bool) -> None:
+    """Issue 39: clean start 1 with a session expiry is a persistent session, and the log does not show the
+    expiry: the filters stay until the broker's counts settle the session's fate (federation.daemon.session_ledger)
+    or an "Expiring client" line comes."""
+    assert filters_end_with_session(ClientGone("c", reason, clean, 5)) is False  # type: ignore[arg-type]
+    assert filters_end_with_session(ClientGone("c", "expired", clean, 5)) is True
+
+
+def test_a_connection_not_seen_starting_is_left_to_the_caller() -> None:
+    assert filters_end_with_session(ClientGone("c", "closed")) is None
 
 
 def test_persistent_session_lifecycle() -> None:
@@ -445,9 +463,9 @@ def test_persistent_session_lifecycle() -> None:
     assert events == [
         ClientConnected("pers", False, 5, 60),
         ClientSubscribed("pers", "p/q", 1),
-        ClientGone("pers", "disconnected", False),
+        ClientGone("pers", "disconnected", False, 5),
         ClientConnected("pers", False, 5, 60),
-        ClientGone("pers", "closed", False),
+        ClientGone("pers", "closed", False, 5),
         ClientGone("pers", "expired", None),
     ]
     assert [filters_end_with_session(event) for event in events if isinstance(event, ClientGone)] == [

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 
 from federation.daemon import wrapper_events
+from federation.daemon.broker import OWN_SUBSCRIPTIONS
 from federation.daemon.broker_log import ClientSubscribed
 from federation.daemon.broker_subscriptions import (
     DROP_REASON,
@@ -207,8 +208,8 @@ def test_subscriptions_made_before_the_wrapper_was_back_on_the_log_release_what_
     held = [injection(1, "a/1"), injection(2, "b/c"), injection(3, "a/2")]
     assert guard.admit(held, now=1.0) == []
     assert guard.subscribed("s2", "b/c", now=2.0) == [held[1]]
-    assert guard.counted(4, now=3.0) == []  # its own three and the one seen: nothing unseen
-    assert guard.counted(5, now=13.0) == [held[0], held[2]]  # one more: released, in order
+    assert guard.counted(OWN_SUBSCRIPTIONS + 1, now=3.0) == []  # its own and the one seen: nothing unseen
+    assert guard.counted(OWN_SUBSCRIPTIONS + 2, now=13.0) == [held[0], held[2]]  # one more: released, in order
     assert not guard.hold.active and sink.filters[RESTART_CLIENT] == set() and not drops
     assert [event.fields for event in outbox.drain() if event.type == wrapper_events.RESUBSCRIBE_GRACE_ENDED] == [
         {"released": 3, "dropped": 0, "unresubscribed": []}]
@@ -225,7 +226,7 @@ def test_a_full_hold_drops_with_its_own_reason() -> None:
 def test_over_delivery_is_a_pseudo_subscription_to_everything() -> None:
     guard, sink, _drops, outbox, table = make()
     guard.table_changed(now=0.0)
-    guard.counted(6, now=1.0)  # 2 known + 3 own + 1 unseen
+    guard.counted(OWN_SUBSCRIPTIONS + 3, now=1.0)  # 2 known + its own + 1 unseen
     guard.tick(3.0)
     assert sink.filters[UNACCOUNTED_CLIENT] == {OVER_DELIVERY_FILTER}
     table.apply(ClientSubscribed("s3", "c/d", 0), sink, now=2.0)  # the unseen one subscribes again and is seen

@@ -249,10 +249,14 @@ def test_the_table_keeps_its_counts_through_any_events() -> None:
             event = ClientUnsubscribed(client, generator.choice(filters))
         elif kind == 3:
             event = ClientConnected(client, generator.random() < 0.5, 5, 60)
-        else:
+        elif kind == 4:
             event = ClientGone(client, generator.choice(["disconnected", "closed", "expired"]),
-                               generator.choice([True, False, None]))
-        table.apply(event, sink, float(step))
+                               generator.choice([True, False, None]), generator.choice([4, 5, None]))
+        else:
+            event = None
+            (table.session_ended if generator.random() < 0.5 else table.drop_carried)(client, sink, float(step))
+        if event is not None:
+            table.apply(event, sink, float(step))
         pairs = [f for record in table.clients.values() for f in record.filters]
         assert (table.filter_count, table.shared_count) == (len(pairs), sum(f.startswith("$share/") for f in pairs))
         copied = table.copy()
@@ -287,14 +291,59 @@ def test_lock_refuses_a_second_wrapper(tmp_path: Path) -> None:
 
 def test_clean_client_loses_filters_on_disconnect() -> None:
     table, sink = LocalSubscriptions(), Recorder()
-    assert not table.apply(ClientConnected("c", clean=True, protocol=5, keepalive=60), sink, 0)
+    assert not table.apply(ClientConnected("c", clean=True, protocol=4, keepalive=60), sink, 0)
     assert table.apply(ClientSubscribed("c", "a/#", 1), sink, 0)
     assert table.apply(ClientSubscribed("c", "b", 0), sink, 0)
     assert table.apply(ClientUnsubscribed("c", "b"), sink, 0)
     assert not table.apply(ClientUnsubscribed("c", "never"), sink, 0)
-    assert table.apply(ClientGone("c", "closed", clean=True), sink, 0)
+    assert table.apply(ClientGone("c", "closed", clean=True, protocol=4), sink, 0)
     assert sink.calls == [("sub", "c", "a/#", 1), ("sub", "c", "b", 0), ("unsub", "c", "b"), ("gone", "c")]
     assert table.clients == {}
+
+
+def test_an_mqtt_5_clean_start_session_keeps_its_filters_until_its_end_is_known() -> None:
+    """Issue 39: clean start 1 with a session expiry is a persistent session (0 of 10 queued messages reached a
+    client that came back, before). The filters stay until the broker's counts say the session ended."""
+    table, sink = LocalSubscriptions(), Recorder()
+    table.apply(ClientConnected("c", clean=True, protocol=5, keepalive=60), sink, 0)
+    table.apply(ClientSubscribed("c", "a/#", 1), sink, 0)
+    assert table.clients["c"].persistent
+    table.apply(ClientGone("c", "closed", clean=True, protocol=5), sink, 0)
+    assert table.clients["c"].filters == {"a/#": 1} and sink.calls[-1] == ("sub", "c", "a/#", 1)
+    assert table.session_ended("c", sink, 1)
+    assert table.clients == {} and sink.calls[-1] == ("gone", "c")
+
+
+def test_a_clean_start_sessions_shared_subscriptions_go_with_its_connection() -> None:
+    """A shared subscription is a membership of its group: kept while the session may have ended, the federation
+    would choose this broker for publications its gone member never gets (rule 9)."""
+    table, sink = LocalSubscriptions(), Recorder()
+    table.apply(ClientConnected("m", clean=True, protocol=5, keepalive=60), sink, 0)
+    table.apply(ClientSubscribed("m", "$share/g/t", 1), sink, 0)
+    table.apply(ClientSubscribed("m", "plain", 1), sink, 0)
+    assert table.apply(ClientGone("m", "disconnected", clean=True, protocol=5), sink, 0)
+    assert table.clients["m"].filters == {"plain": 1} and sink.calls[-1] == ("unsub", "m", "$share/g/t")
+    assert (table.filter_count, table.shared_count) == (1, 0)
+
+
+def test_a_reconnection_to_a_session_the_broker_no_longer_had_drops_only_the_filters_carried_over() -> None:
+    table, sink = LocalSubscriptions(), Recorder()
+    table.apply(ClientConnected("c", clean=False, protocol=5, keepalive=60), sink, 0)
+    table.apply(ClientSubscribed("c", "old/#", 1), sink, 0)
+    table.apply(ClientSubscribed("c", "again", 1), sink, 0)
+    table.apply(ClientGone("c", "closed", clean=False, protocol=5), sink, 0)
+    table.apply(ClientConnected("c", clean=False, protocol=5, keepalive=60), sink, 0)  # session present 0, it turns out
+    table.apply(ClientSubscribed("c", "again", 1), sink, 0)  # subscribed again after the new CONNACK
+    assert table.drop_carried("c", sink, 1)
+    assert table.clients["c"].filters == {"again": 1} and sink.calls[-1] == ("unsub", "c", "old/#")
+    assert (table.filter_count, table.counted("c")) == (1, 1)
+
+
+def test_the_wrappers_own_connections_change_nothing_in_the_table() -> None:
+    table, sink = LocalSubscriptions(), Recorder()
+    assert not table.apply(ClientConnected("w", clean=True, protocol=5, keepalive=60, own=True), sink, 0)
+    assert not table.apply(ClientSubscribed("w", "#", 2, own=True), sink, 0)
+    assert table.clients == {} and sink.calls == []
 
 
 @pytest.mark.parametrize("reason", ["disconnected", "closed", "timeout", "takeover"])

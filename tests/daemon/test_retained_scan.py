@@ -5,7 +5,7 @@ subscription audit."""
 from __future__ import annotations
 
 from federation.daemon import wrapper_events
-from federation.daemon.broker_log import SUBSCRIBE_TOPIC, BrokerLogTracker
+from federation.daemon.broker_log import SUBSCRIBE_TOPIC, BrokerLogTracker, ClientConnected, ClientSubscribed
 from federation.daemon.broker_subscriptions import UNACCOUNTED_CLIENT, BrokerSubscriptions
 from federation.daemon.retained import RetainedStore, stamp
 from federation.daemon.retained_scan import SCAN_SUBSCRIPTIONS, HeldRetained, scan_client_id, to_originate
@@ -15,6 +15,16 @@ from federation.protocol.types import Address
 A = Address("10.0.0.1", 10500)
 B = Address("10.0.0.2", 10500)
 WALL = 1_800_000_000.0
+
+
+class _Sink:
+    """A `SubscriptionSink` told nothing worth keeping."""
+
+    def local_subscribe(self, client: str, filter_: str, qos: int, now: float) -> None: ...
+
+    def local_unsubscribe(self, client: str, filter_: str, now: float) -> None: ...
+
+    def local_disconnect(self, client: str, now: float) -> None: ...
 
 
 def held(topic: str, payload: bytes) -> HeldRetained:
@@ -54,12 +64,18 @@ def test_a_topic_stored_while_the_scan_ran_is_left_alone() -> None:
 
 
 def test_the_tracker_ignores_the_scan_connection_as_it_ignores_the_wrappers_own() -> None:
+    """Its lines are marked `own` (the subscription table ignores them; the session ledger counts them)."""
     own = "fed-wrapper"
-    tracker = BrokerLogTracker(own, helper_client_ids=(scan_client_id(own),))
-    for text in (f"New client connected from 127.0.0.1:4 as {scan_client_id(own)} (p5, c1, k30).",):
-        assert tracker.feed("$SYS/broker/log/N", f"1795277416: {text}".encode()) == []
-    assert tracker.feed(SUBSCRIBE_TOPIC, f"1795277416: {scan_client_id(own)} 2 #".encode()) == []
+    scan = scan_client_id(own)
+    tracker = BrokerLogTracker(own, helper_client_ids=(scan,))
+    for text in (f"New client connected from 127.0.0.1:4 as {scan} (p5, c1, k30).",):
+        assert tracker.feed("$SYS/broker/log/N", f"1795277416: {text}".encode()) == [
+            ClientConnected(scan, True, 5, 30, own=True)]
+    assert tracker.feed(SUBSCRIBE_TOPIC, f"1795277416: {scan} 2 #".encode()) == [
+        ClientSubscribed(scan, "#", 2, own=True)]
     assert tracker.counters.own_client == 2 and not tracker.connected_clients
+    table = LocalSubscriptions()
+    assert not table.apply(ClientSubscribed(scan, "#", 2, own=True), _Sink(), 0.0) and table.clients == {}
 
 
 def test_the_scans_subscriptions_do_not_start_over_delivery() -> None:

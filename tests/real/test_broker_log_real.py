@@ -66,7 +66,8 @@ class LogWatcher:
     def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         with self._lock:
             self.lines.append((message.topic, message.payload))
-            self.events.extend(self.tracker.feed(message.topic, message.payload))
+            # The wrapper's own lines come marked `own` (for the session ledger): not a client's events.
+            self.events.extend(event for event in self.tracker.feed(message.topic, message.payload) if not event.own)
 
     def snapshot(self) -> list[LogEvent]:
         with self._lock:
@@ -141,7 +142,7 @@ def test_filters_and_an_id_with_spaces_then_sigterm(broker: Broker, watcher: Log
     ])
     # mosquitto_sub catches SIGTERM and sends DISCONNECT: "disconnected", not "closed its connection".
     Processes.end(sub, signal.SIGTERM)
-    events = watcher.wait_for_events("id with space", before + [ClientGone("id with space", "disconnected", True)])
+    events = watcher.wait_for_events("id with space", before + [ClientGone("id with space", "disconnected", True, 2)])
     assert isinstance(events[-1], ClientGone) and filters_end_with_session(events[-1])
     assert watcher.tracker.counters.unknown_client == 0
     assert "id with space" not in watcher.tracker.connected_clients
@@ -152,7 +153,7 @@ def test_sigkill_closes_the_connection(broker: Broker, watcher: LogWatcher, proc
     before = watcher.wait_for_events("killed", [ClientConnected("killed", True, 2, 60),
                                                 ClientSubscribed("killed", "k/1", 0)])
     Processes.end(sub, signal.SIGKILL)
-    watcher.wait_for_events("killed", before + [ClientGone("killed", "closed", True)])
+    watcher.wait_for_events("killed", before + [ClientGone("killed", "closed", True, 2)])
 
 
 def test_persistent_session_keeps_its_filters(broker: Broker, watcher: LogWatcher, processes: Processes) -> None:
@@ -160,7 +161,7 @@ def test_persistent_session_keeps_its_filters(broker: Broker, watcher: LogWatche
     watcher.wait_for_events("pers", [ClientConnected("pers", False, 2, 60), ClientSubscribed("pers", "p/q", 1)])
     Processes.end(sub, signal.SIGKILL)
     gone = watcher.wait_for_event("pers", lambda event: isinstance(event, ClientGone))
-    assert gone == ClientGone("pers", "closed", False)
+    assert gone == ClientGone("pers", "closed", False, 2)
     assert isinstance(gone, ClientGone) and not filters_end_with_session(gone)
 
 
@@ -206,7 +207,7 @@ def test_takeover(broker: Broker, watcher: LogWatcher, processes: Processes) -> 
     watcher.wait_for_events("dup", [
         ClientConnected("dup", False, 2, 60),
         ClientSubscribed("dup", "d/1", 1),
-        ClientGone("dup", "takeover", False),  # the old connection gets no line of its own
+        ClientGone("dup", "takeover", False, 2),  # the old connection gets no line of its own
         ClientConnected("dup", True, 2, 60),  # clean: the broker discarded the old session
         ClientSubscribed("dup", "d/2", 0),
     ])
@@ -229,7 +230,7 @@ def test_keepalive_timeout(broker: Broker, watcher: LogWatcher) -> None:
         watcher.wait_for_events("silent one", [ClientConnected("silent one", True, 2, 1)])
         # Seen: ~4 s for keepalive 1 (the broker checks late).
         watcher.wait_for_events("silent one", [ClientConnected("silent one", True, 2, 1),
-                                               ClientGone("silent one", "timeout", True)], timeout=15)
+                                               ClientGone("silent one", "timeout", True, 2)], timeout=15)
     finally:
         connection.close()
 
@@ -250,7 +251,7 @@ def test_session_expiry(broker: Broker, watcher: LogWatcher) -> None:
     events = watcher.wait_for_events("expiring", [
         ClientConnected("expiring", False, 5, 60),
         ClientSubscribed("expiring", "e/1", 1),
-        ClientGone("expiring", "disconnected", False),
+        ClientGone("expiring", "disconnected", False, 5),
         ClientGone("expiring", "expired", None),
     ], timeout=10)
     assert [filters_end_with_session(event) for event in events if isinstance(event, ClientGone)] == [False, True]
@@ -266,4 +267,4 @@ def test_bridge_connection(tmp_path: Path, broker: Broker, watcher: LogWatcher) 
     finally:
         local.stop()
     # A broker stopping cleanly drops its bridge's socket without DISCONNECT.
-    watcher.wait_for_events(bridge_name, events + [ClientGone(bridge_name, "closed", False)])
+    watcher.wait_for_events(bridge_name, events + [ClientGone(bridge_name, "closed", False, 2)])

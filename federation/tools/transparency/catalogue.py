@@ -199,6 +199,28 @@ def _session_cases() -> list[Scenario]:
                      Wait(OFFLINE_WAIT),
                      Connect("away_c", "c", clean_start=False, session_expiry=300), Settle(),
                      Publish("p", "{p}/q/1", text("back"), qos=1))),
+        Scenario("persistent-clean-start",
+                 "a session made with clean start 1 and an expiry on c (MQTT.js `clean: true` with "
+                 "`sessionExpiryInterval`), offline and back: its QoS 1 and 2 messages wait for it", (
+                     Connect("away_c", "c", clean_start=True, session_expiry=300),
+                     Subscribe("away_c", "{p}/q/#", qos=2), Disconnect("away_c"),
+                     Connect("p", "a"),
+                     *[Publish("p", f"{{p}}/q/{qos}", text(f"q{qos}-{n}"), qos=qos)
+                       for n in range(1, 6) for qos in (1, 2)],
+                     Wait(OFFLINE_WAIT),
+                     Connect("away_c", "c", clean_start=False, session_expiry=300), Settle(),
+                     Publish("p", "{p}/q/1", text("back"), qos=1))),
+        Scenario("persistent-killed",
+                 "paho's default session on c (clean start on the first connection only, an expiry) loses its "
+                 "socket: the QoS 1 publications made meanwhile arrive when it is back", (
+                     Connect("dev_c", "c", clean_start=True, session_expiry=60),
+                     Subscribe("dev_c", "{p}/cmd/#", qos=1), Connect("p", "a"),
+                     Publish("p", "{p}/cmd/0", text("before"), qos=1), Settle(),
+                     Kill("dev_c"),
+                     *[Publish("p", f"{{p}}/cmd/{n}", text(f"while-{n}"), qos=1) for n in range(1, 11)],
+                     Wait(OFFLINE_WAIT),
+                     Connect("dev_c", "c", clean_start=False, session_expiry=60), Settle(),
+                     Publish("p", "{p}/cmd/0", text("after"), qos=1))),
         Scenario("unsubscribe", "after an unsubscribe on c nothing more arrives there", (
             Connect("s", "c"), Subscribe("s", "{p}/t"), Connect("p", "a"),
             Publish("p", "{p}/t", text("before"), qos=1), Settle(),
