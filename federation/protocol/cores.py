@@ -217,6 +217,7 @@ class CoreElection(TopicTable):
             # kept: the table may simply not have caught up yet (a link that just came up).
             self._keep_pending(state, message, from_transport, from_announced, now)
             self._outbox.drop("tc_core_unreachable")
+            self.dirty.add(state.filter)  # indexed by its core: a route or record change of it brings it back
             return
         distance = further(message.distance)
         if state.core == core:

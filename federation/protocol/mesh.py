@@ -52,6 +52,7 @@ from federation.protocol.cores import CoreElection
 from federation.protocol.digest_tree import DigestTree, entry_hash
 from federation.protocol.events import id_text
 from federation.protocol.forwarding import PublicationRouting
+from federation.protocol.modes import RETAINED_FILTER
 from federation.protocol.topics import INFINITY, TopicState
 from federation.protocol.types import Address
 from federation.protocol.wire import FLAG_PRUNE, FLAG_STANDBY, TOPIC_CORE, TOPIC_SUBSCRIBE
@@ -226,12 +227,14 @@ class MeshEngine(CoreElection, PublicationRouting):
         self._schedule(state, now)
 
     def _index(self, state: TopicState) -> None:
-        """Keep `by_core` current for the topic: the nodes whose records decide whether its claims are alive."""
+        """Keep `by_core` current for the topic: the nodes whose records and routes decide whether its claims are
+        alive and where its parents are (its core, its kept claims' cores, the lost core it waits for)."""
         wanted: tuple[Address, ...] = tuple(sorted({core.address for core in state.pending})) if state.pending else ()
         core = state.core
-        if core is not None and core.address != self._identity.address and state.filter in self.topics \
-                and core.address not in wanted:
-            wanted = (*wanted, core.address)
+        watched = core.address if core is not None else state.lost_core if state.out_of_reach else None
+        if watched is not None and watched != self._identity.address and state.filter in self.topics \
+                and watched not in wanted:
+            wanted = (*wanted, watched)
         if wanted == state.indexed:
             return
         by_core = self.by_core
@@ -259,7 +262,32 @@ class MeshEngine(CoreElection, PublicationRouting):
                 held.add(filter_)
         state.indexed = wanted
 
-    def records_changed(self, origins: set[Address]) -> None:
+    def routes_changed(self, changed: frozenset[Address]) -> None:
+        """Routes moved: the topics whose cores (kept claims', lost cores') are at addresses whose next hops,
+        reachability or id changed are judged again. Under placement, ownership or replication every topic is
+        (who is the rightful core, or the best root, depends on the members)."""
+        policy = self.policy
+        if policy.any_hash or self.ownership.covers_anything():
+            self.mark_all_dirty()
+            return
+        self.records_changed(changed)
+        # A replicated filter's root is the component's best node: it may change with any member.
+        self.dirty.update(filter_ for filter_ in (*policy.replicated, RETAINED_FILTER) if filter_ in self.topics)
+
+    def neighbour_changed(self, announced: Address) -> None:
+        """A neighbour went down, came back late or was late twice: the topics where it is our parent or child
+        are judged again (a standby parent takes over, or goes back to standby)."""
+        for trees in (self.memberships, self.recorded):
+            tree = trees.get(announced)
+            if tree is not None:
+                self.dirty.update(tree.entries)
+        self.dirty.update(filter_ for filter_, parents in self._watching.items() if announced in parents)
+
+    def watched_late(self) -> None:
+        """A watched data parent was late twice: the topics with a standby parent beside one are judged again."""
+        self.dirty.update(self._watching)
+
+    def records_changed(self, origins: set[Address] | frozenset[Address]) -> None:
         """New records of these nodes were stored: the topics whose cores they are are judged again (a claim the
         table now contradicts, or no longer does)."""
         for origin in origins:

@@ -430,7 +430,7 @@ class Node:
         for neighbour in self.neighbours.expire(self.settings.neighbour_dead_after, now):
             self._neighbour_down(neighbour, now)
         if self.liveness.probe_late(now, self.mesh.watched_parents()):
-            self.mesh.mark_all_dirty()  # a data parent late twice: a standby one carries beside it (rule 6)
+            self.mesh.watched_late()  # a data parent late twice: a standby one carries beside it (rule 6)
         self.sync.due_resyncs(now)
         if now >= self.liveness.next_hello:
             self.liveness.send_all(now)
@@ -720,8 +720,9 @@ class Node:
         answered = self.liveness.answered(neighbour, body, now)
         if answered is None:
             return
-        if answered.was_overdue:
-            self.mesh.mark_all_dirty()  # answered after all: a standby parent beside it goes back to standby
+        if answered.was_overdue and neighbour.announced is not None:
+            # Answered after all: a standby parent beside it goes back to standby.
+            self.mesh.neighbour_changed(neighbour.announced.address)
         if answered.came_up:
             # Announce the new link (rate-limited: neighbours that come up together share one
             # origination); when allowed at once, first, so the bundle we send carries it.
@@ -770,7 +771,8 @@ class Node:
         self.table.trigger_origination(now)
         if neighbour.announced is not None:
             self.mesh.neighbour_down(neighbour.announced.address, now)
-        self.mesh.mark_all_dirty()  # a data parent down: a standby one takes over now, not after the routes
+            # A data parent down: a standby one takes over now, not after the routes.
+            self.mesh.neighbour_changed(neighbour.announced.address)
 
     # ------------------------------------------------------------ composing the parts
 
@@ -827,7 +829,7 @@ class Node:
             return
         self.receivers.routes_changed()  # brokers back in reach get their repairs (rule 7f)
         if change.moved:
-            self.mesh.mark_all_dirty()
+            self.mesh.routes_changed(change.changed)
         self.sync.members_added(change.added)
         if self.table.resolve_collisions(now):
             self.mesh.renumbered(now)

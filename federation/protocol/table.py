@@ -70,6 +70,8 @@ class RouteChange:
     member_ids: bool = True
     """the id of a member that stays a member may have changed (the management core must be found again among
     all members; otherwise only the members added can be lower than it)"""
+    changed: frozenset[Address] = frozenset()
+    """the addresses whose next hops, reachability or id changed: the topics whose cores they are may change"""
 
 
 class FederationTable:
@@ -271,7 +273,14 @@ class FederationTable:
                               size=len(routes.members))
         ids_changed = previous.ids is not routes.ids and previous.ids != routes.ids
         moved = bool(previous.next_hops != routes.next_hops or added or removed or ids_changed)
-        return RouteChange(added, removed, moved, ids_changed and self.lsdb.member_ids_changed)
+        changed: set[Address] = set(added | removed)
+        if moved:
+            old_hops, new_hops = previous.next_hops, routes.next_hops
+            changed.update(a for a in old_hops.keys() | new_hops.keys() if old_hops.get(a) != new_hops.get(a))
+            if ids_changed:
+                changed.update(a for a in previous.ids.keys() | routes.ids.keys()
+                               if previous.ids.get(a) != routes.ids.get(a))
+        return RouteChange(added, removed, moved, ids_changed and self.lsdb.member_ids_changed, frozenset(changed))
 
     def elect_management_core(self, change: RouteChange, now: float) -> None:
         """After a route computation: the lowest id among the reachable members is the management core; as
