@@ -61,11 +61,15 @@ BACKPRESSURE_WINDOW = 512
 """QoS 1/2 copies waiting for acknowledgements (at most half of `max_unacked`) at which the wrapper stops
 taking publications from its broker; it takes them again at half as many. A window, as TCP has: it bounds the
 backlog a slower next wrapper has to work through (and the hellos queued behind it) to well under a second"""
+BACKPRESSURE_BYTES = 16 * 1024 * 1024
+"""the same window in payload bytes (at most half of `max_unacked_bytes`): large publications fill it first, and it
+bounds what a wrapper puts in flight, so what each hop after it holds (issue 37: a flood of 100 kB publications had
+each wrapper hold most of the flood)"""
 BACKPRESSURE_MAX_PAUSE = 10.0
 """seconds: take publications again anyway (a lagging hop must not keep the broker's clients queued for ever)"""
 HELD_MAX = 20000
 """publications read while the intake is paused, kept by the runtime, beyond which it stops reading the socket"""
-HELD_BYTES = 32 * 1024 * 1024
+HELD_BYTES = 16 * 1024 * 1024
 """the same bound in payload bytes"""
 INJECTION_BACKLOG = 10000
 """remote publications waiting for a slow local broker; beyond it the oldest QoS 0 one is dropped first"""
@@ -165,13 +169,14 @@ class FlowControl:
         over its high-water mark: what we read now would wait there or be dropped there; do not take it until its
         hold ends or it says it is ready.
         """
-        outstanding = node.unacked_copies
+        outstanding, outstanding_bytes = node.unacked_copies, node.unacked_bytes
         window = min(BACKPRESSURE_WINDOW, node.settings.max_unacked // 2)
+        window_bytes = min(BACKPRESSURE_BYTES, node.settings.max_unacked_bytes // 2)
         if self.intake_paused:
-            if (outstanding <= window // 2 and not send_paused and not paced) \
-                    or now - self._paused_at >= BACKPRESSURE_MAX_PAUSE:
+            if (outstanding <= window // 2 and outstanding_bytes <= window_bytes // 2 and not send_paused
+                    and not paced) or now - self._paused_at >= BACKPRESSURE_MAX_PAUSE:
                 self.intake_paused = False
-        elif outstanding >= window or send_paused or paced:
+        elif outstanding >= window or outstanding_bytes >= window_bytes or send_paused or paced:
             self.intake_paused = True
             self._paused_at = now
             self.backpressure_pauses += 1

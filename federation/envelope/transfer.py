@@ -285,7 +285,7 @@ class Transfers:
                 transfer.lost.clear()
             transfer.receiver_epoch = epoch
         if status == STATUS_REFUSED:
-            self._finish(transfer)
+            self._finish(transfer, now)
             return TransferDrop(TRANSFER_FAILED, f"{source} refused transfer {transfer_id} of "
                                                  f"{len(transfer.packet)} bytes", source, len(transfer.packet))
         if status == STATUS_DONE:
@@ -319,7 +319,7 @@ class Transfers:
             if lost:
                 self._lose(transfer, lost, now)
         if transfer.acked_count == transfer.count:
-            self._finish(transfer)
+            self._finish(transfer, now)
             self.delivered.setdefault(source, deque()).append((now, len(transfer.packet), _digest(transfer.packet)))
             self._count("transfers_sent")
         return None
@@ -337,11 +337,13 @@ class Transfers:
             transfer.last_loss = now
             transfer.congestion = max(2, transfer.congestion // 2)
 
-    def _finish(self, transfer: Outgoing) -> None:
+    def _finish(self, transfer: Outgoing, now: float) -> None:
         queue = self.outgoing[transfer.to]
         queue.popleft()
         if not queue:
             del self.outgoing[transfer.to]
+        else:  # the next one starts now: its wait in the queue was no lack of progress of its own
+            queue[0].last_progress = max(queue[0].last_progress, now)
         self.queued_bytes -= len(transfer.packet)
 
     # ------------------------------------------------------------ receiving side
@@ -382,6 +384,7 @@ class Transfers:
             return None, None
         self._forget(transfer)
         self.completed[key] = None
+        self.acks_due[key] = source  # its DONE, at once: the sender's next transfer waits for it (not for a timeout)
         while len(self.completed) > COMPLETED_REMEMBERED:
             self.completed.popitem(last=False)
         self._count("transfers_received")
@@ -456,7 +459,7 @@ class Transfers:
         for to in sorted(self.outgoing, key=str):
             transfer = self.outgoing[to][0]
             if now - transfer.last_progress >= self.config.timeout:
-                self._finish(transfer)
+                self._finish(transfer, now)
                 dropped.append(TransferDrop(TRANSFER_FAILED, f"transfer {transfer.transfer_id} of "
                                                              f"{len(transfer.packet)} bytes to {to}: no progress for "
                                                              f"{self.config.timeout:g} s ({transfer.acked_count} of "

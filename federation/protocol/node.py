@@ -301,6 +301,12 @@ class Node:
         return len(self.reliable.unacked)
 
     @property
+    def unacked_bytes(self) -> int:
+        """The payload bytes of those copies: the embedder's backpressure window in bytes (large publications fill
+        it long before the count)."""
+        return self.reliable.unacked_bytes
+
+    @property
     def held_publications(self) -> int:
         """QoS 1/2 publications held for want of a core or a route (our own, and neighbours'): not counted in
         `unacked_copies`, so a filter whose subscribers are cut off does not stop the others; the embedder's

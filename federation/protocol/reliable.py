@@ -118,6 +118,8 @@ class Unacked:
     """the neighbour went down: hand the copy back to the node (`route_again`) when due"""
     hurried_at: float = float("-inf")
     """when `neighbour_up` last sent it again at once (at most once per `retransmit_timeout_max`)"""
+    size: int = 0
+    """its payload's and topic's bytes (`ReliableForwarding.unacked_bytes`)"""
 
 
 class RecentPublications:
@@ -125,11 +127,14 @@ class RecentPublications:
     the publications), oldest first. `len` counts publications (a publication handled twice, as received and as
     sent on, counts twice: the bound is on what is kept)."""
 
-    __slots__ = ("runs", "count")
+    __slots__ = ("runs", "count", "sizes", "bytes")
 
     def __init__(self) -> None:
         self.runs: deque[tuple[float, Address | None, list[TopicMessage]]] = deque()
         self.count = 0
+        self.sizes: deque[int] = deque()
+        """each run's payload bytes, beside `runs`"""
+        self.bytes = 0
 
     def __len__(self) -> int:
         return self.count
@@ -165,6 +170,8 @@ class ReliableForwarding:
         """the embedder cannot write its injection journal (`Node.report_storage`): new copies are refused"""
         self.unacked: OrderedDict[Key, Unacked] = OrderedDict()
         """oldest first"""
+        self.unacked_bytes = 0
+        """the payload and topic bytes of the copies in `unacked` (bounded by `max_unacked_bytes`)"""
         self.orphans: OrderedDict[Key, None] = OrderedDict()
         """the copies nobody waits for, oldest first: the ones forgotten when the table is full"""
         self._heap: list[tuple[float, int, Flight]] = []
@@ -191,6 +198,8 @@ class ReliableForwarding:
                 entry = unacked.pop(key, None)
                 if entry is None:
                     entry = Unacked(transport, message, mine)
+                    entry.size = size = len(message.payload) + len(message.topic)
+                    self.unacked_bytes += size
                     if not mine:
                         orphans[key] = None
                 else:  # sent again by routing (a reroute, a replay): start over
@@ -207,7 +216,9 @@ class ReliableForwarding:
         unacked, orphans = self.unacked, self.orphans
         while len(unacked) > self.settings.max_unacked and orphans:
             key, _ = orphans.popitem(last=False)
-            if unacked.pop(key, None) is not None:
+            entry = unacked.pop(key, None)
+            if entry is not None:
+                self.unacked_bytes -= entry.size
                 self._outbox.drop("replay_evicted")
 
     def disown(self, transports: set[Address], publication: PublicationId, filter_: str) -> None:
@@ -226,8 +237,10 @@ class ReliableForwarding:
 
     def _forget(self, key: Key) -> Unacked | None:
         entry = self.unacked.pop(key, None)
-        if entry is not None and not entry.owned:
-            self.orphans.pop(key, None)
+        if entry is not None:
+            self.unacked_bytes -= entry.size
+            if not entry.owned:
+                self.orphans.pop(key, None)
         return entry
 
     def arm(self, now: float) -> None:
@@ -324,10 +337,12 @@ class ReliableForwarding:
                 self._outbox.drop("replay_abandoned")
             else:
                 del unacked[key]
+                self.unacked_bytes -= entry.size
                 if self._route_again(entry.message, entry.transport, now):
                     if key not in unacked:  # kept for a mesh neighbour that may come back: later again
                         entry.reroute = False
                         unacked[key] = entry
+                        self.unacked_bytes += entry.size
                         self._backoff([(key, entry)], now)
                 else:
                     self._outbox.counters["reroutes"] += 1  # routed again elsewhere (or held): this copy is settled
@@ -414,8 +429,9 @@ class ReliableForwarding:
         says the local broker is backed up (`delivery_backlogged`). Its sender keeps it and sends it again
         with its backoff, so the pressure travels back hop by hop to the wrapper where publications enter,
         whose reading from the broker pauses (the runtime's backpressure window)."""
-        unacked = self.settings.max_unacked
-        full = len(self.unacked) >= unacked - max(1, unacked // 8)  # room kept for a copy to each mesh neighbour
+        unacked, limit = self.settings.max_unacked, self.settings.max_unacked_bytes
+        full = len(self.unacked) >= unacked - max(1, unacked // 8) or \
+            self.unacked_bytes >= limit - limit // 8  # room kept for a copy to each mesh neighbour
         if full:
             return "reliable_table_full"
         if self.storage_unavailable:
@@ -468,24 +484,35 @@ class ReliableForwarding:
         """Keep QoS >= 1 publications handled now together (from `source`, None for ours or sent on), as one entry:
         a run costs one append here. The list is kept as given: the caller does not change it afterwards."""
         recent = self.recent
+        size = sum(len(message.payload) for message in messages)
         recent.runs.append((now, source, messages))
+        recent.sizes.append(size)
         recent.count += len(messages)
+        recent.bytes += size
         horizon = now - self.replay_window
         limit = self.settings.max_unacked
-        runs = recent.runs
+        byte_limit = self.settings.max_recent_bytes  # large publications: a few seconds of them at most
+        runs, sizes = recent.runs, recent.sizes
         while runs:
             handled_at, first_source, first = runs[0]
             excess = recent.count - limit
             if excess > 0:  # forgotten before their replay window ended: the table was full
                 self.recent_evicted += min(excess, len(first))
                 if excess < len(first):
-                    runs[0] = (handled_at, first_source, first[excess:])
+                    kept = first[excess:]
+                    runs[0] = (handled_at, first_source, kept)
                     recent.count -= excess
+                    trimmed = sum(len(message.payload) for message in kept)
+                    recent.bytes -= sizes[0] - trimmed
+                    sizes[0] = trimmed
                     continue
+            elif recent.bytes > byte_limit and len(runs) > 1:
+                self.recent_evicted += len(first)  # forgotten early: too many bytes
             elif handled_at >= horizon:
                 break
             runs.popleft()
             recent.count -= len(first)
+            recent.bytes -= sizes.popleft()
 
     def mesh_neighbour_added(self, filter_: str, announced: Address, now: float) -> None:
         """A new child or parent in `filter_`'s mesh: send it the recent QoS >= 1 publications of that filter (each

@@ -112,6 +112,12 @@ class Settings:
     max_unacked: int = 4096
     """QoS 1/2 `tm` copies awaiting an acknowledgement, all neighbours together: from 7/8 of it new copies from
     neighbours are refused (left unacknowledged); beyond it the oldest replayed copy (rule 7a) is forgotten"""
+    max_unacked_bytes: int = 268435456
+    """bytes of payload of those copies: from 7/8 of it new copies from neighbours are refused too (a safety net:
+    the origins' backpressure windows, in copies and in bytes, bound what reaches a hop long before)"""
+    max_recent_bytes: int = 16777216
+    """bytes of payload of the recent QoS 1/2 publications kept for new mesh neighbours (rule 7a, "Mesh changes",
+    with `max_unacked` of them at most): beyond it the oldest are forgotten early (large publications)"""
 
     # Order of publications at the receiver (federation.protocol.ordering, docs/protocol.md rule 7d).
     reorder_timeout: float = 10.0
@@ -224,7 +230,8 @@ class Settings:
             "hello_interval", "announce_interval", "dead_intervals", "expire_intervals",
             "redundancy", "data_parents", "max_hops", "duplicate_cache_size", "max_neighbours", "max_nodes",
             "max_topics", "stats_interval", "max_held_publications", "retransmit_timeout", "retransmit_timeout_max",
-            "max_unacked", "max_held_bytes", "reliable_hold", "reorder_timeout", "reorder_max", "reorder_max_stream",
+            "max_unacked", "max_unacked_bytes", "max_recent_bytes", "max_held_bytes", "reliable_hold",
+            "reorder_timeout", "reorder_max", "reorder_max_stream",
             "reorder_max_bytes", "max_streams", "transfer_timeout", "receiver_hold", "max_awaiting",
             "max_awaiting_bytes", "repair_window",
         ]

@@ -74,16 +74,39 @@ class Link:
         return moved
 
     def run(self, until: float = 120.0, tick: float = 0.001) -> None:
-        """Steps until quiet, then jumps to the next timer, until nothing is left or `until`."""
+        """Steps until quiet, then jumps to the next timer, until nothing is left or `until`. Transfer timers due
+        while datagrams move fire too, as the daemon's do (a sender whose first datagrams were refused, while
+        another sender keeps the link busy, recovers by its retransmission timer)."""
         while self.now < until:
-            while self.step():
+            while self.now < until and self.step():
                 self.now += tick
+                for envelope in self.envelopes.values():
+                    deadline = envelope.transfer_timer()
+                    if deadline is not None and deadline <= self.now:
+                        envelope.handle_timer(self.now)
             timers = [t for e in self.envelopes.values() for t in (e.transfer_timer(), e.get_timer()) if t is not None]
             if not timers:
+                return
+            if min(timers) >= until:  # the next timer is past the run: stop here, the time where it was asked
+                self.now = max(self.now, until)
                 return
             self.now = max(self.now + tick, min(timers))
             for envelope in self.envelopes.values():
                 envelope.handle_timer(self.now)
+
+
+def acquainted(link: Link, *addresses: Address) -> None:
+    """Each envelope of `addresses` has heard the others' epochs, as neighbours' have (their hellos): no first
+    datagram refused (`receiver_epoch`), no transfer waiting for its timer because of it."""
+    for one in addresses:
+        for other in addresses:
+            if one != other:
+                link.envelopes[one].send(b"hello", other)
+    for _ in range(3):
+        link.step()
+        link.now += 0.001
+    for address in addresses:
+        link.delivered.pop(address, None)
 
 
 def transfer_drops(envelope: Envelope) -> dict[str, int]:
@@ -191,8 +214,13 @@ def test_memory_is_capped_and_a_deferred_transfer_goes_when_there_is_room() -> N
 
 
 def test_a_flooding_sender_does_not_starve_another() -> None:
-    """A sends four transfers at once; B's one is admitted beside them (fair share), not after all of A's."""
+    """A sends four transfers at once; B's one is admitted beside them (fair share), not after all of A's. B and C
+    know each other's epochs first, as neighbours do (their hellos): a first datagram to a peer not heard yet is
+    refused (`receiver_epoch`) and its transfer waits for its retransmission timer."""
     link = Link({**envelopes(A, B), **envelopes(C, transfer_memory=12 * MIB, max_packet=5 * MIB)})
+    for one, other_one in ((B, C), (C, B), (A, C), (C, A)):
+        link.envelopes[one].send(b"hello", other_one)
+    link.run(until=0.005)
     flood = [os.urandom(4 * MIB + i) for i in range(4)]
     for packet in flood:
         link.envelopes[A].send(packet, C)
@@ -200,7 +228,7 @@ def test_a_flooding_sender_does_not_starve_another() -> None:
     other = os.urandom(4 * MIB + 99)
     link.envelopes[B].send(other, C)
     link.run()
-    received = link.delivered[C]
+    received = [packet for packet in link.delivered[C] if packet != b"hello"]
     assert sorted(received) == sorted([*flood, other])
     assert received.index(other) < 3, "B's transfer waited for all of A's"
 
@@ -329,3 +357,35 @@ def test_a_packet_that_fits_one_datagram_is_never_a_transfer() -> None:
     assert len(datagrams) == 1
     assert receiver.receive_datagram(datagrams[0][0], A, 0.0) == [packet]
     assert sender.transfers is not None and not sender.transfers.outgoing
+
+
+def test_transfers_to_one_neighbour_follow_each_other_without_a_timeout() -> None:
+    """The receiver's DONE goes out as the last fragment arrives (issue 37: it went only when the sender's timer
+    sent that fragment again, so every transfer of a flood waited a retransmission timeout: 25 of 100 kB a second
+    on loopback)."""
+    link = Link(envelopes(A, B))
+    acquainted(link, A, B)
+    packets = [os.urandom(100_000 + i) for i in range(20)]
+    for packet in packets:
+        link.envelopes[A].send(packet, B)
+    link.run()
+    assert link.delivered[B] == packets
+    sender = link.envelopes[A].transfers
+    assert sender is not None and sender.counters.get("transfer_timeouts", 0) == 0
+    assert sender.counters.get("transfer_fragments_resent", 0) == 0
+
+
+def test_a_transfer_queued_longer_than_the_timeout_is_not_given_up_when_its_turn_comes() -> None:
+    """Its wait behind the others is no lack of progress of its own (issue 37: a backlog's transfers were given up
+    one after the other the moment each started, `no progress for 30 s`)."""
+    link = Link(envelopes(A, B, transfer_timeout=1.0))
+    acquainted(link, A, B)
+    packets = [os.urandom(MIB + i) for i in range(3)]
+    for packet in packets:
+        link.envelopes[A].send(packet, B)
+    link.buffer = 0  # nothing gets through for 0.9 s: the head waits, the others queue
+    link.run(until=0.9)
+    link.buffer = 1 << 40
+    link.run()
+    assert link.delivered[B] == packets
+    assert transfer_drops(link.envelopes[A]) == {}

@@ -220,3 +220,21 @@ def test_a_backlogged_delivery_leaves_new_copies_to_their_sender() -> None:
     core.report_delivery_backlog(False)
     harness.run(harness.now + 10)
     assert len(harness.delivered) == 1 and not harness.nodes[1].reliable.unacked
+
+
+def test_copies_count_their_bytes_and_large_recent_publications_are_kept_within_max_recent_bytes() -> None:
+    """The embedder's backpressure window counts bytes too (`Node.unacked_bytes`: large publications fill it long
+    before the count), and the publications kept for new mesh neighbours are bounded in bytes (issue 37: a flood of
+    100 kB publications had every wrapper keep seconds of them)."""
+    harness = converged_line(Settings(max_recent_bytes=250_000))
+    harness.drop = lambda data, source, target: wire.packet_type(data) == wire.TOPIC_ACK
+    payload = b"p" * 100_000
+    for _ in range(5):
+        harness.do(1, "local_publish", "a/b", payload, 1, False, None)
+    publisher = harness.nodes[1]
+    assert publisher.unacked_copies == 5 and publisher.unacked_bytes == 5 * (100_000 + len("a/b"))
+    assert publisher.reliable.recent.bytes <= 250_000 and publisher.reliable.recent_evicted >= 3
+    harness.drop = lambda data, source, target: False
+    harness.run(harness.now + 10)
+    assert publisher.unacked_copies == 0 and publisher.unacked_bytes == 0
+    assert len(harness.delivered) == 5
