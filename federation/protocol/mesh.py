@@ -303,6 +303,10 @@ class MeshEngine(CoreElection, PublicationRouting):
         """Bring the digests up to date with the topic's state: its claim, our memberships, our children's."""
         claim, parents, children = state.digested
         filter_ = state.filter
+        viewed = hash((filter_, state.core)) or 1 if state.core is not None and filter_ != RETAINED_FILTER else 0
+        if viewed != state.viewed:
+            self.cores_fingerprint ^= state.viewed ^ viewed
+            state.viewed = viewed
         announcement = self.current_announcement(state) if state.core is not None else None
         new_claim = claim_hash(announcement) if announcement is not None else None
         if new_claim != claim:

@@ -218,7 +218,8 @@ class Node:
         return self.outbox.version
 
     def view(self) -> NodeView:
-        return NodeView(self.broker_id, self.routes.members, self.management_core, self.mesh.cores(), self.version)
+        return NodeView(self.broker_id, self.routes.members, self.management_core, self.mesh.cores, self.version,
+                        self.mesh.cores_fingerprint)
 
     def local_count(self, filter_: str) -> int:
         return self.local.filter_refs.get(filter_, 0)

@@ -180,6 +180,8 @@ class TopicState:
     after that too, so a partition longer than the lifetime does not make the origin forget it"""
     out_of_reach: bool = False
     """the lost core was out of the table's reach at the last reconciliation (within `reliable_hold` of the loss)"""
+    viewed: int = 0
+    """its (filter, core) pair's part of `TopicTable.cores_fingerprint` (0: none)"""
     indexed: tuple[Address, ...] = ()
     """the addresses of its core and pending claims' cores as `TopicTable.by_core` holds them"""
     digested: tuple[int | None, dict[Address, int], dict[Address, int]] = (None, {}, {})
@@ -257,6 +259,8 @@ class TopicTable:
         """(when, filter): a topic whose state changes with time alone, reconciled again then (a heap)"""
         self._expiring: set[str] = set()
         """filters with a child whose membership expires (it went down)"""
+        self.cores_fingerprint = 0
+        """the XOR of the hashes of every (filter, core) pair `cores` gives: the view's cores, told apart cheaply"""
         self.cores_lost = False
         """a core was lost since the node last looked (it asks the neighbours for their claims)"""
         self.by_core: dict[Address, str | set[str]] = {}

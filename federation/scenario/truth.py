@@ -37,14 +37,16 @@ so a check costs O(nodes) and a cheap count rejects most checks at once.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from federation.protocol.aggregation import ServingCores
 from federation.protocol.topic_filter import SHARE_PREFIX, federated_filter, matches
 from federation.protocol.types import Address, BrokerId
 
-ViewDigest = tuple[frozenset[Address], BrokerId, tuple[tuple[str, BrokerId], ...]]
+ViewDigest = tuple[frozenset[Address], BrokerId, tuple[tuple[str, BrokerId], ...] | tuple[tuple[str, int]]]
+"""(members, management core, topic cores: sorted (filter, core) pairs, or ("fingerprint", n) for a view whose
+cores are told apart by a number and read from their source when views agree)"""
 """(members, management core, sorted topic cores): what must agree across a component."""
 
 
@@ -220,12 +222,23 @@ class ConvergenceTracker:
         self._next_id = 0
         self._node_digest: dict[str, int] = {}
         self._broker_ids: dict[str, BrokerId] = {}
+        self._sources: dict[int, Callable[[], Mapping[str, BrokerId]]] = {}
+        """digest id -> where its cores come from, for views told apart by a fingerprint"""
 
     # ------------------------------------------------------------ views
 
     def update_view(self, name: str, broker_id: BrokerId, members: frozenset[Address], management_core: BrokerId,
-                    topic_cores: Mapping[str, BrokerId]) -> None:
-        digest: ViewDigest = (members, management_core, tuple(sorted(topic_cores.items())))
+                    topic_cores: Mapping[str, BrokerId] | Callable[[], Mapping[str, BrokerId]],
+                    fingerprint: int | None = None) -> None:
+        """A node's view. Its topic cores are a mapping, or (with `fingerprint`, the view's cores told apart by a
+        number) a function that gives them when views agree: the simulator's nodes hold thousands of cores, and
+        building and comparing every node's whole map at each of its changes dominated large runs."""
+        if fingerprint is None:
+            assert not callable(topic_cores)
+            digest: ViewDigest = (members, management_core, tuple(sorted(topic_cores.items())))
+        else:
+            assert callable(topic_cores)
+            digest = (members, management_core, (("fingerprint", fingerprint),))
         self._release(name)
         digest_id = self._ids.get(digest)
         if digest_id is None:
@@ -233,6 +246,9 @@ class ConvergenceTracker:
             digest_id = self._next_id
             self._ids[digest] = digest_id
             self._digests[digest_id] = digest
+        if fingerprint is not None:
+            assert callable(topic_cores)
+            self._sources[digest_id] = topic_cores
         self._node_digest[name] = digest_id
         self._refcount[digest_id] += 1
         self._broker_ids[name] = broker_id
@@ -251,6 +267,7 @@ class ConvergenceTracker:
         if self._refcount[old] == 0:
             del self._refcount[old]
             del self._ids[self._digests.pop(old)]
+            self._sources.pop(old, None)
 
     def view_of(self, name: str) -> ViewDigest | None:
         digest_id = self._node_digest.get(name)
@@ -298,7 +315,11 @@ class ConvergenceTracker:
                 groups.setdefault(self._node_digest.get(name), []).append(name)
             listing = "; ".join(", ".join(group) for _, group in sorted(groups.items(), key=lambda g: g[1]))
             return f"views differ between groups: {listing}"
-        members, management_core, cores = self._digests[self._node_digest[names[0]]]
+        digest_id = self._node_digest[names[0]]
+        members, management_core, cores = self._digests[digest_id]
+        source = self._sources.get(digest_id)
+        if source is not None:
+            cores = tuple(source().items())
         expected_members = truth.component_addresses[index]
         if members != expected_members:
             extra = sorted(str(a) for a in members - expected_members)

@@ -482,7 +482,7 @@ class Simulation(Observer[Node]):
             if self.versions.get(host.name) != view.version:
                 self.versions[host.name] = view.version
                 self.tracker.update_view(host.name, view.broker_id, view.members, view.management_core,
-                                         view.topic_cores)
+                                         view.cores_source, view.cores_fingerprint)
         self.touched.clear()
 
     # ------------------------------------------------------------ output
