@@ -47,6 +47,7 @@ tests/real/test_broker_log_real.py).
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -88,6 +89,8 @@ class ClientConnected:
     bridge: bool = False
     own: bool = False
     """one of the wrapper's own connections (its own id, or a helper's): not a client's"""
+    kicker: bool = False
+    """(with `own`) the wrapper taking the client id over (federation.daemon.kicker), recognised by its address"""
 
     def __post_init__(self) -> None:
         if not self.client:
@@ -149,6 +152,7 @@ class ClientGone:
     clean: bool | None = None
     protocol: int | None = None
     own: bool = False
+    kicker: bool = False
 
     def __post_init__(self) -> None:
         if not self.client:
@@ -326,6 +330,25 @@ class BrokerLogTracker:
         """unix seconds of the last line that had a "<seconds>: " prefix"""
         self._connected: dict[str, tuple[bool, int]] = {}
         """connected client id -> its clean flag and MQTT version, oldest connection first"""
+        self._kicker_addresses: set[str] = set()
+        """"host:port" of the wrapper's takeover connections (`add_kicker`: any thread)"""
+        self._kicking: dict[str, bool] = {}
+        """client id -> clean start of the wrapper's connection that holds it now (a takeover under way)"""
+        self._kicker_lock = threading.Lock()
+
+    def add_kicker(self, address: str) -> None:
+        """The wrapper's takeover connection from `address` ("host:port") is about to send its CONNECT (any thread):
+        its lines are the wrapper's own (federation.daemon.kicker)."""
+        with self._kicker_lock:
+            self._kicker_addresses.add(address)
+
+    def is_connected(self, client: str) -> bool:
+        """A connection of `client` (not one of the wrapper's takeovers) is on the broker, as far as the log says."""
+        return client in self._connected
+
+    def kicking(self, client: str) -> bool:
+        """A takeover connection of the wrapper's holds `client` now."""
+        return client in self._kicking
 
     @property
     def connected_clients(self) -> frozenset[str]:
@@ -390,6 +413,15 @@ class BrokerLogTracker:
         client = match.group("client")
         clean = match.group("clean") == "1"
         protocol = int(match.group("protocol"))
+        with self._kicker_lock:
+            kicker = match.group("address") in self._kicker_addresses
+            if kicker:
+                self._kicker_addresses.discard(match.group("address"))
+        if kicker:
+            self._connected.pop(client, None)
+            self._kicking[client] = clean
+            return self._own(ClientConnected(client, clean, protocol, int(match.group("keepalive")), own=True,
+                                             kicker=True))
         if client in self.own_client_ids:
             return self._own(ClientConnected(client, clean, protocol, int(match.group("keepalive")), own=True))
         self._connected.pop(client, None)  # a reconnect moves the id to the newest end
@@ -402,6 +434,9 @@ class BrokerLogTracker:
                                 match.group("username"), match.group("kind") == "bridge")]
 
     def _gone_line(self, client: str, reason: GoneReason) -> list[LogEvent]:
+        if client in self._kicking and reason != "expired":
+            clean = self._kicking.pop(client)
+            return self._own(ClientGone(client, reason, clean, 5, own=True, kicker=True))
         if client in self.own_client_ids:
             return self._own(ClientGone(client, reason, own=True))
         if client == UNKNOWN_CLIENT_ID and client not in self._connected:
@@ -419,7 +454,7 @@ class BrokerLogTracker:
             return self._not_understood(topic)
         client, rest = split
         qos = int(rest.group("qos"))
-        if client in self.own_client_ids:
+        if client in self.own_client_ids or client in self._kicking:
             return self._own(ClientSubscribed(client, rest.group("filter"), qos, own=True) if qos <= 2 else None)
         if qos > 2:
             self.counters.refused += 1  # 0x80 (v3.1.1) or a v5 reason code: no subscription was made
@@ -470,7 +505,7 @@ class BrokerLogTracker:
         spaces = [index for index, char in enumerate(text) if char == " "]
         for index in reversed(spaces):
             client = text[:index]
-            if client in self._connected or client in self.own_client_ids:
+            if client in self._connected or client in self.own_client_ids or client in self._kicking:
                 rest = rest_form.fullmatch(text, index + 1)
                 if rest is not None:
                     return client, rest

@@ -45,7 +45,13 @@ class BrokerSessions:
         """One log event, to the ledger then the table; True if the table changed."""
         ledger, table = self.ledger, self.table
         if event.own:
-            if event.client != self.own_client_id:
+            if isinstance(event, ClientConnected) and event.kicker:
+                ledger.kicker_connected(event.client, event.clean, table.counted(event.client))
+            elif isinstance(event, ClientGone) and event.kicker:
+                ledger.kicker_gone(event.client, self._helper_subscriptions.pop(event.client, 0))
+                # its session ended with it: this broker has the client no more (the new host has it)
+                return table.session_ended(event.client, self.sink, now)
+            elif event.client != self.own_client_id:
                 self._helper(event)
             return False
         if isinstance(event, ClientConnected):

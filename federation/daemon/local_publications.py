@@ -46,6 +46,7 @@ from itertools import repeat
 from typing import Any
 
 from federation.daemon.broker_items import Publication, PublicationRun
+from federation.daemon.client_registry import is_record
 from federation.daemon.policy_edges import PolicyEdges
 from federation.daemon.retained import RetainedStore, stamp
 from federation.daemon.retained_order import RetainedOrder
@@ -95,6 +96,8 @@ class LocalPublications:
         """what the broker handed over after that, as it came, unacknowledged (taken after the stalled ones)"""
         self._refused_logged_at = float("-inf")
         self._refused_unlogged = 0
+        self.refused_records = 0
+        """clients' retained publications on the registry's topics, refused (client_registry.py)"""
 
     @property
     def stalled(self) -> bool:
@@ -159,6 +162,10 @@ class LocalPublications:
             # The spool and the node know it by what the policy made of it (a DUP is compared with that too).
             item = Publication(crossing.topic, item.payload, crossing.qos, item.retain, item.properties, item.mid,
                                item.dup)
+        if item.retain and is_record(item.topic):
+            self._acks += acks
+            self.refused_records += 1  # a client cannot write the registry of client ids (client_registry.py)
+            return
         qos = item.qos
         if qos:
             spool = self.spool
@@ -287,6 +294,9 @@ class LocalPublications:
         spooled: list[SpooledPublication] = []
         originated = 0
         for item in items:
+            if item.retain and is_record(item.topic):
+                self.refused_records += 1
+                continue
             if len(item.payload) > limit:
                 self.refuse(item, now)
                 continue
@@ -297,6 +307,14 @@ class LocalPublications:
         if spooled and self.spool is not None:
             self.spool.add(spooled)
         return originated
+
+    def originate_record(self, topic: str, payload: bytes, now: float) -> None:
+        """A record of the registry of client ids (federation.daemon.client_registry), this wrapper's own: a
+        retained QoS 1 publication of its own, stamped and in custody as a client's would be (not asked of the
+        topic policy: every wrapper reads the registry)."""
+        entry = self.originate(Publication(topic, payload, 1, True, None), now)
+        if entry is not None and self.spool is not None:
+            self.spool.add([entry])
 
     def originate(self, item: Publication, now: float) -> SpooledPublication | None:
         """A local publication with a QoS, the retain flag or properties, to the node: stamped (version, expiry:

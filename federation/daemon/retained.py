@@ -46,6 +46,8 @@ from federation.protocol.retained_sync import RetainedVersions
 from federation.protocol.types import Address, Injection, PublicationId
 from federation.protocol.wire_types import RetainedCopy
 
+REGISTRY_PREFIX = "//sessions//"
+"""the registry of client ids' topics (federation.daemon.client_registry, which names it too)"""
 ORIGIN_TIME = "federation_origin_ms"
 """tm.properties key: the origin wrapper's wall clock (ms) when it took a retained or expiring publication"""
 ORDER = "federation_order_ms"
@@ -131,6 +133,10 @@ class RetainedCounts:
     """values and tombstones forgotten for the bounds"""
     reinjected: int = 0
     """values given again to a broker that lost them"""
+    registry_stored: int = 0
+    """records of the registry of client ids stored (federation.daemon.client_registry; not in `stored`)"""
+    registry_stale: int = 0
+    """records older than the one kept"""
 
 
 class RetainedStore:
@@ -192,10 +198,17 @@ class RetainedStore:
         """A retained publication given to (or made on) the local broker: True if it is the newest of its topic
         (stored, written to the log), False if the store holds a newer one (counted stale)."""
         value = RetainedValue(version_of(publication, properties), qos, payload, properties)
+        registry = topic.startswith(REGISTRY_PREFIX)
         if not self._put(topic, value):
-            self.counts.stale += 1
+            if registry:
+                self.counts.registry_stale += 1
+            else:
+                self.counts.stale += 1
             return False
-        self.counts.stored += 1
+        if registry:
+            self.counts.registry_stored += 1
+        else:
+            self.counts.stored += 1
         if self.log is not None:
             origin_ms, epoch, seq, host, port = value.version
             self.log.append([msgpack.packb([topic, origin_ms, epoch, seq, host, port, qos, payload, properties],
@@ -206,6 +219,14 @@ class RetainedStore:
     def _bound(self) -> None:
         evicted = 0
         if len(self.values) > self.max_topics or self.bytes > self.max_bytes:
+            # The registry's records first (the oldest ids': a client back after that is taken over all the same,
+            # only not adopted), then tombstones, then the values kept longest.
+            for topic in [t for t in self.values if t.startswith(REGISTRY_PREFIX)]:
+                if len(self.values) <= self.max_topics and self.bytes <= self.max_bytes:
+                    break
+                self.bytes -= len(self.values.pop(topic).payload)
+                self.retained_versions.remove(topic)
+                evicted += 1
             for topic in [t for t, v in self.values.items() if not v.payload]:  # tombstones first
                 if len(self.values) <= self.max_topics:
                     break
@@ -229,7 +250,7 @@ class RetainedStore:
         whose expiry ran out are left out."""
         found: list[Injection] = []
         for topic, value in list(self.values.items()):
-            if not value.payload:
+            if not value.payload or topic.startswith(REGISTRY_PREFIX):  # the registry's records never go to a broker
                 continue
             expired, properties = carried(value.properties, wall)
             if expired:
@@ -247,10 +268,13 @@ class RetainedStore:
 
     def describe(self) -> dict[str, Any]:
         counts = self.counts
-        return {"topics": len(self.values), "tombstones": sum(1 for v in self.values.values() if not v.payload),
+        registry = sum(1 for topic in self.values if topic.startswith(REGISTRY_PREFIX))
+        return {"topics": len(self.values) - registry,
+                "tombstones": sum(1 for v in self.values.values() if not v.payload),
                 "bytes": self.bytes, "stored": counts.stored, "stale": counts.stale, "repeated": counts.repeated,
                 "expired": counts.expired,
-                "evicted": counts.evicted, "reinjected": counts.reinjected}
+                "evicted": counts.evicted, "reinjected": counts.reinjected,
+                "registry": {"records": registry, "stored": counts.registry_stored, "stale": counts.registry_stale}}
 
     def close(self) -> None:
         if self.log is not None:

@@ -38,10 +38,12 @@ and the event log are written, then the broker connection is closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from federation.daemon import wrapper_events
@@ -65,11 +67,13 @@ from federation.daemon.broker_items import (
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
 from federation.daemon.broker_sessions import BrokerSessions
 from federation.daemon.broker_subscriptions import BrokerSubscriptions
+from federation.daemon.client_registry import is_record
 from federation.daemon.clock import Clock
 from federation.daemon.config import DaemonConfig
 from federation.daemon.flow_control import HELD_BYTES, HELD_MAX, FlowControl
 from federation.daemon.health import Readiness
 from federation.daemon.injections import InjectionJournal
+from federation.daemon.kicker import Outcome, SessionKicker
 from federation.daemon.local_publications import LocalPublications
 from federation.daemon.metrics import Snapshot
 from federation.daemon.policy_edges import PolicyEdges
@@ -80,6 +84,7 @@ from federation.daemon.reload import Reloads
 from federation.daemon.retained import RetainedStore, prepare
 from federation.daemon.retained_order import RetainedGate, RetainedOrder
 from federation.daemon.retained_scan import RetainedReading, scan_client_id
+from federation.daemon.roaming import Roaming
 from federation.daemon.snapshots import metrics_snapshot, status_document, wrapper_readiness
 from federation.daemon.spool import Spool, SpooledPublication
 from federation.daemon.startup import Resources
@@ -192,6 +197,11 @@ class Running:
                                                 self.broker_subscriptions.helpers_subscribed,
                                                 self._may_read_retained, lambda: self.stopping, self._drain_outputs)
         """when the broker's retained messages are read, and what the federation does not know of them originated"""
+        self.roaming = Roaming(node.address, self.subscriptions, self.subscription_sink, self.retained,
+                               self.local.originate_record, self._start_kicker, self.tracker.is_connected,
+                               lambda client: client in self.sessions.ledger.offline)
+        """one client id federation-wide: the registry of clients, takeovers and handovers (roaming.py, issue 39)"""
+        self._kickers: set[SessionKicker] = set()
         self.duplicates_suppressed = 0
         """remote QoS 1/2 publications not injected because the journal says the broker completed them"""
         self.flow = FlowControl()
@@ -319,6 +329,8 @@ class Running:
         if self.saver is not None:
             self.saver.cancel()
         self.retained_reading.close()
+        for kicker in list(self._kickers):
+            kicker.close()
         self.broker_health.close()
         self.resources.close(self.transport)
 
@@ -371,6 +383,9 @@ class Running:
                     changed = self.sessions.log_line(now) or changed  # a $SYS round before it is complete
                     for event in self.tracker.feed(item.topic, item.payload):
                         changed = self.sessions.apply(event, now) or changed
+                        released = self.roaming.log_event(event, now)
+                        if released:  # held for a session this broker took from another: now, in their order
+                            self.flow.requeue(node, released, now)
                         if isinstance(event, ClientSubscribed) and not event.own:
                             released = self.broker_subscriptions.subscribed(event.client, event.filter, now)
                             if released:  # held since the broker restarted: now, in their order
@@ -413,6 +428,25 @@ class Running:
         self.event_counts[event.type] += 1
         if self.event_log is not None:
             self.event_log.write([event])
+
+    def _start_kicker(self, client: str, clean: bool, done: Callable[[Outcome], None]) -> None:
+        """Take `client` over on the broker (kicker.py); `done` gets the outcome on the loop's thread."""
+        config, loop = self.config, self.loop
+        kicker: SessionKicker | None = None
+
+        def finished(outcome: Outcome) -> None:  # on the kicker's thread
+            def on_loop() -> None:
+                self._kickers.discard(kicker)  # type: ignore[arg-type]
+                if not self.stopping:
+                    done(outcome)
+                    self._drain_outputs(self.clock.now())
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the wrapper is exiting
+                loop.call_soon_threadsafe(on_loop)
+
+        kicker = SessionKicker(config.broker, config.broker_auth, client, clean, config.client_id,
+                               self.tracker.add_kicker, finished)
+        self._kickers.add(kicker)
+        kicker.start()
 
     def _may_read_retained(self) -> bool:
         """A reading of the broker's retained messages may start: the wrapper is ready and a neighbour is up (even
@@ -493,7 +527,8 @@ class Running:
         if mapped:  # QoS 0 runs: nothing for the retained store, so under the topic policy at once
             runs = edges.import_runs(runs)
             made = list(runs)
-        if not (runs and not self.broker_subscriptions.hold.active and self.flow.inject_runs(node, broker, runs)):
+        if not (runs and not self.broker_subscriptions.hold.active and not self.roaming.holding
+                and self.flow.inject_runs(node, broker, runs)):
             injections = expand_runs(made)
             if injections:
                 injections = self._prepare(injections, now)  # the store keeps the federation's topics
@@ -537,10 +572,20 @@ class Running:
         """Expiry counted down, retained ones checked against the store (federation.daemon.retained); those not
         injected are counted and done (a newer value, or nothing left to deliver)."""
         kept, dropped = prepare(injections, self.retained, time.time())
+        node = self.node
+        if any(injection.retain and is_record(injection.topic) for injection in kept):
+            # The registry of client ids (client_registry.py) travels as retained values: never to the broker.
+            released: list[Injection] = []
+            for injection in kept:
+                if injection.retain and is_record(injection.topic):
+                    released += self.roaming.record(injection, now)
+                    node.injection_done(injection.publication, now)
+            kept = [injection for injection in kept if not (injection.retain and is_record(injection.topic))]
+            if released:
+                self.flow.requeue(node, released, now)
         for injection in kept:
             if injection.retain:
                 self.retained_gate.prepared(injection)
-        node = self.node
         for publication, expired in dropped:
             if expired is not None:  # None: the stored value itself, which the broker holds: no drop
                 reason = "message_expired" if expired else "retained_stale"
@@ -568,7 +613,7 @@ class Running:
                 else:
                     kept.append(injection)
             injections = kept
-        return self.broker_subscriptions.admit(injections, now)
+        return self.roaming.admit(self.broker_subscriptions.admit(injections, now), now)
 
     def _on_send_resumed(self) -> None:
         """The socket took the buffered datagrams: read from the broker again if only that held it."""
@@ -701,6 +746,9 @@ class Running:
         now = self.clock.now()
         self._retry_storage(now)
         self.broker_subscriptions.tick(now)
+        released = self.roaming.tick(now)
+        if released:
+            self.flow.requeue(self.node, released, now)
         self.retained_reading.start_if_due(now)
         if self.saver is not None and self.node.receivers_changes != self._receivers_saved:
             self._receivers_saved = self.node.receivers_changes  # who subscribes where: kept across a restart

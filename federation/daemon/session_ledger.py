@@ -133,6 +133,9 @@ class SessionLedger:
         self._window = _Window()
         self._skip = 0
         """rounds that only set the counts to compare with (`unsettle`)"""
+        self._kickers: dict[str, tuple[bool, int, int]] = {}
+        """client id -> (it resumed an unsure session, the client's filters, those it took over if resumed) of a
+        takeover connection under way"""
         self._late: dict[str, Fate] = {}
         """fates learnt between rounds (an expiry proves a session was kept), for the undecided rounds kept"""
         self._round: tuple[int | None, int | None] | None = None
@@ -192,6 +195,27 @@ class SessionLedger:
         if not complete:
             window.subscriptions_known = False
         self.counts.assumed_kept += 1
+
+    def kicker_connected(self, client: str, clean: bool, filters: int) -> None:
+        """The wrapper's own connection took `client` over (federation.daemon.kicker): a CONNECT with its id, with
+        the effects of one (`connected_line`); `filters`: those the wrapper held for it."""
+        offline = self.offline.get(client)
+        unsure = offline is not None and offline.unsure
+        taken = 0 if clean or (offline is None and client not in self.connected) else filters
+        self._kickers[client] = (unsure and not clean, filters, taken)
+        self.connected_line(client, clean, filters)
+
+    def kicker_gone(self, client: str, own_subscriptions: int) -> None:
+        """The takeover connection ended, and the session with it (its expiry is 0): the subscriptions it held go
+        (the client's, resumed with clean start 0, and its own fence)."""
+        resumed_unsure, filters, taken = self._kickers.pop(client, (False, 0, 0))
+        window = self._window
+        window.clients -= 1
+        window.subscriptions -= taken + own_subscriptions
+        if resumed_unsure:  # had the session ended before, it took over no subscription: that much less goes
+            window.unknown.setdefault(client, []).append((0, filters))
+        self.connected.pop(client, None)
+        self.offline.pop(client, None)
 
     def expired_line(self, client: str, filters: int) -> None:
         """"Expiring client X": its offline session ended."""

@@ -50,6 +50,7 @@ from federation.daemon.reload import Reloads
 from federation.daemon.retained import RetainedStore
 from federation.daemon.retained_order import RetainedGate
 from federation.daemon.retained_scan import RetainedReading
+from federation.daemon.roaming import Roaming
 from federation.daemon.storage import StorageHealth
 from federation.daemon.udp import OverlayProtocol
 from federation.envelope.datagrams import Envelope
@@ -91,6 +92,8 @@ class WrapperParts(Protocol):
     def retained_gate(self) -> RetainedGate: ...
     @property
     def sessions(self) -> BrokerSessions: ...
+    @property
+    def roaming(self) -> Roaming: ...
     @property
     def protocol(self) -> OverlayProtocol: ...
     @property
@@ -147,6 +150,7 @@ def status_document(wrapper: WrapperParts, now: float, brief: bool = False) -> d
             "journal": wrapper.journal.status() if wrapper.journal is not None else None,
             "retained": {**wrapper.retained.describe(), "order": wrapper.retained_gate.describe()},
             "sessions": wrapper.sessions.describe(),
+            "roaming": wrapper.roaming.describe(),
             "retained_scan": dataclasses.asdict(wrapper.retained_reading.counts),
             **wrapper.broker_subscriptions.status(),
         },

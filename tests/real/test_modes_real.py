@@ -96,6 +96,10 @@ def test_full_replication_reaches_every_broker_once_over_one_tree(make_federatio
     far = clients.subscribe(federation, "n2", f"{label}/#")
     near = clients.subscribe(federation, "n1", f"{label}/a")
     federation.wait_mesh(f"{label}/#")
+    # The subscribers' connections are claimed in the registry of client ids (a retained record each, over the
+    # same kind of tree: federation.daemon.client_registry): counted before, not among the five.
+    wait_for(lambda: all(federation.status(name)["daemon"]["broker"]["retained"]["registry"]["records"] >= 2
+                         for name in federation.nodes), 10, message="the subscribers' records at every wrapper")
     before = {name: tm_received(federation, name) for name in federation.nodes}
     for number in range(3):
         clients.publish(federation, "n3", f"{label}/a", f"m{number}".encode())

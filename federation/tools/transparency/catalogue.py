@@ -228,6 +228,45 @@ def _session_cases() -> list[Scenario]:
     ]
 
 
+MOVED = ("Mosquitto answers session present 0 on a broker that never saw the client (one broker: 1); the client "
+         "subscribes again, as MQTT 5 has it do then")
+"""why the roaming cases' session present cannot match one broker's (docs/transparency.md)"""
+
+
+def _roaming_cases() -> list[Scenario]:
+    """Issue 39 item 3: one client id federation-wide. The same client id connects again on another site (a device
+    behind a load balancer in front of the brokers)."""
+    return [
+        Scenario("takeover-elsewhere",
+                 "the same client id connects on b, then on c: the first connection is closed (taken over)", (
+                     Connect("dev_b", "b", identity="dev"), Subscribe("dev_b", "{p}/d"),
+                     Connect("dev_c", "c", identity="dev"), Subscribe("dev_c", "{p}/d"),
+                     Connect("p", "a"), Publish("p", "{p}/d", text("to the second"), qos=1))),
+        Scenario("will-delay-elsewhere",
+                 "a client with a 3 s will delay killed on a comes back on c within it: no will", (
+                     Connect("watch_b", "b"), Subscribe("watch_b", "{p}/will"),
+                     Connect("w_a", "a", clean_start=True, session_expiry=60, identity="w",
+                             will=Will("{p}/will", text("w is gone"), delay=3)),
+                     Kill("w_a"), Wait(0.5),
+                     Connect("w_c", "c", clean_start=False, session_expiry=60, identity="w"),
+                     Wait(4.0), Connect("p", "a"), Publish("p", "{p}/will", text("after the delay"), qos=1)),
+                 session_present_differs=MOVED),
+        Scenario("session-moves",
+                 "a persistent session made on a, offline while QoS 1 and 2 are published, resumed on c: its queued "
+                 "messages, once, in order, then what follows", (
+                     Connect("s_a", "a", clean_start=True, session_expiry=300, identity="s"),
+                     Subscribe("s_a", "{p}/q/#", qos=2), Disconnect("s_a"),
+                     Connect("p", "b"),
+                     *[Publish("p", f"{{p}}/q/{qos}", text(f"q{qos}-{n}"), qos=qos)
+                       for n in range(1, 4) for qos in (1, 2)],
+                     Wait(OFFLINE_WAIT),
+                     Connect("s_c", "c", clean_start=False, session_expiry=300, identity="s"),
+                     Subscribe("s_c", "{p}/q/#", qos=2), Settle(),
+                     Publish("p", "{p}/q/1", text("back"), qos=1)),
+                 session_present_differs=MOVED),
+    ]
+
+
 def _option_cases() -> list[Scenario]:
     return [
         Scenario("qos-levels", "QoS 0/1/2 published, subscribed at 0/1/2 on c and at 2 on a: downgrade", (
@@ -316,7 +355,8 @@ def _long_cases() -> list[Scenario]:
 
 def default_cases() -> list[Scenario]:
     """Every case of the default run, in the order of the matrix."""
-    return [*_retained_cases(), *_shared_cases(), *_will_cases(), *_session_cases(), *_option_cases(),
+    return [*_retained_cases(), *_shared_cases(), *_will_cases(), *_session_cases(), *_roaming_cases(),
+            *_option_cases(),
             *_size_cases(), huge_case(), *_long_cases()]
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,8 @@ EXPIRY_TOLERANCE = 2.0
 """seconds by which a message's remaining expiry interval plus its time in transit may differ from the
 reference's: Mosquitto counts in whole seconds of its own clock, so each side may be off by up to one"""
 DIFF_LINES = 40
+SESSION_PRESENT = re.compile(r" session_present=\d")
+"""a CONNACK answer's session present flag (`Scenario.session_present_differs`)"""
 """at most this many lines of diff per receiver"""
 
 
@@ -222,6 +225,11 @@ def compare(scenario: Scenario, reference: Recording, other: Recording) -> Verdi
                                                            n=0) if not line.startswith(("---", "+++", "@@"))]
             if acks and not scenario.judge_acks:
                 notes.append(f"{client}'s acknowledgements differ (not judged in this case): " + "; ".join(lines))
+            elif not acks and scenario.session_present_differs and \
+                    [SESSION_PRESENT.sub("", line) for line in theirs] == \
+                    [SESSION_PRESENT.sub("", line) for line in ours]:
+                notes.append(f"{client}'s session present differs ({scenario.session_present_differs}): "
+                             + "; ".join(lines))
             else:
                 counts["answers"] += 1
                 details.append(f"{client}'s {'acknowledgements' if acks else 'answers'} differ:")

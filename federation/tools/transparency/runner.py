@@ -219,7 +219,8 @@ class _Run:
         if isinstance(action, Connect):
             client = self.clients.get(action.client)
             if client is None:
-                client = RecordingClient(action.client, f"tp-{self.scenario.name}-{action.client}", self.clock)
+                client = RecordingClient(action.client,
+                                         f"tp-{self.scenario.name}-{action.identity or action.client}", self.clock)
                 self.clients[action.client] = client
             will = None
             if action.will is not None:

@@ -136,13 +136,16 @@ class Will:
 
 @dataclass(frozen=True)
 class Connect:
-    """Connect `client` at `site` (MQTT v5). `clean_start` False with a `session_expiry` keeps a session."""
+    """Connect `client` at `site` (MQTT v5). `clean_start` False with a `session_expiry` keeps a session.
+    `identity`: the MQTT client id's name when several of the scenario's clients share one (the same device
+    connecting again on another broker: each connection a client of its own, recorded apart)."""
 
     client: str
     site: str
     clean_start: bool = True
     session_expiry: int = 0
     will: Will | None = None
+    identity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,9 @@ class Scenario:
     bridge_duplicates: str | None = None
     """why the bridge chain delivers some publications more than once in this case; its recording is then
     compared with each duplicate left out (what one broker would do)"""
+    session_present_differs: str | None = None
+    """why a CONNACK's session present flag cannot be what one broker answers in this case (a client back on
+    another broker, which never saw it): then reported as a note, not judged (docs/transparency.md)"""
 
     def __post_init__(self) -> None:
         if not self.name or any(char in self.name for char in "/+#$ "):
@@ -328,7 +334,10 @@ class Scenario:
 def describe_action(action: Action) -> str:
     """One line a person reads: `c1@c subscribe {p}/# q1 nl rap rh2 id7`."""
     if isinstance(action, Connect):
-        session = "clean" if action.clean_start else f"persistent {action.session_expiry}s"
+        session = ("clean" if action.clean_start else "clean start 0") + \
+            (f", session expiry {action.session_expiry}s" if action.session_expiry else "")
+        if action.identity:
+            session += f", client id {action.identity}"
         will = f", will on {action.will.topic} q{action.will.qos}{' retained' if action.will.retain else ''}" \
             if action.will else ""
         return f"{action.client} connects to {action.site} ({session}{will})"
