@@ -82,6 +82,8 @@ class NeighbourTable:
         self._by_transport: dict[Address, Neighbour] = {
             address: Neighbour(address, configured=True) for address in sorted(set(configured))
         }
+        self._ordered: list[Neighbour] | None = None
+        """`all()`, until the table changes"""
         self.refused = 0
         """dynamic neighbours refused because the table was full"""
         self.forgotten = 0
@@ -106,10 +108,12 @@ class NeighbourTable:
         neighbour = Neighbour(transport, configured=False)
         neighbour.extra["added_at"] = now
         self._by_transport[transport] = neighbour
+        self._ordered = None
         return neighbour
 
     def remove(self, transport: Address) -> None:
         self._by_transport.pop(transport, None)
+        self._ordered = None
         self._reindex()
 
     def set_configured(self, wanted: Iterable[Address]) -> tuple[list[Neighbour], list[Neighbour]]:
@@ -123,6 +127,7 @@ class NeighbourTable:
             neighbour = self._by_transport.get(transport)
             if neighbour is None:
                 neighbour = self._by_transport[transport] = Neighbour(transport, configured=True)
+                self._ordered = None
                 added.append(neighbour)
             neighbour.configured = True
         unlisted = [n for n in self.all() if n.configured and n.transport not in listed]
@@ -140,7 +145,11 @@ class NeighbourTable:
         self._reindex()
 
     def all(self) -> list[Neighbour]:
-        return [self._by_transport[key] for key in sorted(self._by_transport)]
+        """Every neighbour, in transport order (kept until the table changes: asked for by every flood)."""
+        ordered = self._ordered
+        if ordered is None:
+            ordered = self._ordered = [self._by_transport[key] for key in sorted(self._by_transport)]
+        return ordered
 
     def up(self) -> list[Neighbour]:
         return [n for n in self.all() if n.up and n.announced is not None]
@@ -255,6 +264,7 @@ class NeighbourTable:
             if not neighbour.configured and not neighbour.up and neighbour.up_since is None and \
                     neighbour.flaps == 0 and now >= neighbour.extra.get("added_at", now) + dead_after:
                 del self._by_transport[neighbour.transport]  # said hello, never answered ours
+                self._ordered = None
                 self.forgotten += 1
                 continue
             if neighbour.up and now >= neighbour.last_back + dead_after:
