@@ -57,7 +57,7 @@ from typing import Any
 
 from federation.daemon.status import STATUS_MAGIC, StatusError, decode_reply
 from federation.harness.driver import run_on_platform
-from federation.harness.nodeconfig import WRAPPER_PORT, mosquitto_template
+from federation.harness.nodeconfig import REPO_ROOT, WRAPPER_PORT, mosquitto_template
 from federation.harness.platform import (
     InboundFilter,
     NodePlan,
@@ -89,7 +89,6 @@ from federation.lxd.plan import (
     sanitize,
 )
 from federation.scenario.model import Scenario
-from federation.tools.launch import REPO_ROOT
 
 STATUS_DEVICE = "fedstatus"
 """name of the proxy device that relays status queries into a container"""

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from federation.cli_version import add_version_option
+from federation.harness.nodeconfig import MOSQUITTO_CONF_TEMPLATE, REPO_ROOT
 from federation.lxd import host
 from federation.lxd.cluster import ClusterError, LxdCluster, delete_containers, ours
 from federation.lxd.image import DEFAULT_MIRROR, ImageError, default_recipe, ensure_image, image_exists
@@ -44,7 +45,6 @@ from federation.lxd.plan import (
     make_plan,
 )
 from federation.scenario.loader import ScenarioError, load_scenario
-from federation.tools.launch import MOSQUITTO_CONF_TEMPLATE, REPO_ROOT
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from federation.harness.nodeconfig import REPO_ROOT, WRAPPER_PORT
+from federation.harness.processes import LaunchError, poll
 from federation.lxd.plan import (
     BROKER_DROPIN,
     BROKER_SERVICE,
@@ -59,7 +61,6 @@ from federation.lxd.plan import (
     render_wrapper_unit,
     render_wrapper_yaml,
 )
-from federation.tools.launch import REPO_ROOT, WRAPPER_PORT, LaunchError, poll
 
 ADDRESS_TIMEOUT = 60.0
 READY_TIMEOUT = 60.0

@@ -38,6 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from federation.harness.nodeconfig import REPO_ROOT
+from federation.harness.processes import poll
 from federation.lxd.plan import (
     BRIDGE,
     HOST_FIREWALL_TABLE,
@@ -46,7 +48,6 @@ from federation.lxd.plan import (
     render_host_firewall,
     render_preseed,
 )
-from federation.tools.launch import REPO_ROOT, poll
 
 HOST_PACKAGES = ("lxd", "lxd-client", "nftables", "debootstrap")
 LXD_DIR = Path("/var/lib/lxd")

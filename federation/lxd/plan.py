@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
+from federation.harness.nodeconfig import BROKER_PORT, WRAPPER_PORT, render_mosquitto_conf
 from federation.protocol.settings import Settings
 from federation.scenario.model import Scenario
-from federation.tools.launch import BROKER_PORT, WRAPPER_PORT, render_mosquitto_conf
 
 DEFAULT_PREFIX = "mqf"
 """containers are named PREFIX-TOPOLOGY-NODE"""

@@ -28,8 +28,10 @@ raises `LaunchError` with the state it saw and the ends of the relevant logs.
 The pieces every real backend shares live in `federation.harness`: process
 spawning and `poll` (`processes`), the broker config, wrapper YAML and
 command line (`nodeconfig`), and the judgements made from status documents
-(`statusview`). They are re-exported here, so `from federation.tools.launch import
-poll, render_mosquitto_conf, ...` keeps working.
+(`statusview`). The deployment backends (`federation.netns`, `federation.lxd`)
+take them from there, never from here: this module is a tool. They are
+re-exported here for the tests and scripts that start a loopback federation,
+so `from federation.tools.launch import poll, render_mosquitto_conf, ...` keeps working.
 """
 
 from __future__ import annotations

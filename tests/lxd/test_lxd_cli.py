@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from federation.harness.nodeconfig import REPO_ROOT
 from federation.lxd import cli, host
 from federation.lxd.plan import Machine
-from federation.tools.launch import REPO_ROOT
 
 GiB = 2**30
 LINE3 = """\

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from federation.daemon.config import load_config
-from federation.harness.nodeconfig import WRAPPER_LOG_TYPES
+from federation.harness.nodeconfig import MOSQUITTO_CONF_TEMPLATE, REPO_ROOT, WRAPPER_LOG_TYPES
 from federation.lxd.cluster import convergence_problems, project_bundle
 from federation.lxd.image import ImageRecipe, default_recipe, project_extra, project_requirements
 from federation.lxd.plan import (
@@ -48,7 +48,6 @@ from federation.lxd.plan import (
     render_wrapper_yaml,
 )
 from federation.scenario.loader import ScenarioError, load_scenario, parse_scenario
-from federation.tools.launch import MOSQUITTO_CONF_TEMPLATE, REPO_ROOT
 
 GiB = 2**30
 BIG_MACHINE = Machine(memory_available=24 * GiB, disk_free=80 * GiB, disk_path="/var/lib/lxd",

@@ -27,10 +27,11 @@ from pathlib import Path
 
 import pytest
 
+from federation.harness.nodeconfig import REPO_ROOT
+from federation.harness.processes import poll
 from federation.lxd import host
 from federation.lxd.cli import connect, load_plan
 from federation.lxd.cluster import LxdCluster, delete_containers, ours
-from federation.tools.launch import REPO_ROOT, poll
 
 PROVISION = [sys.executable, str(REPO_ROOT / "lxc" / "provision.py")]
 PREFIX = "mqftest"
