@@ -75,6 +75,8 @@ BRIDGE_RESTART_TIMEOUT = 1
 """seconds a bridge waits before retrying its connection (the next broker may start after it)"""
 CONVERGE_TIMEOUT = 30.0
 """seconds a federation gets to converge after its wrappers start"""
+START_TIMEOUT = 60.0
+"""seconds a broker or wrapper gets to start (a loaded 2-CPU machine took over 10 s to start a wrapper)"""
 SETUP_KINDS = ("single", "bridge", "federation", "relay")
 
 
@@ -197,14 +199,14 @@ class Setup:
     def start(self) -> None:
         """Start the brokers (and the wrappers, for a federation, until they converge); LaunchError on failure."""
         if self.spec.kind == "federation":
-            self.brokers.start()
+            self.brokers.start(timeout=START_TIMEOUT)
             try:
                 self.brokers.wait_converged(timeout=CONVERGE_TIMEOUT)
             except LaunchError:
                 self.brokers.stop()
                 raise
         else:
-            self.brokers.start_brokers()
+            self.brokers.start_brokers(START_TIMEOUT)
 
     def stop(self) -> None:
         self.end_case()
