@@ -26,8 +26,8 @@ One report is advice, not a fault: a broker whose Receive Maximum (its
 `max_inflight_messages`; Mosquitto's default is 20) is below
 `ADVISED_RECEIVE_MAXIMUM` lets the wrapper have only that many QoS 1/2
 publications from other brokers in flight into it, and at full rate that
-window, not the CPU, sets how fast they arrive (docs/benchmarks.md, sixth
-pass). Said once per process, at the first connection that announces it.
+window, not the CPU, sets how fast they arrive (docs/benchmarks/history.md,
+"Sixth pass"). Said once per process, at the first connection that announces it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ packet, and at full rate the fixed part is most of it. In one process
 (`hotpath`) the two wrappers' QoS 0 path costs 10.4 µs per publication in
 passes of 16 and 3.0 in passes of 256; in a flood the sending wrapper's
 passes took about 45, and both wrappers spent 7.7 µs per publication
-(docs/benchmarks.md, "Seventh pass"). So once the broker sends faster than
+(docs/benchmarks/history.md, "Seventh pass"). So once the broker sends faster than
 `min_rate` packets a second, in passes of at least `min_packets`, the
 adapter stops watching its socket for `seconds` after each pass that
 emptied it: the next pass takes what gathered meanwhile. This is interrupt

@@ -32,14 +32,14 @@ rendered configs apply to every setup alike:
   load the disk of a benchmark that moves millions of messages.
 * `set_tcp_nodelay true`: without it Mosquitto's sends to a QoS 0
   subscriber wait for Nagle's algorithm, and a 1 KB message at 1,000/s takes
-  about 20 ms on one broker instead of 0.15 ms (measured; docs/benchmarks.md).
+  about 20 ms on one broker instead of 0.15 ms (measured; docs/benchmarks/history.md).
 
 With `max_inflight` (the bench's `--max-inflight`), every setup's brokers
 get `max_inflight_messages` set to it in place of the template's value: the
 window of unacknowledged QoS 1/2 publications a broker allows each client
 both ways (its Receive Maximum), and so how many the receiving wrapper, or a
-bridge, may have in flight into the next broker (docs/benchmarks.md, sixth
-pass).
+bridge, may have in flight into the next broker (docs/benchmarks/history.md,
+"Sixth pass").
 
 Each setup gets its own /24 of loopback addresses (127.0.<subnet>.10 and up),
 away from the tests' 127.0.40+ and the demo's 127.0.0.10.
