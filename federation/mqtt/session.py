@@ -254,9 +254,9 @@ class MqttSession:
             return []
         if self._waiting_since is not None:
             self.state = State.ERROR
-            waited = "the CONNACK" if self.pings_answered == self.pings_sent else "a PINGRESP"
-            return [ProtocolFailure(KEEPALIVE_TIMEOUT, f"no answer to {waited} within the keepalive "
-                                                       f"({self.keepalive} s): close the connection")]
+            waited = "CONNACK" if self.pings_answered == self.pings_sent else "PINGRESP"
+            return [ProtocolFailure(KEEPALIVE_TIMEOUT, f"no {waited} within the keepalive ({self.keepalive} s): "
+                                                       "the broker or the path to it is stuck; close the connection")]
         self._ping(now)
         return []
 

@@ -63,6 +63,8 @@ class RecordingProxy:
         self.streams: list[bytearray] = []
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._muted = -1
+        self.ended: list[bool] = []
+        """per connection: one side closed it (everything the client wrote before is recorded)"""
         self._stopping = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -80,18 +82,21 @@ class RecordingProxy:
                     stream = bytearray()
                     self.streams.append(stream)
                     self._pairs.append((client, upstream))
-                    selector.register(client, selectors.EVENT_READ, (upstream, stream, None))
-                    selector.register(upstream, selectors.EVENT_READ, (client, None, len(self._pairs) - 1))
+                    index = len(self._pairs) - 1
+                    self.ended.append(False)
+                    selector.register(client, selectors.EVENT_READ, (upstream, stream, index))
+                    selector.register(upstream, selectors.EVENT_READ, (client, None, index))
                     continue
                 other, record, index = key.data
                 assert isinstance(sock, socket.socket)
                 try:
                     data = sock.recv(65536)
-                    if data and index != self._muted:
+                    if data and (record is not None or index != self._muted):
                         other.sendall(data)
                 except OSError:
                     data = b""
                 if not data:
+                    self.ended[index] = True
                     for each in (sock, other):
                         if each.fileno() >= 0:
                             selector.unregister(each)
@@ -113,6 +118,8 @@ class RecordingProxy:
                 sock.shutdown(socket.SHUT_RDWR)
 
     def packets(self, connection: int, protocol: int) -> list[Packet]:
+        """What the client wrote on a connection, once it has ended."""
+        wait_for(lambda: self.ended[connection], DEADLINE, message=f"connection {connection} through the proxy to end")
         return decode_all(bytes(self.streams[connection]), protocol)
 
     def close(self) -> None:
@@ -426,6 +433,7 @@ def resumed(side: PahoSide | SessionSide, peer: Peer, proxy: RecordingProxy) -> 
     assert side.connacks == [False, True]
     side.wait(lambda: side.completed == 4, "completion of all four")
     wait_for(lambda: len(peer.received) >= 6, DEADLINE, message="the peer to get the QoS 2 ones and the repeats")
+    side.disconnect()
 
 
 def test_a_resumed_session_sends_its_flights_again_as_paho_does(broker: Broker, closing: list[Any]) -> None:
@@ -468,16 +476,16 @@ def test_a_session_lost_hands_its_flights_back_where_paho_sends_them_again(tmp_p
             assert side.connacks == [False, False]
         paho_side = sides["paho"][0]
         paho_side.wait(lambda: paho_side.completed == 1, "the completion of paho's publication sent again")
+        for side, _proxy in sides.values():
+            side.disconnect()
     paho_proxy = sides["paho"][1]
     ours, ours_proxy = sides["session"]
-    assert [type(packet).__name__ for packet in paho_proxy.packets(1, MQTT_5)] == ["Connect", "Publish"]
-    assert [type(packet).__name__ for packet in ours_proxy.packets(1, MQTT_5)] == ["Connect"]
+    assert [type(packet).__name__ for packet in paho_proxy.packets(1, MQTT_5)] == ["Connect", "Publish", "Disconnect"]
+    assert [type(packet).__name__ for packet in ours_proxy.packets(1, MQTT_5)] == ["Connect", "Disconnect"]
     assert isinstance(ours, SessionSide)
     connected = [event for event in ours.events if isinstance(event, Connected)][-1]
     assert [(message.topic, message.payload, message.qos) for message in connected.abandoned] == [("out/x", b"x", 1)]
-    assert ours.session.in_flight() == () and ours.session.state is State.CONNECTED
-    for side, _proxy in sides.values():
-        side.disconnect()
+    assert ours.session.in_flight() == () and ours.session.state is State.IDLE  # disconnected, nothing kept
 
 
 def test_flow_control_by_receive_maximum_both_ways(broker: Broker, closing: list[Any]) -> None:
