@@ -165,6 +165,29 @@ def test_a_count_that_overtakes_the_subscribe_line_it_counts_starts_nothing() ->
     assert audit.tick(5.0) is None and not audit.over_delivery and audit.switched_on == 0
 
 
+def test_the_expected_count_is_the_largest_known_since_the_change_in_effect_at_the_window() -> None:
+    """`expected` keeps a sliding-window maximum; here against the whole history searched at every call."""
+    rng = random.Random(7)
+    audit = SubscriptionAudit(own=3, window=15.0, clear_after=30.0, settle=2.0)
+    history: list[tuple[float, int]] = []
+    now, known, sample_at = 0.0, 0, None
+    for _ in range(5000):
+        now += rng.choice((0.001, 0.01, 0.5, 3.0))
+        if rng.random() < 0.1:
+            sample_at = now
+            audit.sample(rng.randrange(100), now)
+        else:
+            known = max(0, known + rng.randrange(-5, 6))
+            audit.known_changed(known, now)
+            if not history or history[-1][1] != known:
+                history.append((now, known))
+        if sample_at is None:
+            continue
+        since = now - 15.0 if now - 15.0 > sample_at else sample_at - 15.0
+        first = max((i for i, (at, _) in enumerate(history) if at <= since), default=0)
+        assert audit.expected(now) == max(k for _, k in history[first:]) + 3
+
+
 def test_broker_counted_leaves_out_shared_subscriptions_as_mosquitto_does() -> None:
     table = LocalSubscriptions({"a": ClientRecord({"x/#": 1, "$share/g/y": 0}), "b": ClientRecord({"$SYS/#": 0})})
     assert broker_counted(table) == 2
