@@ -497,8 +497,14 @@ class MeshEngine(CoreElection, PublicationRouting):
 
     def about_to_claim(self, now: float) -> bool:
         """Would the mesh claim a topic core now (a subscribed filter without a core, claims allowed)?"""
-        return now >= self.claim_allowed_at and any(
-            state.core is None and self.wants(filter_) for filter_, state in self.topics.items())
+        if now < self.claim_allowed_at:
+            return False
+        # The wanted filters are few beside the topics (every core the federation knows): look at those only, as
+        # this is asked after every input while the table is stale.
+        topics = self.topics
+        wanted = (*(filter_ for filter_, count in self._local_interest.items() if count > 0),
+                  *self.policy.replicated, RETAINED_FILTER)
+        return any((state := topics.get(filter_)) is not None and state.core is None for filter_ in wanted)
 
     def next_deadline(self, last_input_at: float) -> float | None:
         """The earliest held publication's deadline, topic reconsidered with time (`_schedule`), or when claims
