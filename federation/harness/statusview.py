@@ -86,6 +86,12 @@ def serving_filter(documents: Mapping[str, StatusDocument | None], filter_: str)
              if document is not None]
     if not known or all(filter_ in filters for filters in known):
         return filter_
+    # A broker that federates the filter itself is served by its own mesh, not yet known everywhere: another
+    # broker's wider filter that every node knows (a `#` subscriber elsewhere) brings it nothing, and taking that
+    # would call the mesh ready before it is (the live fuzz's QoS 0 publication, sent meanwhile, went nowhere).
+    if any(filter_ in ((document.get("federated") or {}).get("federated_filters") or ())
+           for document in documents.values() if document is not None):
+        return filter_
     common = set.intersection(*known)
     covering = sorted(other for other in common if isinstance(other, str) and covers(other, filter_))
     return covering[0] if covering else filter_

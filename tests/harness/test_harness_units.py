@@ -28,7 +28,7 @@ from federation.harness.clients import (
 )
 from federation.harness.links import LinkState
 from federation.harness.platform import InboundFilter
-from federation.harness.statusview import parse_broker_id, ready_problem, view_of
+from federation.harness.statusview import parse_broker_id, ready_problem, serving_filter, view_of
 from federation.harness.traffic import TrafficTally, lifetimes_seconds
 from federation.protocol.types import Address, BrokerId
 from federation.scenario.loader import ScenarioError, parse_scenario
@@ -228,6 +228,19 @@ def test_view_of_a_status_document():
     assert view_of(_document(management_core=None)) is None
     with pytest.raises(ValueError):
         parse_broker_id("nope")
+
+
+def test_a_wider_filter_serves_a_subscription_only_where_its_broker_does_not_federate_it_itself():
+    """`wait_mesh`'s choice of mesh: n1's `p/#` (its own subscriber's), known everywhere, does not serve n0's `p/+/x`
+    while n0's claim of it is not known yet (the mesh was called ready and a QoS 0 publication went nowhere); a
+    covering filter the subscriber's own broker federates for it does (a fleet's aggregate)."""
+    def document(topics: list[str], federated: list[str]) -> dict[str, object]:
+        return {"topics": [{"filter": topic} for topic in topics], "federated": {"federated_filters": federated}}
+
+    pending = {"n0": document(["p/#"], ["p/+/x"]), "n1": document(["p/#"], ["p/#"])}
+    assert serving_filter(pending, "p/+/x") == "p/+/x"
+    aggregated = {"n0": document(["p/#"], ["p/#"]), "n1": document(["p/#"], [])}
+    assert serving_filter(aggregated, "p/+/x") == "p/#"
 
 
 def test_ready_problem():
