@@ -22,6 +22,7 @@ from federation.daemon import broker_health, lean_client
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem, Connected, Disconnected, LogLine, Publication, Subscribed
 from federation.daemon.broker_log import BrokerLogTracker, ClientSubscribed
+from federation.daemon.client_registry import CONNECTED, Record, is_record
 from federation.daemon.config import DaemonConfig
 from federation.daemon.lean_client import PAHO_PRIVATE_NAMES, PublicClient
 from federation.daemon.mqtt_properties import dict_to_properties, properties_to_dict
@@ -285,11 +286,14 @@ def test_shipped_mosquitto_conf_gives_the_wrapper_what_it_needs(tmp_path: Path, 
 
 
 class RecordingRuntime(Runtime):
-    """A Runtime whose node records local_publish calls."""
+    """A Runtime whose node records local_publish calls: the clients' publications in `published`, and apart, the
+    wrapper's own records of the registry of client ids (every connection is claimed: client_registry.py) by client
+    id and state in `claims`."""
 
     def __init__(self, config: DaemonConfig) -> None:
         super().__init__(config)
         self.published: list[tuple[str, bytes, int, bool, dict[str, Any] | None]] = []
+        self.claims: list[tuple[str, str]] = []
 
     async def build(self) -> Running:
         wrapper = await super().build()
@@ -298,7 +302,11 @@ class RecordingRuntime(Runtime):
 
         def local_publish(topic: str, payload: bytes, qos: int, retain: bool, properties: dict[str, Any] | None,
                           now: float) -> Any:
-            self.published.append((topic, payload, qos, retain, properties))
+            if is_record(topic):
+                record = Record.decode(payload)
+                self.claims.append((record.client, record.state))
+            else:
+                self.published.append((topic, payload, qos, retain, properties))
             return original(topic, payload, qos, retain, properties, now)
 
         node.local_publish = local_publish  # type: ignore[method-assign]
@@ -327,6 +335,7 @@ def test_runtime_feeds_the_node(broker: Broker, processes: Processes, tmp_path: 
         assert isinstance(origin_ms, int) and origin_ms > 0
         assert (topic, payload, qos, retain, stamped) == ("c/1", b"hello", 2, True,
                                                           {**PROPERTIES, "correlation_data": b"\x01corr"})
+        assert {("clean-sub", CONNECTED), ("kept-sub", CONNECTED)} <= set(runtime.claims)
         # A clean client's disconnect removes its filters; a persistent session keeps them.
         Processes.end(clean)
         wait_for(lambda: "clean-sub" not in node.clients, timeout=5, message="the clean client's filters to go")
@@ -361,6 +370,7 @@ def test_runtime_on_pahos_public_path_feeds_the_node(broker: Broker, processes: 
         subprocess.run(mosquitto_pub(broker.port, "-t", "p/1", "-m", "hello", "-q", "1"), check=True, timeout=10)
         wait_for(lambda: runtime.published, timeout=5, message="node.local_publish")
         assert runtime.published[0] == ("p/1", b"hello", 1, False, None)
+        assert ("public-sub", CONNECTED) in runtime.claims
     finally:
         assert thread.stop() == 0
 
