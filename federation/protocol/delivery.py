@@ -23,6 +23,7 @@ from federation.protocol.context import NO_REACH, NeighboursView, Outbox
 from federation.protocol.custody import Custody, Entry
 from federation.protocol.forwarding import NOT_SENT, Routed
 from federation.protocol.mesh import MeshEngine
+from federation.protocol.modes import end_to_end
 from federation.protocol.publications import Publications
 from federation.protocol.receivers import Receivers, repair_of
 from federation.protocol.reliable import ReliableForwarding
@@ -33,6 +34,11 @@ from federation.protocol.wire_types import TopicAck, TopicAcks, TopicMessage, To
 
 REACH_SETS_KEPT = 256
 """distinct reaches of acknowledgements kept as frozensets: every acknowledgement of a run names the same"""
+
+
+def _up(neighbours: NeighboursView, transport: Address) -> bool:
+    neighbour = neighbours.get(transport)
+    return neighbour is not None and neighbour.up
 
 
 class ReliableDelivery:
@@ -53,6 +59,7 @@ class ReliableDelivery:
              receivers: Receivers) -> None:
         self._reliable, self._mesh, self._publications = reliable, mesh, publications
         self._receivers = receivers
+        reliable.keep_orphan = self._keeps_orphan
 
     def _reach(self, listed: tuple[Address, ...]) -> frozenset[Address]:
         """An acknowledgement's reach as a frozenset, one object per distinct reach (runs repeat theirs)."""
@@ -83,6 +90,8 @@ class ReliableDelivery:
         key = publications.seen_key(message)
         if entry is None and key not in publications.seen:
             refusal = reliable.pressure()
+            if refusal is None and message.mode != MODE_TO_MEMBER and not publications.ordering.admits([message])[0]:
+                refusal = "order_backlog"  # it would wait beyond what its stream's full buffer holds
             if refusal is not None:
                 self._outbox.drop(refusal)  # a new copy, unacknowledged: its sender sends it again
                 return NOT_SENT
@@ -146,6 +155,8 @@ class ReliableDelivery:
                 reliable.acknowledge(message, sender, custody.reach_of(filter_))  # has it, or subscribes no more
                 return NOT_SENT
             refusal = reliable.pressure()
+            if refusal is None and not publications.ordering.admits([plain])[0]:
+                refusal = "order_backlog"
             if refusal is not None:
                 self._outbox.drop(refusal)  # its sender sends it again
                 return NOT_SENT
@@ -176,7 +187,8 @@ class ReliableDelivery:
         seen_base = publications.streams.base(origin.host, origin.port, batch.epoch, batch.filter)  # once a run
         messages = batch.messages()
         fresh = seen.all_new([seen_base | message.seq for message in messages])
-        if messages and fresh is not None and reliable.pressure() is None:
+        admitted = publications.ordering.admits(messages) if messages else []
+        if messages and fresh is not None and reliable.pressure() is None and all(admitted):
             # The common case, a run of publications all new here: taken together, as the loop below would take
             # them one by one (unless custody holds one of them already).
             opened = custody.open_run(messages, sender)
@@ -187,13 +199,16 @@ class ReliableDelivery:
         furthest = NOT_SENT
         refusal: str | None = None
         asked = False  # the pressure, asked again only after a copy handled before (it may send copies on)
-        for message in messages:
+        for message, admit in zip(messages, admitted, strict=True):
             key = seen_base | message.seq
             if key not in seen and (message.publication, message.filter) not in entries:
                 if not asked:
                     refusal, asked = reliable.pressure(), True
                 if refusal is not None:
                     self._outbox.drop(refusal)  # a new copy, unacknowledged: its sender sends it again
+                    continue
+                if not admit:
+                    self._outbox.drop("order_backlog")  # it would wait beyond what its stream's full buffer holds
                     continue
                 seen.add(key)
                 taken.append(custody.open(message, sender))
@@ -267,10 +282,36 @@ class ReliableDelivery:
     # ------------------------------------------------------------ what the parts hand back
 
     def track(self, messages: list[TopicMessage], transports: list[Address]) -> None:
-        """QoS 1/2 copies sent now to `transports` (by the mesh, or replayed; a run at once): retransmitted until
-        acknowledged, and obligations of their custody entries when open."""
+        """QoS 1/2 copies sent now to `transports` (by the mesh, or replayed; a run at once, of one filter):
+        retransmitted until acknowledged, and obligations of their custody entries when open.
+
+        A copy for a mesh neighbour that is down (the mesh keeps it for it: it may come back) is no obligation on
+        a filter the origin's end-to-end custody covers (rule 7f): the origin keeps the publication for the brokers
+        beyond that neighbour and repairs it to them when they are back in reach, so this hop's custody ends with
+        what it reached and the rest of the mesh is not held up by a part it cannot reach (a partition with
+        subscribers on both sides). The copy is kept as an orphan all the same, sent when the neighbour comes back
+        while it is still a mesh neighbour: a broker beyond it the origin does not know of yet gets it too."""
         reliable, _, _ = self._parts
+        if messages and end_to_end(messages[0].filter):
+            neighbours = self._neighbours
+            down = [transport for transport in transports if not _up(neighbours, transport)]
+            if down:
+                reliable.track_all(messages, down, [False] * len(messages))
+                self._outbox.counters["copies_left_to_origin"] += len(down) * len(messages)
+                transports = [transport for transport in transports if transport not in down]
+                if not transports:
+                    return
         reliable.track_all(messages, transports, self.custody.copies_sent_all(messages, transports))
+
+    def _keeps_orphan(self, message: TopicMessage, transport: Address) -> bool:
+        """Is an orphan copy for a neighbour that is down kept for it? On a filter the origin follows end to end,
+        while the neighbour is still a mesh neighbour of it (its membership has not expired): see `track`."""
+        if message.mode != MODE_IN_MESH or not end_to_end(message.filter):
+            return False
+        _, mesh, _ = self._parts
+        neighbour = self._neighbours.get(transport)
+        announced = neighbour.announced.address if neighbour is not None and neighbour.announced is not None else None
+        return announced is not None and mesh.is_mesh_neighbour(message.filter, announced)
 
     def route_again(self, message: TopicMessage, transport: Address, now: float) -> bool:
         """Reliable forwarding hands back a copy in custody whose next hop is down (out of its table): keep it for
@@ -288,7 +329,11 @@ class ReliableDelivery:
         neighbour = self._neighbours.get(transport)
         announced = neighbour.announced.address if neighbour is not None and neighbour.announced is not None else None
         if message.mode == MODE_IN_MESH and announced is not None and mesh.is_mesh_neighbour(message.filter, announced):
-            return True
+            if end_to_end(message.filter):  # kept for it as an orphan, the origin keeping it for beyond: `track`
+                self._outbox.counters["copies_left_to_origin"] += 1
+                self.custody.copy_done(transport, message.publication, message.filter)
+                reliable.track_all([message], [transport], [False])
+            return True  # kept for it: it may come back
         mesh.route_again(message, now)
         if (transport, message.publication, message.filter) in reliable.unacked:
             return True  # routed to the same neighbour again: still its copy

@@ -43,8 +43,10 @@ publication compute it afresh.
 neighbour it came from when it went to a neighbour pacing us
 (`federation.protocol.pacing`). A QoS 1/2 copy it sends is tracked (`track`:
 reliable forwarding and custody), as a step of sending it, and so is a copy
-for a mesh neighbour that is down (kept for it: it may come back); a QoS
-1/2 publication it holds is told to custody (`held`, `unheld`).
+for a mesh neighbour that is down (kept for it: it may come back; where the
+origin's end-to-end custody covers the filter, rule 7f, that copy holds no
+custody: `ReliableDelivery.track`); a QoS 1/2 publication it holds is told
+to custody (`held`, `unheld`).
 """
 
 from __future__ import annotations

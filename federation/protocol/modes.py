@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from federation.protocol.topic_filter import federated_filter, validate_filter
+from federation.protocol.topic_filter import REPAIR_PREFIX, SHARE_PREFIX, federated_filter, validate_filter
 
 INTEREST = "interest"
 FULL = "full"
@@ -50,6 +50,16 @@ RETAINED_FILTER = "//retained//"
 a tree over the component like `replication: full`'s, made when the first retained publication needs it (so a
 federation without retained publications sends nothing for it), kept out of the topic index (no topic is routed
 on it by matching) and reserved: a client subscription to exactly this filter is not federated"""
+
+
+
+def end_to_end(filter_: str) -> bool:
+    """Does the origin's end-to-end custody (docs/protocol.md rule 7f) cover publications on `filter_`? Not a shared
+    group's (one member serves it: rule 9), a repair's (it is one), nor the retained tree's (its stores converge by
+    their own anti-entropy: rule 10). Where it does, a hop keeps no copy for a mesh neighbour that is down: the
+    origin keeps the publication for the brokers beyond it and repairs it to them (federation.protocol.receivers)."""
+    return not filter_.startswith((SHARE_PREFIX, REPAIR_PREFIX)) and filter_ != RETAINED_FILTER
+
 
 RuleSetting = str | tuple[tuple[str, str], ...]
 """a mode for every filter (a string) or per-filter rules ((filter, mode) pairs, sorted)"""

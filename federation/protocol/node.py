@@ -298,14 +298,15 @@ class Node:
     @property
     def unacked_copies(self) -> int:
         """QoS 1/2 copies sent and not yet acknowledged by the next hop (with custody: not yet delivered everywhere
-        beyond it): the embedder's backpressure window (it stops reading its broker while many)."""
-        return len(self.reliable.unacked)
+        beyond it): the embedder's backpressure window (it stops reading its broker while many). The orphans (copies
+        nobody waits for: replays, copies kept for a mesh neighbour that is down, rule 7f) are left out."""
+        return self.reliable.owned_copies
 
     @property
     def unacked_bytes(self) -> int:
         """The payload bytes of those copies: the embedder's backpressure window in bytes (large publications fill
         it long before the count)."""
-        return self.reliable.unacked_bytes
+        return self.reliable.owned_bytes
 
     @property
     def held_publications(self) -> int:

@@ -65,8 +65,8 @@ from federation.protocol.context import NO_REACH, IdentityView, NeighboursView, 
 from federation.protocol.custody import Custody, Entry, EntryKey
 from federation.protocol.events import publication_text
 from federation.protocol.forwarding import NOT_SENT, SENT, Routed
-from federation.protocol.modes import RETAINED_FILTER
-from federation.protocol.topic_filter import REPAIR_PREFIX, SHARE_PREFIX, repair_filter, split_repair
+from federation.protocol.modes import end_to_end
+from federation.protocol.topic_filter import repair_filter, split_repair
 from federation.protocol.types import Address
 from federation.protocol.wire import MODE_REPAIR, TOPIC_MESSAGE
 from federation.protocol.wire_types import TopicMessage
@@ -170,9 +170,8 @@ class Receivers:
 
     @staticmethod
     def followed(filter_: str) -> bool:
-        """Does end-to-end custody apply to the filter? Not to a shared group's (one member serves it: rule 9), nor
-        to the retained tree's (its stores converge by their own anti-entropy: rule 10)."""
-        return not filter_.startswith((SHARE_PREFIX, REPAIR_PREFIX)) and filter_ != RETAINED_FILTER
+        """Does end-to-end custody apply to the filter? (`modes.end_to_end`)"""
+        return end_to_end(filter_)
 
     # ------------------------------------------------------------ custody's callbacks
 

@@ -174,6 +174,11 @@ class ReliableForwarding:
         """the payload and topic bytes of the copies in `unacked` (bounded by `max_unacked_bytes`)"""
         self.orphans: OrderedDict[Key, None] = OrderedDict()
         """the copies nobody waits for, oldest first: the ones forgotten when the table is full"""
+        self.orphan_bytes = 0
+        """the payload and topic bytes of the orphans (part of `unacked_bytes`)"""
+        self.keep_orphan: Callable[[TopicMessage, Address], bool] = lambda message, transport: False
+        """whether an orphan copy whose neighbour is down is kept for it (the node's answer, `ReliableDelivery`:
+        a mesh neighbour of a filter the origin's end-to-end custody covers, rule 7f); else it is forgotten"""
         self._heap: list[tuple[float, int, Flight]] = []
         """(deadline, push number, the copies given it): lazily deleted (a copy's `due` says whether it is live)"""
         self._fresh: list[Key] = []
@@ -202,24 +207,44 @@ class ReliableForwarding:
                     self.unacked_bytes += size
                     if not mine:
                         orphans[key] = None
+                        self.orphan_bytes += size
                 else:  # sent again by routing (a reroute, a replay): start over
                     entry.message, entry.retransmissions, entry.due, entry.reroute = message, 0, None, False
                     if mine and not entry.owned:
                         entry.owned = True
                         orphans.pop(key, None)
+                        self.orphan_bytes -= entry.size
                 unacked[key] = entry
                 fresh.append(key)
-        if len(unacked) > self.settings.max_unacked:
+        if orphans and (len(unacked) > self.settings.max_unacked or self.unacked_bytes > self._orphan_byte_limit):
             self._evict_orphans()
 
+    @property
+    def _orphan_byte_limit(self) -> float:
+        limit = self.settings.max_unacked_bytes
+        return limit - limit // 8
+
     def _evict_orphans(self) -> None:
+        """Beyond `max_unacked` copies (or 7/8 of `max_unacked_bytes`) in all, the oldest orphans are forgotten: they
+        never hold the table's room from the copies custody waits for."""
         unacked, orphans = self.unacked, self.orphans
-        while len(unacked) > self.settings.max_unacked and orphans:
+        byte_limit = self._orphan_byte_limit
+        while (len(unacked) > self.settings.max_unacked or self.unacked_bytes > byte_limit) and orphans:
             key, _ = orphans.popitem(last=False)
             entry = unacked.pop(key, None)
             if entry is not None:
                 self.unacked_bytes -= entry.size
+                self.orphan_bytes -= entry.size
                 self._outbox.drop("replay_evicted")
+
+    @property
+    def owned_copies(self) -> int:
+        """Copies an open custody entry waits for (the orphans left out): what bounds the node's intake."""
+        return len(self.unacked) - len(self.orphans)
+
+    @property
+    def owned_bytes(self) -> int:
+        return self.unacked_bytes - self.orphan_bytes
 
     def disown(self, transports: set[Address], publication: PublicationId, filter_: str) -> None:
         """These copies' custody entry was given up: nobody waits for them any more."""
@@ -229,6 +254,7 @@ class ReliableForwarding:
             if entry is not None and entry.owned:
                 entry.owned = False
                 self.orphans[key] = None
+                self.orphan_bytes += entry.size
 
     def cancel(self, transport: Address, message: TopicMessage) -> None:
         """Stop sending our copy of this (publication, filter) to `transport`: its custody entry was given up (a
@@ -241,6 +267,7 @@ class ReliableForwarding:
             self.unacked_bytes -= entry.size
             if not entry.owned:
                 self.orphans.pop(key, None)
+                self.orphan_bytes -= entry.size
         return entry
 
     def arm(self, now: float) -> None:
@@ -333,6 +360,10 @@ class ReliableForwarding:
             if not entry.reroute and neighbour is not None and neighbour.up:
                 resend.append((key, entry))
             elif not entry.owned:
+                if self.keep_orphan(entry.message, entry.transport):  # sent when it comes back, while it is one
+                    entry.reroute = False
+                    self._backoff([(key, entry)], now)
+                    continue
                 self._forget(key)  # a replay to a neighbour gone: nobody waits for it
                 self._outbox.drop("replay_abandoned")
             else:
@@ -347,7 +378,8 @@ class ReliableForwarding:
                 else:
                     self._outbox.counters["reroutes"] += 1  # routed again elsewhere (or held): this copy is settled
         if resend:
-            self._retransmit(resend, now)
+            # A reroute in this loop may have evicted orphans (its new copies filled the table): those are gone.
+            self._retransmit([(key, entry) for key, entry in resend if unacked.get(key) is entry], now)
 
     def _retransmit(self, copies: list[tuple[Key, Unacked]], now: float) -> None:
         """Send these copies again, unchanged (tracked already): the copies of one run together, as the run."""
@@ -430,8 +462,9 @@ class ReliableForwarding:
         with its backoff, so the pressure travels back hop by hop to the wrapper where publications enter,
         whose reading from the broker pauses (the runtime's backpressure window)."""
         unacked, limit = self.settings.max_unacked, self.settings.max_unacked_bytes
-        full = len(self.unacked) >= unacked - max(1, unacked // 8) or \
-            self.unacked_bytes >= limit - limit // 8  # room kept for a copy to each mesh neighbour
+        # The orphans are left out: they are forgotten, oldest first, to make room (`_evict_orphans`).
+        full = self.owned_copies >= unacked - max(1, unacked // 8) or \
+            self.owned_bytes >= limit - limit // 8  # room kept for a copy to each mesh neighbour
         if full:
             return "reliable_table_full"
         if self.storage_unavailable:

@@ -251,7 +251,9 @@ def test_a_failed_injection_gives_the_copy_back_and_the_next_one_is_injected() -
 def test_a_child_that_is_down_keeps_its_copies_and_gets_them_when_it_comes_back() -> None:
     """0 (core, subscribed) - 1 - 2 (subscribed): 1 is a member with child 2. 2 is cut off for longer than
     the neighbour-down time (its links cut both ways, as a stopped wrapper) while 0 publishes: 1 keeps the
-    copies for its child and sends them when it is back, before the child's membership expires."""
+    copies for its child and sends them when it is back, before the child's membership expires. The origin
+    has never heard of 2 as a receiver (nothing of it reached 2 before), so its custody ends when 0 and 1 have
+    them: the copies 1 keeps hold nobody up (rule 7f), and 2 gets them all the same."""
     harness = LossyHarness([(0, 1), (1, 2)])
     harness.do(0, "local_subscribe", "sub", "a/#", 1)
     harness.do(2, "local_subscribe", "sub", "a/#", 1)
@@ -259,11 +261,38 @@ def test_a_child_that_is_down_keeps_its_copies_and_gets_them_when_it_comes_back(
     harness.cut_link(1, 2)
     made = publish(harness, 0, 4)
     harness.run(harness.now + 6)
-    assert delivered(harness, 2) == [] and harness.released == []
+    assert delivered(harness, 2) == []
+    assert sorted(publication for _, publication in harness.released) == sorted(made)
+    assert harness.nodes[1].counters["copies_left_to_origin"] >= 4
     harness.heal(1, 2)
     harness.run(harness.now + 10)
     assert delivered(harness, 2) == made
-    assert sorted(publication for _, publication in harness.released) == sorted(made)
+    quiet(harness)
+
+
+def test_a_receiver_cut_off_is_awaited_by_the_origin_not_by_the_hops_between() -> None:
+    """As above, but 2 got a publication before the cut (its acknowledgement's reach named it): 1's custody ends
+    with what it reached, so 0's publications do not wait in 1 for a part cut off, but the origin keeps them for
+    2 (not released) and 2 gets them after it is back, in order; only then are they released."""
+    harness = LossyHarness([(0, 1), (1, 2)])
+    harness.do(0, "local_subscribe", "sub", "a/#", 1)
+    harness.do(2, "local_subscribe", "sub", "a/#", 1)
+    harness.run(8.0)
+    first = publish(harness, 0, 1)
+    harness.run(harness.now + 2)
+    assert delivered(harness, 2) == first and [p for _, p in harness.released] == first
+    harness.cut_link(1, 2)
+    made = publish(harness, 0, 4)
+    harness.run(harness.now + 6)
+    origin = harness.nodes[0]
+    assert delivered(harness, 2) == first and [p for _, p in harness.released] == first
+    assert len(origin.receivers.awaiting) == 4
+    assert not harness.nodes[1].custody.entries  # the hop between holds nothing for the part cut off
+    harness.heal(1, 2)
+    harness.run(harness.now + 10)
+    assert delivered(harness, 2) == first + made
+    assert sorted(publication for _, publication in harness.released) == sorted(first + made)
+    assert not origin.receivers.awaiting
     quiet(harness)
 
 
