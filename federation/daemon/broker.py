@@ -50,6 +50,14 @@ Subscriptions are made in `on_connect`, so every reconnect subscribes again:
 * `$SYS/broker/subscriptions/count` (QoS 0, its retained value at once):
   how many subscriptions the broker holds, to find those the wrapper never
   saw (federation.daemon.broker_subscriptions).
+* `$SYS/broker/clients/+` and `$SYS/broker/uptime` (QoS 1, in order with
+  the log): the counts that settle what became of MQTT 5 sessions
+  (federation.daemon.session_ledger).
+* `$federation/handover/<client id>/#` (QoS 1, without no_local): the fences
+  this connection publishes when a client is taken over here
+  (`publish_fence`), read back in order with the local clients' QoS 1/2
+  publications (federation.daemon.roaming: which of them the client's
+  session had).
 
 Acknowledgements of what the broker sends are manual (paho's `manual_ack`):
 each publication and log line carries its packet id, and the runtime
@@ -114,6 +122,7 @@ from federation.daemon.broker_items import (
     ConnectRefused,
     CountsRound,
     Disconnected,
+    HandoverFence,
     LogLine,
     Publication,
     PublicationRun,
@@ -148,9 +157,12 @@ CLIENTS_DISCONNECTED_TOPIC = "$SYS/broker/clients/disconnected"
 LOG_QOS = 1
 """QoS of the wrapper's subscription to the broker's log (module docstring: why 1, not 2), and of its `$SYS` counts:
 at one QoS they reach it in the broker's order (a QoS 0 count could overtake log lines that wait for room)"""
-OWN_SUBSCRIPTIONS = 5
+FENCE_PREFIX = "$federation/handover/"
+"""a takeover's fence topic is this, the wrapper's client id and a name of its own (the wrapper's user needs `topic
+readwrite $federation/handover/#` in an ACL: configs/mosquitto.acl; federation.daemon.kicker)"""
+OWN_SUBSCRIPTIONS = 6
 """subscriptions the wrapper's own connection holds (the log, `#`, the subscription count, the client counts, the
-uptime), all five in the broker's count"""
+uptime, its fences), all six in the broker's count"""
 RECONNECT_MIN_DELAY = 0.25
 """seconds before the first reconnection attempt; doubles per failed attempt"""
 RECONNECT_MAX_DELAY = 1.0
@@ -209,6 +221,8 @@ class BrokerAdapter:
             raise ValueError("an injection recorder needs the loop-driven adapter (it is told on the loop's thread)")
         self.broker = broker
         self.client_id = client_id
+        self.fence_filter = f"{FENCE_PREFIX}{client_id}/#"
+        """where this connection's takeover fences are published (`publish_fence`)"""
         self.max_qos = max_qos
         self.session_expiry = session_expiry
         self._deliver = deliver
@@ -572,6 +586,7 @@ class BrokerAdapter:
             (SUBSCRIPTION_COUNT_TOPIC, SubscribeOptions(qos=LOG_QOS)),
             (CLIENTS_FILTER, SubscribeOptions(qos=LOG_QOS)),
             (UPTIME_TOPIC, SubscribeOptions(qos=LOG_QOS)),
+            (self.fence_filter, SubscribeOptions(qos=LOG_QOS)),
         ])
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
@@ -590,7 +605,8 @@ class BrokerAdapter:
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: list[ReasonCode],
                       properties: Properties | None) -> None:
-        filters = (LOG_TOPIC_FILTER, PUBLICATION_FILTER, SUBSCRIPTION_COUNT_TOPIC, CLIENTS_FILTER, UPTIME_TOPIC)
+        filters = (LOG_TOPIC_FILTER, PUBLICATION_FILTER, SUBSCRIPTION_COUNT_TOPIC, CLIENTS_FILTER, UPTIME_TOPIC,
+                   self.fence_filter)
         refused = tuple(f"{topic_filter}: {code}" for topic_filter, code in zip(filters, reason_codes, strict=False)
                         if code.is_failure)
         self._deliver(Subscribed(refused))
@@ -630,6 +646,9 @@ class BrokerAdapter:
             self._deliver(LogLine(topic, payload, mid, qos))
             return
         self._acknowledge_now(mid, qos)
+        if topic.startswith(FENCE_PREFIX):
+            self._deliver(HandoverFence(topic))
+            return
         if topic == UPTIME_TOPIC:
             self._deliver(CountsRound())
             return
@@ -644,6 +663,15 @@ class BrokerAdapter:
             self._deliver(SubscriptionCount(count))
         else:
             self._deliver(ClientCount(topic == CLIENTS_TOTAL_TOPIC, count))
+
+    def publish_fence(self, topic: str) -> bool:
+        """Publish a takeover's fence (QoS 1, empty) on this connection, behind every injection handed over so far;
+        False when not connected (then no fence comes)."""
+        if not self.connected:
+            return False
+        info = self.client.publish(topic, b"", qos=1)
+        self._wrote()
+        return info.rc == mqtt.MQTT_ERR_SUCCESS
 
     def _acknowledge_now(self, mid: int, qos: int) -> None:
         if qos:

@@ -165,8 +165,16 @@ class RetainedApplied:
     publication: PublicationId
 
 
+@dataclass(frozen=True, slots=True)
+class HandoverFence:
+    """A takeover's fence, which this connection published, read back on it: in order with the local clients'
+    publications (QoS 1/2) the broker processed before and after it (federation.daemon.roaming)."""
+
+    topic: str
+
+
 BrokerItem = (LogLine | Publication | PublicationRun | Connected | ConnectRefused | ConnectFailed | Disconnected
-              | Subscribed | SubscriptionCount | RetainedApplied | CountsRound | ClientCount)
+              | Subscribed | SubscriptionCount | RetainedApplied | CountsRound | ClientCount | HandoverFence)
 
 
 def split_oversized_runs(batch: list[BrokerItem], limit: int) -> list[BrokerItem]:

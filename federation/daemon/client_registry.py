@@ -17,7 +17,9 @@ A record says which broker (its wrapper's address) hosts the client id and how: 
 clean start, MQTT version), `offline` (its connection ended and its session may live on: its filters, so that a
 broker it reconnects to can ask for its publications at once), or a `handover` (the old host has taken the session
 over from its broker after the client moved: the QoS 1/2 messages that were queued for it, for the new host to
-give it, and up to which publication of each origin the old broker had them).
+give it, and which publications the old broker had processed when it read the queue: `cut` and `had`; and what
+the old host held for the client without giving it to its broker, when the client went on from a session it had
+adopted before that session's handover had all been given: `carried`).
 
 `ClientRegistry` decides, sans-I/O, what a record means for this wrapper: a newer record naming another host for a
 client id this broker has (connected, or an offline session) is a takeover to carry out here (federation.daemon.
@@ -28,7 +30,7 @@ registry's topics are refused at the origin (federation.daemon.local_publication
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +52,23 @@ MAX_HANDOVER_MESSAGES = 10_000
 Message = tuple[str, bytes, int, bool, dict[str, Any] | None]
 """a queued message: topic, payload, QoS, retain flag, MQTT 5 properties (federation.daemon.mqtt_properties)"""
 Cut = dict[str, tuple[int, int]]
-"""origin ("host:port") -> (epoch, seq): the last publication of that origin the old host's broker had"""
+"""origin ("host:port") -> (epoch, seq): every publication of that origin up to this one the old host's broker had"""
+Had = dict[str, tuple[tuple[int, int, int], ...]]
+"""origin ("host:port") -> ranges (epoch, first seq, last seq) of publications the old host's broker had"""
+Carried = tuple[str, bytes, int, dict[str, Any] | None, str, int, int]
+"""a message the old host held for the client: topic, payload, QoS, MQTT 5 properties, and its publication's origin
+("host:port"), epoch and seq ("", 0, 0: none, a message of an earlier handover)"""
+
+
+def ranges(ids: Iterable[tuple[int, int]]) -> tuple[tuple[int, int, int], ...]:
+    """(epoch, seq) ids as few (epoch, first, last) ranges (`Had`)."""
+    found: list[list[int]] = []
+    for epoch, seq in sorted(set(ids)):
+        if found and found[-1][0] == epoch and found[-1][2] == seq - 1:
+            found[-1][2] = seq
+        else:
+            found.append([epoch, seq, seq])
+    return tuple((epoch, first, last) for epoch, first, last in found)
 
 
 def registry_topic(client: str) -> str:
@@ -83,9 +101,23 @@ class Record:
     messages: tuple[Message, ...] = ()
     """`handover`: the QoS 1/2 messages its broker had queued for it, in order"""
     cut: Cut = field(default_factory=dict)
-    """`handover`: per origin, the last publication its broker had (what the new host holds up to it is a copy)"""
+    """`handover`: per origin, the last publication of a prefix its broker had when the queue was read (the old
+    host's own clients' publications, numbered in the order its broker processed them)"""
     lost: int = 0
     """`handover`: queued messages not carried (beyond `MAX_HANDOVER_MESSAGES`)"""
+    had: Had = field(default_factory=dict)
+    """`handover`: other publications its broker had by then, of the session's topics (injected there lately,
+    each stream in its order, streams interleaved): with `cut`, what the new host holds that is a copy"""
+    carried: tuple[Carried, ...] = ()
+    """`handover`: what the old host held for the client and never gave its broker (it had adopted the session
+    from yet another broker and the client went on before all was given), in order, after `messages`"""
+
+    def covers(self, origin: str, epoch: int, seq: int) -> bool:
+        """The old broker had this publication when the queue was read (`cut`, `had`)."""
+        up_to = self.cut.get(origin)
+        if up_to is not None and (epoch, seq) <= up_to:
+            return True
+        return any(each_epoch == epoch and first <= seq <= last for each_epoch, first, last in self.had.get(origin, ()))
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -98,7 +130,8 @@ class Record:
             "v": RECORD_VERSION, "c": self.client, "h": self.host, "s": self.state, "k": self.clean,
             "p": self.protocol, "f": dict(sorted(self.filters.items())), "src": self.source,
             "m": [list(message) for message in self.messages], "cut": {o: list(p) for o, p in sorted(self.cut.items())},
-            "lost": self.lost}, use_bin_type=True)
+            "lost": self.lost, "had": {o: [list(r) for r in ranges] for o, ranges in sorted(self.had.items())},
+            "x": [list(message) for message in self.carried]}, use_bin_type=True)
 
     @staticmethod
     def decode(data: bytes) -> Record:
@@ -113,9 +146,13 @@ class Record:
             messages = tuple((str(m[0]), bytes(m[1]), int(m[2]), bool(m[3]), m[4] if isinstance(m[4], dict) else None)
                              for m in value.get("m", []))
             cut = {str(o): (int(p[0]), int(p[1])) for o, p in value.get("cut", {}).items()}
+            had = {str(o): tuple((int(r[0]), int(r[1]), int(r[2])) for r in ranges)
+                   for o, ranges in value.get("had", {}).items()}
+            carried = tuple((str(m[0]), bytes(m[1]), int(m[2]), m[3] if isinstance(m[3], dict) else None, str(m[4]),
+                             int(m[5]), int(m[6])) for m in value.get("x", []))
             return Record(str(value["c"]), str(value["h"]), str(value["s"]), bool(value.get("k", True)),
                           int(value.get("p", 5)), filters, str(value.get("src", "")), messages, cut,
-                          int(value.get("lost", 0)))
+                          int(value.get("lost", 0)), had, carried)
         except (KeyError, IndexError, TypeError, ValueError) as error:
             raise RecordError(f"a field is missing or of the wrong type: {error}") from None
 

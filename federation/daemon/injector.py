@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from paho.mqtt.enums import MQTTErrorCode
@@ -52,7 +53,9 @@ from paho.mqtt.exception import MQTTException
 from federation.daemon.lean_client import LeanClient, PublicClient, ReliableMessage, RestoredMessage
 from federation.daemon.mqtt_properties import dict_to_properties
 from federation.daemon.mqtt_runs import append_qos0_run
+from federation.daemon.state import SHARED_PREFIX
 from federation.protocol.histogram import Histogram
+from federation.protocol.topic_filter import matches
 from federation.protocol.types import Address, Injection, InjectionRun, PublicationId
 
 log = logging.getLogger("federation.daemon.broker")
@@ -64,6 +67,10 @@ RELIABLE_RUN: WriteKind = "reliable run"
 QOS0_RUN: WriteKind = "qos0 run"
 ALONE: WriteKind = "alone"
 """how `Injector.plan` writes a part of a batch (`Injector.write_planned`)"""
+
+RECENT_RELEASED = 8192
+"""QoS 1/2 injections remembered as processed (`Injector.released`): a takeover's handover names those of the
+client's topics, so that its new broker gives it no second copy (federation.daemon.roaming)"""
 
 REFUSAL_LOG_INTERVAL = 60.0
 """seconds between log lines about injections the broker refused (every one is counted)"""
@@ -134,6 +141,9 @@ class Injector:
         """told, in the order the broker's answers are read, that it processed a retained injection"""
         self._retained_mids: dict[int, PublicationId] = {}
         """QoS 1/2 retained injections in `_unfinished`: applied at their completion"""
+        self.released: deque[tuple[PublicationId, str]] = deque(maxlen=RECENT_RELEASED)
+        """(publication, topic) of the latest QoS 1/2 injections the broker processes before anything written from
+        now on (`released_matching`)"""
         self._pinged: list[tuple[int, list[PublicationId]]] = []
         """(the PINGREQ's number, the QoS 0 retained injections written before it), oldest first"""
         self._unpinged: list[PublicationId] = []
@@ -289,6 +299,8 @@ class Injector:
         if injection.retain:
             self._track_retained(injection, info.mid if qos else None)
         if qos:
+            if qos == 1:
+                self.released.append((injection.publication, injection.topic))
             self._unfinished[info.mid] = injection  # stored by paho until PUBACK / PUBCOMP, also while disconnected
             self._handed_at[info.mid] = time.monotonic()
             if self._recorder is not None:
@@ -416,9 +428,12 @@ class Injector:
             # They join `_unfinished`: in paho's `_out_messages` until PUBACK / PUBCOMP, also across a
             # reconnection; the recorder has them before the bytes are queued.
             unfinished.update(zip(mids, injections, strict=False))
+            released = self.released
             for mid, injection in zip(mids, injections, strict=False):
                 if injection.retain:
                     self._track_retained(injection, mid)
+                if injection.qos == 1 or max_qos == 1:
+                    released.append((injection.publication, injection.topic))
             if recorder is not None:
                 recorder.started(list(zip(mids, injections, strict=False)))
 
@@ -443,6 +458,8 @@ class Injector:
         elif mid not in self._done_at_pubrec:  # the broker holds it: it delivers it once, whatever follows
             self._done_at_pubrec.add(mid)
             self._outcomes.append((injection.publication, True))
+            # Mosquitto gives a QoS 2 publication to its subscribers at the PUBREL, which paho sends on return.
+            self.released.append((injection.publication, injection.topic))
         if self._recorder is not None:
             self._recorder.released(mid)
 
@@ -476,6 +493,18 @@ class Injector:
         if self._recorder is not None:
             self._finished.append(mid)
         return True
+
+    def released_matching(self, filters: Iterable[str]) -> dict[Address, list[tuple[int, int]]]:
+        """Per origin, the (epoch, seq) of the latest QoS 1/2 injections on a topic one of `filters` (MQTT filters)
+        matches that the broker processes before anything written after this call (QoS 1: written; QoS 2: its
+        PUBREL written). A takeover's fence is written right after (federation.daemon.roaming): the session it
+        reads had these."""
+        patterns = [filter_ for filter_ in filters if not filter_.startswith(SHARED_PREFIX)]
+        found: dict[Address, list[tuple[int, int]]] = {}
+        for (origin, epoch, seq), topic in self.released:
+            if any(matches(filter_, topic) for filter_ in patterns):
+                found.setdefault(origin, []).append((epoch, seq))
+        return found
 
     def flush_finished(self) -> None:
         """Tell the recorder what completed since the last call (after a read pass: one journal write)."""

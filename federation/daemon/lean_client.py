@@ -308,6 +308,10 @@ class LeanClient(mqtt.Client):
     """PINGREQs written on this client (paho's keepalive ones too), over every connection"""
     pings_answered = 0
     """PINGRESPs read; on a new connection it starts level with `pings_sent` (nothing outstanding)"""
+    releases_unanswered = 0
+    """PUBRELs for packet ids this client never answered with PUBREC: a previous run's, or, for a takeover's
+    connection (federation.daemon.kicker), the client's own, which took a QoS 2 message and was gone before its
+    PUBREL"""
     pingresp_received: Callable[[int], None] | None = None
     """called with `pings_answered` after each PINGRESP: the broker has processed everything written before the
     PINGREQ it answers (it handles one connection's packets in order; federation.daemon.retained_order)"""
@@ -739,6 +743,8 @@ class LeanClient(mqtt.Client):
             with self._in_message_mutex:
                 held = mid in self._in_messages
             if not held:
+                if mid not in self._qos2_answered:
+                    self.releases_unanswered += 1
                 self._qos2_answered.discard(mid)
                 rc = self._send_pubcomp(mid)
                 if self._held_acks:

@@ -58,6 +58,9 @@ from federation.protocol.types import Event, PublicationId
 
 log = logging.getLogger("federation.daemon")
 
+Observer = Callable[[list[tuple[PublicationId | None, str, bytes, int, bool, dict[str, Any] | None]]], None]
+"""told of local publications the node took: (id, topic, payload, QoS, retain, properties as the client sent them)"""
+
 REFUSAL_LOG_INTERVAL = 60.0
 """seconds between log lines about publications refused for their size (every one is counted)"""
 
@@ -98,6 +101,9 @@ class LocalPublications:
         self._refused_unlogged = 0
         self.refused_records = 0
         """clients' retained publications on the registry's topics, refused (client_registry.py)"""
+        self.observe: Observer | None = None
+        """told of the publications the node took, with their ids, when no topic policy maps them (their topics are
+        the broker's): roaming watches them while a session it adopted waits for its client (roaming.py)"""
 
     @property
     def stalled(self) -> bool:
@@ -225,8 +231,11 @@ class LocalPublications:
             if made != ids:  # the spool holds them under other ids: a restart would replay them under those
                 raise AssertionError(f"the node numbered a run {made[:3]}... not as it said {ids[:3]}...")
         else:
-            node.local_publish_run(run, now, qos=qos)
+            made = node.local_publish_run(run, now, qos=qos)
         self._acks += acks
+        if self.observe is not None and not self.edges.active:
+            self.observe([(publication, topic, payload, qos, False, None)
+                          for (topic, payload), publication in zip(run, made, strict=True)])
         return True
 
     def _originate_spooled(self, item: Publication, acks: list[tuple[int, int]], now: float) -> bool:
@@ -341,6 +350,8 @@ class LocalPublications:
         publication = self.node.local_publish(item.topic, item.payload, item.qos, item.retain, properties, now)
         if publication is not None and item.retain:
             self.retained.offer(item.topic, publication, item.qos, item.payload, properties)
+        if self.observe is not None and not self.edges.active:
+            self.observe([(publication, item.topic, item.payload, item.qos, item.retain, item.properties)])
         return publication
 
     def refuse(self, item: Publication, now: float) -> None:

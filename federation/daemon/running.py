@@ -43,7 +43,7 @@ import logging
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from federation.daemon import wrapper_events
@@ -56,6 +56,7 @@ from federation.daemon.broker_items import (
     Connected,
     CountsRound,
     Disconnected,
+    HandoverFence,
     LogLine,
     LoopHandOff,
     Publication,
@@ -199,8 +200,9 @@ class Running:
         """when the broker's retained messages are read, and what the federation does not know of them originated"""
         self.roaming = Roaming(node.address, self.subscriptions, self.subscription_sink, self.retained,
                                self.local.originate_record, self._start_kicker, self.tracker.is_connected,
-                               lambda client: client in self.sessions.ledger.offline)
+                               lambda client: client in self.sessions.ledger.offline, self._publish_fence)
         """one client id federation-wide: the registry of clients, takeovers and handovers (roaming.py, issue 39)"""
+        self.local.observe = self.roaming.local_published
         self._kickers: set[SessionKicker] = set()
         self.duplicates_suppressed = 0
         """remote QoS 1/2 publications not injected because the journal says the broker completed them"""
@@ -375,6 +377,15 @@ class Running:
                     else:
                         local.add(item, now)
                     continue
+                if type(item) is HandoverFence:
+                    if self._holding():  # behind the publications read before it: they are numbered first
+                        self._hold(item, 0, 0)
+                    else:
+                        local.flush(now)
+                        node_id = node.identity
+                        self.roaming.fence_read(item.topic, (node_id.epoch, node_id.publication_seq), now)
+                        self._requeue_roaming(now)
+                    continue
                 local.flush(now)  # kept in order with what follows
                 if isinstance(item, LogLine):
                     if item.qos:
@@ -429,22 +440,51 @@ class Running:
         if self.event_log is not None:
             self.event_log.write([event])
 
-    def _start_kicker(self, client: str, clean: bool, done: Callable[[Outcome], None]) -> None:
-        """Take `client` over on the broker (kicker.py); `done` gets the outcome on the loop's thread."""
+    def _publish_fence(self, fence: str, filters: Iterable[str]) -> dict[Address, list[tuple[int, int]]] | None:
+        """A takeover's fence on the broker connection, behind every injection written so far (roaming.py): which
+        of them, on the session's topics, the broker processes before it; None when not connected."""
+        had = self.broker.injector.released_matching(filters)
+        return had if self.broker.publish_fence(fence) else None
+
+    def _requeue_roaming(self, now: float) -> None:
+        """What roaming released outside a call that returns it (a handover made), to the broker in order; what it
+        will never inject (a handover gave its copy) done, so its custody ends."""
+        node = self.node
+        released = self.roaming.take_released()
+        if released:
+            self.flow.requeue(node, released, now)
+        for injection in self.roaming.take_left_out():
+            if injection.qos:
+                node.injection_done(injection.publication, now)
+
+    def _start_kicker(self, client: str, clean: bool, ready: Callable[[str, float], None],
+                      done: Callable[[Outcome, float], None]) -> None:
+        """Take `client` over on the broker (kicker.py); `ready` gets its fence and `done` its outcome, on the loop's
+        thread."""
         config, loop = self.config, self.loop
         kicker: SessionKicker | None = None
 
-        def finished(outcome: Outcome) -> None:  # on the kicker's thread
-            def on_loop() -> None:
-                self._kickers.discard(kicker)  # type: ignore[arg-type]
+        def on_loop(call: Callable[[], None]) -> None:  # from the kicker's thread
+            def run() -> None:
                 if not self.stopping:
-                    done(outcome)
-                    self._drain_outputs(self.clock.now())
+                    call()
+                    now = self.clock.now()
+                    self._requeue_roaming(now)
+                    self._drain_outputs(now)
             with contextlib.suppress(RuntimeError):  # the loop is closed: the wrapper is exiting
-                loop.call_soon_threadsafe(on_loop)
+                loop.call_soon_threadsafe(run)
+
+        def fenced(fence: str) -> None:
+            on_loop(lambda: ready(fence, self.clock.now()))
+
+        def finished(outcome: Outcome) -> None:
+            def end() -> None:
+                self._kickers.discard(kicker)  # type: ignore[arg-type]
+                done(outcome, self.clock.now())
+            on_loop(end)
 
         kicker = SessionKicker(config.broker, config.broker_auth, client, clean, config.client_id,
-                               self.tracker.add_kicker, finished)
+                               self.tracker.add_kicker, fenced, finished)
         self._kickers.add(kicker)
         kicker.start()
 
@@ -583,6 +623,7 @@ class Running:
             kept = [injection for injection in kept if not (injection.retain and is_record(injection.topic))]
             if released:
                 self.flow.requeue(node, released, now)
+            self._requeue_roaming(now)
         for injection in kept:
             if injection.retain:
                 self.retained_gate.prepared(injection)
@@ -613,7 +654,9 @@ class Running:
                 else:
                     kept.append(injection)
             injections = kept
-        return self.roaming.admit(self.broker_subscriptions.admit(injections, now), now)
+        admitted = self.roaming.admit(self.broker_subscriptions.admit(injections, now), now)
+        self._requeue_roaming(now)
+        return admitted
 
     def _on_send_resumed(self) -> None:
         """The socket took the buffered datagrams: read from the broker again if only that held it."""
@@ -749,6 +792,7 @@ class Running:
         released = self.roaming.tick(now)
         if released:
             self.flow.requeue(self.node, released, now)
+        self._requeue_roaming(now)
         self.retained_reading.start_if_due(now)
         if self.saver is not None and self.node.receivers_changes != self._receivers_saved:
             self._receivers_saved = self.node.receivers_changes  # who subscribes where: kept across a restart

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from federation.daemon.broker_log import ClientConnected, ClientSubscribed
+from federation.daemon.broker_log import ClientConnected, ClientSubscribed, ClientUnsubscribed
 from federation.daemon.client_registry import (
     CONNECTED,
     HANDOVER,
@@ -19,15 +19,24 @@ from federation.daemon.client_registry import (
     RecordError,
     TakeOver,
     is_record,
+    ranges,
     registry_topic,
 )
 from federation.daemon.kicker import Outcome
 from federation.daemon.retained import RetainedStore, stamp
-from federation.daemon.roaming import ADOPTION_GRACE, Roaming, adopted_client, filters_topic
+from federation.daemon.roaming import (
+    ADOPTION_GRACE,
+    FENCE_WAIT,
+    LATE_WINDOW,
+    Roaming,
+    adopted_client,
+    filters_topic,
+)
 from federation.daemon.state import LocalSubscriptions
 from federation.protocol.types import Address, Injection
 
 HERE = Address("10.0.0.3", 10500)
+HERE_TEXT = "10.0.0.3:10500"
 THERE = "10.0.0.1:10500"
 WALL = 1_800_000_000.0
 
@@ -47,32 +56,54 @@ class Sink:
 
 
 class World:
-    """A `Roaming` with its table, store and sink, and what it originated and asked to take over."""
+    """A `Roaming` with its table, store and sink, and what it originated, asked to take over and fenced."""
 
-    def __init__(self) -> None:
+    def __init__(self, had: dict[Address, list[tuple[int, int]]] | None = None, own: Address = HERE) -> None:
+        """`had`: what this wrapper's injector says its broker processed before a fence
+        (`Injector.released_matching`)."""
         self.table = LocalSubscriptions()
         self.sink = Sink()
         self.store = RetainedStore()
         self.originated: list[Record] = []
         self.kicks: list[tuple[str, bool]] = []
+        self.kick_ready: list[Any] = []
         self.kick_done: list[Any] = []
+        self.fences: list[tuple[str, list[str]]] = []
+        self.had = had if had is not None else {}
         self.connected: set[str] = set()
-        self.roaming = Roaming(HERE, self.table, self.sink, self.store,
+        self.roaming = Roaming(own, self.table, self.sink, self.store,
                                lambda topic, payload, now: self.originated.append(Record.decode(payload)),
-                               self._kick, self.connected.__contains__, lambda client: False)
+                               self._kick, self.connected.__contains__, lambda client: False, self._fence)
         self.seq = 0
 
-    def _kick(self, client: str, clean: bool, done: Any) -> None:
+    def _kick(self, client: str, clean: bool, ready: Any, done: Any) -> None:
         self.kicks.append((client, clean))
+        self.kick_ready.append(ready)
         self.kick_done.append(done)
 
-    def receive(self, topic: str, record: Record, now: float = 0.0) -> list[Injection]:
-        """A record from THERE, newer than any before (the store takes it, as `retained.prepare` does)."""
+    def _fence(self, fence: str, filters: Any) -> dict[Address, list[tuple[int, int]]]:
+        self.fences.append((fence, sorted(filters)))
+        return self.had
+
+    def receive(self, topic: str, record: Record, now: float = 0.0, source: str = THERE) -> list[Injection]:
+        """A record from `source`, newer than any before (the store takes it, as `retained.prepare` does)."""
         self.seq += 1
-        publication = (Address.parse(THERE, 0), 1, self.seq)
+        publication = (Address.parse(source, 0), 1, self.seq)
         properties = stamp(None, True, WALL + self.seq)
         self.store.offer(topic, publication, 1, record.encode(), properties)
         return self.roaming.record(Injection(topic, record.encode(), 1, True, properties, publication), now)
+
+    def adopt(self, client: str = "dev", now: float = 1.0) -> None:
+        """`client`, whose session (filter q/#) was on THERE, connects here with clean start 0."""
+        self.receive(registry_topic(client), Record(client, THERE, CONNECTED, True))
+        self.receive(filters_topic(client), Record(client, THERE, OFFLINE, False, 5, {"q/#": 1}))
+        self.connected.add(client)
+        self.roaming.log_event(ClientConnected(client, False, 5, 60), now)
+
+    def resubscribe(self, client: str = "dev", now: float = 1.2) -> list[Injection]:
+        self.table.apply(ClientConnected(client, False, 5, 60), self.sink, now)
+        self.table.apply(ClientSubscribed(client, "q/#", 1), self.sink, now)
+        return self.roaming.log_event(ClientSubscribed(client, "q/#", 1), now)
 
 
 def injection(seq: int, topic: str, payload: bytes) -> Injection:
@@ -82,8 +113,12 @@ def injection(seq: int, topic: str, payload: bytes) -> Injection:
 def test_a_record_reads_back_and_a_foreign_value_is_refused() -> None:
     record = Record("dev", THERE, HANDOVER, False, 5, {"q/#": 1}, "10.0.0.9:10500",
                     (("q/1", b"one", 1, False, None), ("q/2", b"two", 2, False, {"content_type": "x"})),
-                    {"10.0.0.2:10500": (1, 7)}, lost=3)
+                    {"10.0.0.2:10500": (1, 7)}, lost=3, had={"10.0.0.4:10500": ((2, 3, 5), (2, 9, 9))},
+                    carried=(("q/3", b"three", 2, None, "10.0.0.4:10500", 2, 10), ("q/4", b"four", 1, None, "", 0, 0)))
     assert Record.decode(record.encode()) == record
+    assert record.covers("10.0.0.2:10500", 1, 7) and not record.covers("10.0.0.2:10500", 1, 8)
+    assert record.covers("10.0.0.4:10500", 2, 4) and not record.covers("10.0.0.4:10500", 2, 6)
+    assert ranges([(2, 5), (2, 3), (2, 4), (2, 9), (1, 9)]) == ((1, 9, 9), (2, 3, 5), (2, 9, 9))
     with pytest.raises(RecordError):
         Record.decode(b"a client's own retained value")
     assert is_record(registry_topic("dev")) and is_record(filters_topic("dev")) and not is_record("q/1")
@@ -104,10 +139,7 @@ def test_a_newer_connection_elsewhere_takes_over_only_a_client_id_this_broker_ha
 
 def test_a_connection_here_is_claimed_and_a_client_that_was_elsewhere_is_adopted() -> None:
     world = World()
-    world.receive(registry_topic("dev"), Record("dev", THERE, CONNECTED, True))
-    world.receive(filters_topic("dev"), Record("dev", THERE, OFFLINE, False, 5, {"q/#": 1}))
-    world.connected.add("dev")
-    world.roaming.log_event(ClientConnected("dev", False, 5, 60), 1.0)
+    world.adopt()
     assert [(r.client, r.host, r.state) for r in world.originated] == [("dev", "10.0.0.3:10500", CONNECTED)]
     assert world.sink.filters[adopted_client("dev")] == {"q/#"}  # the federation brings its publications at once
     assert world.roaming.holding
@@ -118,45 +150,133 @@ def test_a_connection_here_is_claimed_and_a_client_that_was_elsewhere_is_adopted
 
 def test_what_the_handover_carries_comes_first_once_and_in_order_then_what_was_held() -> None:
     world = World()
-    world.receive(registry_topic("dev"), Record("dev", THERE, CONNECTED, True))
-    world.receive(filters_topic("dev"), Record("dev", THERE, OFFLINE, False, 5, {"q/#": 1}))
-    world.connected.add("dev")
-    world.roaming.log_event(ClientConnected("dev", False, 5, 60), 1.0)
+    world.adopt()
     # Publications for it arrive before the handover (one of them the old broker had too: in both).
     arriving = [injection(5, "q/5", b"five"), injection(6, "q/6", b"six"), injection(7, "other/x", b"not its")]
     assert world.roaming.admit(arriving, 1.1) == [arriving[2]]
-    world.table.apply(ClientConnected("dev", False, 5, 60), world.sink, 1.2)
-    world.table.apply(ClientSubscribed("dev", "q/#", 1), world.sink, 1.2)
-    assert world.roaming.log_event(ClientSubscribed("dev", "q/#", 1), 1.2) == []  # the handover first
+    assert world.resubscribe() == []  # the handover first
     handover = Record("dev", "10.0.0.3:10500", HANDOVER, False, 5, {"q/#": 1}, THERE,
                       (("q/3", b"three", 1, False, None), ("q/4", b"four", 1, False, None),
-                       ("q/5", b"five", 1, False, None)))
+                       ("q/5", b"five", 1, False, None)), had={"10.0.0.2:10500": ((1, 4, 5),)})
     released = world.receive(registry_topic("dev"), handover, 1.3)
     assert [i.payload for i in released] == [b"three", b"four", b"five", b"six"]
+    assert all(i.publication[0].port == 0 for i in released[:3])  # numbered as no publication is
     assert world.roaming.counts.duplicates_left_out == 1 and not world.roaming.holding
     assert world.sink.filters[adopted_client("dev")] == set()
+    assert world.roaming.take_left_out() == [arriving[0]]  # never made: done, its custody ends
 
 
-def test_a_client_id_this_broker_has_is_taken_over_and_its_queue_handed_to_the_new_host() -> None:
+def test_a_copy_the_handover_gave_that_arrives_after_it_is_left_out_unless_another_client_takes_it() -> None:
     world = World()
+    world.adopt()
+    world.resubscribe()
+    handover = Record("dev", "10.0.0.3:10500", HANDOVER, False, 5, {"q/#": 1}, THERE,
+                      (("q/7", b"seven", 1, False, None),), had={"10.0.0.2:10500": ((1, 7, 7),)})
+    assert [i.payload for i in world.receive(registry_topic("dev"), handover, 1.3)] == [b"seven"]
+    assert not world.roaming.holding
+    late, later = injection(7, "q/7", b"seven"), injection(8, "q/8", b"eight")
+    assert world.roaming.admit([late, later], 1.5) == [later]
+    assert world.roaming.take_left_out() == [late]
+    # Another local client that takes the topic gets it: the moved client then has it twice (counted).
+    world.table.apply(ClientConnected("other", True, 5, 60), world.sink, 1.6)
+    world.table.apply(ClientSubscribed("other", "q/+", 1), world.sink, 1.6)
+    assert world.roaming.admit([late], 1.7) == [late] and world.roaming.counts.late_copies == 1
+    world.roaming.tick(1.3 + LATE_WINDOW)
+    world.table.apply(ClientUnsubscribed("other", "q/+"), world.sink, 7.0)
+    assert world.roaming.admit([late], 7.0) == [late]  # the window is over
+
+
+def test_the_handover_names_what_its_broker_had_up_to_the_fence_read_back_on_the_wrappers_connection() -> None:
+    world = World(had={Address("10.0.0.2", 10500): [(1, 7), (1, 8), (1, 10)]})
     world.connected.add("dev")
     world.table.apply(ClientConnected("dev", False, 5, 60), world.sink, 0.0)
     world.table.apply(ClientSubscribed("dev", "q/#", 1), world.sink, 0.0)
     world.receive(registry_topic("dev"), Record("dev", THERE, CONNECTED, False))
     assert world.kicks == [("dev", False)]
-    world.kick_done[0](Outcome(True, [("q/1", b"queued", 1, False, None)]))
+    world.kick_ready[0]("$federation/handover/w/1", 0.1)
+    assert world.fences == [("$federation/handover/w/1", ["q/#"])]
+    world.kick_done[0](Outcome(True, [("q/1", b"queued", 1, False, None)]), 0.2)
+    assert [r.state for r in world.originated] == []  # the fence is not back yet: its cut is not known
+    world.roaming.fence_read("$federation/handover/w/1", (9, 4), 0.3)
     handover = world.originated[-1]
     assert (handover.state, handover.host, handover.source) == (HANDOVER, THERE, "10.0.0.3:10500")
     assert handover.messages == (("q/1", b"queued", 1, False, None),) and dict(handover.filters) == {"q/#": 1}
+    assert handover.cut == {"10.0.0.3:10500": (9, 4)}
+    assert handover.had == {"10.0.0.2:10500": ((1, 7, 8), (1, 10, 10))}
+
+
+def test_a_fence_that_does_not_come_back_leaves_the_handover_without_the_local_cut() -> None:
+    world = World()
+    world.connected.add("dev")
+    world.receive(registry_topic("dev"), Record("dev", THERE, CONNECTED, False))
+    world.kick_ready[0]("$federation/handover/w/1", 0.1)
+    world.kick_done[0](Outcome(True, [("q/1", b"queued", 1, False, None)], unreleased=1), 0.2)
+    assert world.roaming.tick(0.2 + FENCE_WAIT - 0.1) == [] and not world.originated
+    world.roaming.tick(0.2 + FENCE_WAIT)
+    assert world.originated[-1].state == HANDOVER and world.originated[-1].cut == {}
+    assert world.roaming.counts.fences_late == 1 and world.roaming.counts.unreleased == 1
+    world.roaming.fence_read("$federation/handover/w/1", (9, 4), 3.0)  # too late: nothing more
+    assert len(world.originated) == 1
+
+
+def test_a_client_that_goes_on_before_its_adopted_session_is_given_takes_what_was_held_here_along() -> None:
+    world = World()
+    world.adopt()
+    held = [injection(5, "q/5", b"five"), injection(6, "q/6", b"six")]
+    assert world.roaming.admit(held, 1.1) == []
+    # Before the handover came from THERE, the client connected on a third broker: this one takes it over too.
+    elsewhere = "10.0.0.9:10500"
+    world.receive(registry_topic("dev"), Record("dev", elsewhere, CONNECTED, False), 1.5, source=elsewhere)
+    assert world.kicks == [("dev", False)] and not world.roaming.holding
+    world.kick_done[0](Outcome(False), 1.6)  # nothing queued at this broker: the client had not subscribed here
+    handover = world.originated[-1]
+    assert handover.host == elsewhere
+    assert handover.carried == (("q/5", b"five", 1, None, "10.0.0.2:10500", 1, 5),
+                                ("q/6", b"six", 1, None, "10.0.0.2:10500", 1, 6))
+    # Held here for the other local clients too: given to this broker now that the client's session here ended.
+    assert world.roaming.take_released() == held and world.roaming.take_released() == []
+    # The broker it went to holds 6 already: that copy is kept (it comes in order), the carried one left out.
+    there = World(own=Address.parse(elsewhere, 0))
+    there.adopt()
+    assert there.roaming.admit([injection(6, "q/6", b"six")], 1.1) == []
+    there.resubscribe()
+    released = there.receive(registry_topic("dev"), handover, 1.7, source=HERE_TEXT)
+    assert [i.payload for i in released] == [b"five", b"six"]
+    assert released[0].publication[0].port == 0 and released[1].publication == (Address("10.0.0.2", 10500), 1, 6)
+
+
+def test_this_brokers_own_publications_before_the_client_subscribed_again_are_given_once() -> None:
+    world = World()
+    world.adopt()
+    own = HERE
+    # Its own clients publish: 3 before the client subscribed again here (it did not get it), 4 after (it did).
+    world.roaming.local_published([((own, 9, 3), "q/3", b"three", 1, False, None)])
+    world.resubscribe()
+    world.roaming.local_published([((own, 9, 4), "q/4", b"four", 1, False, None),
+                                   ((own, 9, 5), "other/x", b"not its", 1, False, None)])
+    # The old broker had 4 by its fence (it queued it too): its copy goes; 3 it had not: given after the handover.
+    handover = Record("dev", "10.0.0.3:10500", HANDOVER, False, 5, {"q/#": 1}, THERE,
+                      (("q/1", b"one", 1, False, None), ("q/4", b"four", 1, False, None)),
+                      had={"10.0.0.3:10500": ((9, 4, 4),)})
+    released = world.receive(registry_topic("dev"), handover, 1.3)
+    assert [i.payload for i in released] == [b"one", b"three"]
+    assert world.roaming.counts.own_given == 1 and world.roaming.counts.duplicates_left_out == 1
 
 
 def test_an_adoption_whose_handover_never_comes_gives_what_it_held_to_the_clients_subscriptions() -> None:
     world = World()
-    world.receive(registry_topic("dev"), Record("dev", THERE, CONNECTED, True))
-    world.receive(filters_topic("dev"), Record("dev", THERE, OFFLINE, False, 5, {"q/#": 1}))
-    world.roaming.log_event(ClientConnected("dev", False, 5, 60), 1.0)
+    world.adopt()
     held = injection(5, "q/5", b"five")
     assert world.roaming.admit([held], 1.1) == []
     world.roaming.log_event(ClientSubscribed("dev", "q/#", 1), 1.2)
     assert world.roaming.tick(1.0 + ADOPTION_GRACE) == [held]
     assert world.roaming.counts.handovers_late == 1 and not world.roaming.holding
+
+
+def test_what_an_adoption_held_goes_to_the_broker_at_the_end_of_the_grace_even_if_its_client_never_subscribed() -> None:
+    """Held for the other local clients too (a topic they take waits with the adopted client's): never dropped."""
+    world = World()
+    world.adopt()
+    held = injection(5, "q/5", b"five")
+    assert world.roaming.admit([held], 1.1) == []
+    assert world.roaming.tick(1.0 + ADOPTION_GRACE) == [held]
