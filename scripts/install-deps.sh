@@ -7,10 +7,14 @@
 #    unit and logrotate file offline; nothing is started), prometheus (only for its promtool, which checks the
 #    shipped alert rules; Debian ships promtool in no smaller package, and the server is never started),
 #    python3-venv (the packaging test's virtual environments;
-#    and python3, python3-pip if absent). `apt-get update` runs once, and only if something is missing.
+#    and python3, python3-pip if absent), haproxy, nodejs and npm (tests/real/test_load_balancer_real.py: clients
+#    behind HAProxy, some of them MQTT.js). `apt-get update` runs once, and only if something is missing.
 # 2. This repository, editable, with the test extra: `python3 -m pip install -e '.[test]'`.
 #    Skipped when build/install-deps.stamp says setup.cfg, pyproject.toml, setup.py and the C sources have not
 #    changed since the last install and every requirement is still satisfied.
+# 3. MQTT.js (`mqtt` from npm, version MQTTJS_VERSION) into build/node, for the load balancer test's MQTT.js
+#    subscribers; skipped when it is there. Without the npm registry that step fails with a warning, and the test
+#    runs paho clients in their place (it says so).
 #
 # The mosquitto package may start its own system service (a broker on port 1883).
 # The project never uses it: tests and the demo start their own brokers with
@@ -46,6 +50,12 @@ have logrotate logrotate || missing+=(logrotate)
 # (port 9090), as mosquitto's does; the project never uses it: `systemctl disable --now prometheus` if unwanted.
 need_promtool=false
 have prometheus promtool || need_promtool=true
+# The load balancer test (tests/real/test_load_balancer_real.py): HAProxy in TCP mode in front of the brokers, and
+# Node.js for its MQTT.js clients. Debian's haproxy package starts its service with its own configuration, which
+# listens on no port; the tests start their own haproxy on addresses they choose.
+have haproxy haproxy || missing+=(haproxy)
+have nodejs node || missing+=(nodejs)
+have npm npm || missing+=(npm)
 # Resolve the interpreter itself, not a wrapper such as a pyenv shim (faster, one answer).
 if interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)' 2>/dev/null); then
     "$interpreter" -c 'import pip' 2>/dev/null || missing+=(python3-pip)
@@ -66,7 +76,7 @@ if ((${#missing[@]})) || $need_promtool; then
         apt-get install -y -q --no-install-recommends prometheus
     fi
 else
-    say "Debian packages present (mosquitto, mosquitto-clients, nftables, iproute2, Java 17, systemd, logrotate, promtool)"
+    say "Debian packages present (mosquitto, mosquitto-clients, nftables, iproute2, Java 17, systemd, logrotate, promtool, haproxy, Node.js, npm)"
 fi
 
 [[ -n ${interpreter:-} ]] || interpreter=$("$PYTHON" -c 'import sys; print(sys.executable)')
@@ -84,4 +94,15 @@ else
     say "installing this repository: $PYTHON -m pip install -e '.[test]'"
     "$PYTHON" -m pip install --quiet --root-user-action=ignore -e '.[test]'
     "$PYTHON" scripts/python-deps-current.py --write-stamp
+fi
+
+# MQTT.js for the load balancer test (tests/lb_util.py looks for build/node/node_modules/mqtt).
+MQTTJS_VERSION=5.16.0
+if [[ -f build/node/node_modules/mqtt/package.json ]] \
+        && grep -q "\"version\": \"$MQTTJS_VERSION\"" build/node/node_modules/mqtt/package.json; then
+    say "MQTT.js $MQTTJS_VERSION present (build/node)"
+elif npm install --prefix build/node --no-audit --no-fund --loglevel=error "mqtt@$MQTTJS_VERSION"; then
+    say "installed MQTT.js $MQTTJS_VERSION into build/node"
+else
+    say "WARNING: npm could not install MQTT.js $MQTTJS_VERSION into build/node; tests/real/test_load_balancer_real.py runs paho clients in place of its MQTT.js ones"
 fi
