@@ -57,7 +57,7 @@ NODE_DROP_REASONS = (
     "delivery_backlogged", "inject_backlog_qos0", "inject_backlog_qos12", "receive_backlog_qos0",
     "receive_backlog_qos12", "send_backlog_qos0", "publication_too_large", "no_subscriber_after_broker_restart",
     "resubscribe_hold_full", "spool_expired", "spool_age", "retained_stale", "message_expired",
-    "receiver_hold_expired", "receiver_hold_full", "repair_no_route", "storage_unavailable", "order_backlog",
+    "receiver_hold_expired", "receiver_hold_full", "repair_no_route", "storage_unavailable",
 )
 """drop reasons the node and the daemon count (docs/drops.md; tests/docs/test_drop_reasons.py checks this list
 against the code), exported at 0 from the start with the envelope's"""

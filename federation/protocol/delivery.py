@@ -90,8 +90,6 @@ class ReliableDelivery:
         key = publications.seen_key(message)
         if entry is None and key not in publications.seen:
             refusal = reliable.pressure()
-            if refusal is None and message.mode != MODE_TO_MEMBER and not publications.ordering.admits([message])[0]:
-                refusal = "order_backlog"  # it would wait beyond what its stream's full buffer holds
             if refusal is not None:
                 self._outbox.drop(refusal)  # a new copy, unacknowledged: its sender sends it again
                 return NOT_SENT
@@ -155,8 +153,6 @@ class ReliableDelivery:
                 reliable.acknowledge(message, sender, custody.reach_of(filter_))  # has it, or subscribes no more
                 return NOT_SENT
             refusal = reliable.pressure()
-            if refusal is None and not publications.ordering.admits([plain])[0]:
-                refusal = "order_backlog"
             if refusal is not None:
                 self._outbox.drop(refusal)  # its sender sends it again
                 return NOT_SENT
@@ -187,8 +183,7 @@ class ReliableDelivery:
         seen_base = publications.streams.base(origin.host, origin.port, batch.epoch, batch.filter)  # once a run
         messages = batch.messages()
         fresh = seen.all_new([seen_base | message.seq for message in messages])
-        admitted = publications.ordering.admits(messages) if messages else []
-        if messages and fresh is not None and reliable.pressure() is None and all(admitted):
+        if messages and fresh is not None and reliable.pressure() is None:
             # The common case, a run of publications all new here: taken together, as the loop below would take
             # them one by one (unless custody holds one of them already).
             opened = custody.open_run(messages, sender)
@@ -199,16 +194,13 @@ class ReliableDelivery:
         furthest = NOT_SENT
         refusal: str | None = None
         asked = False  # the pressure, asked again only after a copy handled before (it may send copies on)
-        for message, admit in zip(messages, admitted, strict=True):
+        for message in messages:
             key = seen_base | message.seq
             if key not in seen and (message.publication, message.filter) not in entries:
                 if not asked:
                     refusal, asked = reliable.pressure(), True
                 if refusal is not None:
                     self._outbox.drop(refusal)  # a new copy, unacknowledged: its sender sends it again
-                    continue
-                if not admit:
-                    self._outbox.drop("order_backlog")  # it would wait beyond what its stream's full buffer holds
                     continue
                 seen.add(key)
                 taken.append(custody.open(message, sender))

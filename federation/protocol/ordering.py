@@ -22,18 +22,15 @@ The wait counts from when the stream last moved, not from when the waiting
 publication arrived: after a partition heals, the origin repairs what the
 far side missed (rule 7f) oldest first while the mesh brings the newest; the
 stream passes a repair after another, and a backlog that takes longer than
-`reorder_timeout` to come is not skipped while it keeps coming. A stream
-whose buffer is full (`reorder_max_stream`, or `reorder_max` and
-`reorder_max_bytes` in all) takes no publication that would wait beyond the
-newest one waiting (`admits`: the node leaves it unacknowledged, drop
-`order_backlog`, and its sender sends it again), so the buffer does not
-grow past what it spans and no gap that is being filled is skipped for
-room. One that would wait before the newest fills a gap and is always
-taken: refusing those too left a stream that lost copies on the way taking
-only the one publication that came right after the last it passed, a few a
-second (a 20 % lossy heal in the node harness: 678 of 3,600 in a minute).
-Should the buffer overflow the bounds in all all the same, the oldest gap is
-skipped at once.
+`reorder_timeout` to come is not skipped while it keeps coming. One stream
+may fill the whole buffer (`reorder_max_stream` is `reorder_max` by
+default): after a 30 s partition at 100 publications a second, 3,000 of an
+origin's held publications can reach a receiver before the few a relay
+held for it, and a bound of 1,000 skipped those few (they came 3 s late).
+The buffer never refuses a publication: a refused copy stays in its
+sender's table of unacknowledged copies, and a relay whose table fills with
+them refuses the very copies that would fill the gap (tried: a healed ring
+stalled for 30 s).
 
 Why `prev` and not a counter per stream: a restarted origin replays what
 its spool still holds with the original ids, but does not know how far its
@@ -64,10 +61,10 @@ QoS 0 streams never wait: a QoS 0 publication older than the last one
 injected from its stream is dropped (`qos0_late`), any other is injected at
 once; they are ordered by (epoch, seq), which the origin gives in order.
 
-Memory is bounded by the settings `reorder_max`, `reorder_max_bytes`
-(waiting publications in all), `reorder_max_stream` (what one stream's
-buffer takes beyond its newest) and `max_streams` (streams remembered, least
-recently used forgotten first, never one with waiting publications).
+Memory is bounded by the settings `reorder_max_stream`, `reorder_max`,
+`reorder_max_bytes` (waiting publications: beyond them the oldest gap is
+skipped) and `max_streams` (streams remembered, least recently used
+forgotten first, never one with waiting publications).
 """
 
 from __future__ import annotations
@@ -107,15 +104,13 @@ class Waiting:
 class Stream:
     """One reliable stream at a receiver: how far it has passed, and what waits for an earlier publication."""
 
-    __slots__ = ("last", "waiting", "newest", "deadline", "armed", "since", "start_wait")
+    __slots__ = ("last", "waiting", "deadline", "armed", "since", "start_wait")
 
     def __init__(self) -> None:
         self.last: Position | None = None
         """None: nothing passed yet (the stream is starting)"""
         self.waiting: list[tuple[Position, Waiting]] = []
         """a heap by position"""
-        self.newest: Position | None = None
-        """the latest position waiting (None when none waits)"""
         self.deadline = INFINITY
         """when the gap before the earliest waiting publication is skipped (infinity when none waits)"""
         self.armed = INFINITY
@@ -211,8 +206,6 @@ class Ordering:
             stream.start_wait = settings.reorder_timeout if established else settings.reorder_start
         size = len(message.payload) + len(message.topic) if want else 0
         heapq.heappush(stream.waiting, (position, Waiting(position, prev, now, message, want, size)))
-        if stream.newest is None or position > stream.newest:
-            stream.newest = position
         self._waiting(message)
         self.waiting += 1
         self.waiting_bytes += size
@@ -220,48 +213,12 @@ class Ordering:
             stream.since = now
             self._rearm(key, stream)
         released = []
+        if len(stream.waiting) > settings.reorder_max_stream:
+            self._skip(key, stream, released, "stream_full", now)
         while (self.waiting > settings.reorder_max or self.waiting_bytes > settings.reorder_max_bytes) \
                 and self._skip_oldest(released, now):
             pass
         return released
-
-    def admits(self, messages: list[TopicMessage]) -> list[bool]:
-        """For publications of one stream not taken yet, in the order they would be offered: may each be taken now?
-        Not one that would wait (its predecessor not passed here) beyond the newest publication waiting while the
-        buffer is full: `reorder_max_stream` in the stream, `reorder_max` or `reorder_max_bytes` in all (those of
-        the run before it counted). The node leaves such a one unacknowledged (drop `order_backlog`) and its sender
-        sends it again, rather than the buffer growing or skipping a gap being filled (after a heal, the repairs of
-        rule 7f). One that waits before the newest fills a gap and is taken. A stream not followed here waits for
-        nothing yet (its first publication starts it). What a publication passing here releases is not foreseen,
-        so a later one of the run may be refused that would have passed: it comes again."""
-        first = messages[0]
-        stream = self._find((first.origin, first.filter))
-        if stream is None:
-            return [True] * len(messages)
-        settings = self._settings
-        start = settings.reorder_start
-        passed, newest = stream.last, stream.newest
-        count, waiting, waiting_bytes = len(stream.waiting), self.waiting, self.waiting_bytes
-        found = []
-        for message in messages:
-            position = (message.epoch, message.seq)
-            prev = message.prev
-            if passed is not None and position <= passed:
-                found.append(True)  # late: injected at once
-            elif prev is None or (passed is None and start <= 0) or (passed is not None and prev <= passed):
-                passed = position
-                found.append(True)
-            elif newest is not None and position < newest:
-                found.append(True)  # it would wait inside what the buffer spans: it fills a gap
-            else:
-                size = len(message.payload) + len(message.topic)
-                if count >= settings.reorder_max_stream or waiting >= settings.reorder_max \
-                        or waiting_bytes + size > settings.reorder_max_bytes:
-                    found.append(False)
-                    continue
-                count, waiting, waiting_bytes, newest = count + 1, waiting + 1, waiting_bytes + size, position
-                found.append(True)
-        return found
 
     def _release(self, key: StreamKey, stream: Stream, released: list[TopicMessage], now: float) -> None:
         """Release the waiting publications whose predecessor has been passed, in order."""
@@ -293,7 +250,6 @@ class Ordering:
         stream is starting) after that, unless it moves again."""
         if not stream.waiting:
             stream.deadline = stream.armed = INFINITY  # its entry, if any, is stale now
-            stream.newest = None
             return
         wait = stream.start_wait if stream.last is None else self._settings.reorder_timeout
         stream.deadline = deadline = stream.since + wait
