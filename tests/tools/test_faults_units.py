@@ -348,3 +348,40 @@ def test_extended_results_travel_as_json() -> None:
     assert (again.more, again.bulk, again.latency, again.memory) == (result.more, result.bulk, result.latency,
                                                                      result.memory)
     assert not again.meets(1)  # b lost one: the case misses the target
+
+
+def test_catch_up_measures_what_was_missing_at_the_healing() -> None:
+    from federation.tools.faults.runner import catch_up
+    published = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]  # 1-6 published at those times; healed at 4.5
+    arrivals = [Arrival(1, 1.1), Arrival(2, 2.1), Arrival(3, 5.5), Arrival(4, 6.5), Arrival(5, 5.2), Arrival(6, 6.1)]
+    assert catch_up(published, [1, 2, 3, 4, 5, 6], arrivals, 4.5) == {"backlog": 2, "arrived": 2, "seconds": 2.0,
+                                                                       "rate": 1.0}
+    assert catch_up(published, [1, 2], arrivals, 4.5) is None  # nothing missing then
+    assert catch_up(published, [3, 4], arrivals[:3], 4.5) == {"backlog": 2, "arrived": 1, "seconds": 1.0,
+                                                               "rate": 1.0}
+
+
+def test_extended_lines_name_every_stream_and_what_was_measured() -> None:
+    result = CaseResult("federation-ring-split", "split-both-sides", [], {1: count_stream(2, [1, 2], [1, 2])},
+                        more={"b": {1: count_stream(2, [1, 2], [2])}}, ledger={"problems": []},
+                        catch_up={"c/1": {"backlog": 2.0, "arrived": 2.0, "seconds": 0.5, "rate": 4.0}},
+                        subscriber_node="c")
+    [line] = report.extended_lines([result], {"split-both-sides": "the split"})
+    assert line == ("the split: QoS 1 at c: ok /2; QoS 1 at b: lost 1 /2; counters agree; "
+                    "c/1 caught up 2 in 0.5 s")
+
+
+def test_the_soak_restarts_every_two_minutes_kills_every_five_and_never_twice_at_once(tmp_path: Path) -> None:
+    from federation.tools.faults.soak import SOAK_SETUP, soak_job, soak_plan
+    plan = soak_plan()
+    kinds = [item.fault.kind for item in plan.schedule]
+    assert plan.length == 1200.0 and kinds.count("stop_wrapper") == 9 and kinds.count("kill_wrapper") == 3
+    assert [item.at for item in plan.schedule if item.fault.kind == "stop_wrapper"] == [120.0 * n for n in range(1, 10)]
+    assert [item.at for item in plan.schedule if item.fault.kind == "kill_wrapper"] == [300.0, 660.0, 900.0]
+    spans = sorted((item.at, item.at + item.fault.seconds) for item in plan.schedule)
+    assert all(end < following for (_, end), (following, _) in itertools.pairwise(spans))  # one fault at a time
+    assert spans[-1][1] < plan.length
+    assert plan.schedule[0].fault.role == "subscriber"  # the core (c on the split ring) hands over first
+    job = soak_job(tmp_path, "127.0.9.10", minutes=4.0, rate=50.0)
+    assert job.setup == SOAK_SETUP and job.timing.rate == 50.0 and job.cases[0].length == 240.0
+    assert Job.from_json(job.to_json()) == job

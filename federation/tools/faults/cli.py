@@ -4,6 +4,8 @@
     python -m federation.tools.faults --setups federation-line --faults partition
     python -m federation.tools.faults random --seeds 1-20     # random schedules, each replayable from its seed
     python -m federation.tools.faults burst                   # 2,000 QoS 2 through 3 brokers at Mosquitto's default
+    python -m federation.tools.faults extended                # issue 37's cases, counted at every subscribing node
+    python -m federation.tools.faults soak                    # 20 min on a ring at 300/s, restarts and kills
     python -m federation.tools.faults cleanup                 # nftables tables left by a run killed with SIGKILL
 
 Theory of operation: the commands build `suite.Job`s (or a burst), run them
@@ -36,16 +38,19 @@ from federation.harness.processes import LaunchError
 from federation.harness.signals import interrupt_on_sigterm
 from federation.tools.faults import report
 from federation.tools.faults.burst import BURST_COUNT, BURST_TIMING, burst_case, burst_job
-from federation.tools.faults.catalogue import FAULTS, SUITE
+from federation.tools.faults.catalogue import EXTENDED, FAULTS, SUITE
 from federation.tools.faults.packet_filter import delete_table, leftover_tables
 from federation.tools.faults.runner import CaseResult, Timing
 from federation.tools.faults.schedule import random_case
 from federation.tools.faults.setups import inflight_template
+from federation.tools.faults.soak import SOAK_MINUTES, SOAK_RATE, soak_job, soak_title
 from federation.tools.faults.suite import (
+    BULK_CASE,
     DEFAULT_SETTINGS,
     SETUPS,
     CasePlan,
     Job,
+    extended_jobs,
     merge,
     run_jobs,
     suite_jobs,
@@ -53,7 +58,9 @@ from federation.tools.faults.suite import (
     worker_main,
 )
 
-COMMANDS = ("run", "random", "burst", "report", "cleanup", "worker")
+COMMANDS = ("run", "random", "burst", "extended", "soak", "report", "cleanup", "worker")
+EXTENDED_CASES = [*(fault.name for _topology, fault in EXTENDED), BULK_CASE]
+BULK_TITLE = "2,000 publications of 100 kB at 500/s (QoS 1) beside the two 100/s streams"
 DEFAULT_SUBNET = 200
 """the suite's loopback addresses start at 127.0.<subnet>.10, one /24 per setup"""
 
@@ -70,13 +77,13 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, rate: float = Timing.rate) -> None:
     parser.add_argument("--out", type=Path, help="where results, logs and client outputs go (default: a new temp dir)")
     parser.add_argument("--subnet", type=int, default=DEFAULT_SUBNET,
                         help=f"first loopback /24: 127.0.SUBNET.10 and up, one /24 per setup "
                              f"(default {DEFAULT_SUBNET})")
-    parser.add_argument("--rate", type=float, default=Timing.rate,
-                        help=f"publications per second of each stream (default {Timing.rate:g})")
+    parser.add_argument("--rate", type=float, default=rate,
+                        help=f"publications per second of each stream (default {rate:g})")
     parser.add_argument("--quiet", type=float,
                         help=f"drain: seconds without a new arrival that end it (default {Timing.quiet:g}; "
                              f"burst: {BURST_TIMING.quiet:g})")
@@ -110,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     burst = commands.add_parser("burst", help="QoS 2 burst through 3 brokers with Mosquitto's default inflight limit")
     _common(burst)
     burst.add_argument("--count", type=int, default=BURST_COUNT)
+    extended = commands.add_parser("extended", help="issue 37's cases (a split with subscribers on both sides, a "
+                                                    "core stopped, two wrappers killed, full disks, a bulk flood)")
+    _common(extended)
+    extended.add_argument("--cases", nargs="+", choices=EXTENDED_CASES, default=EXTENDED_CASES)
+    soak = commands.add_parser("soak", help="a ring under load for a long time, wrappers restarted and killed")
+    _common(soak, SOAK_RATE)
+    soak.add_argument("--minutes", type=float, default=SOAK_MINUTES, help=f"(default {SOAK_MINUTES:g})")
     again = commands.add_parser("report", help="print the tables of a saved faults.json again")
     again.add_argument("results", type=Path)
     again.add_argument("--markdown", action="store_true", help="the Markdown table (as in docs/guarantees.md)")
@@ -156,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 titles = {burst_case(options.count): BURST_TITLE.format(count=options.count)}
             elif options.command == "random":
                 results, titles = _random(options.seeds, options.jobs, out, options.subnet, timing)
+            elif options.command in ("extended", "soak"):
+                return _extended(options, out, timing, arguments, started)
             else:
                 results, titles = _suite(options, out, timing)
     except LaunchError as error:
@@ -166,6 +182,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_report(results, titles)
     print(f"\n{seconds:.0f} s; results in {out}/faults.json")
     return exit_status(results)
+
+
+def _extended(options: argparse.Namespace, out: Path, timing: Timing, arguments: Sequence[str],
+              started: float) -> int:
+    """Issue 37's cases or the soak: each stream counted at every subscribing node, the wrappers' counters
+    against those counts. Exit status as `exit_status`, a disagreeing ledger counting as a miss."""
+    subnets = itertools.count(options.subnet)
+    if options.command == "soak":
+        job = soak_job(out / "soak", f"127.0.{next(subnets)}.10", options.minutes, timing.rate)
+        jobs = [job]
+        titles = {plan.case: soak_title(plan, timing.rate) for plan in job.cases}
+    else:
+        cases = list(options.cases)
+        alone = [BULK_CASE] if BULK_CASE in cases else []  # the flood measures fairness and memory: alone
+        jobs = extended_jobs(out, subnets, timing, cases=[case for case in cases if case not in alone])
+        titles = {fault.name: fault.title for _topology, fault in EXTENDED} | {BULK_CASE: BULK_TITLE}
+    outcomes = run_jobs(jobs) if jobs else []
+    if options.command == "extended" and BULK_CASE in options.cases:
+        flood = extended_jobs(out, subnets, timing, cases=[BULK_CASE])
+        outcomes += run_jobs(flood)
+        jobs += flood
+    results = merge(jobs, outcomes)
+    seconds = time.time() - started
+    write_results(out, results, titles, timing, seconds, arguments)
+    cases = [result for setup_results in results.values() for result in setup_results]
+    print("\n".join(report.extended_lines(cases, titles)))
+    for result in cases:
+        print("\n".join(report.explain_lines(result)))
+        print("\n".join(f"ledger: {problem}" for problem in result.ledger.get("problems", [])))
+    print(f"\n{seconds:.0f} s; results in {out}/faults.json")
+    if any(result.error is not None for result in cases):
+        return 2
+    return 0 if all(result.meets(qos) and result.bulk_meets() and not result.ledger.get("problems")
+                    for result in cases for qos in result.streams) else 1
 
 
 def print_report(results: Mapping[str, Sequence[CaseResult]], titles: Mapping[str, str]) -> None:

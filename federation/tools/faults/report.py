@@ -170,3 +170,39 @@ def explanations(results: Mapping[str, Sequence[CaseResult]], events: bool = Tru
             if events:
                 lines += explain_lines(result)
     return lines
+
+
+def extended_cells(result: CaseResult) -> list[tuple[str, str]]:
+    """(what, cell) of every stream of an issue-37 case: each QoS at each subscribing node, and the bulk flood."""
+    if result.error is not None:
+        return [("case", f"not judged: {result.error.splitlines()[0]}")]
+    cells = [(f"QoS {qos} at {result.subscriber_node or 'the subscriber'}", cell(count, qos))
+             for qos, count in sorted(result.streams.items())]
+    for node, counts in sorted(result.more.items()):
+        for qos, count in sorted(counts.items()):
+            cells.append((f"QoS {qos} at {node}", cell(count, qos)))
+    if result.bulk is not None:
+        cells.append(("bulk QoS 1", cell(result.bulk, 1)))
+    return cells
+
+
+def extended_lines(results: Sequence[CaseResult], titles: Mapping[str, str]) -> list[str]:
+    """One line per issue-37 case: its streams' cells, what the ledger found, and what it measured besides."""
+    lines = []
+    for result in results:
+        parts = [f"{what}: {text}" for what, text in extended_cells(result)]
+        problems = result.ledger.get("problems")
+        if problems is not None:
+            parts.append("counters agree" if not problems else f"counters disagree ({len(problems)})")
+        caught = ", ".join(f"{key} caught up {value['arrived']:g} in {value['seconds']:g} s"
+                           for key, value in sorted(result.catch_up.items()))
+        if caught:
+            parts.append(caught)
+        if result.bulk is not None:
+            parts.append("plain streams' latency p99 " + ", ".join(
+                f"QoS {qos} {result.latency.get(qos, {}).get('p99', '-')} s" for qos in ("1", "2")))
+            parts.append("peak MiB " + ", ".join(f"{node}: wrapper {peaks.get('wrapper_mib')}, broker "
+                                                 f"{peaks.get('broker_mib')}"
+                                                 for node, peaks in sorted(result.memory.items())))
+        lines.append(f"{titles.get(result.case, result.case)}: " + "; ".join(parts))
+    return lines

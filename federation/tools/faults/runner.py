@@ -48,7 +48,7 @@ from federation.protocol.publication_events import expand
 from federation.tools.faults.bulk import BulkLoad, BulkPublisher, BulkSubscriber, peak_resident_mib
 from federation.tools.faults.catalogue import Fault
 from federation.tools.faults.clients import PacedPublisher, StreamSubscriber
-from federation.tools.faults.counting import StreamCount, count_stream
+from federation.tools.faults.counting import Arrival, StreamCount, count_stream
 from federation.tools.faults.ledger import ledger
 from federation.tools.faults.setups import TOPIC_ROOT, FaultSetup
 
@@ -121,6 +121,11 @@ class CaseResult:
     """per node, the peak resident MiB of its wrapper and its broker (`VmHWM`) when the case ended"""
     ledger: dict[str, Any] = field(default_factory=dict)
     """the wrappers' counters and events against what the subscribers received (`ledger.py`)"""
+    subscriber_node: str = ""
+    """the node of the subscriber role (`streams` are counted there, `more` at the others)"""
+    catch_up: dict[str, dict[str, float]] = field(default_factory=dict)
+    """per "node/QoS": after the last healing, how many acknowledged publications made before it were missing there
+    (`backlog`), how long until the last of them arrived (`seconds`) and at what rate they came (`rate`, per s)"""
     error: str | None = None
 
     def meets(self, qos: int) -> bool:
@@ -141,7 +146,8 @@ class CaseResult:
                 "more": {node: {str(qos): count.to_json() for qos, count in sorted(counts.items())}
                          for node, counts in sorted(self.more.items())},
                 "bulk": None if self.bulk is None else self.bulk.to_json(), "latency": self.latency,
-                "memory": self.memory, "ledger": self.ledger, "error": self.error}
+                "memory": self.memory, "ledger": self.ledger, "catch_up": self.catch_up,
+                "subscriber_node": self.subscriber_node, "error": self.error}
 
     @staticmethod
     def from_json(document: dict[str, Any]) -> CaseResult:
@@ -153,6 +159,7 @@ class CaseResult:
                   for node, streams in document.get("more", {}).items()},
             bulk=None if bulk is None else _count_of(bulk), latency=document.get("latency", {}),
             memory=document.get("memory", {}), ledger=document.get("ledger", {}),
+            catch_up=document.get("catch_up", {}), subscriber_node=document.get("subscriber_node", ""),
             actions=document["actions"], explain=document["explain"], started=document["started"],
             ended=document["ended"], healed=document.get("healed"),
             last_arrival={int(qos): value for qos, value in document.get("last_arrival", {}).items()},
@@ -164,6 +171,24 @@ def _count_of(counts: dict[str, Any]) -> StreamCount:
     return StreamCount(**{**counts, "lost_sample": tuple(counts["lost_sample"]),
                           "lost_ranges": tuple(tuple(pair) for pair in counts["lost_ranges"]),
                           "swapped": tuple(tuple(pair) for pair in counts.get("swapped", ()))})
+
+
+def catch_up(published_at: list[float], acknowledged: list[int], arrivals: list[Arrival],
+             healed: float) -> dict[str, float] | None:
+    """How a subscriber caught up after a healing at `healed` (unix time): the acknowledged publications made before
+    it and not arrived by then (`backlog`), the seconds until the last of them arrived, and their rate; None
+    when nothing was missing at the healing."""
+    first: dict[int, float] = {}
+    for arrival in arrivals:
+        first.setdefault(arrival.seq, arrival.received)
+    missing = [seq for seq in acknowledged
+               if seq <= len(published_at) and published_at[seq - 1] < healed and first.get(seq, healed + 1) >= healed]
+    if not missing:
+        return None
+    arrived = [first[seq] for seq in missing if seq in first]
+    seconds = max(arrived) - healed if arrived else 0.0
+    return {"backlog": len(missing), "arrived": len(arrived), "seconds": round(seconds, 3),
+            "rate": round(len(arrived) / seconds, 1) if seconds > 0 else 0.0}
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -262,7 +287,8 @@ class CaseRun:
         self.topics = {qos: f"{TOPIC_ROOT}/{run_token}/{case}/q{qos}" for qos in streams}
         self.result = CaseResult(setup.name, case, [
             {"fault": item.fault.name, "at": round(item.at, 3), "seconds": item.fault.seconds,
-             "what": setup.describe(item.fault)} for item in self.schedule])
+             "what": setup.describe(item.fault)} for item in self.schedule],
+            subscriber_node=setup.topology.node("subscriber"))
         client_ids = {qos: f"faults-{run_token}-{case}-q{qos}"[:60] for qos in streams}
         self.publishers = {qos: PacedPublisher(setup.publish_host, setup.broker_port, topic, qos,
                                                None if burst else timing.rate, client_ids[qos] + "-pub", burst)
@@ -337,6 +363,16 @@ class CaseRun:
             result.more[node] = {qos: count_stream(self.publishers[qos].sent, self.publishers[qos].acknowledged(),
                                                    [arrival.seq for arrival in subscriber.arrivals()])
                                  for qos, subscriber in subscribers.items()}
+        if result.healed is not None:
+            nodes = self.setup.subscriber_nodes
+            by_node = {nodes[0]: self.subscribers, **self.more_subscribers}
+            for node, subscribers in by_node.items():
+                for qos, subscriber in subscribers.items():
+                    publisher = self.publishers[qos]
+                    caught = catch_up(list(publisher.published_at), publisher.acknowledged(), subscriber.arrivals(),
+                                      result.healed)
+                    if caught is not None:
+                        result.catch_up[f"{node}/{qos}"] = caught
         if self.bulk_publisher is not None and self.bulk_subscriber is not None:
             arrivals = self.bulk_subscriber.arrivals()
             result.bulk = count_stream(self.bulk_publisher.sent, self.bulk_publisher.acknowledged(),
@@ -445,7 +481,7 @@ class CaseRun:
                 last_count[0], last_change[0] = count, now
             if now - last_change[0] < self.timing.quiet or now < settled:
                 return None
-            if not self.setup.forwarding_ready():  # a restarted wrapper still starting: quiet counts from its start
+            if not self.setup.forwarding_ready(self.timing.quiet):  # a wrapper restarted: quiet counts from its start
                 last_change[0] = now
                 return None
             return "quiet"
