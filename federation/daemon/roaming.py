@@ -10,11 +10,13 @@ once per `FILTERS_DELAY` while they change), so that the broker it comes back to
 
 When a client connects here whose last claim names another broker, with clean start 0 (it resumes its session),
 this wrapper *adopts* the session it had there (`Adopted`): it asks the federation for the session's filters at
-once (a pseudo client holds them in the node: `adopted_client`), and holds every publication matching them (and
-no other local client's subscription) until the old broker's handover has come and the client has subscribed
-again here: Mosquitto, which never saw the client, answered its CONNECT with session present 0, so the client
-subscribes again (MQTT 5 says it must discard its session state; paho's `on_connect` and MQTT.js do) or hears
-nothing; that much one broker's behaviour cannot be had without changing Mosquitto (docs/transparency.md).
+once (a pseudo client holds them in the node: `adopted_client`), and holds every publication matching them (other
+local clients get theirs when it is released, a moment late) until the old broker's handover has come and the
+client has subscribed again here: Mosquitto, which never saw the client, answered its CONNECT with session
+present 0, so the client subscribes again (MQTT 5 says it must discard its session state; paho's `on_connect` and
+MQTT.js do) or hears nothing; that much one broker's behaviour cannot be had without changing Mosquitto
+(docs/transparency.md). What the client subscribes to here is its session's too (its filters' record may not have
+come yet).
 
 The old broker's wrapper, on the newer claim, takes the client id over there (federation.daemon.kicker: the old
 connection closed, the will handled by Mosquitto's own rules for the new clean start, the session resumed and its
@@ -46,9 +48,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from federation.daemon.broker_log import ClientConnected, ClientSubscribed, ClientUnsubscribed, LogEvent
 from federation.daemon.client_registry import (
@@ -66,146 +67,28 @@ from federation.daemon.client_registry import (
 )
 from federation.daemon.kicker import Outcome
 from federation.daemon.retained import RetainedStore
+from federation.daemon.roaming_state import (
+    ADOPTION_GRACE,
+    ASSIGNED_PREFIX,
+    FENCE_WAIT,
+    FILTERS_DELAY,
+    LATE_WINDOW,
+    MAX_HELD,
+    Adopted,
+    Originate,
+    PublishFence,
+    RoamingCounts,
+    StartKicker,
+    Takeover,
+    adopted_client,
+    filters_topic,
+)
+from federation.daemon.roaming_state import address_text as _text
 from federation.daemon.state import SHARED_PREFIX, LocalSubscriptions, SubscriptionSink
 from federation.protocol.topic_filter import federated_filter, matches
 from federation.protocol.types import Address, Injection, PublicationId
 
 log = logging.getLogger("federation.daemon")
-
-FENCE_WAIT = 2.0
-"""seconds a handover waits, after the kicker read the fence, for the wrapper's connection to read it back"""
-FILTERS_DELAY = 0.5
-"""seconds a client's filters record waits for more changes before it is published"""
-ADOPTION_GRACE = 30.0
-"""seconds a client's adopted session holds publications for it at most (the handover, its subscriptions)"""
-LATE_WINDOW = 5.0
-"""seconds after an adoption ends during which a publication its handover covered, arriving late here (the
-handover's record overtook it), is left out when no other local client takes it"""
-MAX_HELD = 10_000
-"""publications one adopted session holds at most (the oldest go first, counted)"""
-ASSIGNED_PREFIX = "auto-"
-"""how Mosquitto begins the client ids it assigns (an empty client id, MQTT 5's Assigned Client Identifier): no
-record is made for those (mosquitto_pub and its like would leave one per run in every wrapper's store)"""
-PSEUDO_PREFIX = "\x00session:"
-"""the pseudo client holding an adopted session's filters in the node (U+0000 is in no client id)"""
-
-
-def _text(address: Address) -> str:
-    """An address as records name it ("host:port")."""
-    return str(address)
-
-
-def filters_topic(client: str) -> str:
-    return registry_topic(client) + "/filters"
-
-
-def adopted_client(client: str) -> str:
-    return PSEUDO_PREFIX + client
-
-
-class Originate(Protocol):
-    """Originates a registry record as a retained QoS 1 publication of this wrapper's
-    (`LocalPublications.originate_record`)."""
-
-    def __call__(self, topic: str, payload: bytes, now: float, /) -> None: ...
-
-
-class StartKicker(Protocol):
-    """Starts a takeover of `client` on the local broker with `clean` (federation.daemon.kicker); `ready` gets its
-    fence when it may be published, `done` its outcome, both on the loop's thread."""
-
-    def __call__(self, client: str, clean: bool, ready: Callable[[str, float], None],
-                 done: Callable[[Outcome, float], None], /) -> None: ...
-
-
-class PublishFence(Protocol):
-    """Publishes a takeover's fence on the wrapper's broker connection, behind its injections; returns, per origin,
-    the ids of the injections on a topic of `filters` the broker processes before it
-    (`Injector.released_matching`), or None when it could not be published (not connected)."""
-
-    def __call__(self, fence: str, filters: Iterable[str], /) -> dict[Address, list[tuple[int, int]]] | None: ...
-
-
-@dataclass
-class Takeover:
-    """A takeover under way on this broker: its handover record goes once the kicker is done and the fence was read
-    back on the wrapper's connection (or `FENCE_WAIT` after the kicker, without the local clients' cut)."""
-
-    action: TakeOver
-    filters: dict[str, int]
-    carried: list[Injection] = field(default_factory=list)
-    """what an adoption of the same client here still held, never given to the broker (module docstring)"""
-    fence: str | None = None
-    had: dict[Address, list[tuple[int, int]]] | None = None
-    """the injections the session had (at the fence's publication)"""
-    own: tuple[int, int] | None = None
-    """(epoch, seq) of the last local publication read before the fence came back"""
-    outcome: Outcome | None = None
-    done_at: float | None = None
-
-
-@dataclass
-class Adopted:
-    """A session this broker took from another (module docstring)."""
-
-    client: str
-    source: str
-    filters: dict[str, int]
-    """raw filter -> qos, as the old host recorded them"""
-    deadline: float
-    held: list[Injection] = field(default_factory=list)
-    drained: list[Injection] | None = None
-    """the handover's messages, once it came"""
-    subscribed: set[str] = field(default_factory=set)
-    """filters the client subscribed to again here"""
-    dropped: int = 0
-    own: list[tuple[PublicationId, Injection, bool]] = field(default_factory=list)
-    """this broker's own clients' publications for it before the handover came: (id, to inject, whether the
-    client had a subscription here that took it), settled by the handover (`Roaming._settle_own`)"""
-    record: Record | None = None
-    """the handover, once it came"""
-
-    def wants(self, topic: str) -> bool:
-        return any(matches(filter_, topic) for filter_ in self.filters if not filter_.startswith(SHARED_PREFIX))
-
-    def resubscribed(self, topic: str) -> bool:
-        return any(matches(filter_, topic) for filter_ in self.subscribed)
-
-
-@dataclass
-class RoamingCounts:
-    claims: int = 0
-    filters_records: int = 0
-    takeovers: int = 0
-    """client ids this broker had that connected on another broker: taken over here"""
-    taken_queued: int = 0
-    """queued messages read from this broker's sessions and handed to their new host"""
-    adopted: int = 0
-    """sessions this broker took from another"""
-    delivered: int = 0
-    """handed-over messages injected here"""
-    duplicates_left_out: int = 0
-    """held publications the handover carried too (both brokers had them)"""
-    dropped: int = 0
-    """held or handed-over messages no subscription of their client took within the grace"""
-    handovers_late: int = 0
-    """adoptions whose handover did not come within the grace"""
-    fences_late: int = 0
-    """handovers made without the local clients' cut: the fence did not come back on the wrapper's connection"""
-    shared_copies: int = 0
-    """handed-over messages injected here on a topic another local client subscribes to: that client gets a copy of
-    each it had already had (the broker cannot give a message to one subscriber alone: docs/transparency.md)"""
-    carried: int = 0
-    """messages an adopted session held here that went on in this broker's own handover (the client moved on)"""
-    late_copies: int = 0
-    """publications a handover gave that reached this wrapper after its record, made all the same because another
-    local client takes them (the moved client got it twice)"""
-    own_given: int = 0
-    """this broker's own clients' publications given to an adopted session's client by its wrapper: made before the
-    client subscribed here again, after its old broker's fence"""
-    unreleased: int = 0
-    """QoS 2 messages a taken-over client had taken (PUBREC) and not been released (PUBREL) when it moved: one
-    broker would release them on its return; no other broker can (docs/transparency.md)"""
 
 
 class Roaming:
@@ -266,7 +149,7 @@ class Roaming:
             if record is not None and record.persistent:
                 self._filters_due.setdefault(event.client, now + FILTERS_DELAY)
             if isinstance(event, ClientSubscribed) and event.client in self.adopted:
-                return self._resubscribed(self.adopted[event.client], event.filter, now)
+                return self._resubscribed(self.adopted[event.client], event.filter, event.qos, now)
         # A client that leaves an adopted session here before the handover came: what is held waits for it (it may
         # come back here) until the grace ends, or goes on with it when it connects elsewhere (`_take_over`).
         return []
@@ -481,8 +364,8 @@ class Roaming:
         self._settle_own(adopted)
         log.info("client %r: the handover from %s came: %d messages first, then %d held here (%d held were copies)",
                  record.client, record.source, len(adopted.drained), len(remaining), left_out)
-        if not adopted.filters and record.filters:
-            adopted.filters = dict(record.filters)
+        for raw_filter, qos in record.filters.items():
+            adopted.filters.setdefault(raw_filter, qos)
         return self._release(adopted, now)
 
     def _settle_own(self, adopted: Adopted) -> None:
@@ -530,8 +413,10 @@ class Roaming:
         node's custody never take one for another."""
         return Address(address.host, 0), self._handover_epoch, next(self._handover_ids)
 
-    def _resubscribed(self, adopted: Adopted, raw_filter: str, now: float) -> list[Injection]:
+    def _resubscribed(self, adopted: Adopted, raw_filter: str, qos: int, now: float) -> list[Injection]:
         adopted.subscribed.add(raw_filter)
+        # Its filters were not all known here (their record had not come): what it subscribes to is its session's.
+        adopted.filters.setdefault(raw_filter, qos)
         federated = federated_filter(raw_filter)
         if raw_filter in adopted.filters and federated is not None:
             self.sink.local_unsubscribe(adopted_client(adopted.client), federated, now)
@@ -669,4 +554,4 @@ class Roaming:
                 "unreleased": counts.unreleased, "taking_over": len(self._takeovers)}
 
 
-__all__ = ["REGISTRY_PREFIX", "Roaming", "adopted_client", "filters_topic"]
+__all__ = ["REGISTRY_PREFIX", "Roaming"]

@@ -24,14 +24,8 @@ from federation.daemon.client_registry import (
 )
 from federation.daemon.kicker import Outcome
 from federation.daemon.retained import RetainedStore, stamp
-from federation.daemon.roaming import (
-    ADOPTION_GRACE,
-    FENCE_WAIT,
-    LATE_WINDOW,
-    Roaming,
-    adopted_client,
-    filters_topic,
-)
+from federation.daemon.roaming import Roaming
+from federation.daemon.roaming_state import ADOPTION_GRACE, FENCE_WAIT, LATE_WINDOW, adopted_client, filters_topic
 from federation.daemon.state import LocalSubscriptions
 from federation.protocol.types import Address, Injection
 
