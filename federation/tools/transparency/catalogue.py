@@ -102,6 +102,16 @@ def _retained_cases() -> list[Scenario]:
                       text("v2")),
         _after_c_left("retained-delete", "retained value deleted (empty payload) after c's subscriber left; a later "
                                          "subscriber on c", sized(0)),
+        Scenario("retained-race",
+                 "retained writes to three topics on a and on c a moment apart (issue 39); later subscribers on a, "
+                 "b and c: the later values everywhere", (
+                     Connect("p_a", "a"), Connect("p_c", "c"),
+                     *[action for round_ in range(1, 4) for action in (
+                         Publish("p_a", f"{{p}}/r{round_}", text(f"a{round_}"), qos=1, retain=True),
+                         Publish("p_c", f"{{p}}/r{round_}", text(f"c{round_}"), qos=1, retain=True))],
+                     Settle(),
+                     *[action for site in "abc" for action in (
+                         Connect(f"late_{site}", site), Subscribe(f"late_{site}", "{p}/+"))])),
         Scenario("retained-delete-live",
                  "retained value deleted while c listens; a later subscriber on c", (
                      *_v1_while_c_listens(), Publish("p", "{p}/r", sized(0), qos=1, retain=True), Settle(),
