@@ -164,7 +164,8 @@ class Node:
         """the shared subscription groups with members federation-wide (`sg`, mode 2 copies: rule 9)"""
         self.publications = Publications(self.identity, self.outbox, self.mesh, local.aggregation.matching,
                                          self.custody, Ordering(settings, self.outbox, local.interest_since,
-                                                                self.custody.held, self.custody.unheld),
+                                                                self.custody.held, self.custody.unheld,
+                                                                self._in_reach),
                                          self.shared)
         """our publications and the ones received: numbering, duplicate caches, order, local delivery"""
         self.receivers = Receivers(self.identity, self.table, self.neighbours, self.outbox, self.custody,
@@ -812,6 +813,10 @@ class Node:
         if self.mesh.refused_topics != self._refused_reported:
             self._report_limits(now)
 
+    def _in_reach(self, origin: Address) -> bool:
+        """Does the table reach this origin now (its streams' gaps wait while it does not: rule 7d)?"""
+        return origin in self.table.routes.members
+
     def _take_down_leaving(self, origins: set[Address], now: float) -> None:
         """A neighbour whose record of its current life says it leaves (a clean shutdown) is down now, not after
         `neighbour_dead_after` of silence: what we sent it that it did not acknowledge goes another way at once
@@ -836,6 +841,7 @@ class Node:
         if change is None:
             return
         self.receivers.routes_changed()  # brokers back in reach get their repairs (rule 7f)
+        self.publications.ordering.routes_changed(now)  # streams whose origin is back wait for what it kept
         if change.moved:
             self.mesh.routes_changed(change.changed)
         self.sync.members_added(change.added)

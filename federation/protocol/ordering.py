@@ -2,19 +2,23 @@
 
 Theory of operation
 -------------------
-MQTT promises a subscriber the publications of one publisher on one topic
-in the order they were published. The federation carries a publication
-over per-filter meshes, copies retransmitted, rerouted and held on the
-way, so two of them can arrive the wrong way round. The origin therefore
-writes into every QoS 1/2 `tm` the publication it sent before on the same
-*stream*, (origin, filter, QoS 1/2): `prev`, an (epoch, seq) pair, None for
-the first it knows of (docs/protocol.md rule 7d). A receiver keeps, per
-stream, the position it has passed (`Stream.last`) and injects a
-publication only once its `prev` has been passed: one that comes early
-waits in the stream's buffer until its predecessor arrives, or until the
-stream has not moved for `reorder_timeout`, when the gap is skipped
-(counted, and reported as `order_gap_skipped`): the buffer bounds the wait
-and the memory, never a publication's delivery. Routing is never delayed: a
+MQTT promises a subscriber the publications of one publisher on one topic in
+the order they were published. The federation carries a publication over
+per-filter meshes, copies retransmitted, rerouted and held on the way, so
+two of them can arrive the wrong way round. The origin therefore writes into
+every QoS 1/2 `tm` the publication it sent before on the same *stream*,
+(origin, filter, QoS 1/2): `prev`, an (epoch, seq) pair, None for the first
+it knows of (docs/protocol.md rule 7d). A receiver keeps, per stream, the
+position it has passed (`Stream.last`) and injects a publication only once
+its `prev` has been passed: one that comes early waits in the stream's
+buffer until its predecessor arrives, or until the stream has not moved for
+`reorder_timeout`, when the gap is skipped (counted, and reported as
+`order_gap_skipped`): the buffer bounds the wait and the memory, never a
+publication's delivery. A gap is not skipped while the stream's origin is
+out of the table's reach, up to `receiver_hold`: the origin keeps the
+publication for us (rule 7f) and it comes after the healing (a stream that
+lost a copy just before a partition delivered it late otherwise); once the
+origin is back the wait starts again. Routing is never delayed: a
 publication is forwarded when it arrives; only its injection into the local
 broker waits.
 
@@ -127,7 +131,8 @@ class Ordering:
     QoS 0. What they release is returned in order, for the caller to inject."""
 
     def __init__(self, settings: Settings, outbox: Outbox, interest_since: Callable[[str], float],
-                 waiting: Callable[[TopicMessage], None], passed: Callable[[TopicMessage], None]) -> None:
+                 waiting: Callable[[TopicMessage], None], passed: Callable[[TopicMessage], None],
+                 in_reach: Callable[[Address], bool] = lambda origin: True) -> None:
         self._settings = settings
         self._outbox = outbox
         self._interest_since = interest_since
@@ -146,6 +151,10 @@ class Ordering:
         self.waiting_bytes = 0
         self._deadlines: list[tuple[float, StreamKey]] = []
         """(when a stream's longest wait ends, its key): lazily deleted"""
+        self._in_reach = in_reach
+        """whether the table reaches an origin now (`Node`: its routes' members)"""
+        self._cut_off: set[StreamKey] = set()
+        """streams whose gap came due while their origin was out of reach: they wait for it (`expire`)"""
 
     # ------------------------------------------------------------ streams
 
@@ -290,6 +299,18 @@ class Ordering:
             return True
         return False
 
+    def routes_changed(self, now: float) -> None:
+        """The table's reach changed: a stream that waited for an origin out of reach and reaches it again waits
+        `reorder_timeout` from now (the origin's held publications and repairs are on their way)."""
+        for key in sorted(self._cut_off, key=str):
+            stream = self._find(key)
+            if stream is None or not stream.waiting:
+                self._cut_off.discard(key)
+            elif self._in_reach(key[0]):
+                self._cut_off.discard(key)
+                stream.since = max(stream.since, now)
+                self._rearm(key, stream)
+
     def next_deadline(self) -> float | None:
         deadlines = self._deadlines
         while deadlines:
@@ -313,6 +334,14 @@ class Ordering:
             if stream.deadline > now:  # the stream moved since the entry was pushed: it waits on
                 stream.armed = stream.deadline
                 heapq.heappush(deadlines, (stream.deadline, key))
+                continue
+            if stream.last is not None and not self._in_reach(key[0]) \
+                    and now - stream.since < self._settings.receiver_hold:
+                # Its origin is out of reach (a partition, its wrapper down): what it keeps for us comes when it
+                # is back (rule 7f), so the gap is not skipped meanwhile; looked at again a timeout later.
+                self._cut_off.add(key)
+                stream.armed = now + max(self._settings.reorder_timeout, self._settings.hello_interval)
+                heapq.heappush(deadlines, (stream.armed, key))
                 continue
             self._skip(key, stream, released, "timeout", now)
         return released

@@ -123,7 +123,7 @@ class Settings:
     reorder_timeout: float = 10.0
     """seconds a QoS 1/2 stream waits for an earlier publication without moving before that one is skipped (long
     enough for a reroute: the neighbour-down time, routes, a few retransmissions; a backlog that keeps coming is
-    waited for)"""
+    waited for, and a gap whose origin is out of reach up to `receiver_hold`)"""
     reorder_start: float = 1.0
     """seconds a receiver waits, when a stream first reaches it with a publication that has a predecessor, for
     the earlier ones in flight (none come if it joined after them); 0: start at the first one at once"""

@@ -226,6 +226,51 @@ def test_a_publication_overtaken_on_the_way_is_injected_in_order() -> None:
     assert harness.nodes[0].publications.ordering.waiting == 0
 
 
+def test_a_stream_cut_off_from_its_origin_waits_for_it_past_the_timeout() -> None:
+    """0 (the subscriber) - 1 - 2 (the origin): the second publication's copy to 0 is lost, the two after it wait
+    for it, and then 0-1 is cut for 20 s, twice `reorder_timeout`. The gap is not skipped while 0 does not reach
+    the origin (it keeps the publication for 0: rule 7f); after the healing it comes and all four are injected in
+    order. Without the wait, the gap was skipped during the cut and the second came late."""
+    harness = HoldingHarness([(0, 1), (1, 2)])
+    harness.do(0, "local_subscribe", "sub", "a/#", 1)
+    harness.run(8.0)
+    harness.held_seq, harness.held_for, harness.delay = 2, 0, 1000.0  # lost
+    made = [harness.do(2, "local_publish", "a/b", b"x", 1, False, None) for _ in range(4)]
+    harness.run(harness.now + 0.05)
+    harness.cut_link(0, 1)
+    harness.run(harness.now + 20)
+    node = harness.nodes[0]
+    assert [i.publication for _, i in harness.delivered] == made[:1]
+    assert node.publications.ordering.waiting == 2 and node.counters["order_gaps_skipped"] == 0
+    harness.heal(0, 1)
+    harness.run(harness.now + 15)
+    assert [i.publication for _, i in harness.delivered] == made
+    assert node.counters["order_gaps_skipped"] == 0 and node.counters["order_late"] == 0
+
+
+def test_a_gap_whose_origin_is_in_reach_is_still_skipped_after_the_timeout() -> None:
+    order, outbox = ordering(reorder_timeout=2.0)
+    order.offer(tm(1, None), True, 0.0)
+    order.offer(tm(3, 2), True, 1.0)
+    assert seqs(order.expire(3.0)) == [3] and outbox.counters["order_gaps_skipped"] == 1
+    cut, outbox = ordering(reorder_timeout=2.0, receiver_hold=10.0)
+    cut._in_reach = lambda origin: False  # type: ignore[method-assign]
+    cut.offer(tm(1, None), True, 0.0)
+    cut.offer(tm(3, 2), True, 1.0)
+    assert cut.expire(3.0) == [] and cut.next_deadline() == 5.0  # its origin out of reach: it waits
+    assert cut.expire(9.0) == []
+    assert seqs(cut.expire(11.0)) == [3]  # but not beyond receiver_hold
+    back, _ = ordering(reorder_timeout=2.0)
+    reach = [False]
+    back._in_reach = lambda origin: reach[0]  # type: ignore[method-assign]
+    back.offer(tm(1, None), True, 0.0)
+    back.offer(tm(3, 2), True, 1.0)
+    assert back.expire(3.0) == []
+    reach[0] = True
+    back.routes_changed(4.0)  # back in reach: the gap waits a timeout from now
+    assert back.expire(5.0) == [] and seqs(back.expire(6.0)) == [3]
+
+
 def test_a_partition_that_heals_one_link_first_delivers_in_order() -> None:
     """Ring 0-1-2-3-0, origin 0, the only subscriber 2 (the core); 1-2 and 3-0 cut for 15 s. 1 holds what it had
     taken toward the core before it knew of the cut, 0 holds the rest. 3-0 heals first: 0's 1,500 held publications
