@@ -312,6 +312,11 @@ def test_the_extended_jobs_group_by_topology_and_keep_the_full_disk_apart(tmp_pa
     assert all(Job.from_json(job.to_json()) == job for job in jobs)
     only = extended_jobs(tmp_path, itertools.count(120), Timing(), cases=["stop-core"])
     assert [[plan.case for plan in job.cases] for job in only] == [["stop-core"]]
+    [disk] = [job for job in jobs if job.small_state_dirs]
+    publisher, subscriber = disk.cases  # the publisher's full disk, then its wrapper restarted once it has room
+    full, restart = publisher.schedule
+    assert (full.fault.kind, restart.fault.kind) == ("disk_full", "stop_wrapper") and len(subscriber.schedule) == 1
+    assert restart.fault.role == full.fault.role == "publisher" and restart.at == full.at + full.fault.seconds + 5.0
 
 
 def test_the_ledger_finds_a_silent_loss_and_a_broken_custody_count() -> None:
@@ -337,6 +342,10 @@ def test_the_ledger_finds_a_silent_loss_and_a_broken_custody_count() -> None:
     assert len(wrong["problems"]) == 1 and wrong["problems"][0].startswith("origin: released 2")
     restarted = ledger(delivered_all, topics, "a", nothing_lost, {"a": snapshot}, {"a": {**later, "pid": 8}})
     assert restarted["problems"] == [] and restarted["origin"]["checked"].startswith("no")
+    events_lost = {**events, "c": delivered_all["c"][:2]}  # c's wrapper died before writing the third
+    assert len(ledger(events_lost, topics, "a", nothing_lost, {"a": snapshot}, {"a": later})["problems"]) == 1
+    killed = ledger(events_lost, topics, "a", nothing_lost, {"a": snapshot}, {"a": later}, frozenset({"c"}))
+    assert killed["problems"] == [] and killed["streams"]["1"]["nodes"]["c"]["checked"].startswith("lost only")
 
 
 def test_extended_results_travel_as_json() -> None:

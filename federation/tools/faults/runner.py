@@ -513,7 +513,9 @@ class CaseRun:
         if result.bulk is not None:
             topics["bulk"] = self.bulk_topic
             counts[topology.node("subscriber")]["bulk"] = result.bulk
-        result.ledger = ledger(events, topics, topology.node("publisher"), counts, before, after)
+        killed = frozenset(topology.node(role) for item in self.schedule if item.fault.kind == "kill_wrapper"
+                           for role in item.fault.roles)
+        result.ledger = ledger(events, topics, topology.node("publisher"), counts, before, after, killed)
         for name, member in brokers.nodes.items():
             wrapper, broker = member.wrapper_process, member.broker_process
             result.memory[name] = {

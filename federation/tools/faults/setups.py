@@ -267,13 +267,15 @@ class FederationSetup(FaultSetup):
         self.brokers.wait_converged(timeout=timeout)
 
     def forwarding_ready(self, for_seconds: float = 0.0) -> bool:
-        """Every wrapper answers status, is ready and has run `for_seconds`: a wrapper restarted at a healing may
-        take seconds to start under load (7 s once, its spool read again), and the drain must not call the
-        federation quiet before it had time to deliver (it was, 0.4 s after that wrapper was up: 913 of 1,000
-        counted lost that arrived in the next 10 s)."""
+        """Every wrapper answers status, is ready, has run `for_seconds` and holds nothing in flight (no copy
+        unacknowledged, no custody open): only then can the drain take silence for the end. A wrapper restarted at
+        a healing took 7 s to start under load, and the drain called the case quiet 0.4 s after it was up (913
+        of 1,000 counted lost that arrived in the next 10 s); at a load of 37 one was up 8 s and had not
+        delivered yet while its neighbour still held its copies (829 of 1,000)."""
         documents = self.brokers.statuses(list(self.brokers.nodes))
-        return all(statusview.ready_problem(document) is None
-                   and document is not None and document.get("daemon", {}).get("uptime_s", 0.0) >= for_seconds
+        return all(document is not None and statusview.ready_problem(document) is None
+                   and document.get("daemon", {}).get("uptime_s", 0.0) >= for_seconds
+                   and not document.get("reliable", {}).get("unacked") and not document.get("custody", {}).get("open")
                    for document in documents.values())
 
     def snapshot(self) -> dict[str, Any]:

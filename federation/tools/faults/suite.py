@@ -25,7 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 from federation.harness.processes import LaunchError, end_process, spawn
 from federation.harness.signals import interrupt_on_sigterm
 from federation.tools.faults.bulk import BulkLoad
-from federation.tools.faults.catalogue import EXTENDED, SUITE, TOPOLOGIES, Fault
+from federation.tools.faults.catalogue import AFTER_HEALING, EXTENDED, FOLLOW_UPS, SUITE, TOPOLOGIES, Fault
 from federation.tools.faults.runner import STREAM_QOS, CaseResult, CaseRun, Scheduled, Timing
 from federation.tools.faults.setups import BridgeSetup, FaultSetup, FederationSetup
 from federation.tools.launch import REPO_ROOT
@@ -166,14 +166,19 @@ BULK_LOAD = BulkLoad(rate=500.0, size=100_000, seconds=4.0)
 
 
 def extended_jobs(out: Path, subnets: Iterator[int], timing: Timing, bulk: BulkLoad = BULK_LOAD,
-                  cases: Sequence[str] | None = None) -> list[Job]:
+                  cases: Sequence[str] | None = None, follow_ups: Mapping[str, Fault] = FOLLOW_UPS) -> list[Job]:
     """The jobs of issue 37's cases (`catalogue.EXTENDED` and the bulk flood): one per topology they need, the
-    full-disk cases on a setup of their own with small state directories. `cases`: only these (names)."""
+    full-disk cases on a setup of their own with small state directories. `cases`: only these (names);
+    `follow_ups`: the second fault of a case, `AFTER_HEALING` after its first heals."""
     wanted = None if cases is None else set(cases)
     groups: dict[tuple[str, bool], list[CasePlan]] = {}
     for topology, fault in EXTENDED:
         if wanted is None or fault.name in wanted:
-            plan = CasePlan(fault.name, (Scheduled(fault, timing.lead),))
+            schedule = [Scheduled(fault, timing.lead)]
+            follow_up = follow_ups.get(fault.name)
+            if follow_up is not None:
+                schedule.append(Scheduled(follow_up, timing.lead + fault.seconds + AFTER_HEALING))
+            plan = CasePlan(fault.name, tuple(schedule))
             groups.setdefault((topology, fault.kind == "disk_full"), []).append(plan)
     if wanted is None or BULK_CASE in wanted:
         groups.setdefault(("line", False), []).append(CasePlan(BULK_CASE, (), length=bulk.seconds + 2.0, bulk=bulk))
