@@ -199,9 +199,16 @@ def quiet_broker(tmp_path: Path) -> Broker:
     return broker
 
 
-def test_packet_ids_mosquitto_reuses_lose_nothing_and_close_no_connection(tmp_path: Path,
-                                                                         loop_thread: LoopThread) -> None:
-    broker = quiet_broker(tmp_path)
+REUSE_ROUNDS = 3
+"""Whether an id comes again before its previous message's PUBREL was answered depends on timing (a fast wrapper
+finishes the earlier one first: 0 held in one CI run under load, 500-1,400 otherwise): up to this many rounds
+until one holds an acknowledgement, each of which must lose nothing"""
+
+
+def queue_reused_ids_round(directory: Path, loop_thread: LoopThread) -> int:
+    """One round on a fresh broker: 70,000 publications queued for an adapter that is not reading, then read. Every
+    one must arrive once, in order, with no new connection and no protocol error. Returns `acks_held`."""
+    broker = quiet_broker(directory)
     items: list[BrokerItem] = []
     lock = threading.Lock()
     built: list[BrokerAdapter] = []
@@ -251,10 +258,20 @@ def test_packet_ids_mosquitto_reuses_lose_nothing_and_close_no_connection(tmp_pa
             assert payloads == list(range(PUBLICATIONS_PER_QOS)), f"QoS {qos}: lost, repeated or out of order"
         with lock:
             assert [type(item) for item in items if isinstance(item, (Connected, Disconnected))] == [Connected]
-        assert adapter.client.acks_held > 0  # ids did come again while their previous message was unfinished
         log = broker.log_path.read_text(errors="replace")
         assert "protocol error" not in log, [line for line in log.splitlines() if "reused-ids-test" in line]
+        return adapter.client.acks_held
     finally:
         if built:
             loop_thread.call(built[0].stop)
         broker.stop()
+
+
+def test_packet_ids_mosquitto_reuses_lose_nothing_and_close_no_connection(tmp_path: Path,
+                                                                         loop_thread: LoopThread) -> None:
+    held = []
+    for round_number in range(REUSE_ROUNDS):
+        held.append(queue_reused_ids_round(tmp_path / f"round{round_number}", loop_thread))
+        if held[-1] > 0:
+            break
+    assert held[-1] > 0, f"no round had an id come again while its previous message was unfinished: {held}"
