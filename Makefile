@@ -12,7 +12,7 @@ install:
 
 lint: install
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m mypy federation
+	$(PYTHON) -m mypy federation suites
 
 # Two workers (pytest-xdist), each test file whole in one of them (its module fixtures start once): most of the
 # time real tests wait for brokers and wrappers, so two halve the wall time on two CPUs (README, "Test markers").

@@ -111,7 +111,7 @@ the wrapper publishes) and shortens the data path:
   acknowledgements intercepted in `read_packets` and a re-publish through
   paho after reconnecting, would duplicate paho's session logic, resend in
   an order of our choosing and hide the messages from anything reading
-  `_out_messages` (federation.tools.bench.hotpath answers them from there).
+  `_out_messages` (suites.bench.hotpath answers them from there).
   `max_inflight` holds as paho applies it: a run takes at most the free
   in-flight slots, and nothing at all while paho holds a message not in
   flight (queued at the limit, or unsent since a reconnection), so new

@@ -26,8 +26,8 @@ from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem, LogLine, Publication, PublicationRun
 from federation.daemon.mqtt_runs import append_qos0_run, append_qos0_run_python
 from federation.protocol.types import Address, Injection
-from federation.tools.bench.hotpath import main as hotpath_main
-from federation.tools.bench.hotpath import publish_packet
+from suites.bench.hotpath import main as hotpath_main
+from suites.bench.hotpath import publish_packet
 
 from mqtt_bytes import acknowledgements, adapter_on_socketpair, one_per_publication, read_all, split_packets
 

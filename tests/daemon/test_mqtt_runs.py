@@ -13,7 +13,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from federation.daemon import mqtt_runs
 from federation.daemon.mqtt_runs import append_qos0_run_python, parse_plain_run_python
-from federation.tools.bench.hotpath import publish_packet
+from suites.bench.hotpath import publish_packet
 
 from mqtt_bytes import read_all
 

@@ -31,7 +31,7 @@ from federation.daemon.lean_client import (
     stop_network_thread,
 )
 from federation.protocol.types import Address, Injection
-from federation.tools.bench.hotpath import publish_packet
+from suites.bench.hotpath import publish_packet
 
 from mqtt_bytes import adapter_on_socketpair, read_all
 

@@ -13,7 +13,7 @@ from federation.daemon.broker_reading import (
     PASS_SECONDS,
     PassBudget,
 )
-from federation.tools.bench.hotpath import publish_packet
+from suites.bench.hotpath import publish_packet
 
 from mqtt_bytes import adapter_on_socketpair, read_all
 

@@ -11,7 +11,7 @@ import pytest
 from federation.daemon.broker import BrokerAdapter
 from federation.daemon.broker_items import BrokerItem
 from federation.daemon.read_coalescing import MIN_PACKETS, MIN_RATE, ReadCoalescing
-from federation.tools.bench.hotpath import publish_packet
+from suites.bench.hotpath import publish_packet
 
 from mqtt_bytes import adapter_on_socketpair, one_per_publication
 

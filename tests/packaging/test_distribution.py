@@ -147,6 +147,9 @@ def test_wheel_holds_only_the_package_its_data_and_full_metadata(built: Built) -
         metadata = archive.read(f"{info}/METADATA").decode()
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
     assert {name.split("/")[0] for name in names} == {"federation", info}, "a top-level name besides `federation`"
+    suites = [name for name in names if name.startswith(("federation/tools/bench/", "federation/tools/faults/",
+                                                         "federation/tools/transparency/"))]
+    assert suites == [], "the benchmarks and suites live in suites/, outside the installed package"
     for needed in ("federation/_shipped/configs/mosquitto.conf", "federation/_shipped/configs/wrapper.yaml",
                    "federation/_shipped/configs/topologies/seed-partition.yaml",
                    "federation/_shipped/examples/three-sites/paris/wrapper.yaml",

@@ -26,7 +26,7 @@ from federation.protocol import events, wire, wire_decode
 from federation.protocol.node import Node
 from federation.protocol.types import Address, BrokerId, Event
 from federation.protocol.wire import DecodeError, Sender, TopicMessage
-from federation.tools.bench.hotpath import STAGES, Pipeline
+from suites.bench.hotpath import STAGES, Pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "127.0.0.10:10500"

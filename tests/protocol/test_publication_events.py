@@ -77,7 +77,7 @@ def test_runs_come_before_the_next_event_of_the_input() -> None:
 
 def test_a_burst_of_plain_publications_is_one_line_at_each_stage() -> None:
     """What an event log gains: 64 QoS 0 publications read in one pass are three events, not 192."""
-    from federation.tools.bench.hotpath import STAGES, Pipeline
+    from suites.bench.hotpath import STAGES, Pipeline
 
     pipeline = Pipeline(0, b"x" * 16)
     emitted: list[Event] = []

@@ -3,7 +3,7 @@
 Numbered QoS 1 and QoS 2 streams (100 publications/s each, at the same time, each on its own topic) run
 from a paho publisher that records its acknowledgements, on broker a, to a persistent mosquitto_sub on
 broker c, through a federated line a-b-c and ring a-b-c-d, while one fault happens and heals; what the
-subscribers printed is judged (federation/tools/faults, docs/guarantees.md). The same faults run on a
+subscribers printed is judged (suites/faults, docs/guarantees.md). The same faults run on a
 Mosquitto bridge chain a->b->c (`cleansession false`), the reference, printed beside the federation
 (`pytest -s` is not needed: the table is printed in the terminal summary, tests/summary_tables.py).
 
@@ -35,13 +35,13 @@ from typing import Any
 import pytest
 
 from federation.harness.processes import find_tool
-from federation.tools.faults import report
-from federation.tools.faults.burst import BURST_COUNT, burst_case, burst_job, rendered_inflight
-from federation.tools.faults.catalogue import EXTENDED, EXTENDED_FAULTS, FAULTS, SUITE
-from federation.tools.faults.cli import BURST_TITLE, write_results
-from federation.tools.faults.counting import StreamCount
-from federation.tools.faults.runner import CaseResult, Timing
-from federation.tools.faults.suite import BULK_CASE, Job, extended_jobs, merge, run_jobs, suite_jobs, suite_plans
+from suites.faults import report
+from suites.faults.burst import BURST_COUNT, burst_case, burst_job, rendered_inflight
+from suites.faults.catalogue import EXTENDED, EXTENDED_FAULTS, FAULTS, SUITE
+from suites.faults.cli import BURST_TITLE, write_results
+from suites.faults.counting import StreamCount
+from suites.faults.runner import CaseResult, Timing
+from suites.faults.suite import BULK_CASE, Job, extended_jobs, merge, run_jobs, suite_jobs, suite_plans
 
 from broker_util import requires_mosquitto
 from federation_util import next_first_address

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from federation.harness.processes import find_tool
-from federation.tools.faults.packet_filter import Cut, PacketFilter
+from suites.faults.packet_filter import Cut, PacketFilter
 
 from broker_util import wait_for
 from federation_util import next_first_address

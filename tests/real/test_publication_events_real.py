@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from federation.protocol import events
-from federation.tools.bench.runner import Case, run_case
-from federation.tools.bench.setups import Setup, SetupSpec
+from suites.bench.runner import Case, run_case
+from suites.bench.setups import Setup, SetupSpec
 
 from broker_util import requires_mosquitto
 from federation_util import next_first_address

@@ -19,8 +19,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from federation.harness.processes import find_tool
-from federation.tools.faults.packet_filter import Cut, PacketFilter
 from federation.tools.launch import LocalFederation, line, node_names
+from suites.faults.packet_filter import Cut, PacketFilter
 
 from broker_util import requires_mosquitto, wait_for
 from federation_util import FAST_SETTINGS, next_first_address

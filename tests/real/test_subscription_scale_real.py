@@ -2,7 +2,7 @@
 broker of a real 3-broker line with the default configuration, one publication to each from another broker,
 counted at the subscriber; no neighbour ever declared down; an idle link carries under 1 KB/s.
 
-It runs `federation.tools.bench.subscriptions` once, on real Mosquitto brokers and wrappers (docs/benchmarks.md,
+It runs `suites.bench.subscriptions` once, on real Mosquitto brokers and wrappers (docs/benchmarks.md,
 "Subscription scale", has the figures at 100,000 beside the bridge chain)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from federation.tools.bench.setups import Setup, SetupSpec
-from federation.tools.bench.subscriptions import run_case
+from suites.bench.setups import Setup, SetupSpec
+from suites.bench.subscriptions import run_case
 
 from federation_util import next_first_address
 

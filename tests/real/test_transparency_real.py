@@ -1,6 +1,6 @@
 """The transparency suite of issue 20 (item 6) on real processes: can a client tell the federation from one broker?
 
-Every case of `federation.tools.transparency.catalogue` runs once with every client on one Mosquitto broker
+Every case of `suites.transparency.catalogue` runs once with every client on one Mosquitto broker
 (the reference), once with the clients spread over a federated line a-b-c, and once on a Mosquitto bridge
 chain a<->b<->c (`topic # both 2` over MQTT v5, what users compare with). Each client records what it
 received (topic, payload, QoS, retain flag, MQTT 5 properties, order) and what the broker answered; the
@@ -12,7 +12,7 @@ status showed; a case that starts passing fails as XPASS until its mark is remov
 and runs every case on its own topic prefix; the whole module takes about two and a half minutes (the 16 MiB
 case included). Needs mosquitto; uses $FEDERATION_TEST_SUBNET's next three /24s.
 
-The policy cases of issue 38 (federation.tools.transparency.policies) run in the same module on two more
+The policy cases of issue 38 (suites.transparency.policies) run in the same module on two more
 setups, a bridge chain whose bridges have the cases' `topic` lines (the reference: one broker has no policy)
 and a federation whose wrappers have the same lines, counted at the subscribers; the federation's recording
 must equal the bridge chain's, with each duplicate left out where the case says the bridge chain delivers some
@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from federation.tools.transparency import report
-from federation.tools.transparency.catalogue import CASES, default_cases
-from federation.tools.transparency.cli import write_results
-from federation.tools.transparency.policies import POLICY_CASES, case_lines, policy_cases
-from federation.tools.transparency.runner import prefix_of
-from federation.tools.transparency.setups import SETUP_KINDS
-from federation.tools.transparency.suite import REFERENCE, SuiteResult, run_suite
+from suites.transparency import report
+from suites.transparency.catalogue import CASES, default_cases
+from suites.transparency.cli import write_results
+from suites.transparency.policies import POLICY_CASES, case_lines, policy_cases
+from suites.transparency.runner import prefix_of
+from suites.transparency.setups import SETUP_KINDS
+from suites.transparency.suite import REFERENCE, SuiteResult, run_suite
 
 from broker_util import requires_mosquitto
 from federation_util import next_first_address

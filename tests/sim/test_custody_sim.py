@@ -3,7 +3,7 @@ middle node is killed and restarted, a partition lasts 30 s, or a node is stoppe
 neighbour-down time (modelled as its links cut both ways for that time). The subscriber must get every
 publication once and in order; the publisher's custody must release every one of them.
 
-The faults mirror the real-process suite (docs/guarantees.md, `python -m federation.tools.faults`): the
+The faults mirror the real-process suite (docs/guarantees.md, `python -m suites.faults`): the
 stream is 50 publications/s from a to a subscriber on c, with the project's default protocol settings
 (3 s neighbour-down time); a fault starts 2 s into the stream.
 """

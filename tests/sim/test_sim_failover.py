@@ -1,10 +1,10 @@
-"""The failover bench (federation/tools/bench/sim_failover.py) on a small overlay: both designs run the same trial;
+"""The failover bench (suites/bench/sim_failover.py) on a small overlay: both designs run the same trial;
 every parent link carries a copy (no loss when one of two parents fails), the tree loses QoS 0 only for the
 moments before the standby parent carries, and QoS 1 nothing."""
 
 from __future__ import annotations
 
-from federation.tools.bench.sim_failover import DESIGNS, FailoverOptions, format_table, run
+from suites.bench.sim_failover import DESIGNS, FailoverOptions, format_table, run
 
 
 def test_one_link_failure_both_designs() -> None:

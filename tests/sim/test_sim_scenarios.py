@@ -90,7 +90,7 @@ def test_some_scenarios_are_shipped() -> None:
 
 
 def test_bench_runs_small() -> None:
-    from federation.tools.bench.sim_scale import Bench, BenchOptions, format_table, shortest_path_tree_edges
+    from suites.bench.sim_scale import Bench, BenchOptions, format_table, shortest_path_tree_edges
 
     results = Bench(BenchOptions(nodes=12, degree=3, window=2.0, publications=4, limit=30.0)).run()
     assert results["aborted"] is None, results["aborted"]

@@ -1,4 +1,4 @@
-"""`python -m federation.tools.bench.bookkeeping` runs on real files and prints both figures."""
+"""`python -m suites.bench.bookkeeping` runs on real files and prints both figures."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from federation.tools.bench import bookkeeping
+from suites.bench import bookkeeping
 
 
 def test_it_times_the_spool_and_the_journal(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""The figures `python -m federation.tools.bench.log_burst` prints, from an event log and a series of smoothed
+"""The figures `python -m suites.bench.log_burst` prints, from an event log and a series of smoothed
 round trips (the run itself starts a federation: docs/daemon.md, "Learning subscriptions in bulk")."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from federation.tools.bench.log_burst import Timeline, filter_of, main, rtt_samples
+from suites.bench.log_burst import Timeline, filter_of, main, rtt_samples
 
 
 def test_the_timeline_reads_one_clients_events_and_finds_the_stalls(tmp_path: Path) -> None:

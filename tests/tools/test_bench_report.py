@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from federation.tools.bench.cli import cases, main, parse_rates
-from federation.tools.bench.report import Results, setup_order, tables
-from federation.tools.bench.setups import WRAPPER_LOG_TYPES, SetupSpec, bench_conf, bridge_lines, cpu_seconds
-from federation.tools.bench.stats import RunSummary
+from suites.bench.cli import cases, main, parse_rates
+from suites.bench.report import Results, setup_order, tables
+from suites.bench.setups import WRAPPER_LOG_TYPES, SetupSpec, bench_conf, bridge_lines, cpu_seconds
+from suites.bench.stats import RunSummary
 
 
 def summary(rate: float, p50: float, p99: float, lost: int = 0, wrapper_cpu: float = 0.0,
@@ -146,7 +146,7 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_chart_is_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from federation.tools.bench.report import chart
+    from suites.bench.report import chart
 
     chart(sample_results(), tmp_path / "chart.png")
     assert (tmp_path / "chart.png").read_bytes().startswith(b"\x89PNG")

@@ -4,7 +4,7 @@ It starts every setup for real (one broker, bridge chains, federations on
 127.0.<subnet>.x; $FEDERATION_BENCH_SUBNET, default 150) and checks what the
 benchmark is for: every setup delivers every message of a slow paced run
 exactly once (the relay floor's clients too), the tables, results and chart are written, and the figures
-are printed. The full benchmark is `python -m federation.tools.bench`
+are printed. The full benchmark is `python -m suites.bench`
 (docs/benchmarks.md).
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from federation.tools.bench.cli import main
+from suites.bench.cli import main
 
 from broker_util import requires_mosquitto
 

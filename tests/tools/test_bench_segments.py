@@ -1,4 +1,4 @@
-"""The latency split of `python -m federation.tools.bench.segments`: frames parsed, owners read, the path and its
+"""The latency split of `python -m suites.bench.segments`: frames parsed, owners read, the path and its
 segments found from the crossings (synthetic ones here; the command itself needs root and is run by hand,
 docs/benchmarks.md)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from federation.tools.bench.segments import Crossing, parse_frame, parse_sockets, segments
+from suites.bench.segments import Crossing, parse_frame, parse_sockets, segments
 
 
 def _frame(protocol: int, source: tuple[str, int], destination: tuple[str, int], payload: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""The stage probe of `python -m federation.tools.bench.stages`: its clock, its snapshots, its table; and (`pytest -m
+"""The stage probe of `python -m suites.bench.stages`: its clock, its snapshots, its table; and (`pytest -m
 bench`) the command on a real federation."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from federation.tools.bench import stage_probe, stages
-from federation.tools.bench.stage_probe import StageClock
+from suites.bench import stage_probe, stages
+from suites.bench.stage_probe import StageClock
 
 from broker_util import requires_mosquitto
 
@@ -44,7 +44,7 @@ def test_every_stage_is_a_method_that_exists() -> None:
 
 def test_sigusr2_writes_a_numbered_snapshot_of_every_stage(tmp_path: Path) -> None:
     script = ("import os, signal\n"
-              "from federation.tools.bench import stage_probe\n"
+              "from suites.bench import stage_probe\n"
               f"stage_probe.install({str(tmp_path)!r})\n"
               "os.kill(os.getpid(), signal.SIGUSR2)\n"
               "os.kill(os.getpid(), signal.SIGUSR2)\n")
@@ -62,10 +62,10 @@ def test_the_sitecustomize_loads_the_probe_in_wrappers_only(tmp_path: Path) -> N
     (tmp_path / "sitecustomize.py").write_text(stage_probe.SITECUSTOMIZE)
     out = tmp_path / "out"
     out.mkdir()
-    source = str(Path(stages.__file__).resolve().parents[3])
+    source = str(Path(stages.__file__).resolve().parents[2])
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), source]),
                    stage_probe.ENVIRONMENT: str(out)}
-    check = "import sys; print('federation.tools.bench.stage_probe' in sys.modules)"
+    check = "import sys; print('suites.bench.stage_probe' in sys.modules)"
     other = subprocess.run([sys.executable, "-c", check], env=environment, capture_output=True, text=True,
                            timeout=60)
     assert other.stdout.strip() == "False", other.stderr

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from federation.tools.bench.stats import (
+from suites.bench.stats import (
     HEADER_SIZE,
     ParseError,
     Received,
@@ -143,7 +143,7 @@ def test_wrapper_drops_sum_every_wrappers_counters_and_the_kernels() -> None:
     summed by reason from the status documents; a wrapper that did not answer is left out."""
     from types import SimpleNamespace
 
-    from federation.tools.bench.setups import Setup, SetupSpec
+    from suites.bench.setups import Setup, SetupSpec
 
     statuses = {
         "n0": {"drops": {"send_backlog_qos0": 2}, "daemon": {"overload": {"kernel_receive_drops": 0}}},

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from federation.tools.faults import report
-from federation.tools.faults.catalogue import FAULTS, LINE, NEIGHBOUR_DOWN_SECONDS, RING, SUITE, Fault, describe
-from federation.tools.faults.counting import Arrival, OutputError, count_stream, parse_line, parse_output, runs
-from federation.tools.faults.packet_filter import Cut, render_table
-from federation.tools.faults.runner import CaseResult, Scheduled, Timing, explain_streams
-from federation.tools.faults.schedule import RandomCase, random_case
-from federation.tools.faults.setups import inflight_settings, inflight_template
-from federation.tools.faults.suite import CasePlan, Job, merge, suite_jobs, suite_plans
+from suites.faults import report
+from suites.faults.catalogue import FAULTS, LINE, NEIGHBOUR_DOWN_SECONDS, RING, SUITE, Fault, describe
+from suites.faults.counting import Arrival, OutputError, count_stream, parse_line, parse_output, runs
+from suites.faults.packet_filter import Cut, render_table
+from suites.faults.runner import CaseResult, Scheduled, Timing, explain_streams
+from suites.faults.schedule import RandomCase, random_case
+from suites.faults.setups import inflight_settings, inflight_template
+from suites.faults.suite import CasePlan, Job, merge, suite_jobs, suite_plans
 
 # ------------------------------------------------------------ counting
 
@@ -281,7 +281,7 @@ def test_scheduled_faults_are_applied_at_their_time() -> None:
 # ---------------------------------------------------------------- issue 37's cases
 
 def test_the_extended_cases_name_their_topologies_and_roles() -> None:
-    from federation.tools.faults.catalogue import EXTENDED, RING5, RING_SPLIT, TOPOLOGIES
+    from suites.faults.catalogue import EXTENDED, RING5, RING_SPLIT, TOPOLOGIES
     names = [fault.name for _topology, fault in EXTENDED]
     assert names == ["split-both-sides", "stop-core", "kill-two-wrappers", "disk-full-publisher",
                      "disk-full-subscriber"]
@@ -302,7 +302,7 @@ def test_the_extended_cases_name_their_topologies_and_roles() -> None:
 
 
 def test_the_extended_jobs_group_by_topology_and_keep_the_full_disk_apart(tmp_path: Path) -> None:
-    from federation.tools.faults.suite import BULK_CASE, extended_jobs
+    from suites.faults.suite import BULK_CASE, extended_jobs
     jobs = extended_jobs(tmp_path, itertools.count(120), Timing())
     cases = {(job.setup, job.small_state_dirs): [plan.case for plan in job.cases] for job in jobs}
     assert cases == {("federation-ring-split", False): ["split-both-sides", "stop-core"],
@@ -320,7 +320,7 @@ def test_the_extended_jobs_group_by_topology_and_keep_the_full_disk_apart(tmp_pa
 
 
 def test_the_ledger_finds_a_silent_loss_and_a_broken_custody_count() -> None:
-    from federation.tools.faults.ledger import ledger
+    from suites.faults.ledger import ledger
     topics = {"1": "t/q1"}
     events = {"a": [{"type": "publication_originated", "pub": f"a/1/{seq}", "topic": "t/q1"} for seq in (1, 2, 3)],
               "c": [{"type": "publication_delivered", "pub": f"a/1/{seq}", "topic": "t/q1"} for seq in (1, 2)]}
@@ -360,7 +360,7 @@ def test_extended_results_travel_as_json() -> None:
 
 
 def test_catch_up_measures_what_was_missing_at_the_healing() -> None:
-    from federation.tools.faults.runner import catch_up
+    from suites.faults.runner import catch_up
     published = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]  # 1-6 published at those times; healed at 4.5
     arrivals = [Arrival(1, 1.1), Arrival(2, 2.1), Arrival(3, 5.5), Arrival(4, 6.5), Arrival(5, 5.2), Arrival(6, 6.1)]
     assert catch_up(published, [1, 2, 3, 4, 5, 6], arrivals, 4.5) == {"backlog": 2, "arrived": 2, "seconds": 2.0,
@@ -381,7 +381,7 @@ def test_extended_lines_name_every_stream_and_what_was_measured() -> None:
 
 
 def test_the_soak_restarts_every_two_minutes_kills_every_five_and_never_twice_at_once(tmp_path: Path) -> None:
-    from federation.tools.faults.soak import SOAK_SETUP, soak_job, soak_plan
+    from suites.faults.soak import SOAK_SETUP, soak_job, soak_plan
     plan = soak_plan()
     kinds = [item.fault.kind for item in plan.schedule]
     assert plan.length == 1200.0 and kinds.count("stop_wrapper") == 9 and kinds.count("kill_wrapper") == 3

@@ -1,4 +1,4 @@
-"""The MQTT codec benchmark (federation/tools/bench/mqtt_codec.py) runs and prints a figure for every codec it has:
+"""The MQTT codec benchmark (suites/bench/mqtt_codec.py) runs and prints a figure for every codec it has:
 a small run, so that it does not rot; the figures themselves belong in docs/mqtt-link.md."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from federation.tools.bench import mqtt_codec
+from suites.bench import mqtt_codec
 
 
 def test_the_codec_bench_prints_a_row_per_codec(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from federation.tools.transparency import report
-from federation.tools.transparency.catalogue import CASES, HUGE_SIZE, default_cases, long_level
-from federation.tools.transparency.compare import EXPIRY_TOLERANCE, compare, describe_reference, match
-from federation.tools.transparency.recorder import (
+from suites.transparency import report
+from suites.transparency.catalogue import CASES, HUGE_SIZE, default_cases, long_level
+from suites.transparency.compare import EXPIRY_TOLERANCE, compare, describe_reference, match
+from suites.transparency.recorder import (
     Control,
     Message,
     digest,
@@ -18,8 +18,8 @@ from federation.tools.transparency.recorder import (
     publish_properties,
     received_properties,
 )
-from federation.tools.transparency.runner import Recording, prefix_of, probe_topic
-from federation.tools.transparency.scenario import (
+from suites.transparency.runner import Recording, prefix_of, probe_topic
+from suites.transparency.scenario import (
     Connect,
     Disconnect,
     Payload,
@@ -36,8 +36,8 @@ from federation.tools.transparency.scenario import (
     short,
     size_text,
 )
-from federation.tools.transparency.setups import Setup, concerns, counter_changes, event_summary, flatten
-from federation.tools.transparency.suite import CaseResult, SuiteResult, judge
+from suites.transparency.setups import Setup, concerns, counter_changes, event_summary, flatten
+from suites.transparency.suite import CaseResult, SuiteResult, judge
 
 # ------------------------------------------------------------ scenarios
 
@@ -313,7 +313,7 @@ def test_setups_map_sites_to_brokers(tmp_path: Any) -> None:
 
 
 def test_a_policy_case_line_is_put_under_the_case_prefix_keeping_what_it_says() -> None:
-    from federation.tools.transparency.policies import rewrite
+    from suites.transparency.policies import rewrite
 
     assert rewrite('sensors/# out 1 "" site-a/', "tp/x") == "sensors/# out 1 tp/x/ tp/x/site-a/"
     assert rewrite("cmd/# in 1", "tp/x") == "tp/x/cmd/# in 1"
@@ -322,7 +322,7 @@ def test_a_policy_case_line_is_put_under_the_case_prefix_keeping_what_it_says() 
 
 
 def test_every_case_gives_each_policy_site_its_lines_or_everything_under_its_prefix() -> None:
-    from federation.tools.transparency.policies import POLICY_CASES, case_lines, policy_cases
+    from suites.transparency.policies import POLICY_CASES, case_lines, policy_cases
 
     lines = case_lines(policy_cases(), prefix_of)
     assert set(lines) == {"a", "c"}
@@ -339,7 +339,7 @@ def test_every_case_gives_each_policy_site_its_lines_or_everything_under_its_pre
 
 def test_probes_go_where_the_lines_let_them_through() -> None:
     from federation.daemon.topic_policy import TopicPolicy
-    from federation.tools.transparency.policies import probe_topics
+    from suites.transparency.policies import probe_topics
 
     policies = {"a": TopicPolicy.parse(['sensors/# out 1 "" site-a/', "cmd/# in 1"]), "b": TopicPolicy(),
                 "c": TopicPolicy()}
@@ -358,7 +358,7 @@ def test_probes_go_where_the_lines_let_them_through() -> None:
 
 
 def test_a_bridge_chains_duplicates_are_left_out_at_the_highest_qos() -> None:
-    from federation.tools.transparency.compare import without_duplicates
+    from suites.transparency.compare import without_duplicates
 
     scenario = Scenario("dups", "t", (Connect("s", "c"), Connect("m1", "b"), Connect("m2", "c")),
                         groups={"g": ("m1", "m2")}, bridge_duplicates="overlapping lines")
