@@ -39,10 +39,20 @@ one). Packet ids are reused (16 bits), so a record
 refers to the latest `i` of its packet id before it. The file is rewritten with the live records
 (`RecordLog.rewrite`: atomic) when it is over `COMPACT_MIN_BYTES` and `COMPACT_RATIO` times their size.
 No fsync per record: a power loss is not covered (the spool's `spool_fsync` will say how for both).
+
+A full disk refuses appends while the injections under way go on. A refused record is kept (`_unwritten`, in
+order) and goes first in the next append, so the file never holds a record without those before it: a `c` the
+disk refused is not lost, and a restart does not send again what the broker completed (a QoS 2 PUBLISH would
+then be a new message). The runtime calls `write_unwritten` every second while the disk is full. Beyond
+`UNWRITTEN_MAX_BYTES` the kept records are dropped and the whole file is rewritten from the tables instead
+(`compact`), which is as exact; nothing is appended until that worked. Only a wrapper killed, or stopped
+while the disk is still full, leaves records unwritten: `close` says how many (an ERROR line); meanwhile
+`status()["unwritten"]` counts those waiting.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections import OrderedDict
@@ -68,6 +78,8 @@ COMPLETED_RECORD_BYTES = 40
 """about what one completed id costs in a compacted file (for the compaction estimate)"""
 WRITE_ERROR_LOG_INTERVAL = 60.0
 """seconds between log lines about failed journal writes (each one is counted)"""
+UNWRITTEN_MAX_BYTES = 16 * 1024 * 1024
+"""records the disk refused, kept for the next append, at most (beyond: the file is rewritten from the tables)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +163,13 @@ class InjectionJournal:
         self.on_write: Callable[[Exception | None], None] | None = None
         """told after every append: the error that refused it, or None when it was written (the runtime's)"""
         self._error_logged_at = float("-inf")
+        self._unwritten: list[bytes] = []
+        """records the disk refused, in order: they go first in the next append (see the module docstring)"""
+        self._unwritten_bytes = 0
+        self._rewrite_due = False
+        """the refused records were too many to keep: the file is exact again only once `compact` worked"""
+        self.unwritten_at_close = 0
+        """records still refused when the journal was closed (a restart may inject their injections again)"""
         self.compactions = 0
         for record in log.loaded():
             self._load(record)
@@ -284,13 +303,13 @@ class InjectionJournal:
         if not injections:
             return
         records = _started_records(injections)
-        self._append([record for record, _ in records])
         index = 0
         for record, count in records:
             share = len(record) // count  # for the compaction estimate
             for mid, injection in injections[index:index + count]:
                 self._start(mid, injection, share)
             index += count
+        self._append([record for record, _ in records])  # after the tables: a rewrite instead of it holds them
 
     def released(self, mid: int) -> None:
         """The first PUBREC of a QoS 2 injection: recorded before our PUBREL is written."""
@@ -312,18 +331,54 @@ class InjectionJournal:
             self._maybe_compact()
 
     def _append(self, records: list[bytes]) -> None:
-        """Write records; a failure (a full disk) is counted and told (`on_write`: the runtime then takes no new
-        QoS 1/2 copies until the disk takes writes again, federation.daemon.storage), and the injections under way
-        go on: delivery must not stop for what a restart would need."""
+        """Write records, after those the disk refused before; a failure (a full disk) is counted and told
+        (`on_write`: the runtime then takes no new QoS 1/2 copies until the disk takes writes again,
+        federation.daemon.storage), the records are kept for the next append, and the injections under way go
+        on: delivery must not stop for what a restart would need."""
+        error = self._write(records)
+        if self.on_write is not None:
+            self.on_write(error)
+
+    def _write(self, records: list[bytes]) -> Exception | None:
+        """`records` (the tables already hold what they say) to the file behind the refused ones, or the whole file
+        rewritten when those were too many; the error that refused it, None once the file is exact."""
+        if self._rewrite_due:
+            return self._rewrite()
+        pending = [*self._unwritten, *records] if self._unwritten else records
+        if not pending:
+            return None
         try:
-            self.log.append(records)
+            self.log.append(pending)
         except (OSError, RecordLogError) as error:
             self._write_failed(error)
-            if self.on_write is not None:
-                self.on_write(error)
-            return
-        if self.on_write is not None:
-            self.on_write(None)
+            self._keep(records)
+            return error
+        self._unwritten, self._unwritten_bytes = [], 0
+        return None
+
+    def _keep(self, records: list[bytes]) -> None:
+        """Refused records, for the next append; beyond `UNWRITTEN_MAX_BYTES` the file is to be rewritten."""
+        self._unwritten += records
+        self._unwritten_bytes += sum(map(len, records))
+        if self._unwritten_bytes > UNWRITTEN_MAX_BYTES:
+            self._unwritten, self._unwritten_bytes = [], 0
+            self._rewrite_due = True
+
+    def _rewrite(self) -> Exception | None:
+        self.compact()
+        return OSError(errno.ENOSPC, "the injection journal could not be rewritten") if self._rewrite_due else None
+
+    @property
+    def unwritten(self) -> int:
+        """Records the disk refused and the file does not hold yet (-1: too many to keep, a rewrite is due)."""
+        return -1 if self._rewrite_due else len(self._unwritten)
+
+    def write_unwritten(self) -> bool:
+        """What the disk refused, again (the runtime's retry, once the state directory takes writes); True when the
+        file holds everything the tables say."""
+        if not self._unwritten and not self._rewrite_due:
+            return True
+        return self._write([]) is None
 
     def _write_failed(self, error: Exception) -> None:
         self.write_errors += 1
@@ -332,9 +387,9 @@ class InjectionJournal:
         now = time.monotonic()
         if now - self._error_logged_at >= WRITE_ERROR_LOG_INTERVAL:
             self._error_logged_at = now
-            log.error("cannot write the injection journal %s: %s; injections go on, but a wrapper restart may now "
-                      "inject some twice or lose the unfinished ones (free disk space; %d failed writes so far)",
-                      self.log.path, error, self.write_errors)
+            log.error("cannot write the injection journal %s: %s; injections go on and their records wait to be "
+                      "written (a wrapper stopped before then may inject some twice after it starts again: free disk "
+                      "space; %d failed writes so far)", self.log.path, error, self.write_errors)
 
     # ------------------------------------------------------------ compaction
 
@@ -364,12 +419,22 @@ class InjectionJournal:
             self._write_failed(error)
             return
         self.compactions += 1
+        # The file now holds exactly the tables: what the disk had refused is in it.
+        self._unwritten, self._unwritten_bytes, self._rewrite_due = [], 0, False
 
     def status(self) -> dict[str, Any]:
         return {"in_flight": len(self._in_flight), "completed_ids": len(self._completed),
                 "completed_window": self.completed_window, "file_bytes": self.log.size_bytes,
                 "recovered": self.recovered, "undecodable": self.undecodable, "compactions": self.compactions,
-                "write_errors": self.write_errors}
+                "write_errors": self.write_errors, "unwritten": self.unwritten,
+                "unwritten_at_close": self.unwritten_at_close}
 
     def close(self) -> None:
+        """Close the file, after a last try at what the disk refused; what is still refused is said and counted."""
+        if not self.write_unwritten():
+            self.unwritten_at_close = self.unwritten
+            log.error("the injection journal %s lacks %s records the full disk refused: the next start may send "
+                      "again injections the broker completed in this run (a QoS 2 one then arrives twice); free "
+                      "space in the state directory before starting the wrapper again", self.log.path,
+                      "its latest" if self._rewrite_due else str(len(self._unwritten)))
         self.log.close()

@@ -738,12 +738,15 @@ class Running:
         self.node.report_storage(True)
 
     def _retry_storage(self, now: float) -> None:
-        """Every second while the state directory refuses writes: does it take them again? Then what waits for the
+        """Every second while the state directory refuses writes: does it take them again? Then the journal records
+        the disk refused are written (a restart must not inject again what the broker completed), what waits for the
         spool goes to the node (and its packet ids are acknowledged), and new copies are taken again."""
         if self.storage.ok or not self.storage.probe():
             return
-        if not self.local.retry(now):
+        if self.journal is not None and not self.journal.write_unwritten():
             return  # still refused (the probe's room was not enough)
+        if not self.local.retry(now):
+            return
         acks, _spooled = self.local.take()
         self.broker.acknowledge(acks)
         if self.spool is not None:

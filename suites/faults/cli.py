@@ -38,7 +38,7 @@ from federation.harness.processes import LaunchError
 from federation.harness.signals import interrupt_on_sigterm
 from suites.faults import report
 from suites.faults.burst import BURST_COUNT, BURST_TIMING, burst_case, burst_job
-from suites.faults.catalogue import EXTENDED, FAULTS, FOLLOW_UPS, SUITE, restart_after
+from suites.faults.catalogue import EXTENDED, FAULTS, FOLLOW_UPS, SUITE
 from suites.faults.packet_filter import delete_table, leftover_tables
 from suites.faults.runner import CaseResult, Timing
 from suites.faults.schedule import random_case
@@ -121,9 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "core stopped, two wrappers killed, full disks, a bulk flood)")
     _common(extended)
     extended.add_argument("--cases", nargs="+", choices=EXTENDED_CASES, default=EXTENDED_CASES)
-    extended.add_argument("--restart-subscriber", action="store_true",
-                          help="restart the subscriber-side wrapper after its full disk too (an open defect: it "
-                               "may inject a QoS 2 publication twice; docs/guarantees.md)")
     soak = commands.add_parser("soak", help="a ring under load for a long time, wrappers restarted and killed")
     _common(soak, SOAK_RATE)
     soak.add_argument("--minutes", type=float, default=SOAK_MINUTES, help=f"(default {SOAK_MINUTES:g})")
@@ -199,11 +196,8 @@ def _extended(options: argparse.Namespace, out: Path, timing: Timing, arguments:
     else:
         cases = list(options.cases)
         alone = [BULK_CASE] if BULK_CASE in cases else []  # the flood measures fairness and memory: alone
-        follow_ups = dict(FOLLOW_UPS)
-        if options.restart_subscriber:
-            follow_ups["disk-full-subscriber"] = restart_after("disk-full-subscriber")
         jobs = extended_jobs(out, subnets, timing, cases=[case for case in cases if case not in alone],
-                             follow_ups=follow_ups)
+                             follow_ups=FOLLOW_UPS)
         titles = {fault.name: fault.title for _topology, fault in EXTENDED} | {BULK_CASE: BULK_TITLE}
     outcomes = run_jobs(jobs) if jobs else []
     if options.command == "extended" and BULK_CASE in options.cases:

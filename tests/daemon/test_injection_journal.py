@@ -125,6 +125,97 @@ def test_a_full_disk_does_not_stop_the_injections(tmp_path: Path, monkeypatch: p
     assert len([r for r in caplog.records if "cannot write the injection journal" in r.getMessage()]) == 1
 
 
+class FullDisk:
+    """A RecordLog's append that refuses everything while `full` (ENOSPC), as a full state directory does."""
+
+    def __init__(self, journal: InjectionJournal) -> None:
+        self.full = True
+        self._append = journal.log.append
+
+    def __call__(self, payloads: list[bytes]) -> None:
+        if self.full:
+            raise OSError(28, "No space left on device")
+        self._append(payloads)
+
+
+def test_what_a_full_disk_refused_is_written_first_once_it_has_room(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A completion the disk refused is written later, before anything after it: a restart does not send again a
+    QoS 2 injection the broker completed (issue 37: a restart after the subscriber side's full disk doubled
+    1-7)."""
+    path = tmp_path / "injections.log"
+    journal = reopen(path)
+    journal.started([(1, injection(1)), (2, injection(2))])
+    disk = FullDisk(journal)
+    monkeypatch.setattr(journal.log, "append", disk)
+    journal.released(1)
+    journal.finished([1])  # refused: the broker completed 1, the file does not say so
+    journal.started([(3, injection(3))])  # refused too: it must come after the completion
+    assert journal.unwritten == 3 and not journal.write_unwritten()
+    disk.full = False
+    assert journal.write_unwritten() and journal.unwritten == 0
+    journal.close()
+    again = reopen(path)
+    assert [entry.mid for entry in again.in_flight()] == [2, 3]
+    assert again.is_completed(injection(1).publication) and again.recovered == 2
+
+
+def test_the_next_append_carries_the_refused_records_before_its_own(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "injections.log"
+    journal = reopen(path)
+    journal.started([(1, injection(1))])
+    disk = FullDisk(journal)
+    monkeypatch.setattr(journal.log, "append", disk)
+    journal.finished([1])
+    disk.full = False
+    journal.started([(1, injection(4))])  # the packet id again: its completion must be read before it
+    assert journal.unwritten == 0
+    journal.close()
+    again = reopen(path)
+    assert [(entry.mid, entry.injection) for entry in again.in_flight()] == [(1, injection(4))]
+    assert again.is_completed(injection(1).publication)
+
+
+def test_too_many_refused_records_rewrite_the_file_from_the_tables(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(injections_module, "UNWRITTEN_MAX_BYTES", 200)
+    path = tmp_path / "injections.log"
+    journal = reopen(path)
+    disk = FullDisk(journal)
+    monkeypatch.setattr(journal.log, "append", disk)
+    rewrite = journal.log.rewrite
+
+    def refused_rewrite(payloads: list[bytes]) -> None:
+        if disk.full:
+            raise OSError(28, "No space left on device")
+        rewrite(payloads)
+
+    monkeypatch.setattr(journal.log, "rewrite", refused_rewrite)
+    for seq in range(1, 20):
+        journal.started([(seq, injection(seq))])
+    journal.finished(range(1, 10))
+    assert journal.unwritten == -1 and not journal.write_unwritten()
+    disk.full = False
+    journal.finished([10])  # the next write is the rewrite: the file holds the tables again
+    assert journal.unwritten == 0 and journal.compactions == 1
+    journal.close()
+    again = reopen(path)
+    assert [entry.mid for entry in again.in_flight()] == list(range(11, 20))
+    assert all(again.is_completed(injection(seq).publication) for seq in range(1, 11))
+
+
+def test_closing_while_the_disk_is_still_full_says_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    journal = reopen(tmp_path / "injections.log")
+    journal.started([(1, injection(1))])
+    monkeypatch.setattr(journal.log, "append", FullDisk(journal))
+    journal.finished([1])
+    journal.close()
+    assert journal.unwritten_at_close == 1 and journal.status()["unwritten_at_close"] == 1
+    assert [r for r in caplog.records if r.levelname == "ERROR" and "lacks 1 records" in r.getMessage()]
+
+
 def test_a_pass_of_completions_is_one_record_and_reads_back(tmp_path: Path) -> None:
     path = tmp_path / "injections.log"
     journal = reopen(path)

@@ -9,6 +9,7 @@ adapter itself on an asyncio loop, as the runtime does, so that the moment of th
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 import threading
@@ -260,6 +261,45 @@ def test_a_killed_wrappers_unfinished_qos2_injections_are_sent_again_and_deliver
     assert sorted(reader.payloads()) == sorted(b"%d" % seq for seq in range(11))  # each once
     wait_for(lambda: second.journal.in_flight() == [], message="the marker's PUBCOMP")
     assert second.journal.is_completed((ORIGIN, 1, 3))
+    second.stop()
+
+
+def test_qos2_injections_the_broker_completed_while_the_journal_was_refused_are_not_sent_again_after_a_restart(
+        loop_thread: LoopThread, broker: Broker, tmp_path: Path, paho_clients: Callable[..., PahoClient],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills once the injections' `started` records are written: their PUBREC and PUBCOMP records are
+    refused, kept, and written once it has room (the runtime's retry: `write_unwritten`). A restart then finds
+    nothing unfinished; a journal that lost them would send the PUBLISH packets again, and the broker, which
+    completed those packet ids, would deliver each a second time (issue 37: 1-7 doubled)."""
+    reader = paho_clients("127.0.0.1", "journal-reader", broker.port)
+    reader.subscribe("journal/#", 2)
+    first = JournaledAdapter(loop_thread, broker, tmp_path / "injections.log", "journal-wrapper")
+    wait_for(lambda: first.adapter.connected, message="the wrapper to connect")
+    full = [False]
+    append = first.journal.log.append
+
+    def refusing_append(payloads: list[bytes]) -> None:
+        if full[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        append(payloads)
+
+    monkeypatch.setattr(first.journal.log, "append", refusing_append)
+    # One loop call: the disk is full before the broker's first PUBREC can be read.
+    loop_thread.call(lambda: (first.adapter.publish_all(injections(0, 5)), full.__setitem__(0, True)))
+    wait_for(lambda: first.adapter.counts["acknowledged"] == 5, message="the broker to complete all five")
+    wait_for(lambda: len(reader.payloads()) == 5, message="five deliveries")
+    assert loop_thread.call(lambda: first.journal.unwritten) >= 2  # the PUBRECs' records and the completions
+    assert not loop_thread.call(first.journal.write_unwritten)
+    full[0] = False
+    assert loop_thread.call(first.journal.write_unwritten)
+    first.stop()
+    second = JournaledAdapter(loop_thread, broker, tmp_path / "injections.log", "journal-wrapper")
+    assert second.journal.in_flight() == [] and second.journal.is_completed((ORIGIN, 1, 4))
+    wait_for(lambda: second.connected(), message="the restarted wrapper to connect")
+    assert second.connected()[0].resent == 0
+    second.publish(injections(5, 1))  # a marker: QoS 2 messages of one client are delivered in order
+    wait_for(lambda: b"5" in reader.payloads(), message="the marker")
+    assert sorted(reader.payloads()) == sorted(b"%d" % seq for seq in range(6))  # each once
     second.stop()
 
 

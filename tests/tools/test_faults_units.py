@@ -313,10 +313,10 @@ def test_the_extended_jobs_group_by_topology_and_keep_the_full_disk_apart(tmp_pa
     only = extended_jobs(tmp_path, itertools.count(120), Timing(), cases=["stop-core"])
     assert [[plan.case for plan in job.cases] for job in only] == [["stop-core"]]
     [disk] = [job for job in jobs if job.small_state_dirs]
-    publisher, subscriber = disk.cases  # the publisher's full disk, then its wrapper restarted once it has room
-    full, restart = publisher.schedule
-    assert (full.fault.kind, restart.fault.kind) == ("disk_full", "stop_wrapper") and len(subscriber.schedule) == 1
-    assert restart.fault.role == full.fault.role == "publisher" and restart.at == full.at + full.fault.seconds + 5.0
+    for plan, role in zip(disk.cases, ("publisher", "subscriber"), strict=True):  # a full disk, then its wrapper
+        full, restart = plan.schedule                                             # restarted once it has room
+        assert (full.fault.kind, restart.fault.kind) == ("disk_full", "stop_wrapper")
+        assert restart.fault.role == full.fault.role == role and restart.at == full.at + full.fault.seconds + 5.0
 
 
 def test_the_ledger_finds_a_silent_loss_and_a_broken_custody_count() -> None:
