@@ -194,10 +194,10 @@ class LocalPublications:
                 self._run_mids.append(item.mid)
         else:
             self.flush(now)
-            if self._stalled:
+            if self._stalled or not self._originate_spooled(item, acks, now):
+                # behind what waits, or refused by the disk itself: it waits, in its place (left out, it would stay
+                # unacknowledged at the broker until a reconnection and come after the publications read after it)
                 self._stalled.append((item, acks))
-                return
-            self._originate_spooled(item, acks, now)
 
     def acknowledge(self, mid: int, qos: int) -> None:
         """A broker item that is no publication of ours (a log line) still has its packet id acknowledged."""

@@ -91,6 +91,24 @@ def test_what_the_spool_cannot_take_is_neither_acknowledged_nor_originated_and_g
                                                                          (4, "a/4"), (5, "a/5")]
 
 
+def test_a_retained_publication_the_disk_refuses_waits_in_its_place(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One that goes to the node alone (retained, or with properties) and is the first the disk refuses waits like a
+    run does: the plain ones read after it are not originated before it (issue 37: a held block numbered after a
+    later publication)."""
+    local, spool, disk, node = setup(tmp_path, monkeypatch)
+    disk.full = True
+    local.add(Publication("r/1", b"1", 1, True, None, 21, False), 1.0)
+    assert local.stalled and node.counters["publications_originated"] == 0
+    local.add_run(PublicationRun(["a/2", "a/3"], [b"2", b"3"], 1, [22, 23]), 1.0)
+    local.flush(1.0)
+    assert local.take()[0] == [] and node.counters["publications_originated"] == 0
+    disk.full = False
+    assert local.retry(2.0)
+    assert sorted(local.take()[0]) == [(21, 1), (22, 1), (23, 1)]
+    assert [(entry.seq, entry.topic) for entry in spool.recovered()] == [(1, "r/1"), (2, "a/2"), (3, "a/3")]
+
+
 def test_a_record_log_the_disk_refused_has_no_torn_record_left(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     log = RecordLog(tmp_path / "log")

@@ -43,7 +43,7 @@ from suites.faults.counting import StreamCount
 from suites.faults.runner import CaseResult, Timing
 from suites.faults.suite import BULK_CASE, Job, extended_jobs, merge, run_jobs, suite_jobs, suite_plans
 
-from broker_util import requires_mosquitto
+from broker_util import REORDERS_AFTER_HELD_ACKS, requires_mosquitto
 from federation_util import next_first_address
 from summary_tables import print_summary_table
 
@@ -203,12 +203,14 @@ def test_issue37_case_loses_nothing_at_any_subscribing_node(suite: Suite, case: 
                for count in counts_at_every_node(result, qos)), describe_extended(result)
 
 
-ORDER_DEFECT = ("open defect (docs/guarantees.md, issue 37's cases): the publisher-side wrapper sometimes numbers a "
-                "block of publications after a later one when its intake was held (1 in 6-9 runs of this case)")
+BROKER_ORDER = ("Mosquitto before 2.0.13 sends the publisher-side wrapper some publications ahead of those it "
+                "queued while the wrapper held its intake (eclipse/mosquitto#2306, test_broker_order_real.py), and "
+                "the wrapper numbers them in the order read (2 in 11 runs of this case; docs/guarantees.md)")
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.xfail(strict=False, reason=ORDER_DEFECT))
-                                  if case == "disk-full-publisher" else case for case in EXTENDED_CASES])
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.xfail(strict=False, reason=BROKER_ORDER))
+                                  if case == "disk-full-publisher" and REORDERS_AFTER_HELD_ACKS else case
+                                  for case in EXTENDED_CASES])
 @pytest.mark.parametrize("qos", [1, 2])
 def test_issue37_case_keeps_the_order_at_every_subscribing_node(suite: Suite, case: str, qos: int) -> None:
     """Every stream in the origin's order at every subscribing node (a split's far side after the heal included)."""
@@ -243,8 +245,8 @@ def test_the_far_side_of_a_split_catches_up_after_the_heal(suite: Suite) -> None
 def test_a_full_disk_is_said_once_and_makes_the_wrapper_not_ready_until_it_has_room(suite: Suite,
                                                                                     case: str) -> None:
     """One ERROR line and /readyz not ready with the reason while the state directory is full, one line when it
-    takes writes again, no traceback; on the publisher's side the wrapper is then restarted and nothing arrives
-    twice at QoS 2 (the cases above)."""
+    takes writes again, no traceback; the wrapper is then restarted and nothing arrives twice at QoS 2 (the cases
+    above)."""
     result = suite.extended_case(case)
     fault = EXTENDED_FAULTS[case]
     node = {"publisher": "a", "subscriber": "c"}[fault.role or ""]
@@ -252,7 +254,7 @@ def test_a_full_disk_is_said_once_and_makes_the_wrapper_not_ready_until_it_has_r
     assert during is not None and during["ready"]["ready"] is False, during
     assert any("cannot write" in reason and "state directory" in reason for reason in during["ready"]["reasons"])
     assert during["storage"]["ok"] is False and during["storage"]["write_failures"] >= 1
-    after = result.explain["status_after"][node]  # on the publisher's side restarted since (catalogue.FOLLOW_UPS)
+    after = result.explain["status_after"][node]  # restarted since (catalogue.FOLLOW_UPS)
     assert after["storage"]["ok"] is True and after["ready"]["ready"], after
     log = (suite.out / "extended" / "federation-line-disk" / "nodes" / node / "wrapper.log").read_text()
     errors = [line for line in log.splitlines() if " ERROR " in line]
