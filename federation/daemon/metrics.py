@@ -137,7 +137,8 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("mqttfed_udp_send_errors", "counter", (), "UDP send errors (mostly ICMP port unreachable)"),
     ("mqttfed_receive_backlog", "gauge", (), "received tm/tb packets waiting to be handled (overload)"),
     ("mqttfed_injection_backlog", "gauge", (), "remote publications waiting for a slow local broker (overload)"),
-    ("mqttfed_unacked_copies", "gauge", (), "QoS 1/2 copies sent to neighbours and not acknowledged yet"),
+    ("mqttfed_unacked_copies", "gauge", (),
+     "QoS 1/2 copies sent to neighbours and not acknowledged yet that a custody entry waits for (replays left out)"),
     ("mqttfed_send_paused", "gauge", (), "1 while the UDP socket's send side is backed up (QoS 0 is shed)"),
     ("mqttfed_broker_reading_paused", "gauge", (), "1 while the wrapper reads nothing from its broker's socket "
                                                    "(what it holds of a paused intake is full)"),
