@@ -52,7 +52,6 @@ while the disk is still full, leaves records unwritten: `close` says how many (a
 
 from __future__ import annotations
 
-import errno
 import logging
 import time
 from collections import OrderedDict
@@ -365,8 +364,8 @@ class InjectionJournal:
             self._rewrite_due = True
 
     def _rewrite(self) -> Exception | None:
-        self.compact()
-        return OSError(errno.ENOSPC, "the injection journal could not be rewritten") if self._rewrite_due else None
+        """The whole file from the tables (`compact`); the error that refused it, None once it is written."""
+        return self.compact()
 
     @property
     def unwritten(self) -> int:
@@ -402,8 +401,8 @@ class InjectionJournal:
         if size >= COMPACT_MIN_BYTES and size > COMPACT_RATIO * max(self.live_bytes(), 1):
             self.compact()
 
-    def compact(self) -> None:
-        """Rewrite the file with the live records only (atomically)."""
+    def compact(self) -> OSError | None:
+        """Rewrite the file with the live records only (atomically); the error that refused it, if one did."""
         records = []
         for (origin, epoch, filter_), completed in groupby(self._completed.items(), _stream_of):
             # consecutive completed ids of one stream: one record
@@ -417,10 +416,11 @@ class InjectionJournal:
             self.log.rewrite(records)
         except OSError as error:
             self._write_failed(error)
-            return
+            return error
         self.compactions += 1
         # The file now holds exactly the tables: what the disk had refused is in it.
         self._unwritten, self._unwritten_bytes, self._rewrite_due = [], 0, False
+        return None
 
     def status(self) -> dict[str, Any]:
         return {"in_flight": len(self._in_flight), "completed_ids": len(self._completed),

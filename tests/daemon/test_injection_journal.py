@@ -188,14 +188,17 @@ def test_too_many_refused_records_rewrite_the_file_from_the_tables(tmp_path: Pat
 
     def refused_rewrite(payloads: list[bytes]) -> None:
         if disk.full:
-            raise OSError(28, "No space left on device")
+            raise OSError(30, "Read-only file system")
         rewrite(payloads)
 
     monkeypatch.setattr(journal.log, "rewrite", refused_rewrite)
+    told: list[Exception | None] = []
+    journal.on_write = told.append
     for seq in range(1, 20):
         journal.started([(seq, injection(seq))])
     journal.finished(range(1, 10))
     assert journal.unwritten == -1 and not journal.write_unwritten()
+    assert getattr(told[-1], "errno", None) == 30  # the runtime is told what refused the rewrite
     disk.full = False
     journal.finished([10])  # the next write is the rewrite: the file holds the tables again
     assert journal.unwritten == 0 and journal.compactions == 1
