@@ -19,7 +19,9 @@ broker it reconnects to can ask for its publications at once), or a `handover` (
 over from its broker after the client moved: the QoS 1/2 messages that were queued for it, for the new host to
 give it, and which publications the old broker had processed when it read the queue: `cut` and `had`; and what
 the old host held for the client without giving it to its broker, when the client went on from a session it had
-adopted before that session's handover had all been given: `carried`).
+adopted before that session's handover had all been given: `carried`). A `late` record, on a topic of its own
+per old host, follows a handover: the publications of the session's topics that reached the old broker only
+after its fence (federation.daemon.roaming_late).
 
 `ClientRegistry` decides, sans-I/O, what a record means for this wrapper: a newer record naming another host for a
 client id this broker has (connected, or an offline session) is a takeover to carry out here (federation.daemon.
@@ -44,7 +46,9 @@ whose retained publications by clients are refused (never federated)"""
 CONNECTED = "connected"
 OFFLINE = "offline"
 HANDOVER = "handover"
-STATES = frozenset({CONNECTED, OFFLINE, HANDOVER})
+LATE = "late"
+"""what reached the old host's broker after its handover, for the new host (federation.daemon.roaming_late)"""
+STATES = frozenset({CONNECTED, OFFLINE, HANDOVER, LATE})
 RECORD_VERSION = 1
 MAX_HANDOVER_MESSAGES = 10_000
 """queued messages one handover carries at most (the rest are counted lost: docs/transparency.md)"""
@@ -197,7 +201,7 @@ class ClientRegistry:
         except RecordError:
             self.undecodable += 1
             return None
-        if record.state == OFFLINE:
+        if record.state in (OFFLINE, LATE):
             return None  # a connection ended somewhere: it moves nothing (only a new connection takes a client over)
         self.records[record.client] = record
         if record.host == self.own:

@@ -29,6 +29,7 @@ the broker's acknowledgement.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Any
@@ -37,6 +38,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from federation.daemon import wrapper_events
 from federation.daemon.broker_health import FAILURE_KINDS
+from federation.daemon.roaming_state import DROP_REASONS as ROAMING_DROP_REASONS
+from federation.daemon.roaming_state import RoamingCounts
 from federation.daemon.topic_policy import REASONS as POLICY_REASONS
 from federation.envelope.datagrams import DROP_REASONS as ENVELOPE_DROP_REASONS
 from federation.protocol import events, wire
@@ -61,7 +64,9 @@ NODE_DROP_REASONS = (
 )
 """drop reasons the node and the daemon count (docs/drops.md; tests/docs/test_drop_reasons.py checks this list
 against the code), exported at 0 from the start with the envelope's"""
-DROP_REASONS = (*NODE_DROP_REASONS, *ENVELOPE_DROP_REASONS)
+DROP_REASONS = (*NODE_DROP_REASONS, *ROAMING_DROP_REASONS, *ENVELOPE_DROP_REASONS)
+ROAMING_KINDS = (*(field.name for field in dataclasses.fields(RoamingCounts)), "late_forwarded")
+"""the roaming counts exported (`mqttfed_roaming_total`; docs/daemon.md "One client id across the federation")"""
 PUBLICATION_STAGES = ("originated", "forwarded", "delivered")
 INJECTION_RESULTS = ("acknowledged", "written", "refused", "failed", "duplicate_suppressed")
 INJECTION_KEYS = ("acknowledged", "written_qos0", "refused", "failed", "duplicate_suppressed")
@@ -113,6 +118,13 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "1 while the wrapper delivers every publication to its broker because of unaccounted subscriptions"),
     ("mqttfed_filters_widened", "counter", (),
      "subscriptions whose log line the broker may have cut (999 bytes), federated as a superset filter"),
+    ("mqttfed_roaming", "counter", ("kind",),
+     "clients that move between brokers (docs/daemon.md \"One client id across the federation\"), by kind: the "
+     "status document's daemon.broker.roaming counts"),
+    ("mqttfed_roaming_sessions", "gauge", ("state",),
+     "sessions being moved here: adopting (taken from another broker, its handover or resubscription awaited), "
+     "taking_over (this broker's, for a client that connected elsewhere)"),
+    ("mqttfed_roaming_held", "gauge", (), "publications held for adopted sessions until their handover is given"),
     ("mqttfed_injection_latency_seconds", "histogram", (),
      "QoS 1/2 publications from the wrapper handing them to its broker connection to the broker's PUBACK/PUBCOMP"),
     ("mqttfed_neighbours", "gauge", ("state",), "neighbours by state: up, down"),
@@ -273,6 +285,11 @@ def metric_families(snap: Snapshot) -> list[Metric]:
     out.append(_by_label("mqttfed_events", events.ALL + wrapper_events.ALL, events_counted))
     out.append(_by_label("mqttfed_broker_connect_failures", FAILURE_KINDS, snap["connect_failures"]))
     out.append(_by_label("mqttfed_broker_log_lines", LOG_OUTCOMES, snap["log_outcomes"]))
+    roaming = snap["roaming"]
+    out.append(_by_label("mqttfed_roaming", ROAMING_KINDS, {kind: roaming[kind] for kind in ROAMING_KINDS}))
+    out.append(_by_label("mqttfed_roaming_sessions", ("adopting", "taking_over"),
+                         {state: roaming[state] for state in ("adopting", "taking_over")}))
+    out.append(_single("mqttfed_roaming_held", roaming["held"]))
     config = _family("mqttfed_config_info")
     config.add_metric([snap["config_hash"]], 1)
     out += [config, _single("mqttfed_config_loaded_timestamp_seconds", snap["config_loaded_at"])]

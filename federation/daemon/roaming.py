@@ -34,29 +34,39 @@ what this wrapper still held for it, never given to its broker, goes in its own 
 queue), and is injected here once the kicker is done, for the other local clients that subscribe to it (held
 for them too, so that the adopted client got nothing out of order).
 
+A publication that reaches the old broker only after the fence (its origin did not know of the new host yet)
+went nowhere there: the old host sends it on in a `late` record for a few seconds after its handover, and the new
+host gives what it had not given the client (federation.daemon.roaming_late). A client whose last connection here
+ended with a DISCONNECT and that holds no filters here is not taken over (nothing queued, no will pending).
+Every publication roaming cannot give is counted under a drop reason with a `publication_dropped` event
+(docs/drops.md, `roaming_...`).
+
 What unmodified Mosquitto cannot be made to do, docs/transparency.md says: session present 0 on the new broker;
 a handed-over message reaches every local subscriber of its topic on the new broker, so another client there that
 had it live gets it again (`shared_copies`); a QoS 2 message the client had taken (PUBREC) and not been released
 (PUBREL) when it moved is not given again (`unreleased`, counted by the kicker).
 
-`Roaming` is the runtime's part, on the loop's thread: it is told the log's events, the registry's records (which
+The new host's side (the adoption's end, the handover and late records given) is `Adoptions`
+(federation.daemon.roaming_adoption), a part of `Roaming` split from it by concern. `Roaming` is the runtime's part,
+on the loop's thread: it is told the log's events, the registry's records (which
 the runtime takes out of the injections: they are never injected), and asked which injections to make now.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
-from federation.daemon.broker_log import ClientConnected, ClientSubscribed, ClientUnsubscribed, LogEvent
+from federation.daemon.broker_log import ClientConnected, ClientGone, ClientSubscribed, ClientUnsubscribed, LogEvent
 from federation.daemon.client_registry import (
     CONNECTED,
     HANDOVER,
     OFFLINE,
     REGISTRY_PREFIX,
+    Carried,
     ClientRegistry,
     Finish,
     Record,
@@ -67,14 +77,16 @@ from federation.daemon.client_registry import (
 )
 from federation.daemon.kicker import Outcome
 from federation.daemon.retained import RetainedStore
+from federation.daemon.roaming_adoption import Adoptions
+from federation.daemon.roaming_late import LateForwarding, Seen, is_late_topic, late_topic, session_filters
 from federation.daemon.roaming_state import (
     ADOPTION_GRACE,
     ASSIGNED_PREFIX,
     FENCE_WAIT,
     FILTERS_DELAY,
-    LATE_WINDOW,
     MAX_HELD,
     Adopted,
+    Dropper,
     Originate,
     PublishFence,
     RoamingCounts,
@@ -84,22 +96,26 @@ from federation.daemon.roaming_state import (
     filters_topic,
 )
 from federation.daemon.roaming_state import address_text as _text
+from federation.daemon.roaming_unreleased import INJECTED, SEED_SECONDS, RecentQos2
 from federation.daemon.state import SHARED_PREFIX, LocalSubscriptions, SubscriptionSink
 from federation.protocol.topic_filter import federated_filter, matches
-from federation.protocol.types import Address, Injection, PublicationId
+from federation.protocol.types import Address, Injection
 
 log = logging.getLogger("federation.daemon")
 
 
-class Roaming:
+class Roaming(Adoptions):
     """The runtime's part of one-client-id-federation-wide (module docstring)."""
 
     def __init__(self, own: Address, table: LocalSubscriptions, sink: SubscriptionSink, store: RetainedStore,
                  originate: Originate, start_kicker: StartKicker, connected_here: Callable[[str], bool],
-                 offline_here: Callable[[str], bool], publish_fence: PublishFence) -> None:
+                 offline_here: Callable[[str], bool], publish_fence: PublishFence,
+                 dropper: Dropper | None = None) -> None:
         """`connected_here(client)`: the log tracker has it connected; `offline_here(client)`: the session ledger
-        knows an offline session of it that may live."""
+        knows an offline session of it that may live; `dropper` counts what roaming loses (the node's drops and
+        `publication_dropped` events: docs/drops.md)."""
         self._publish_fence = publish_fence
+        self._dropper = dropper
         self.own = _text(own)
         self.registry = ClientRegistry(self.own)
         self.table = table
@@ -129,6 +145,18 @@ class Roaming:
         """filters records received (one per change of a client's filters elsewhere)"""
         self._handover_ids = itertools.count(1)
         self._handover_epoch = int(time.time())
+        self.late = LateForwarding(self.own)
+        """what reaches this broker for a session after its takeover's fence, sent on (roaming_late.py)"""
+        self.seen = Seen()
+        """what this broker gave a client whose session it adopted (roaming_late.py)"""
+        self._pending_late: dict[str, tuple[list[Carried], float]] = {}
+        """client -> late publications for it that came after it left, waiting for its takeover here to begin"""
+        self._left_cleanly: set[str] = set()
+        self.recent_qos2 = RecentQos2()
+        self._clock = 0.0
+        """the time of the last call that told it (`local_published` is not told the time)"""
+        """this broker's recent QoS 2 publications: which ones a taken-over client had not been released"""
+        """clients whose last connection here ended with a DISCONNECT (`_needs_takeover`)"""
 
     @property
     def holding(self) -> bool:
@@ -143,7 +171,14 @@ class Roaming:
         if event.own:
             return []
         if isinstance(event, ClientConnected):
+            self._left_cleanly.discard(event.client)
+            self.late.stop(event.client)  # back here: it gets here what reaches this broker for it
             self._connected(event, now)
+            waiting, _until = self._pending_late.pop(event.client, ([], 0.0))
+            return self._give_late(event.client, waiting, now) if waiting else []
+        elif isinstance(event, ClientGone):
+            if event.reason == "disconnected" and not event.kicker:
+                self._left_cleanly.add(event.client)
         elif isinstance(event, (ClientSubscribed, ClientUnsubscribed)):
             record = self.table.clients.get(event.client)
             if record is not None and record.persistent:
@@ -167,6 +202,7 @@ class Roaming:
         filters = self._last_filters(client, previous)
         adopted = Adopted(client, previous.host, filters, now + ADOPTION_GRACE)
         self.adopted[client] = adopted
+        self.seen.watch(client, session_filters(filters))
         self.counts.adopted += 1
         for raw, qos in sorted(filters.items()):
             federated = federated_filter(raw)
@@ -214,16 +250,36 @@ class Roaming:
         except RecordError:
             self.registry.undecodable += 1
             return []
-        previous = self.registry.known(record.client)
-        hosted = self._connected_here(record.client) or self._offline_here(record.client) \
-            or record.client in self.table.clients \
-            or (previous is not None and previous.host == self.own and previous.state != HANDOVER)
-        action = self.registry.received(injection.payload, hosted and record.client not in self._kicking)
+        if is_late_topic(injection.topic):
+            return self._late_record(record, now)
+        if record.state == CONNECTED:
+            self.late.stop(record.client, record.host)
+        action = self.registry.received(injection.payload, self._needs_takeover(record)
+                                        and record.client not in self._kicking)
         if isinstance(action, TakeOver):
             self._take_over(action, now)
         elif isinstance(action, Finish):
             return self._finish(action.record, now)
         return []
+
+    def _needs_takeover(self, record: Record) -> bool:
+        """This broker has `record.client`'s id (connected, or a session that may live here), so that a newer claim
+        elsewhere takes it over here. Not a client whose last connection here ended with a DISCONNECT and that
+        holds no filters here: its will is gone, and a session left nothing queued (its takeover was needless
+        work, and its connection with the client's id could close the client's next one here)."""
+        client = record.client
+        previous = self.registry.known(client)
+        connected = self._connected_here(client)
+        hosted = connected or self._offline_here(client) or client in self.table.clients \
+            or (previous is not None and previous.host == self.own and previous.state != HANDOVER)
+        if not hosted or connected or client not in self._left_cleanly or client in self.adopted \
+                or record.host == self.own or record.state != CONNECTED:
+            return hosted
+        held = self.table.clients.get(client)
+        if held is not None and held.filters:
+            return True
+        self.counts.takeovers_skipped += 1
+        return False
 
     def _take_over(self, action: TakeOver, now: float) -> None:
         client = action.client
@@ -231,6 +287,15 @@ class Roaming:
         self.counts.takeovers += 1
         record = self.table.clients.get(client)
         takeover = self._takeovers[client] = Takeover(action, dict(record.filters) if record is not None else {})
+        if not action.clean:  # a resumed session: what reaches this broker for it from now on is watched
+            filters = session_filters(takeover.filters)
+            self.late.start(client, action.host, filters)
+            waiting, _until = self._pending_late.pop(client, ([], 0.0))
+            # What reached the wrapper a moment before may reach the broker after the fence (its injection queue):
+            # what the handover covers is left out of it (`LateForwarding.handed_over`).
+            recent = self.recent_qos2.since(now - SEED_SECONDS,
+                                            lambda topic: any(matches(filter_, topic) for filter_ in filters))
+            self.late.carry(client, [*recent, *waiting])
         adopted = self.adopted.get(client)
         if adopted is not None:  # it went on before all was given here: what is left goes on in the handover
             missed = [injection for _publication, injection, direct in adopted.own if not direct]
@@ -252,6 +317,8 @@ class Roaming:
             self._kicking.discard(client)
             self.counts.taken_queued += len(outcome.messages)
             self.counts.unreleased += outcome.unreleased
+            if outcome.lost:
+                self._drop_unknown("roaming_handover_full", outcome.lost, client, now)
             if outcome.problem is not None:
                 log.warning("taking client %r over on this broker: %s; %d queued messages handed over", client,
                             outcome.problem, len(outcome.messages))
@@ -295,9 +362,20 @@ class Roaming:
         log.info("client %r handed over to %s: %d queued messages, %d held here%s", action.client, action.host,
                  len(outcome.messages), len(carried), "" if cut else " (without the fence's cut: the new broker may "
                  "give some twice)" if outcome.session_present else "")
-        self._originate(registry_topic(action.client), Record(
-            action.client, action.host, HANDOVER, action.clean, 5, takeover.filters, self.own,
-            tuple(outcome.messages), cut, outcome.lost, had, carried).encode(), now)
+        record = Record(action.client, action.host, HANDOVER, action.clean, 5, takeover.filters, self.own,
+                        tuple(outcome.messages), cut, outcome.lost, had, carried)
+        if outcome.unreleased:  # given again, first, where the broker's order tells which they were
+            filters = session_filters(takeover.filters)
+            released = self.recent_qos2.unreleased(
+                outcome.unreleased, lambda topic: any(matches(filter_, topic) for filter_ in filters),
+                outcome.messages[0] if outcome.messages else None,
+                (lambda key: record.covers(*key)) if cut or had else None)
+            self.counts.unreleased_given += len(released)
+            if len(released) < outcome.unreleased:
+                self._drop_unknown("roaming_unreleased", outcome.unreleased - len(released), action.client, now)
+            record = dataclasses.replace(record, messages=(*released, *outcome.messages))
+        self._originate(registry_topic(action.client), record.encode(), now)
+        self.late.handed_over(record, bool(cut or had) or not outcome.session_present, now)
         # The client's session here has ended (the kicker is done): what was held goes to the other local clients
         # that subscribe to it, once.
         self._released += takeover.carried
@@ -322,152 +400,30 @@ class Roaming:
         left_out, self._left_out = self._left_out, []
         return left_out
 
-    def _finish(self, record: Record, now: float) -> list[Injection]:
-        adopted = self.adopted.get(record.client)
-        if adopted is None:
-            if not (record.messages or record.carried) or not self._connected_here(record.client):
-                return []
-            adopted = self.adopted[record.client] = Adopted(record.client, record.source, dict(record.filters),
-                                                            now + ADOPTION_GRACE)
-            current = self.table.clients.get(record.client)
-            adopted.subscribed = set(current.filters) if current is not None else set()
-        # Numbered as no publication is (port 0): the journal and the node's custody never take one for another.
-        try:
-            source = Address(Address.parse(record.source, 0).host, 0)
-        except ValueError:
-            source = Address(record.source, 0)
-        epoch = self._handover_epoch
-        drained = [Injection(topic, payload, qos, False, properties, (source, epoch, next(self._handover_ids)))
-                   for topic, payload, qos, _retain, properties in record.messages]
-        # What the old host held and carried on: once, the copy held here if there is one (it comes later, in order).
-        held_here = {(_text(held.publication[0]), *held.publication[1:]) for held in adopted.held}
-        for topic, payload, qos, properties, origin, origin_epoch, seq in record.carried:
-            if origin and (origin, origin_epoch, seq) in held_here:
-                self.counts.duplicates_left_out += 1
-                continue
-            drained.append(Injection(topic, payload, qos, False, properties, (source, epoch, next(self._handover_ids))))
-        # What both brokers had is given once: what the old broker had processed when its wrapper read the queue
-        # (the client got it there, or it came in the handover) and was held here too is a copy.
-        remaining = []
-        for held in adopted.held:
-            held_origin, held_epoch, held_seq = held.publication
-            # A retained one is made all the same: the broker's retained value must follow.
-            if not held.retain and record.covers(_text(held_origin), held_epoch, held_seq):
-                self.counts.duplicates_left_out += 1
-                self._left_out.append(held)
-            else:
-                remaining.append(held)
-        adopted.record = record
-        adopted.drained = drained
-        left_out = len(adopted.held) - len(remaining)
-        adopted.held = remaining
-        self._settle_own(adopted)
-        log.info("client %r: the handover from %s came: %d messages first, then %d held here (%d held were copies)",
-                 record.client, record.source, len(adopted.drained), len(remaining), left_out)
-        for raw_filter, qos in record.filters.items():
-            adopted.filters.setdefault(raw_filter, qos)
-        return self._release(adopted, now)
-
-    def _settle_own(self, adopted: Adopted) -> None:
-        """This broker's own publications for the client, once the handover says which of them its old broker had
-        (`Record.covers`): one it had and the client got here too goes from the handover (its copy there is the
-        same topic and payload); one it did not have and the client did not get here (it came before the client
-        subscribed again) is given, after the handover's messages."""
-        record, drained = adopted.record, adopted.drained
-        assert record is not None and drained is not None
-        for (_origin, epoch, seq), injection, direct in adopted.own:
-            covered = record.covers(self.own, epoch, seq)
-            if direct and covered:
-                for index, message in enumerate(drained):
-                    if message.topic == injection.topic and message.payload == injection.payload:
-                        del drained[index]
-                        self.counts.duplicates_left_out += 1
-                        break
-            elif not direct and not covered:
-                drained.append(injection)
-                self.counts.own_given += 1
-        adopted.own = []
-
-    def local_published(self, published: list[tuple[PublicationId | None, str, bytes, int, bool,
-                                                     dict[str, Any] | None]]) -> None:
-        """Publications of this broker's own clients the node took (`LocalPublications.observe`): those an adopted
-        session's client did not get here (it had not subscribed again yet) may be its to have, and those it did
-        get may come again in the handover (`_settle_own`). Retained ones are left: the client's subscription brings
-        the broker's retained value."""
-        if not self.adopted:
-            return
-        for adopted in self.adopted.values():
-            for publication, topic, payload, qos, retain, properties in published:
-                if publication is None or retain or not adopted.wants(topic):
-                    continue
-                direct = adopted.resubscribed(topic)
-                injection = Injection(topic, payload, qos, False, properties, self._handover_id(publication[0]))
-                if adopted.record is None:
-                    adopted.own.append((publication, injection, direct))
-                elif not direct and adopted.drained is not None:  # the old session has ended: only here now
-                    adopted.drained.append(injection)
-                    self.counts.own_given += 1
-
-    def _handover_id(self, address: Address) -> PublicationId:
-        """An id for a message roaming gives: numbered as no publication is (port 0), so that the journal and the
-        node's custody never take one for another."""
-        return Address(address.host, 0), self._handover_epoch, next(self._handover_ids)
-
-    def _resubscribed(self, adopted: Adopted, raw_filter: str, qos: int, now: float) -> list[Injection]:
-        adopted.subscribed.add(raw_filter)
-        # Its filters were not all known here (their record had not come): what it subscribes to is its session's.
-        adopted.filters.setdefault(raw_filter, qos)
-        federated = federated_filter(raw_filter)
-        if raw_filter in adopted.filters and federated is not None:
-            self.sink.local_unsubscribe(adopted_client(adopted.client), federated, now)
-        return self._release(adopted, now)
-
-    def _release(self, adopted: Adopted, now: float) -> list[Injection]:
-        """Once the handover came: its messages, then what was held, each as soon as a subscription of the client
-        here takes it; the adoption ends when nothing is left."""
-        if adopted.drained is None:
-            return []
-        released: list[Injection] = []
-        for queue_name in ("drained", "held"):
-            queue: list[Injection] = getattr(adopted, queue_name)
-            kept: list[Injection] = []
-            for injection in queue:
-                if adopted.resubscribed(injection.topic) and not kept:
-                    released.append(injection)
-                else:
-                    kept.append(injection)  # in order: one waiting keeps those after it waiting
-            setattr(adopted, queue_name, kept)
-            if kept:
-                break
-        handed = [injection for injection in released if injection.publication[0].port == 0]
-        self.counts.delivered += len(handed)
-        self.counts.shared_copies += sum(1 for injection in handed
-                                         if self._another_takes(adopted.client, injection.topic))
-        if not adopted.drained and not adopted.held and adopted.subscribed:
-            self._end_adoption(adopted, now)
-        return released
-
-    def _end_adoption(self, adopted: Adopted, now: float) -> None:
-        """No more holding for it: the pseudo client's filters leave the node; copies of what its handover covered
-        that arrive late are looked for a while (`admit`)."""
-        self.adopted.pop(adopted.client, None)
-        if adopted.record is not None:
-            self._recent[adopted.client] = (adopted.record, dict(adopted.filters), now + LATE_WINDOW)
-        for raw in sorted(adopted.filters):
-            federated = federated_filter(raw)
-            if federated is not None and not raw.startswith(SHARED_PREFIX):
-                self.sink.local_unsubscribe(adopted_client(adopted.client), federated, now)
-
     # ------------------------------------------------------------ injections
 
     def admit(self, injections: list[Injection], now: float) -> list[Injection]:
         """The injections to make now: those an adopted session waits for are held (in order), also when another
         local client subscribes to their topic (it gets them when they are released, a moment late: given now, they
         would reach the adopted client before what was queued for it, or twice)."""
-        if not self.adopted and not self._recent:
+        self._clock = now
+        late, seen = self.late, self.seen
+        if not self.adopted and not self._recent and not late.forwards and not seen:
+            self._processed(injections, now)
             return injections
         admitted: list[Injection] = []
         for injection in injections:
+            origin, epoch, seq = injection.publication
+            if origin.port and injection.qos and not injection.retain:
+                key = (_text(origin), epoch, seq)
+                given_to = seen.late_copy(key, injection.topic)
+                if given_to is not None:  # a late record brought it first: this copy is one too many for it
+                    if not self._another_takes(given_to, injection.topic):
+                        self.counts.duplicates_left_out += 1
+                        self._left_out.append(injection)
+                        continue
+                    self.counts.late_copies += 1
+                seen.mark(key, injection.topic)
             holder = next((adopted for adopted in self.adopted.values() if adopted.wants(injection.topic)), None)
             if holder is None:
                 if not self._late_copy(injection, now):
@@ -475,36 +431,26 @@ class Roaming:
                 continue
             holder.held.append(injection)
             if len(holder.held) > MAX_HELD:
-                self._left_out.append(holder.held.pop(0))  # lost, counted: its custody ends
+                oldest = holder.held.pop(0)
+                self._left_out.append(oldest)  # lost, counted: its custody ends
                 holder.dropped += 1
-                self.counts.dropped += 1
+                self._drop_publication("roaming_held_full", self._key(oldest), oldest.topic, now)
+        self._processed(admitted, now)
         return admitted
 
-    def _late_copy(self, injection: Injection, now: float) -> bool:
-        """A publication a recent handover gave (its record covers it) that reached this wrapper after the record:
-        left out (done) when no other local client takes its topic; else made, and the moved client gets it twice
-        (counted: the broker gives a message to every subscriber)."""
-        if injection.retain:
-            return False  # made: the broker's retained value must follow
-        origin, epoch, seq = injection.publication
-        for client, (record, filters, until) in self._recent.items():
-            if until <= now or not any(matches(filter_, injection.topic) for filter_ in filters
-                                       if not filter_.startswith(SHARED_PREFIX)):
-                continue
-            if not record.covers(_text(origin), epoch, seq):
-                continue
-            if self._another_takes(client, injection.topic):
-                self.counts.late_copies += 1
-                return False
-            self.counts.duplicates_left_out += 1
-            self._left_out.append(injection)
-            return True
-        return False
-
-    def _another_takes(self, client: str, topic: str) -> bool:
-        return any(other != client and not other.startswith("\x00") and
-                   any(matches(filter_, topic) for filter_ in record.filters if not filter_.startswith(SHARED_PREFIX))
-                   for other, record in self.table.clients.items())
+    def _processed(self, injections: list[Injection], now: float) -> None:
+        """Injections made now: kept for a takeover's forwarding and its unreleased messages (only those made: a
+        copy left out never reached the broker, and the client had it)."""
+        recent, late = self.recent_qos2, self.late
+        for injection in injections:
+            origin, epoch, seq = injection.publication
+            if injection.qos and not injection.retain and origin.port:
+                key = (_text(origin), epoch, seq)
+                recent.add(injection.topic, injection.payload, injection.properties, INJECTED, key, injection.qos,
+                           now)
+                if late.forwards:
+                    late.processed((injection.topic, injection.payload, injection.qos, injection.properties, *key),
+                                   injection.topic)
 
     # ------------------------------------------------------------ time
 
@@ -534,24 +480,29 @@ class Roaming:
             missed = [injection for _publication, injection, direct in adopted.own if not direct]
             waiting = [*(adopted.drained or []), *missed]
             taken = [injection for injection in waiting if adopted.resubscribed(injection.topic)]
-            self.counts.dropped += len(waiting) - len(taken)
+            for injection in waiting:
+                if not adopted.resubscribed(injection.topic):
+                    self._drop_publication("roaming_not_resubscribed", self._key(injection), injection.topic, now)
             released += taken + adopted.held
             self._end_adoption(adopted, now)
         for client in [client for client, (_record, _filters, until) in self._recent.items() if until <= now]:
             del self._recent[client]
+        late_records, overflow = self.late.due(now)
+        for late_record in late_records:
+            self._originate(late_topic(late_record.client, self.own), late_record.encode(), now)
+        if overflow:
+            self._drop_unknown("roaming_late_full", overflow, "(several)", now)
+        self.seen.expire(now)
+        for client in [client for client, (_items, until) in self._pending_late.items() if until <= now]:
+            items, _until = self._pending_late.pop(client)
+            for item in items:
+                self._drop_item("roaming_client_gone", item, now)
         return released
 
     def describe(self) -> dict[str, object]:
-        counts = self.counts
-        return {**self.registry.describe(), "filters_received": self.filters_known,
-                "claims": counts.claims, "filters_records": counts.filters_records,
-                "takeovers": counts.takeovers, "taken_queued": counts.taken_queued, "adopted": counts.adopted,
-                "adopting": len(self.adopted), "held": sum(len(a.held) for a in self.adopted.values()),
-                "delivered": counts.delivered, "duplicates_left_out": counts.duplicates_left_out,
-                "dropped": counts.dropped, "handovers_late": counts.handovers_late,
-                "fences_late": counts.fences_late, "shared_copies": counts.shared_copies,
-                "carried": counts.carried, "own_given": counts.own_given, "late_copies": counts.late_copies,
-                "unreleased": counts.unreleased, "taking_over": len(self._takeovers)}
+        return {**self.registry.describe(), "filters_received": self.filters_known, **self.counts.as_dict(),
+                "late_forwarded": self.late.forwarded, "adopting": len(self.adopted),
+                "held": sum(len(a.held) for a in self.adopted.values()), "taking_over": len(self._takeovers)}
 
 
 __all__ = ["REGISTRY_PREFIX", "Roaming"]

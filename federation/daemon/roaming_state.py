@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from federation.daemon.client_registry import Record, TakeOver, registry_topic
 from federation.daemon.kicker import Outcome
@@ -68,6 +68,18 @@ class PublishFence(Protocol):
     def __call__(self, fence: str, filters: Iterable[str], /) -> dict[Address, list[tuple[int, int]]] | None: ...
 
 
+DROP_REASONS = ("roaming_unreleased", "roaming_handover_full", "roaming_held_full", "roaming_not_resubscribed",
+                "roaming_client_gone", "roaming_late_full")
+"""what roaming counts as lost (docs/drops.md), exported at 0 from the start (federation.daemon.metrics)"""
+
+
+class Dropper(Protocol):
+    """Counts a drop and emits its event (the node's `drop`: docs/drops.md)."""
+
+    def drop(self, reason: str, /, count: int = 1, *, event: str | None = None, now: float = 0.0,
+             **fields: Any) -> None: ...
+
+
 @dataclass
 class Takeover:
     """A takeover under way on this broker: its handover record goes once the kicker is done and the fence was read
@@ -106,6 +118,8 @@ class Adopted:
     client had a subscription here that took it), settled by the handover (`Roaming._settle_own`)"""
     record: Record | None = None
     """the handover, once it came"""
+    late: list[Injection] = field(default_factory=list)
+    """what a late record brought before the handover came (federation.daemon.roaming_late): given after it"""
 
     def wants(self, topic: str) -> bool:
         return any(matches(filter_, topic) for filter_ in self.filters if not filter_.startswith(SHARED_PREFIX))
@@ -129,7 +143,9 @@ class RoamingCounts:
     duplicates_left_out: int = 0
     """held publications the handover carried too (both brokers had them)"""
     dropped: int = 0
-    """held or handed-over messages no subscription of their client took within the grace"""
+    """publications roaming lost, each counted under its drop reason too (docs/drops.md): held or handed-over
+    messages no subscription of their client took within the grace, held beyond `MAX_HELD`, or a late record's
+    for a client that had gone on with no takeover of it here"""
     handovers_late: int = 0
     """adoptions whose handover did not come within the grace"""
     fences_late: int = 0
@@ -145,6 +161,16 @@ class RoamingCounts:
     own_given: int = 0
     """this broker's own clients' publications given to an adopted session's client by its wrapper: made before the
     client subscribed here again, after its old broker's fence"""
+    takeovers_skipped: int = 0
+    """newer claims elsewhere of a client whose last connection here ended with a DISCONNECT and that held no
+    filters here: no takeover was needed"""
+    late_received: int = 0
+    """publications of late records (federation.daemon.roaming_late) not given here before: given, or sent on"""
+    unreleased_given: int = 0
+    """of those, given again in the handover: the broker's order told which they were (roaming_unreleased.py)"""
     unreleased: int = 0
     """QoS 2 messages a taken-over client had taken (PUBREC) and not been released (PUBREL) when it moved: one
     broker would release them on its return; no other broker can (docs/transparency.md)"""
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: int(value) for name, value in vars(self).items()}

@@ -200,7 +200,8 @@ class Running:
         """when the broker's retained messages are read, and what the federation does not know of them originated"""
         self.roaming = Roaming(node.address, self.subscriptions, self.subscription_sink, self.retained,
                                self.local.originate_record, self._start_kicker, self.tracker.is_connected,
-                               lambda client: client in self.sessions.ledger.offline, self._publish_fence)
+                               lambda client: client in self.sessions.ledger.offline, self._publish_fence,
+                               node)
         """one client id federation-wide: the registry of clients, takeovers and handovers (roaming.py, issue 39)"""
         self.local.observe = self.roaming.local_published
         self._kickers: set[SessionKicker] = set()

@@ -279,6 +279,7 @@ def metrics_snapshot(wrapper: WrapperParts, now: float) -> Snapshot:
         "config_hash": wrapper.config.config_hash or "",
         "config_loaded_at": wrapper.config.loaded_at,
         "topic_policy_filtered": {direction: dict(counts) for direction, counts in wrapper.edges.filtered.items()},
+        "roaming": wrapper.roaming.describe(),
     }
 
 

@@ -6,11 +6,13 @@ on another broker each time, a QoS 1 and two QoS 2 streams (tests/lb_util.py, `S
 The federation must give what one broker gives: nothing lost, no client id connected on two brokers at once (for 2 s
 or more: the brokers' logs count whole seconds), no QoS 2 message twice. QoS 1 duplicates are allowed (MQTT allows
 them, and a session's handover gives the QoS 1 topic's other subscriber on its new broker a second copy of what it
-had: docs/transparency.md); they are printed. The one loss unmodified Mosquitto brokers cannot avoid is allowed,
-as counted by the wrappers: a QoS 2 message the client had taken and not been released when its connection dropped
-(`unreleased`: docs/transparency.md). The default run takes 25 s of traffic, the reference beside the
-federation; `pytest -m lb_long` runs the same for five minutes (`LB_LONG_SECONDS`), and a shared QoS 2 topic beside
-it, whose duplicates must all be copies the wrappers counted (`shared_copies`).
+had: docs/transparency.md); they are printed. The one loss unmodified Mosquitto brokers cannot always avoid is
+allowed, as counted by the wrappers (drop `roaming_unreleased`): a QoS 2 message the client had taken and not been
+released when its connection dropped, which the old broker's wrapper could not tell from the order its broker
+processed them (`unreleased` less `unreleased_given`: federation/daemon/roaming_unreleased.py). The default run
+takes 25 s of traffic, the reference beside the federation; `pytest -m lb_long` runs the same for five minutes
+(`LB_LONG_SECONDS`), and a shared QoS 2 topic beside it, whose duplicates must all be copies the wrappers counted
+(`shared_copies`).
 
 Needs mosquitto, haproxy and, for the MQTT.js subscribers, Node.js with the `mqtt` package (scripts/install-deps.sh
 installs all three; without MQTT.js paho subscribers take their place, said in the output).
@@ -90,8 +92,9 @@ def check(federation_outcome: Outcome, reference_outcome: Outcome, counts: dict[
           shared_qos2: bool = False) -> str:
     """The assertions of the module docstring; returns the text printed."""
     totals = {key: sum(int(each.get(key, 0)) for each in counts.values())
-              for key in ("takeovers", "adopted", "taken_queued", "delivered", "duplicates_left_out", "carried",
-                          "shared_copies", "unreleased", "fences_late", "handovers_late", "dropped")}
+              for key in ("takeovers", "takeovers_skipped", "adopted", "taken_queued", "delivered",
+                          "duplicates_left_out", "carried", "shared_copies", "late_forwarded", "late_received",
+                          "late_copies", "unreleased", "unreleased_given", "fences_late", "handovers_late", "dropped")}
     text = (f"\none broker behind HAProxy:\n{reference_outcome.text()}\n"
             f"the federation's three brokers behind HAProxy:\n{federation_outcome.text()}\n"
             f"the wrappers' roaming counts: {totals}"
@@ -100,13 +103,16 @@ def check(federation_outcome: Outcome, reference_outcome: Outcome, counts: dict[
     assert not reference_outcome.errors and not federation_outcome.errors, text
     # The reference shows what the clients get where nothing is federated: the setup itself loses nothing.
     assert all(not count.lost for count in reference_outcome.subscribers), text
+    assert not any(count.duplicated for count in reference_outcome.subscribers if count.qos == 2), text
     for count in federation_outcome.subscribers:
         assert count.qos == 2 or not count.lost, f"{count.name} lost {len(count.lost)}: {text}"
         assert count.connections >= 3, f"{count.name} hardly moved: {text}"
     # A QoS 2 message the client had taken (PUBREC) and not been released (PUBREL) when its connection dropped: one
-    # broker releases it when the client comes back; another broker cannot, and the old one's kicker counts it.
+    # broker releases it when the client comes back; another broker cannot, and the old one's wrapper gives it again
+    # where its broker's order tells which it was, and counts it lost where not.
     lost_qos2 = sum(len(count.lost) for count in federation_outcome.subscribers if count.qos == 2)
-    assert lost_qos2 <= totals["unreleased"], f"QoS 2 publications lost beyond those counted unreleased: {text}"
+    counted = totals["unreleased"] - totals["unreleased_given"]
+    assert lost_qos2 <= counted, f"QoS 2 publications lost beyond those counted (roaming_unreleased): {text}"
     subscribers = Counter(count.stream for count in federation_outcome.subscribers)
     alone = [count for count in federation_outcome.subscribers if count.qos == 2 and subscribers[count.stream] == 1]
     assert not any(count.duplicated for count in alone), f"QoS 2 duplicates: {text}"

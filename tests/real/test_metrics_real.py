@@ -11,6 +11,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from federation.daemon import wrapper_events
+from federation.daemon.metrics import ROAMING_KINDS
+from federation.daemon.roaming_state import DROP_REASONS as ROAMING_DROP_REASONS
 from federation.daemon.runtime import Runtime
 from federation.envelope.datagrams import DROP_REASONS as ENVELOPE_REASONS
 from federation.protocol import events, wire
@@ -74,6 +76,9 @@ def test_the_endpoint_serves_exactly_the_documented_metrics_with_every_label_val
         assert set(values(served, "mqttfed_packets_sent_total", "type")) == set(wire.MESSAGE_TYPES)
         assert values(served, "mqttfed_packets_received_total", "type")["tm"] == 0
         assert set(values(served, "mqttfed_events_total", "type")) == set(events.ALL) | set(wrapper_events.ALL)
+        # What clients that move between brokers do and lose (issue 39), from the start.
+        assert values(served, "mqttfed_roaming_total", "kind") == dict.fromkeys(ROAMING_KINDS, 0)
+        assert set(values(served, "mqttfed_drops_total", "reason")) >= set(ROAMING_DROP_REASONS)
         assert values(served, "mqttfed_broker_connect_failures_total", "kind") == {"unreachable": 0, "refused": 0,
                                                                                   "tls": 0}
         up = values(served, "mqttfed_neighbour_up", "neighbour")
