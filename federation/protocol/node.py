@@ -328,6 +328,36 @@ class Node:
         self.receivers.now = now
         self.delivery.injection_failed(publication)
 
+    def hold_unmatched(self) -> None:
+        """From now on, a publication that comes on a filter the local broker federates and matches no local
+        subscription the node knows is handed over all the same, marked (`Injection.unmatched_hops`), and counted
+        `publications_unmatched`: the embedder learns its broker's subscriptions some time after the broker took
+        them (a log it reads), so a subscriber may be there already. It holds the publication until it has read its
+        broker up to a point after the publication arrived, then settles it (`settle_unmatched`)."""
+        wanted = self.local.wanted
+        self.publications.unmatched_filter = wanted.__contains__  # the mesh's local interest: never replaced
+
+    def settle_unmatched(self, injection: Injection, now: float, confirmed: bool = True) -> bool:
+        """A marked injection (`hold_unmatched`), once the embedder has read its broker's subscriptions up to a
+        point after it arrived (`confirmed`), or gave up waiting. True: a local subscription matches it now; it is
+        delivered (counted, evented) and the embedder injects it as any other. False: it is not injected; a QoS
+        1/2 one's copy is acknowledged (nobody here wants it); `confirmed`, it is counted
+        `publications_not_subscribed` (the broker has no subscriber for it: what a covering filter brings,
+        docs/protocol.md "Aggregation"), else the embedder counts it as the drop it is."""
+        origin, epoch, seq = injection.publication
+        outbox = self.outbox
+        if self.local.aggregation.matching(injection.topic):
+            outbox.counters["publications_delivered"] += 1
+            if outbox.publication_events:
+                outbox.runs.delivered(now, origin, epoch, seq, injection.topic, injection.filter,
+                                      injection.unmatched_hops or 0)
+            return True
+        if confirmed:
+            outbox.counters["publications_not_subscribed"] += 1
+        if injection.qos:
+            self.injection_done(injection.publication, now)
+        return False
+
     def restore(self, injected: Iterable[PublicationId] = (),
                 streams: Mapping[StreamKey, Position] | None = None, filters: Iterable[str] = (),
                 receivers: Mapping[str, Iterable[str]] | None = None) -> None:

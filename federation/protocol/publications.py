@@ -118,6 +118,10 @@ class Publications:
         self._router = router
         self._local_matching = local_matching
         """the federated filters with local subscribers that match a topic"""
+        self.unmatched_filter: Callable[[str], bool] | None = None
+        """set by `Node.hold_unmatched`: whether a publication on this federated filter that no local subscription
+        matches is handed over all the same, marked (`Injection.unmatched_hops`), for the embedder to hold until it
+        has read its broker's subscriptions up to a point after it arrived"""
         self.streams = StreamNumbers(settings.duplicate_cache_size)
         """the numbers that make the keys of `seen` and `injected` ints (dedup.seen_key, dedup.injected_key)"""
         self.seen = SeenCache(settings.duplicate_cache_size)
@@ -140,6 +144,11 @@ class Publications:
     def address(self) -> Address:
         """Our own announced address."""
         return self._identity.address
+
+    def _unmatched_wanted(self, filter_: str) -> bool:
+        """A publication on `filter_` that no local subscription matches is handed over marked (`unmatched_filter`)."""
+        wanted = self.unmatched_filter
+        return wanted is not None and wanted(filter_)
 
     def handled(self, message: TopicMessage) -> bool:
         """Has this (publication, filter) been handled here already?"""
@@ -483,18 +492,23 @@ class Publications:
             return NOT_SENT
         if message.mode == MODE_TO_MEMBER:
             return self.to_member(message, from_announced, now)
+        matched = message.retain or bool(self._local_matching(message.topic))
+        unmatched = not matched and self._unmatched_wanted(message.filter)
         if message.qos:
             key = injected_key(self.streams, message.origin, message.epoch, message.seq)
-            want = key not in self.injected and (message.retain or bool(self._local_matching(message.topic)))
+            want = key not in self.injected and (matched or unmatched)
             if want:
                 self._custody.expect_injection(message.publication, message.filter)
             for released in self.ordering.offer(message, want, now):  # this one and what waited for it
-                self.inject(released, now, key if released is message else None)
-        elif message.retain or self._local_matching(message.topic):
+                if released is message:
+                    self.inject(released, now, key, unmatched)
+                else:
+                    self.inject(released, now)
+        elif matched or unmatched:
             key = injected_key(self.streams, message.origin, message.epoch, message.seq)
             if key not in self.injected and not self.ordering.qos0_late(message.origin, message.filter,
                                                                         message.epoch, message.seq):
-                self.inject(message, now, key)
+                self.inject(message, now, key, unmatched)
         if message.hops + 1 >= self._max_hops:
             outbox.drop("max_hops")
             return NOT_SENT
@@ -514,11 +528,16 @@ class Publications:
         if is_system(message.topic):
             return
         key = injected_key(self.streams, message.origin, message.epoch, message.seq)
-        want = key not in self.injected and (message.retain or bool(self._local_matching(message.topic)))
+        matched = message.retain or bool(self._local_matching(message.topic))
+        unmatched = not matched and self._unmatched_wanted(message.filter)
+        want = key not in self.injected and (matched or unmatched)
         if want:
             self._custody.expect_injection(message.publication, message.filter)
         for released in self.ordering.offer(message, want, now):  # this one and what waited for it
-            self.inject(released, now, key if released is message else None)
+            if released is message:
+                self.inject(released, now, key, unmatched)
+            else:
+                self.inject(released, now)
 
     def take_run(self, messages: list[TopicMessage], from_announced: Address, now: float) -> Routed:
         """QoS 1/2 publications of one `tq` the node found new and took into custody (their entries are open): each
@@ -527,17 +546,23 @@ class Publications:
         local_matching = self._local_matching
         first = messages[0]  # one origin and epoch: the injection keys' base once for the run
         injected_base = self.streams.base(first.origin.host, first.origin.port, first.epoch, None)
+        unmatched_wanted = self._unmatched_wanted(first.filter)  # one filter for the run
         routed: list[TopicMessage] = []
         for message in messages:
             if is_system(message.topic):
                 self._drop_system_topic(message.topic, from_announced, now)
                 continue
             key = injected_base | message.seq
-            want = key not in injected and bool(local_matching(message.topic))
+            matched = bool(local_matching(message.topic))
+            unmatched = unmatched_wanted and not matched
+            want = key not in injected and (matched or unmatched)
             if want:
                 custody.expect_injection(message.publication, message.filter)
             for released in ordering.offer(message, want, now):  # this one and what waited for it
-                self.inject(released, now, key if released is message else None)
+                if released is message:
+                    self.inject(released, now, key, unmatched)
+                else:
+                    self.inject(released, now)
             routed.append(message)
         if not routed:
             return NOT_SENT
@@ -566,7 +591,7 @@ class Publications:
         key = injected_key(self.streams, message.origin, message.epoch, message.seq)
         if message.qos and key not in self.injected:
             self._custody.expect_injection(message.publication, message.filter)
-        self.inject(message, now, key)
+        self.inject(message, now, key, False)  # a group's member is chosen, not matched here
 
     def duplicate(self, message: TopicMessage, from_announced: Address, now: float) -> None:
         """A copy of a (publication, filter) handled here before: counted, reported."""
@@ -575,9 +600,10 @@ class Publications:
         if outbox.publication_events:
             outbox.runs.duplicate(now, message.origin, message.epoch, message.seq, message.filter, str(from_announced))
 
-    def inject(self, message: TopicMessage, now: float, key: int | None = None) -> None:
+    def inject(self, message: TopicMessage, now: float, key: int | None = None, unmatched: bool | None = None) -> None:
         """Hand a publication to the local broker unless it was already (through another filter). `key`: its
-        `injected_key`, when the caller has it."""
+        `injected_key`, when the caller has it; `unmatched`: no local subscription matches it and it is handed
+        over marked (`unmatched_filter`), None to find out here (one that waited for its order)."""
         publication = message.publication
         if key is None:
             key = injected_key(self.streams, *publication)
@@ -586,6 +612,14 @@ class Publications:
         if self._shared.local:
             self._shared.note_injected(message)
         outbox = self._outbox
+        if unmatched is None:
+            unmatched = (self.unmatched_filter is not None and not message.retain
+                         and not self._local_matching(message.topic))
+        if unmatched:  # counted and evented as delivered only if `Node.settle_unmatched` finds a subscriber
+            outbox.injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
+                                               message.properties, publication, message.filter, message.hops + 1))
+            outbox.counters["publications_unmatched"] += 1
+            return
         outbox.injections.append(Injection(message.topic, message.payload, message.qos, message.retain,
                                            message.properties, publication, message.filter))
         outbox.counters["publications_delivered"] += 1
@@ -627,9 +661,11 @@ class Publications:
         floor = -1 if last is None or last[0] < epoch else last[1] if last[0] == epoch else MAX_SEQ
         if self._take_whole_batch(batch, seen_base, injected_base, floor, now):
             return self._route_batch_on(batch, batch.items, from_announced, now)
+        unmatched_wanted = self._unmatched_wanted(filter_)
+        unmatched_hops = batch.hops + 1
         newest = -1
         late = 0
-        delivered = duplicates = 0
+        delivered = duplicates = unmatched = 0
         kept: list[Any] = []
         duplicate_seqs: list[int] = []
         delivered_seqs: list[int] = []
@@ -654,6 +690,11 @@ class Publications:
                     if events_on:
                         delivered_seqs.append(seq)
                         delivered_topics.append(topic)
+            elif unmatched_wanted and seq >= floor and injected_add(injected_base | seq):
+                newest = seq  # handed over marked (`unmatched_filter`): delivered if `Node.settle_unmatched` says so
+                injections.append(Injection(topic, payload, 0, False, None, (origin, epoch, seq), filter_,
+                                            unmatched_hops))
+                unmatched += 1
             kept.append(seq)
             kept.append(topic)
             kept.append(payload)
@@ -670,6 +711,8 @@ class Publications:
             counters["duplicates_dropped"] += duplicates
         if delivered:
             counters["publications_delivered"] += delivered
+        if unmatched:
+            counters["publications_unmatched"] += unmatched
         return self._route_batch_on(batch, kept, from_announced, now)
 
     def _take_whole_batch(self, batch: TopicBatch, seen_base: int, injected_base: int, floor: int,
@@ -689,6 +732,8 @@ class Publications:
             return False  # some wanted here, some not
         seen_keys = [seen_base | seq for seq in seqs]
         if True not in wanted:
+            if self._unmatched_wanted(batch.filter):
+                return False  # handed over marked, one at a time
             return self.seen.add_if_all_new(seen_keys)
         if min(seqs) < floor:
             return False

@@ -68,6 +68,10 @@ class Injection:
     publication: PublicationId
     filter: str | None = None
     """the federated filter whose stream released it (None where a caller built one without)"""
+    unmatched_hops: int | None = None
+    """set when it came on a filter the local broker federates and matched no local subscription the node knew
+    (`Node.hold_unmatched`): its hop count here. The embedder holds it until it has read its broker's subscriptions
+    up to a point after it arrived, then asks `Node.settle_unmatched` whether to inject it"""
 
 
 @dataclass(slots=True)

@@ -328,6 +328,9 @@ class ChurnResult:
     cpu_percent: dict[str, float] = field(default_factory=dict)
     hello_rtt_ms_max: float | None = None
     neighbours_down: int | None = None
+    unmatched_hold: dict[str, Any] = field(default_factory=dict)
+    """the subscriber's wrapper at the end: its status `daemon.broker.unmatched_hold` (publications that matched no
+    subscription it had read yet, held until its log was read up to a fence; docs/daemon.md)"""
     problems: list[str] = field(default_factory=list)
 
 
@@ -409,7 +412,10 @@ def run_churn(setup: Setup, seconds: float, rate: int, seed: int) -> ChurnResult
         result.missed = sum(1 for label in expected if not subscriber.got(label))
         if federation:
             result.hello_rtt_ms_max = max(rtts) if rtts else None
-            result.neighbours_down = flaps(documents()) - flaps_before
+            found = documents()
+            result.neighbours_down = flaps(found) - flaps_before
+            result.unmatched_hold = dict(found.get(nodes[-1].name, {}).get("daemon", {}).get("broker", {})
+                                         .get("unmatched_hold", {}))
     finally:
         subscriber.close()
         publisher.loop_stop()
@@ -497,7 +503,8 @@ def churn_main(args: argparse.Namespace) -> int:
     for r in results:
         print(f"{r.setup}: {r.subscribed} subscribed, {r.unsubscribed} unsubscribed in {r.seconds} s; probes "
               f"{r.probes}, missed {r.missed}; CPU % {r.cpu_percent}; hello RTT max {r.hello_rtt_ms_max} ms; "
-              f"neighbours down {r.neighbours_down}" + (f"; problems {r.problems}" if r.problems else ""))
+              f"neighbours down {r.neighbours_down}" + (f"; unmatched hold {r.unmatched_hold}" if r.unmatched_hold
+                                                        else "") + (f"; problems {r.problems}" if r.problems else ""))
     return 0
 
 
