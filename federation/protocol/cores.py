@@ -336,9 +336,10 @@ class CoreElection(TopicTable):
         """Remember a claim whose core the table does not show reachable (at most 4 cores per filter)."""
         held = state.pending.get(message.core)
         if held is None or held[0].freshness <= message.freshness:
-            if held is None and len(state.pending) >= 4:
-                del state.pending[min(state.pending, key=lambda c: state.pending[c][3])]
-            state.pending[message.core] = (message, from_transport, from_announced, received_at)
+            pending = state.own_pending()
+            if held is None and len(pending) >= 4:
+                del pending[min(pending, key=lambda c: pending[c][3])]
+            pending[message.core] = (message, from_transport, from_announced, received_at)
 
     def _lose_core(self, state: TopicState, now: float, reason: str) -> None:
         previous = state.core

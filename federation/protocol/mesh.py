@@ -53,7 +53,7 @@ from federation.protocol.digest_tree import DigestTree, entry_hash
 from federation.protocol.events import id_text
 from federation.protocol.forwarding import PublicationRouting
 from federation.protocol.modes import RETAINED_FILTER
-from federation.protocol.topics import INFINITY, TopicState
+from federation.protocol.topics import INFINITY, NO_ENTRIES, TopicState
 from federation.protocol.types import Address
 from federation.protocol.wire import FLAG_PRUNE, FLAG_STANDBY, TOPIC_CORE, TOPIC_SUBSCRIBE
 from federation.protocol.wire_types import TopicCore, TopicSubscribe
@@ -92,11 +92,11 @@ class MeshEngine(CoreElection, PublicationRouting):
             if message.flags & FLAG_PRUNE:
                 state.standby_children.pop(from_announced, None)
             else:
-                self._add_child(state.standby_children, from_announced, INFINITY)
+                self._add_child(state.own_children(standby=True), from_announced, INFINITY)
             return
         state.standby_children.pop(from_announced, None)
         is_new = from_announced not in state.children
-        self._add_child(state.children, from_announced, INFINITY)  # until it goes down: no refresh (rule 5a)
+        self._add_child(state.own_children(), from_announced, INFINITY)  # until it goes down: no refresh (rule 5a)
         if is_new:
             self._new_mesh_neighbour(state.filter, from_announced, now)  # QoS 1/2 repair
 
@@ -311,13 +311,14 @@ class MeshEngine(CoreElection, PublicationRouting):
         new_claim = claim_hash(announcement) if announcement is not None else None
         if new_claim != claim:
             self.claims.set(filter_, new_claim)
-        new_parents: dict[Address, int] = {}
-        if state.member and state.core is not None:
-            for parent in state.parents:
-                entry = TopicSubscribe(filter_, state.core, 0 if parent in state.data_parents else FLAG_STANDBY)
-                new_parents[parent] = membership_hash(entry)
-        new_children: dict[Address, int] = {}
-        if state.core is not None:
+        new_parents: dict[Address, int] = NO_ENTRIES  # most topics of a node: none (a dict each cost 64 bytes)
+        if state.member and state.core is not None and state.parents:
+            new_parents = {parent: membership_hash(TopicSubscribe(filter_, state.core, 0 if parent in state.data_parents
+                                                                  else FLAG_STANDBY))
+                           for parent in state.parents}
+        new_children: dict[Address, int] = NO_ENTRIES
+        if state.core is not None and (state.children or state.standby_children):
+            new_children = {}
             for kids, flags in ((state.children, 0), (state.standby_children, FLAG_STANDBY)):
                 for child in kids:
                     new_children[child] = membership_hash(TopicSubscribe(filter_, state.core, flags))
