@@ -61,18 +61,19 @@ NODE_DROP_REASONS = (
     "receive_backlog_qos12", "send_backlog_qos0", "publication_too_large", "no_subscriber_after_broker_restart",
     "resubscribe_hold_full", "spool_expired", "spool_age", "retained_stale", "message_expired",
     "receiver_hold_expired", "receiver_hold_full", "repair_no_route", "storage_unavailable",
+    "unmatched_hold_full", "unmatched_fence_timeout",
 )
 """drop reasons the node and the daemon count (docs/drops.md; tests/docs/test_drop_reasons.py checks this list
 against the code), exported at 0 from the start with the envelope's"""
 DROP_REASONS = (*NODE_DROP_REASONS, *ROAMING_DROP_REASONS, *ENVELOPE_DROP_REASONS)
 ROAMING_KINDS = (*(field.name for field in dataclasses.fields(RoamingCounts)), "late_forwarded")
 """the roaming counts exported (`mqttfed_roaming_total`; docs/daemon.md "One client id across the federation")"""
-PUBLICATION_STAGES = ("originated", "forwarded", "delivered")
+PUBLICATION_STAGES = ("originated", "forwarded", "delivered", "not_subscribed")
 INJECTION_RESULTS = ("acknowledged", "written", "refused", "failed", "duplicate_suppressed")
 INJECTION_KEYS = ("acknowledged", "written_qos0", "refused", "failed", "duplicate_suppressed")
 """the status document's names (snapshots.injection_counts) of `INJECTION_RESULTS`, in order"""
 INJECTION_RETRIES = ("resent", "reinjected")
-PENDING_STATES = ("unfinished", "waiting", "held")
+PENDING_STATES = ("unfinished", "waiting", "held", "unmatched")
 LOG_OUTCOMES = ("used", "ignored", "refused", "truncated", "not_understood")
 
 METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
@@ -95,7 +96,9 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "reach or its member had left"),
     ("mqttfed_publications", "counter", ("stage",),
      "publications by stage: originated (local, sent into the federation), forwarded (copies sent on), "
-     "delivered (remote, matched a local subscription)"),
+     "delivered (remote, matched a local subscription), not_subscribed (remote, came on a filter this broker "
+     "federates and matched no local subscription once the broker's log was read past it: a covering filter's "
+     "over-delivery)"),
     ("mqttfed_injections", "counter", ("result",),
      "remote publications handed to the local broker, by result: acknowledged (QoS 1/2, the broker completed "
      "it), written (QoS 0, on its socket), refused (the broker said no), failed (paho refused it), "
@@ -105,7 +108,8 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "lost the session)"),
     ("mqttfed_injections_pending", "gauge", ("state",),
      "remote publications not delivered yet, by state: unfinished (handed over, not acknowledged), waiting (in "
-     "the queue toward the broker), held (since the broker restarted, for a subscriber to come back)"),
+     "the queue toward the broker), held (since the broker restarted, for a subscriber to come back), unmatched "
+     "(matching no subscription the wrapper knows yet, until its broker's log is read up to a fence)"),
     ("mqttfed_broker_sessions_lost", "counter", (),
      "times the broker came back without the wrapper's session (it restarted): its subscriptions were gone"),
     ("mqttfed_broker_receive_maximum", "gauge", (), "the broker's Receive Maximum from its last CONNACK"),

@@ -48,7 +48,7 @@ from typing import Any
 
 from federation.daemon import wrapper_events
 from federation.daemon.backpressure import PacketBacklog
-from federation.daemon.broker import BrokerAdapter
+from federation.daemon.broker import FENCE_PREFIX, BrokerAdapter
 from federation.daemon.broker_health import BrokerHealth
 from federation.daemon.broker_items import (
     BrokerItem,
@@ -92,6 +92,7 @@ from federation.daemon.startup import Resources
 from federation.daemon.state import PersistedState, StateSaver
 from federation.daemon.status import encode_reply
 from federation.daemon.storage import StorageHealth
+from federation.daemon.subscription_fence import FENCE_NAME, Made, UnmatchedHold, fence_number
 from federation.daemon.udp import (
     SOCKET_BUFFER,
     DropReporter,
@@ -198,6 +199,17 @@ class Running:
                                                 self.broker_subscriptions.helpers_subscribed,
                                                 self._may_read_retained, lambda: self.stopping, self._drain_outputs)
         """when the broker's retained messages are read, and what the federation does not know of them originated"""
+        self.unmatched = UnmatchedHold(node.settle_unmatched, node.drop)
+        """publications that match no subscription the wrapper has read yet, held until its broker's log is read up
+        to a fence published after they arrived (subscription_fence.py)"""
+        self._unmatched_fence_prefix = f"{FENCE_PREFIX}{config.client_id}/{FENCE_NAME}{node.epoch}-"
+        """its fences' topics (the epoch tells this run's from a queued one of an earlier run)"""
+        self._unmatched_released: list[Made] = []
+        """what a fence read released, for the next drain (before what the node makes then)"""
+        self._unmatched_warned_at = float("-inf")
+        self._fence_handle: asyncio.TimerHandle | None = None
+        """the next fence's publication, while one is due later (`UnmatchedHold.fence_due`)"""
+        node.hold_unmatched()
         self.roaming = Roaming(node.address, self.subscriptions, self.subscription_sink, self.retained,
                                self.local.originate_record, self._start_kicker, self.tracker.is_connected,
                                lambda client: client in self.sessions.ledger.offline, self._publish_fence,
@@ -326,7 +338,7 @@ class Running:
         """Cancel every timer and release the resources (the socket through its transport)."""
         self.reconfiguring.close()
         for handle in (self._flush_handle, self._drops_handle, self._housekeeping_handle, self._pace_handle,
-                       self._timer):
+                       self._fence_handle, self._timer):
             if handle is not None:
                 handle.cancel()
         if self.saver is not None:
@@ -381,6 +393,10 @@ class Running:
                 if type(item) is HandoverFence:
                     if self._holding():  # behind the publications read before it: they are numbered first
                         self._hold(item, 0, 0)
+                    elif (number := fence_number(item.topic, self._unmatched_fence_prefix)) is not None:
+                        # every log line before it was read above: the subscriptions the broker took before it
+                        self._unmatched_released += self.unmatched.fence_read(number, now)
+                        self._publish_unmatched_fence(now)
                     else:
                         local.flush(now)
                         node_id = node.identity
@@ -509,6 +525,9 @@ class Running:
                 log.warning("the broker did not keep the wrapper's session: publishing %d unfinished injections "
                             "anew", len(reinjected))
             self.sessions.connected(item.session_lost)
+            number = self.unmatched.republish(now)
+            if number is not None:
+                self.broker.publish_fence(f"{self._unmatched_fence_prefix}{number}")
             if item.session_lost:
                 self.broker_subscriptions.broker_restarted(now)
             if reinjected or item.session_lost:
@@ -560,6 +579,12 @@ class Running:
         paced_until = node.paced_until(now)  # first: a hold that ended makes the ready we owe upstream
         broker = self.broker
         made = node.injections_and_runs_to_make()
+        if made:
+            made = self.unmatched.admit(made, now)
+            self._publish_unmatched_fence(now)
+        if self._unmatched_released:  # settled by a fence: before anything newer, never held again
+            made = self._unmatched_released + made
+            self._unmatched_released = []
         # The usual pass of a receiving wrapper at QoS 0: runs only (none retained, with properties or QoS 1/2,
         # so nothing for `_prepare` or the journal), nothing held: written whole when nothing waits.
         runs = only_runs(made)
@@ -608,6 +633,21 @@ class Running:
                     log.warning("%s", node.limits_problem(now) or f"the topic table is full: {event.fields}")
             if self.event_log is not None:
                 self.event_log.write(emitted)
+
+    def _publish_unmatched_fence(self, now: float) -> None:
+        """A fence for the publications held that match no known subscription, when one is due; a timer for the
+        next one when it is due later."""
+        unmatched = self.unmatched
+        number = unmatched.fence_to_publish(now)
+        if number is not None:
+            self.broker.publish_fence(f"{self._unmatched_fence_prefix}{number}")  # not connected: `republish`
+        due = unmatched.fence_due(now)
+        if due is not None and self._fence_handle is None:
+            self._fence_handle = self.loop.call_later(due - now, self._on_fence_due)
+
+    def _on_fence_due(self) -> None:
+        self._fence_handle = None
+        self._publish_unmatched_fence(self.clock.now())
 
     def _prepare(self, injections: list[Injection], now: float) -> list[Injection]:
         """Expiry counted down, retained ones checked against the store (federation.daemon.retained); those not
@@ -793,6 +833,16 @@ class Running:
         now = self.clock.now()
         self._retry_storage(now)
         self.broker_subscriptions.tick(now)
+        timeouts = self.unmatched.timeouts
+        self._unmatched_released += self.unmatched.tick(now)
+        if self.unmatched.timeouts > timeouts and now - self._unmatched_warned_at >= 60.0:
+            self._unmatched_warned_at = now
+            log.warning("a fence the wrapper published to %s* did not come back within %g s: publications that "
+                        "matched no subscription it knew were settled without it (dropped as %s when still "
+                        "unmatched). Does the broker's ACL give the wrapper `topic readwrite $federation/handover/#` "
+                        "(configs/mosquitto.acl)?", self._unmatched_fence_prefix, self.unmatched.timeout,
+                        "unmatched_fence_timeout")
+        self._publish_unmatched_fence(now)
         released = self.roaming.tick(now)
         if released:
             self.flow.requeue(self.node, released, now)

@@ -52,6 +52,7 @@ from federation.daemon.retained_order import RetainedGate
 from federation.daemon.retained_scan import RetainedReading
 from federation.daemon.roaming import Roaming
 from federation.daemon.storage import StorageHealth
+from federation.daemon.subscription_fence import UnmatchedHold
 from federation.daemon.udp import OverlayProtocol
 from federation.envelope.datagrams import Envelope
 from federation.protocol.node import Node
@@ -94,6 +95,8 @@ class WrapperParts(Protocol):
     def sessions(self) -> BrokerSessions: ...
     @property
     def roaming(self) -> Roaming: ...
+    @property
+    def unmatched(self) -> UnmatchedHold: ...
     @property
     def protocol(self) -> OverlayProtocol: ...
     @property
@@ -153,6 +156,7 @@ def status_document(wrapper: WrapperParts, now: float, brief: bool = False) -> d
             "roaming": wrapper.roaming.describe(),
             "retained_scan": dataclasses.asdict(wrapper.retained_reading.counts),
             **wrapper.broker_subscriptions.status(),
+            "unmatched_hold": wrapper.unmatched.status(),
         },
         "overload": {
             "receive_backlog": len(wrapper.receive_backlog),
@@ -211,6 +215,7 @@ def injection_counts(wrapper: WrapperParts) -> dict[str, int]:
         "acknowledged": counts["acknowledged"], "written_qos0": counts["written_qos0"],
         "refused": counts["refused"], "failed": broker.inject_failed, "unfinished": broker.backlog(),
         "waiting": len(wrapper.flow.injection_queue), "held": len(wrapper.broker_subscriptions.hold.held),
+        "unmatched": wrapper.unmatched.held_count,
         "resent": counts["resent"], "reinjected": counts["reinjected"],
         "duplicate_suppressed": wrapper.duplicates_suppressed,
     }
