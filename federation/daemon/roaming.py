@@ -423,7 +423,7 @@ class Roaming(Adoptions):
                         self._left_out.append(injection)
                         continue
                     self.counts.late_copies += 1
-                seen.mark(key, injection.topic)
+                seen.mark(key, injection.topic, self._here)
             holder = next((adopted for adopted in self.adopted.values() if adopted.wants(injection.topic)), None)
             if holder is None:
                 if not self._late_copy(injection, now):
@@ -437,6 +437,12 @@ class Roaming(Adoptions):
                 self._drop_publication("roaming_held_full", self._key(oldest), oldest.topic, now)
         self._processed(admitted, now)
         return admitted
+
+    def _here(self, client: str) -> bool:
+        """`client` gets what this broker gives it: its session adopted here, connected here, or not handed over
+        from here lately (its session here, offline, queues it; measured: marking only connected clients, a
+        client that dropped and came back to the same broker got 2 publications again from a late record)."""
+        return client in self.adopted or self._connected_here(client) or not self.late.away(client)
 
     def _processed(self, injections: list[Injection], now: float) -> None:
         """Injections made now: kept for a takeover's forwarding and its unreleased messages (only those made: a

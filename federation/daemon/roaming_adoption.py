@@ -53,6 +53,7 @@ class Adoptions:
     _pending_late: dict[str, tuple[list[Carried], float]]
     recent_qos2: RecentQos2
     _clock: float
+    _here: Callable[[str], bool]
 
     def _finish(self, record: Record, now: float) -> list[Injection]:
         adopted = self.adopted.get(record.client)
@@ -216,7 +217,7 @@ class Adoptions:
                     continue
                 key = (_text(publication[0]), publication[1], publication[2])
                 late.processed((topic, payload, qos, properties, *key), topic)
-                seen.mark(key, topic)
+                seen.mark(key, topic, self._here)
         if not self.adopted:
             return
         for adopted in self.adopted.values():

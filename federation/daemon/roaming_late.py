@@ -25,6 +25,7 @@ With neither the client nor a takeover of it here they are counted lost (`roamin
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from federation.daemon.client_registry import LATE, Carried, Record, registry_topic
@@ -142,6 +143,11 @@ class LateForwarding:
             if forward.client == client and forward.host != host:
                 forward.closed = True
 
+    def away(self, client: str) -> bool:
+        """This broker handed `client` over lately and it has not come back: what the broker gives now, the client
+        does not get here."""
+        return any(forward.client == client and not forward.closed for forward in self.forwards.values())
+
     def carry(self, client: str, items: list[Carried]) -> bool:
         """Messages for `client`, which moved on from here: sent on by its newest forwarding; False if none."""
         forwards = [forward for forward in self.forwards.values() if forward.client == client]
@@ -190,9 +196,11 @@ class Seen:
         if client in self.filters:
             self.until[client] = now + SEEN_WINDOW
 
-    def mark(self, key: Key, topic: str) -> None:
+    def mark(self, key: Key, topic: str, here: Callable[[str], bool]) -> None:
+        """A publication this broker gives now: given to each watched client `here` (not one handed over to
+        another broker lately: a late record may bring it what it did not get here)."""
         for client, filters in self.filters.items():
-            if _wanted(filters, topic):
+            if _wanted(filters, topic) and here(client):
                 self.keys[client].add(key)
 
     def new(self, client: str, items: tuple[Carried, ...], now: float) -> list[Carried]:

@@ -421,3 +421,23 @@ def test_the_old_host_forwards_nothing_more_once_the_client_has_moved_on_from_it
     assert old.roaming.admit([injection(9, "q/9", b"nine")], 0.5)
     old.roaming.tick(1.0)
     assert [item[1] for item in old.originated[-1].carried] == [b"eight"] and old.originated[-1].host == NEW
+
+
+def test_what_this_broker_made_while_the_client_was_away_is_not_taken_for_given() -> None:
+    """Measured behind HAProxy: the new broker's own publisher's publication made a moment before the client came
+    back there went to its old broker, and the late record that brought it was taken for a copy."""
+    new = World(own=Address.parse(NEW, 0))
+    new.adopt()
+    new.resubscribe()
+    new.receive(registry_topic("dev"), Record("dev", NEW, HANDOVER, False, 5, {"q/#": 1}, THERE), 1.3)
+    here = Address.parse(NEW, 0)
+    new.roaming.local_published([((here, 9, 4), "q/4", b"four", 1, False, None)])  # it got this one here
+    new.receive(registry_topic("dev"), Record("dev", THERE, CONNECTED, False), 1.5)  # it went on: taken over
+    new.connected.discard("dev")
+    new.roaming.local_published([((here, 9, 5), "q/5", b"five", 1, False, None)])  # made while it was away
+    new.roaming.log_event(ClientConnected("dev", False, 5, 60), 1.8)  # back
+    new.connected.add("dev")
+    late = Record("dev", NEW, LATE, False, 5, {}, THERE, carried=(("q/4", b"four", 1, None, NEW, 9, 4),
+                                                                   ("q/5", b"five", 1, None, NEW, 9, 5)))
+    assert new.receive(late_topic("dev", THERE), late, 2.0) == []  # back with clean start 0: adopted again
+    assert [i.payload for i in new.roaming.adopted["dev"].late] == [b"five"]  # given after that handover
