@@ -35,6 +35,9 @@ from federation.daemon.roaming_late import Key
 
 KEPT = 16384
 """recent QoS 1/2 publications kept (a few seconds at thousands a second; beyond, nothing is named)"""
+KEPT_BYTES = 16 * 1024 * 1024
+"""and their payload bytes at most: without it 100 kB publications at 500/s kept 200 MB in the publishing wrapper
+(the fault suite's bulk flood: its peak went from 56 to 244-273 MiB); the oldest go first"""
 SEED_SECONDS = 2.0
 """how far back a takeover's forwarding looks when it starts (an injection queued toward a slow broker is written
 after the fence: measured under a load of 20-40 on 2 CPUs, 5 QoS 1 publications lost so)"""
@@ -46,12 +49,21 @@ class RecentQos2:
     """The broker's recent QoS 1/2 publications, in the order it processed them per way in (module docstring);
     the QoS 1 ones for `since` only (what a takeover's forwarding starts with: federation.daemon.roaming_late)."""
 
-    def __init__(self) -> None:
-        self._recent: deque[tuple[str, bytes, dict[str, Any] | None, str, Key, int, float]] = deque(maxlen=KEPT)
+    def __init__(self, kept: int = KEPT, kept_bytes: int = KEPT_BYTES) -> None:
+        self._recent: deque[tuple[str, bytes, dict[str, Any] | None, str, Key, int, float]] = deque()
+        self._kept, self._kept_bytes = kept, kept_bytes
+        self.payload_bytes = 0
 
     def add(self, topic: str, payload: bytes, properties: dict[str, Any] | None, way: str, key: Key, qos: int,
             now: float) -> None:
-        self._recent.append((topic, payload, properties, way, key, qos, now))
+        recent = self._recent
+        recent.append((topic, payload, properties, way, key, qos, now))
+        self.payload_bytes += len(payload)
+        while len(recent) > self._kept or (self.payload_bytes > self._kept_bytes and len(recent) > 1):
+            self.payload_bytes -= len(recent.popleft()[1])
+
+    def __len__(self) -> int:
+        return len(self._recent)
 
     def since(self, start: float, wanted: Callable[[str], bool]) -> list[Carried]:
         """The publications `wanted` takes made or injected from `start` on, as a late record carries them."""

@@ -29,6 +29,7 @@ from federation.daemon.retained import RetainedStore, stamp
 from federation.daemon.roaming import Roaming
 from federation.daemon.roaming_late import FORWARD_WINDOW, PENDING_WAIT, is_late_topic, late_topic
 from federation.daemon.roaming_state import ADOPTION_GRACE, FENCE_WAIT, LATE_WINDOW, adopted_client, filters_topic
+from federation.daemon.roaming_unreleased import RecentQos2
 from federation.daemon.state import LocalSubscriptions
 from federation.protocol.types import Address, Injection
 
@@ -441,3 +442,18 @@ def test_what_this_broker_made_while_the_client_was_away_is_not_taken_for_given(
                                                                    ("q/5", b"five", 1, None, NEW, 9, 5)))
     assert new.receive(late_topic("dev", THERE), late, 2.0) == []  # back with clean start 0: adopted again
     assert [i.payload for i in new.roaming.adopted["dev"].late] == [b"five"]  # given after that handover
+
+
+def test_the_recent_publications_kept_for_takeovers_are_bounded_in_bytes_the_oldest_going_first() -> None:
+    """100 kB publications at 500/s kept 200 MB in the publishing wrapper of the fault suite's bulk flood."""
+    recent = RecentQos2(kept=1000, kept_bytes=250_000)
+    origin = "127.0.0.1:10500"
+    for number in range(10):
+        recent.add(f"bulk/{number}", bytes(100_000), None, "local", (origin, 1, number), 1, float(number))
+    assert len(recent) == 2 and recent.payload_bytes == 200_000
+    assert [carried[0] for carried in recent.since(0.0, lambda _topic: True)] == ["bulk/8", "bulk/9"]
+    small = RecentQos2(kept=3)
+    for number in range(5):
+        small.add(f"t/{number}", b"x", None, "local", (origin, 1, number), 2, float(number))
+    assert [carried[0] for carried in small.since(0.0, lambda _topic: True)] == ["t/2", "t/3", "t/4"]
+    assert small.payload_bytes == 3
