@@ -245,6 +245,22 @@ def wrapper_bytes(documents: dict[str, dict[str, Any]]) -> int:
     return sum(sum(size for _, size in document.get("sent", {}).values()) for document in documents.values())
 
 
+def wrapper_statuses(nodes: list[Any], problems: list[str]) -> dict[str, dict[str, Any]]:
+    """Each wrapper's brief status document by node name; one that does not answer is a problem of the run."""
+    found = {}
+    for node in nodes:
+        try:
+            found[node.name] = query(node.host, WRAPPER_PORT, timeout=10, brief=True)
+        except StatusError as error:
+            problems.append(f"{node.name}: {error}")
+    return found
+
+
+def neighbour_flaps(documents: dict[str, dict[str, Any]]) -> int:
+    """The neighbour flaps the wrappers counted, all together."""
+    return sum(n.get("flaps", 0) for d in documents.values() for n in d.get("neighbours", []))
+
+
 def run_case(setup: Setup, kind: str, count: int, idle: float, seed: int) -> Result:
     spec = setup.spec
     nodes = list(setup.brokers.nodes.values())
@@ -254,21 +270,9 @@ def run_case(setup: Setup, kind: str, count: int, idle: float, seed: int) -> Res
                                                       else setup.broker_pids(), strict=True)}
     brokers = {node.name: pid for node, pid in zip(nodes, setup.broker_pids(), strict=True)}
 
-    def statuses() -> dict[str, dict[str, Any]]:
-        found = {}
-        for node in nodes:
-            try:
-                found[node.name] = query(node.host, WRAPPER_PORT, timeout=10, brief=True)
-            except StatusError as error:
-                result.problems.append(f"{node.name}: {error}")
-        return found
-
-    def flaps(documents: dict[str, dict[str, Any]]) -> int:
-        return sum(n.get("flaps", 0) for d in documents.values() for n in d.get("neighbours", []))
-
     time.sleep(2.0)
     before = {name: rss_bytes(pid) for name, pid in processes.items()}
-    flaps_before = flaps(statuses()) if federation else 0
+    flaps_before = neighbour_flaps(wrapper_statuses(nodes, result.problems)) if federation else 0
     rng = random.Random(seed)
     subscriber = Counting(f"bench-subscriber-{time.monotonic_ns()}", nodes[-1].host)
     publisher = publisher_client(nodes[0].host)
@@ -286,11 +290,11 @@ def run_case(setup: Setup, kind: str, count: int, idle: float, seed: int) -> Res
         print(f"  {spec.name} {kind}: sweep {result.swept} of {count} in {result.sweep_seconds} s", flush=True)
         time.sleep(5.0)  # the sweep's acknowledgements and digests settle
         cpu_start = {name: cpu_seconds(pid) for name, pid in processes.items()}
-        documents_start = statuses() if federation else {}
+        documents_start = wrapper_statuses(nodes, result.problems) if federation else {}
         bytes_start = wrapper_bytes(documents_start) if federation else bridge_bytes([n.host for n in nodes])
         window_start = time.monotonic()
         time.sleep(idle)
-        documents_end = statuses() if federation else {}
+        documents_end = wrapper_statuses(nodes, result.problems) if federation else {}
         bytes_end = wrapper_bytes(documents_end) if federation else bridge_bytes([n.host for n in nodes])
         seconds = time.monotonic() - window_start
         result.idle_seconds = round(seconds, 1)
@@ -304,7 +308,7 @@ def run_case(setup: Setup, kind: str, count: int, idle: float, seed: int) -> Res
             rtts = [n["rtt_ms"] for d in documents_end.values() for n in d.get("neighbours", [])
                     if n.get("rtt_ms") is not None]
             result.hello_rtt_ms_max = max(rtts) if rtts else None
-            result.neighbours_down = flaps(documents_end) - flaps_before
+            result.neighbours_down = neighbour_flaps(documents_end) - flaps_before
             last = documents_end.get(nodes[-1].name, {})
             result.federated = {key: last.get("federated", {}).get(key) for key in ("raw", "federated", "effective",
                                                                                      "collapsed")}
@@ -352,20 +356,8 @@ def run_churn(setup: Setup, seconds: float, rate: int, seed: int) -> ChurnResult
                                                       else setup.broker_pids(), strict=True)}
     rng = random.Random(seed)
 
-    def documents() -> dict[str, dict[str, Any]]:
-        found = {}
-        for node in nodes:
-            try:
-                found[node.name] = query(node.host, WRAPPER_PORT, timeout=10, brief=True)
-            except StatusError as error:
-                result.problems.append(f"{node.name}: {error}")
-        return found
-
-    def flaps(found: dict[str, dict[str, Any]]) -> int:
-        return sum(n.get("flaps", 0) for d in found.values() for n in d.get("neighbours", []))
-
     time.sleep(2.0)
-    flaps_before = flaps(documents()) if federation else 0
+    flaps_before = neighbour_flaps(wrapper_statuses(nodes, result.problems)) if federation else 0
     subscriber = Counting(f"bench-churn-{time.monotonic_ns()}", nodes[-1].host)
     publisher = publisher_client(nodes[0].host)
     alive: list[tuple[float, int]] = []  # (subscribed at, index), oldest first
@@ -400,7 +392,8 @@ def run_churn(setup: Setup, seconds: float, rate: int, seed: int) -> ChurnResult
                 expected.append(label)
             if federation and now >= next_poll:
                 next_poll = now + 1.0
-                rtts += [n["rtt_ms"] for d in documents().values() for n in d.get("neighbours", [])
+                polled = wrapper_statuses(nodes, result.problems)
+                rtts += [n["rtt_ms"] for d in polled.values() for n in d.get("neighbours", [])
                          if n.get("rtt_ms") is not None]
             time.sleep(max(0.0, CHURN_TICK - (time.monotonic() - now)))
         elapsed = time.monotonic() - started
@@ -412,8 +405,8 @@ def run_churn(setup: Setup, seconds: float, rate: int, seed: int) -> ChurnResult
         result.missed = sum(1 for label in expected if not subscriber.got(label))
         if federation:
             result.hello_rtt_ms_max = max(rtts) if rtts else None
-            found = documents()
-            result.neighbours_down = flaps(found) - flaps_before
+            found = wrapper_statuses(nodes, result.problems)
+            result.neighbours_down = neighbour_flaps(found) - flaps_before
             result.unmatched_hold = dict(found.get(nodes[-1].name, {}).get("daemon", {}).get("broker", {})
                                          .get("unmatched_hold", {}))
     finally:
